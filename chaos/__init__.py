@@ -1,0 +1,1 @@
+"""The failure-injection harness: scenarios, fault injectors, supervisor, invariant checker."""

@@ -1,0 +1,39 @@
+"""replicaft's quorum service and its client. Torch-free: importing it never imports torch."""
+
+from lighthouse.client import AsyncLighthouseClient as AsyncLighthouseClient
+from lighthouse.client import LighthouseClient as LighthouseClient
+from lighthouse.errors import LighthouseError as LighthouseError
+from lighthouse.errors import LighthouseUnavailable as LighthouseUnavailable
+from lighthouse.errors import OptionsError as OptionsError
+from lighthouse.errors import ProtocolError as ProtocolError
+from lighthouse.errors import QuorumTimeout as QuorumTimeout
+from lighthouse.errors import Unauthenticated as Unauthenticated
+from lighthouse.errors import VersionMismatch as VersionMismatch
+from lighthouse.membership import MembershipOptions as MembershipOptions
+from lighthouse.options import LighthouseOptions as LighthouseOptions
+from lighthouse.plan import StepPlan as StepPlan
+from lighthouse.plan import plan_step as plan_step
+from lighthouse.protocol import PROTOCOL_VERSION as PROTOCOL_VERSION
+from lighthouse.protocol import Member as Member
+from lighthouse.protocol import Quorum as Quorum
+from lighthouse.server import LighthouseServer as LighthouseServer
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "AsyncLighthouseClient",
+    "LighthouseClient",
+    "LighthouseError",
+    "LighthouseOptions",
+    "LighthouseServer",
+    "LighthouseUnavailable",
+    "Member",
+    "MembershipOptions",
+    "OptionsError",
+    "ProtocolError",
+    "Quorum",
+    "QuorumTimeout",
+    "StepPlan",
+    "Unauthenticated",
+    "VersionMismatch",
+    "plan_step",
+]

@@ -1,0 +1,92 @@
+"""``python -m lighthouse`` / ``replicaft-lighthouse``: run the quorum service.
+
+Flags map one to one onto :class:`LighthouseOptions`; bad values print a one-line error and
+exit with code 2. SIGTERM and SIGINT shut the server down cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from lighthouse.errors import OptionsError
+from lighthouse.membership import MembershipOptions
+from lighthouse.options import TOKEN_ENV, LighthouseOptions
+from lighthouse.server import LighthouseServer
+
+
+def _parser() -> argparse.ArgumentParser:
+    d = MembershipOptions()
+    p = argparse.ArgumentParser(
+        prog="replicaft-lighthouse",
+        description="The replicaft quorum service: one per training job.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p.add_argument("--port", type=int, default=29510, help="gRPC port; 0 picks a free one")
+    p.add_argument("--status-port", type=int, default=None,
+                   help="HTTP status page and /metrics port; 0 picks a free one (default: off)")
+    p.add_argument("--min-replicas", type=int, default=d.min_replicas,
+                   help="fewest groups a quorum may have (default: %(default)s)")
+    p.add_argument("--join-timeout", type=float, default=d.join_timeout_s, metavar="SECONDS",
+                   help="how long a quorum waits for healthy stragglers (default: %(default)s)")
+    p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout_s, metavar="SECONDS",
+                   help="silence after which a group is lost (default: %(default)s)")
+    p.add_argument("--progress-timeout", type=float, default=d.progress_timeout_s, metavar="SECONDS",
+                   help="time without training progress after which a group is lost (default: %(default)s)")
+    p.add_argument("--token", default=None, help=f"shared secret every RPC must carry (or ${TOKEN_ENV})")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return p
+
+
+def options_from_args(args: argparse.Namespace) -> LighthouseOptions:
+    return LighthouseOptions(
+        host=args.host,
+        port=args.port,
+        status_port=args.status_port,
+        membership=MembershipOptions(
+            min_replicas=args.min_replicas,
+            join_timeout_s=args.join_timeout,
+            heartbeat_timeout_s=args.heartbeat_timeout,
+            progress_timeout_s=args.progress_timeout,
+        ),
+        token=args.token if args.token is not None else LighthouseOptions.token_from_env(),
+    )
+
+
+async def _serve(options: LighthouseOptions) -> None:
+    server = LighthouseServer(options)
+    addresses = await server.start()
+    print(f"lighthouse serving gRPC at {addresses.grpc}", flush=True)
+    if addresses.status:
+        print(f"lighthouse status page at {addresses.status}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+    print("lighthouse stopped", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        options = options_from_args(args)
+    except OptionsError as e:
+        print(f"replicaft-lighthouse: error: {e}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_serve(options))
+    except OSError as e:
+        print(f"replicaft-lighthouse: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

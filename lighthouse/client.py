@@ -1,0 +1,355 @@
+"""Clients of the lighthouse: one asyncio implementation, and a thread-backed sync facade.
+
+The session (register, heartbeats, notices) runs as a background task that reconnects with
+exponential backoff (50 ms doubling to 1 s, with jitter) for as long as the client is open,
+so a lighthouse restart is survived without the caller noticing beyond a slower quorum.
+Every call takes a deadline; nothing here blocks without one.
+
+Notices (member lost, quorum formed, fenced) are delivered to ``on_notice``, called on the
+client's event loop: keep it short and thread-safe (set an event, enqueue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import grpc
+
+from lighthouse import protocol
+from lighthouse.errors import (
+    LighthouseUnavailable,
+    ProtocolError,
+    QuorumTimeout,
+    Unauthenticated,
+    VersionMismatch,
+)
+from lighthouse.options import TOKEN_METADATA_KEY
+from lighthouse.protocol import (
+    FenceRequest,
+    FenceResponse,
+    Heartbeat,
+    Notice,
+    Quorum,
+    QuorumRequest,
+    Register,
+)
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RECONNECT_INITIAL_S = 0.05
+RECONNECT_MAX_S = 1.0
+RETRY_PAUSE_S = 0.02
+DEADLINE_GRACE_S = 1.0
+"""The RPC deadline exceeds the server-side wait so the server's reason arrives first."""
+
+_CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
+    # grpc's default reconnect backoff starts at 1 s and grows to 2 min; a lighthouse that
+    # restarts in 2 s must be found again within a fraction of a second.
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.min_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", 2000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.enable_retries", 0),
+]
+
+
+def _translate(e: grpc.aio.AioRpcError) -> Exception:
+    code, details = e.code(), e.details() or ""
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return Unauthenticated(details)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return VersionMismatch(details)
+    if code == grpc.StatusCode.INVALID_ARGUMENT:
+        return ProtocolError(details)
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return QuorumTimeout(details)
+    return LighthouseUnavailable(f"{code.name}: {details}")
+
+
+_FATAL = (Unauthenticated, VersionMismatch, ProtocolError)
+
+
+class AsyncLighthouseClient:
+    """A replica group's connection to the lighthouse (used by group rank 0's manager)."""
+
+    def __init__(
+        self,
+        address: str,
+        replica_id: str,
+        *,
+        world_size: int = 1,
+        member_address: str = "",
+        token: str | None = None,
+        heartbeat_interval_s: float = 0.1,
+        on_notice: Callable[[Notice], None] | None = None,
+    ) -> None:
+        self.address = address
+        self.replica_id = replica_id
+        self.world_size = world_size
+        self.member_address = member_address
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.on_notice = on_notice
+        self.incarnation: int | None = None
+        self.session_epoch = 0
+        """Counts sessions registered so far; a change means the lighthouse saw us anew."""
+        self.last_quorum_id = -1
+        self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
+        self._step = 0
+        self._progress = 0
+        self._registered = asyncio.Event()
+        self._fatal: Exception | None = None
+        self._channel: grpc.aio.Channel | None = None
+        self._session_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def record_progress(self, step: int) -> None:
+        """Called by the training loop: the next heartbeat shows this group progressing."""
+        self._step = step
+        self._progress += 1
+
+    async def start(self) -> None:
+        self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        self._session_task = asyncio.create_task(self._run_session(), name=f"lighthouse-session-{self.replica_id}")
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._session_task is not None:
+            self._session_task.cancel()
+            try:
+                await self._session_task
+            except asyncio.CancelledError:
+                pass
+        if self._channel is not None:
+            await self._channel.close()
+
+    async def wait_registered(self, timeout_s: float) -> None:
+        if self._fatal is not None:
+            raise self._fatal
+        try:
+            await asyncio.wait_for(self._registered.wait(), timeout_s)
+        except TimeoutError:
+            raise LighthouseUnavailable(
+                f"no session with the lighthouse at {self.address} within {timeout_s:g}s; is it "
+                "running, and is the address right?"
+            ) from None
+        if self._fatal is not None:
+            raise self._fatal
+
+    async def quorum(
+        self,
+        step: int,
+        timeout_s: float,
+        *,
+        shrink_only: bool = False,
+        commit_failures: int = 0,
+        data: dict[str, Any] | None = None,
+    ) -> Quorum:
+        """Join the next quorum; returns it once formed. Retries across lighthouse restarts.
+
+        Raises QuorumTimeout (with the lighthouse's reason) when none forms by the deadline,
+        Unauthenticated / VersionMismatch / ProtocolError when retrying cannot help.
+        """
+        self.record_progress(step)
+        deadline = time.monotonic() + timeout_s
+        last = "no answer yet"
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise QuorumTimeout(f"no quorum within {timeout_s:g}s for {self.replica_id!r}: {last}")
+            try:
+                await self.wait_registered(remaining)
+            except LighthouseUnavailable as e:
+                raise QuorumTimeout(f"no quorum within {timeout_s:g}s: {e}") from None
+            remaining = deadline - time.monotonic()
+            request = QuorumRequest(
+                replica_id=self.replica_id,
+                step=step,
+                address=self.member_address,
+                world_size=self.world_size,
+                timeout_s=max(remaining, 0.0),
+                shrink_only=shrink_only,
+                commit_failures=commit_failures,
+                data=data or {},
+            )
+            try:
+                raw = await self._unary(protocol.QUORUM_METHOD, protocol.encode(request), remaining + DEADLINE_GRACE_S)
+            except grpc.aio.AioRpcError as e:
+                error = _translate(e)
+                if isinstance(error, (*_FATAL, QuorumTimeout)):
+                    raise error from None
+                last = str(error)
+                await asyncio.sleep(RETRY_PAUSE_S)
+                continue
+            quorum = Quorum.decode(raw)
+            self.last_quorum_id = max(self.last_quorum_id, quorum.quorum_id)
+            return quorum
+
+    async def fence(self, quorum_id: int, step: int, timeout_s: float) -> FenceResponse:
+        """Ask whether this group may commit ``step`` of ``quorum_id``; never raises for I/O.
+
+        An unreachable lighthouse answers "no": not committing is always safe, committing
+        a step of a quorum the lighthouse has replaced is not.
+        """
+        try:
+            raw = await self._unary(
+                protocol.FENCE_METHOD,
+                protocol.encode(FenceRequest(self.replica_id, quorum_id, step)),
+                timeout_s,
+            )
+            return FenceResponse.decode(raw)
+        except grpc.aio.AioRpcError as e:
+            return FenceResponse(False, f"lighthouse did not confirm the quorum: {_translate(e)}")
+
+    async def _unary(self, method: str, body: bytes, timeout_s: float) -> bytes:
+        assert self._channel is not None, "start() the client first"
+        call = self._channel.unary_unary(method)
+        return await call(body, timeout=timeout_s, metadata=self._metadata, wait_for_ready=True)
+
+    async def _run_session(self) -> None:
+        backoff = RECONNECT_INITIAL_S
+        while not self._closing:
+            try:
+                await self._one_session()
+                backoff = RECONNECT_INITIAL_S
+            except asyncio.CancelledError:
+                raise
+            except grpc.aio.AioRpcError as e:
+                error = _translate(e)
+                if isinstance(error, _FATAL):
+                    logger.error("lighthouse refused the session of %s: %s", self.replica_id, error)
+                    self._fatal = error
+                    self._registered.set()
+                    return
+                logger.debug("lighthouse session of %s broke: %s", self.replica_id, error)
+            except ProtocolError as e:
+                logger.error("bad message from the lighthouse at %s: %s", self.address, e)
+            finally:
+                self._registered.clear()
+            await asyncio.sleep(backoff * (1 + random.random() / 2))
+            backoff = min(backoff * 2, RECONNECT_MAX_S)
+
+    async def _one_session(self) -> None:
+        assert self._channel is not None
+        call = self._channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata, wait_for_ready=True)
+        heartbeats: asyncio.Task[None] | None = None
+        try:
+            await call.write(
+                protocol.encode(
+                    Register(self.replica_id, self.member_address, self.world_size, self._step, self.last_quorum_id)
+                )
+            )
+            raw = await call.read()
+            if raw is grpc.aio.EOF:
+                return
+            first = Notice.decode(raw)
+            if first.kind != "registered":
+                raise ProtocolError(f"expected a 'registered' notice first, got {first.kind!r}")
+            self.incarnation = first.incarnation
+            self.session_epoch += 1
+            self._registered.set()
+            heartbeats = asyncio.create_task(self._heartbeat(call))
+            while True:
+                raw = await call.read()
+                if raw is grpc.aio.EOF:
+                    return
+                notice = Notice.decode(raw)
+                if self.on_notice is not None:
+                    try:
+                        self.on_notice(notice)
+                    except Exception:
+                        logger.exception("on_notice callback failed for %s", notice)
+                if notice.kind == "fenced":
+                    return
+        finally:
+            if heartbeats is not None:
+                heartbeats.cancel()
+            call.cancel()
+
+    async def _heartbeat(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            await call.write(protocol.encode(Heartbeat(self._step, self._progress)))
+            await asyncio.sleep(self.heartbeat_interval_s)
+
+
+class LighthouseClient:
+    """Blocking facade over :class:`AsyncLighthouseClient`, backed by its own loop thread.
+
+    Use as a context manager; every method takes a deadline and may be called from any thread.
+    """
+
+    def __init__(self, address: str, replica_id: str, **kwargs: Any) -> None:
+        self._address = address
+        self._replica_id = replica_id
+        self._kwargs = kwargs
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: AsyncLighthouseClient | None = None
+
+    @property
+    def client(self) -> AsyncLighthouseClient:
+        assert self._client is not None, "start() the client first"
+        return self._client
+
+    def start(self) -> LighthouseClient:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name=f"lighthouse-client-{self._replica_id}", daemon=True
+        )
+        self._thread.start()
+
+        async def build() -> AsyncLighthouseClient:
+            client = AsyncLighthouseClient(self._address, self._replica_id, **self._kwargs)
+            await client.start()
+            return client
+
+        self._client = self._run(build(), 10.0)
+        return self
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        if self._loop is None:
+            return
+        if self._client is not None:
+            try:
+                self._run(self._client.close(), timeout_s)
+            except concurrent.futures.TimeoutError:
+                logger.warning("lighthouse client of %s did not close within %gs", self._replica_id, timeout_s)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None
+        self._thread.join(timeout_s)
+        self._loop = None
+
+    def __enter__(self) -> LighthouseClient:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def record_progress(self, step: int) -> None:
+        self.client.record_progress(step)
+
+    def wait_registered(self, timeout_s: float) -> None:
+        self._run(self.client.wait_registered(timeout_s), timeout_s + DEADLINE_GRACE_S)
+
+    def quorum(self, step: int, timeout_s: float, **kwargs: Any) -> Quorum:
+        return self._run(self.client.quorum(step, timeout_s, **kwargs), timeout_s + 2 * DEADLINE_GRACE_S)
+
+    def fence(self, quorum_id: int, step: int, timeout_s: float) -> FenceResponse:
+        return self._run(self.client.fence(quorum_id, step, timeout_s), timeout_s + DEADLINE_GRACE_S)
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        assert self._loop is not None, "start() the client first"
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)

@@ -1,0 +1,31 @@
+"""Errors the lighthouse and its clients raise; each message names the value and the fix."""
+
+from __future__ import annotations
+
+
+class LighthouseError(Exception):
+    """Base of every error raised by the lighthouse package."""
+
+
+class ProtocolError(LighthouseError, ValueError):
+    """A message off the wire is malformed: wrong type, out of range, too large, not msgpack."""
+
+
+class VersionMismatch(ProtocolError):
+    """The peer speaks another protocol version (gRPC status FAILED_PRECONDITION)."""
+
+
+class OptionsError(LighthouseError, ValueError):
+    """A configuration value is invalid or inconsistent with another one."""
+
+
+class LighthouseUnavailable(LighthouseError, ConnectionError):
+    """The lighthouse could not be reached before the call's deadline."""
+
+
+class QuorumTimeout(LighthouseError, TimeoutError):
+    """No quorum containing this replica formed before the deadline."""
+
+
+class Unauthenticated(LighthouseError, PermissionError):
+    """The lighthouse rejected this client's token (gRPC status UNAUTHENTICATED)."""

@@ -1,0 +1,1 @@
+"""replicaft: fault-tolerant data-parallel training for PyTorch."""
