@@ -1,0 +1,188 @@
+"""Fault-tolerant DistributedDataParallel: bucketed gradient all-reduce across replica groups.
+
+Gradients live directly in flat bucket buffers (each ``param.grad`` is a view into its
+bucket, as DDP's ``gradient_as_bucket_view``), so there is no extra copy of the gradients:
+autograd accumulates into the bucket, a post-accumulate hook counts ready parameters, and a
+full bucket is all-reduced through the manager while backward continues. The end of backward
+waits for every bucket (and launches the buckets of parameters that got no gradient).
+
+If a collective is abandoned (a hung peer), its bucket may still be written by it later, so
+the wrapper reallocates all buckets before the next step (``Manager.abandon_generation``).
+
+Buffers (BatchNorm running statistics) are kept identical across groups, on by default as
+DDP's ``broadcast_buffers`` does within a job: they are averaged across the contributing
+groups with the gradients and written back only when the step commits; an aborted step
+restores the values from the step's start, so a forward pass of a step that does not commit
+leaves no trace. (torchft leaves them to drift apart per group.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from replicaft.manager import ManagedWork, Manager, StepHooks
+
+DEFAULT_BUCKET_CAP_MB = 25.0
+
+
+@dataclass
+class _Bucket:
+    params: list[nn.Parameter]
+    offsets: list[int]
+    buffer: torch.Tensor
+    ready: int = 0
+    work: ManagedWork | None = None
+    members: set[int] = field(default_factory=set)
+
+
+class DistributedDataParallel(nn.Module, StepHooks):
+    """Wrap ``module``; gradients are averaged across the quorum's contributing groups."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        module: nn.Module,
+        *,
+        bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
+        broadcast_buffers: bool = True,
+        state_name: str = "model",
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self._manager = manager
+        self._bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
+        self._broadcast_buffers = broadcast_buffers
+        self._params = [p for p in reversed(list(module.parameters())) if p.requires_grad]
+        self._buckets: list[_Bucket] = []
+        self._bucket_of: dict[int, _Bucket] = {}
+        self._generation = manager.abandon_generation
+        self._callback_queued = False
+        self._in_step = False
+        self._buffer_backup: dict[str, torch.Tensor] = {}
+        self._buffer_average: torch.Tensor | None = None
+        self._buffer_work: ManagedWork | None = None
+        self._allocate_buckets()
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(self._on_grad_ready)
+        manager.register_state(state_name, self._state_dict, self._load_state_dict)
+        manager.register_hooks(self)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._generation != self._manager.abandon_generation:
+            self._allocate_buckets()
+        self._attach_grads()
+        return self.module(*args, **kwargs)
+
+    # -- buckets -------------------------------------------------------------------------------
+
+    def _allocate_buckets(self) -> None:
+        self._generation = self._manager.abandon_generation
+        groups: list[list[nn.Parameter]] = []
+        size = 0
+        for p in self._params:
+            nbytes = p.numel() * p.element_size()
+            if not groups or size + nbytes > self._bucket_cap_bytes or groups[-1][0].dtype != p.dtype or groups[-1][0].device != p.device:
+                groups.append([])
+                size = 0
+            groups[-1].append(p)
+            size += nbytes
+        self._buckets = []
+        self._bucket_of = {}
+        for params in groups:
+            offsets = []
+            total = 0
+            for p in params:
+                offsets.append(total)
+                total += p.numel()
+            buffer = torch.zeros(total, dtype=params[0].dtype, device=params[0].device)
+            bucket = _Bucket(params, offsets, buffer, members={id(p) for p in params})
+            self._buckets.append(bucket)
+            for p, offset in zip(params, offsets, strict=True):
+                self._bucket_of[id(p)] = bucket
+                if p.grad is not None:
+                    buffer[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
+                p.grad = buffer[offset : offset + p.numel()].view_as(p)
+
+    def _attach_grads(self) -> None:
+        """Make every gradient a view of its bucket (zeroed if the user set it to None)."""
+        for bucket in self._buckets:
+            for p, offset in zip(bucket.params, bucket.offsets, strict=True):
+                slot = bucket.buffer[offset : offset + p.numel()]
+                if p.grad is None:
+                    slot.zero_()
+                    p.grad = slot.view_as(p)
+                elif p.grad.data_ptr() != slot.data_ptr():
+                    slot.copy_(p.grad.reshape(-1))
+                    p.grad = slot.view_as(p)
+            bucket.ready = 0
+            bucket.work = None
+
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        if not self._callback_queued:
+            self._callback_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        bucket = self._bucket_of[id(p)]
+        bucket.ready += 1
+        if bucket.ready == len(bucket.params) and bucket.work is None:
+            bucket.work = self._manager.allreduce(bucket.buffer)
+
+    def _finish_backward(self) -> None:
+        self._callback_queued = False
+        for bucket in self._buckets:
+            if bucket.work is None:
+                bucket.work = self._manager.allreduce(bucket.buffer)
+        if self._broadcast_buffers and self._buffer_backup:
+            self._buffer_average = torch.cat(
+                [b.detach().reshape(-1).to(torch.float64) for _, b in self.module.named_buffers()]
+            )
+            self._buffer_work = self._manager.allreduce(self._buffer_average)
+        for bucket in self._buckets:
+            bucket.work.wait()
+            bucket.ready = 0
+        if self._buffer_work is not None:
+            self._buffer_work.wait()
+
+    # -- step hooks (Manager) ------------------------------------------------------------------
+
+    def on_step_start(self) -> None:
+        self._in_step = True
+        self._buffer_backup = {n: b.detach().clone() for n, b in self.module.named_buffers()}
+        self._buffer_average = None
+        self._buffer_work = None
+
+    def on_commit(self) -> None:
+        self._in_step = False
+        if self._buffer_average is None or self._buffer_work is None:
+            return
+        offset = 0
+        with torch.no_grad():
+            for _, b in self.module.named_buffers():
+                n = b.numel()
+                b.copy_(self._buffer_average[offset : offset + n].reshape(b.shape).to(b.dtype))
+                offset += n
+
+    def on_abort(self) -> None:
+        self._in_step = False
+        with torch.no_grad():
+            for name, b in self.module.named_buffers():
+                if name in self._buffer_backup:
+                    b.copy_(self._buffer_backup[name])
+
+    # -- state (heal and checkpoint) -----------------------------------------------------------
+
+    def _state_dict(self) -> dict[str, Any]:
+        """Parameters live; buffers as of the step's start while a step is in flight (forward
+        updates them concurrently with the quorum thread that snapshots this)."""
+        state = dict(self.module.state_dict())
+        if self._in_step:
+            state.update({k: v for k, v in self._buffer_backup.items() if k in state})
+        return state
+
+    def _load_state_dict(self, state: dict[str, Any]) -> None:
+        self.module.load_state_dict(state)
+        if self._in_step:
+            self._buffer_backup = {n: b.detach().clone() for n, b in self.module.named_buffers()}

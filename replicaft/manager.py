@@ -1,0 +1,530 @@
+"""The manager: one per rank; turns a training step into quorum, all-reduce and commit.
+
+The step, as the wrappers drive it::
+
+    optimizer.zero_grad()  -> start_quorum()     quorum + column rebuild run in the background
+    loss.backward()        -> allreduce(bucket)  waits for the plan, then sums across groups
+    optimizer.step()       -> should_commit()    heal applied, "ok" flag reduced, group vote,
+                                                 lighthouse fence; the real step only on commit
+
+Threads, and who owns what:
+
+* the training thread calls every public method and is the only one that applies a plan,
+  touches training state, or advances the step;
+* one quorum thread runs ``_run_quorum`` (group quorum RPC, column rebuild, donor snapshot)
+  and hands back a :class:`StepPlan` through a future;
+* one heal thread fetches a donor snapshot (healers only) and hands back the verified buffer
+  through a future; the training thread applies it in ``should_commit``;
+* lighthouse notices arrive on the group server's loop (rank 0) or the watch thread (ranks
+  > 0) and only set ``_abort``, which in-flight waits poll.
+
+A peer's failure never raises into the user's loop: it is recorded (``report_error``), later
+collectives of the step become no-ops, and the step does not commit. Only misconfiguration,
+or ``max_quorum_failures`` consecutive quorum timeouts, raise.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import datetime
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from lighthouse.errors import QuorumTimeout
+from lighthouse.plan import StepPlan, plan_step
+from lighthouse.protocol import Notice
+from replicaft.errors import GroupError, HealError, StateError
+from replicaft.events import EventLog
+from replicaft.faults import parse_fault_points, reached
+from replicaft.group_protocol import VoteResponse
+from replicaft.group_server import GroupClient, GroupServer
+from replicaft.options import ManagerOptions
+from replicaft.process_group import (
+    CollectiveError,
+    CollectiveHandle,
+    ColumnSpec,
+    FaultTolerantProcessGroup,
+)
+from replicaft.state import digest, flatten, unflatten
+from replicaft.transfer.client import Donor, HealResult, fetch_state
+from replicaft.transfer.server import StateServer
+from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
+
+logger = logging.getLogger(__name__)
+
+GROUP_ADDRESS_KEY = "replicaft/group_manager_address"
+POLL_S = 0.02
+
+StateDictFn = Callable[[], dict[str, Any]]
+LoadStateDictFn = Callable[[dict[str, Any]], None]
+
+
+class StepHooks:
+    """Callbacks a wrapper registers to act at step boundaries (the DDP wrapper's buffers)."""
+
+    def on_step_start(self) -> None: ...
+    def on_commit(self) -> None: ...
+    def on_abort(self) -> None: ...
+
+
+class ManagedWork:
+    """An all-reduce issued through the manager; ``wait()`` never raises for a peer's failure."""
+
+    def __init__(self, manager: Manager, handle: CollectiveHandle | None, tensor: torch.Tensor, divisor: int) -> None:
+        self._manager = manager
+        self._handle = handle
+        self._tensor = tensor
+        self._divisor = divisor
+        self._waited = False
+
+    def wait(self) -> bool:
+        """Block until the reduction is done; returns False if the step will not commit."""
+        if self._waited or self._handle is None:
+            return self._manager.errored() is None
+        self._waited = True
+        try:
+            self._handle.wait(
+                time.monotonic() + self._manager.options.collective_timeout_s,
+                self._manager._abort,
+                self._manager._tick,
+            )
+        except CollectiveError as e:
+            self._manager.report_error(e, abandoned=True)
+            return False
+        if self._divisor > 1:
+            self._tensor.div_(self._divisor)
+        return True
+
+    def tensor(self) -> torch.Tensor:
+        return self._tensor
+
+
+class Manager:
+    """Build with options; ``start()`` opens servers and connections; use as a context manager."""
+
+    def __init__(self, options: ManagerOptions, *, init_sync: bool = True) -> None:
+        self.options = options
+        self.init_sync = init_sync
+        """At step 0 every group but one heals from it, so all start from identical weights."""
+        self._states: dict[str, tuple[StateDictFn, LoadStateDictFn]] = {}
+        self._hooks: list[StepHooks] = []
+        self._step = 0
+        self._commit_failures = 0
+        self._quorum_failures = 0
+        self._abandon_generation = 0
+        self._error: Exception | None = None
+        self._abort = threading.Event()
+        self._plan: StepPlan | None = None
+        self._plan_future: concurrent.futures.Future[StepPlan] | None = None
+        self._heal_future: concurrent.futures.Future[HealResult] | None = None
+        self._step_started = 0.0
+        self._digest_due: int | None = None
+        self._quorum_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replicaft-quorum")
+        self._heal_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replicaft-heal")
+        backend = options.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self._pg = FaultTolerantProcessGroup(
+            backend, collective_timeout_s=options.collective_timeout_s, connect_timeout_s=options.connect_timeout_s
+        )
+        self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        self._faults = parse_fault_points(options.fault_points)
+        self._events = EventLog(options.events_dir, options.replica_id, options.group_rank)
+        self._store: dist.TCPStore | None = None
+        self._state_server: StateServer | None = None
+        self._group_server: GroupServer | None = None
+        self._group: GroupClient | None = None
+        self._rank_data: dict[str, str] = {}
+        self.register_state("replicaft", self._own_state_dict, self._load_own_state_dict)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Manager:
+        o = self.options
+        self._store = dist.TCPStore(o.host, 0, is_master=True, wait_for_workers=False)
+        self._state_server = StateServer(o.host, o.token)
+        state_address = self._state_server.start()
+        self._rank_data = {"store": f"{o.host}:{self._store.port}", "state": state_address}
+        if o.group_rank == 0:
+            self._group_server = GroupServer(o, self._on_notice)
+            address = self._group_server.start()
+            if o.group_world_size > 1:
+                self._group_store().set(GROUP_ADDRESS_KEY, address)
+        else:
+            address = self._group_store().get(GROUP_ADDRESS_KEY).decode()
+        self._group = GroupClient(address, o.group_rank, o.token)
+        if o.group_rank != 0:
+            self._group.watch(self._on_notice)
+        self._emit("start", world_size=o.group_world_size)
+        self._log(logging.INFO, "started; group manager at %s", address)
+        return self
+
+    def _group_store(self) -> dist.TCPStore:
+        assert self.options.group_store is not None
+        host, port = self.options.group_store.rsplit(":", 1)
+        return dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=self.options.connect_timeout_s), wait_for_workers=False)
+
+    def shutdown(self) -> None:
+        """Stop every thread and server this manager started. Safe to call twice."""
+        self._emit_digest_if_due()
+        self._abort.set()
+        self._quorum_pool.shutdown(wait=False, cancel_futures=True)
+        self._heal_pool.shutdown(wait=False, cancel_futures=True)
+        if self._group is not None:
+            self._group.close()
+        if self._group_server is not None:
+            self._group_server.stop()
+        if self._state_server is not None:
+            self._state_server.stop()
+        self._pg.shutdown()
+        self._emit("stop", reason="shutdown")
+        self._events.close()
+
+    def __enter__(self) -> Manager:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- registration --------------------------------------------------------------------------
+
+    def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn) -> None:
+        """Add a piece of training state that a heal transfers and a checkpoint saves.
+
+        ``state_dict()`` must return tensors and plain values only (no pickle travels); it is
+        called on the quorum thread while the training thread runs forward/backward, so it must
+        not depend on anything forward changes (the DDP wrapper serves buffers from a copy).
+        """
+        if name in self._states:
+            raise StateError(f"state {name!r} is registered twice; pick another name")
+        self._states[name] = (state_dict, load_state_dict)
+
+    def register_hooks(self, hooks: StepHooks) -> None:
+        self._hooks.append(hooks)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: fn() for name, (fn, _) in self._states.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = set(self._states) - set(state)
+        if missing:
+            raise StateError(f"state to load lacks {sorted(missing)}; registered: {sorted(self._states)}")
+        for name, (_, load) in self._states.items():
+            load(state[name])
+
+    def _own_state_dict(self) -> dict[str, Any]:
+        return {"step": self._step}
+
+    def _load_own_state_dict(self, state: dict[str, Any]) -> None:
+        self._step = int(state["step"])
+
+    # -- queries -------------------------------------------------------------------------------
+
+    def current_step(self) -> int:
+        return self._step
+
+    @property
+    def plan(self) -> StepPlan | None:
+        return self._plan
+
+    def is_healing(self) -> bool:
+        return self._plan is not None and self._plan.healing
+
+    def num_participants(self) -> int:
+        """Groups contributing real gradients this step (the divisor of the average)."""
+        return 0 if self._plan is None else self._plan.num_contributors
+
+    def errored(self) -> Exception | None:
+        return self._error
+
+    @property
+    def abandon_generation(self) -> int:
+        """Bumped whenever a collective is abandoned; its buffers must not be reused."""
+        return self._abandon_generation
+
+    def step_seed(self) -> int:
+        """A seed for this step's randomness, from (seed, step, replica rank), so a step's result
+        depends only on (state, step, membership) and no RNG state has to travel in a heal.
+
+        Blocks until this step's quorum is known (the replica rank comes from it)."""
+        plan = self.wait_quorum()
+        rank = 0 if plan is None else plan.replica_rank
+        h = hashlib.blake2b(f"{self.options.seed}/{self._step}/{rank}".encode(), digest_size=8)
+        return int.from_bytes(h.digest(), "little") & (2**63 - 1)
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def start_quorum(self) -> None:
+        """Begin a step: ask for a quorum in the background. Call from the training thread."""
+        self._emit_digest_if_due()
+        if self._plan_future is not None and not self._plan_future.done():
+            raise GroupError("start_quorum() called twice in one step; call should_commit() in between")
+        self._error = None
+        self._abort.clear()
+        self._plan = None
+        self._heal_future = None
+        self._step_started = time.monotonic()
+        for h in self._hooks:
+            h.on_step_start()
+        self._tick()
+        self._plan_future = self._quorum_pool.submit(self._run_quorum, self._step, self._commit_failures)
+
+    def wait_quorum(self) -> StepPlan | None:
+        """The plan of this step, or None if the quorum failed (the step will not commit)."""
+        if self._plan is not None or self._plan_future is None:
+            return self._plan
+        future = self._plan_future
+        deadline = time.monotonic() + self.options.quorum_timeout_s + self.options.connect_timeout_s + 5.0
+        while not _wait_future(future, POLL_S):
+            self._tick()
+            if time.monotonic() > deadline:
+                self.report_error(GroupError("the quorum thread did not answer in time"))
+                return None
+        try:
+            self._plan = future.result()
+            self._quorum_failures = 0
+        except (QuorumTimeout, GroupError) as e:
+            self._quorum_failures += 1
+            self.report_error(e)
+            if self._quorum_failures >= self.options.max_quorum_failures:
+                raise
+        except Exception as e:
+            self.report_error(e)
+        return self._plan
+
+    def allreduce(self, tensor: torch.Tensor) -> ManagedWork:
+        """Average ``tensor`` in place across the groups that contribute this step."""
+        if self._error is not None:
+            return ManagedWork(self, None, tensor, 1)
+        plan = self.wait_quorum()
+        if plan is None or self._error is not None:
+            return ManagedWork(self, None, tensor, 1)
+        if plan.healing:
+            tensor.zero_()
+        try:
+            handle = self._pg.allreduce(tensor)
+        except CollectiveError as e:
+            self.report_error(e)
+            return ManagedWork(self, None, tensor, 1)
+        reached(self._faults, "allreduce", self._step)
+        return ManagedWork(self, handle, tensor, plan.num_contributors)
+
+    def report_error(self, error: Exception, *, abandoned: bool = False) -> None:
+        """Record that this step must not commit. Safe from any thread; the first error wins."""
+        if abandoned:
+            self._abandon_generation += 1
+        if self._error is None:
+            self._error = error
+            self._log(logging.WARNING, "step will not commit: %s", error)
+            self._emit("collective_error", error=f"{type(error).__name__}: {error}")
+
+    def should_commit(self) -> bool:
+        """End the step: True if every rank of every participating group may apply it.
+
+        Every rank of the group must call it once per step. Blocks for the heal (healers), the
+        "ok" flag all-reduce and the group vote, each under its own deadline.
+        """
+        plan = self.wait_quorum()
+        if plan is not None and plan.healing and self._error is None:
+            self._apply_heal()
+        ok = self._error is None and plan is not None and plan.num_replicas >= self.options.min_replicas
+        if plan is not None and not self._pg.broken:
+            ok = self._reduce_ok_flag(ok)
+        reason = "" if ok else str(self._error or "fewer groups than min_replicas")
+        decision = self._vote(plan, ok, reason)
+        reached(self._faults, "commit", self._step)
+        self._finish_step(plan, decision.commit, decision.reason)
+        return decision.commit
+
+    # -- step internals --------------------------------------------------------------------------
+
+    def _run_quorum(self, step: int, commit_failures: int) -> StepPlan:
+        assert self._group is not None
+        started = time.monotonic()
+        quorum = self._group.quorum(
+            step, self.options.quorum_timeout_s, commit_failures=commit_failures, rank_data=self._rank_data
+        )
+        plan = self._adjust_for_init_sync(plan_step(quorum, self.options.replica_id))
+        sizes = {m.world_size for m in plan.participants}
+        if sizes != {self.options.group_world_size}:
+            raise GroupError(f"groups of the quorum have {sorted(sizes)} ranks; every group must have the same W")
+        reconfigured = self._pg.spec is None or self._pg.spec.quorum_id != plan.quorum_id or self._pg.broken is not None
+        if reconfigured:
+            self._configure_column(plan)
+        assert self._state_server is not None
+        if plan.healers and not plan.healing:
+            flat = flatten(self.state_dict())
+            self._state_server.publish(
+                Snapshot.capture(flat, step=plan.max_step, quorum_id=plan.quorum_id, replica_id=self.options.replica_id)
+            )
+            reached(self._faults, "serve", self._step)
+        elif self._state_server.published_step is not None and not plan.healers:
+            self._state_server.publish(None)
+        if plan.healing:
+            self._heal_future = self._heal_pool.submit(self._fetch, plan)
+            reached(self._faults, "heal", self._step)
+        self._emit(
+            "quorum",
+            quorum_id=plan.quorum_id,
+            latency_s=time.monotonic() - started,
+            num_replicas=plan.num_replicas,
+            replica_rank=plan.replica_rank,
+            max_step=plan.max_step,
+            healing=plan.healing,
+            participants=[m.replica_id for m in plan.participants],
+            reconfigured=reconfigured,
+        )
+        return plan
+
+    def _adjust_for_init_sync(self, plan: StepPlan) -> StepPlan:
+        if not self.init_sync or plan.max_step != 0 or len(plan.donors) < 2:
+            return plan
+        primary = plan.donors[0]
+        return dataclasses.replace(
+            plan, donors=(primary,), healers=tuple(m.replica_id for m in plan.participants if m.replica_id != primary)
+        )
+
+    def _configure_column(self, plan: StepPlan) -> None:
+        r = self.options.group_rank
+        owner = plan.column_store_owner(r)
+        try:
+            store = owner.data["ranks"][r]["store"]
+        except (KeyError, IndexError, TypeError):
+            raise GroupError(f"quorum member {owner.replica_id!r} published no store for group rank {r}") from None
+        self._pg.configure(ColumnSpec(store, f"{plan.store_prefix}/{r}", plan.replica_rank, plan.num_replicas, plan.quorum_id))
+
+    def _fetch(self, plan: StepPlan) -> HealResult:
+        r = self.options.group_rank
+        donors = []
+        for rid in plan.donors:
+            member = plan.member(rid)
+            assert member is not None
+            try:
+                donors.append(Donor(rid, member.data["ranks"][r]["state"]))
+            except (KeyError, IndexError, TypeError):
+                logger.warning("donor %s published no state server for group rank %d", rid, r)
+        self._emit("heal_start", quorum_id=plan.quorum_id, donors=list(plan.donors), max_step=plan.max_step)
+        return fetch_state(
+            donors,
+            plan.max_step,
+            token=self.options.token,
+            timeout_s=self.options.heal_timeout_s,
+            healer_index=plan.healers.index(self.options.replica_id),
+        )
+
+    def _apply_heal(self) -> None:
+        assert self._heal_future is not None and self._plan is not None
+        deadline = time.monotonic() + self.options.heal_timeout_s + 5.0
+        while not _wait_future(self._heal_future, POLL_S):
+            self._tick()
+            if time.monotonic() > deadline:
+                self.report_error(HealError("the heal thread did not finish in time"))
+                return
+        try:
+            result = self._heal_future.result()
+            state = unflatten(result.manifest.skeleton, tensors_from_buffer(result.buffer, result.manifest))
+            self.load_state_dict(state)
+        except Exception as e:
+            self._emit("heal_end", ok=False, error=f"{type(e).__name__}: {e}")
+            self.report_error(e if isinstance(e, HealError) else HealError(f"heal failed: {e}"))
+            return
+        self._emit(
+            "heal_end",
+            ok=True,
+            num_bytes=result.manifest.total_bytes,
+            seconds=result.seconds,
+            bytes_by_donor=result.bytes_by_donor,
+            refetched_stripes=result.refetched_stripes,
+        )
+
+    def _reduce_ok_flag(self, ok: bool) -> bool:
+        flag = torch.tensor([0.0 if ok else 1.0], device=self._device)
+        try:
+            self._pg.allreduce(flag, op="ok-flag allreduce").wait(
+                time.monotonic() + self.options.collective_timeout_s, self._abort, self._tick
+            )
+        except CollectiveError as e:
+            self.report_error(e, abandoned=True)
+            return False
+        if flag.item() != 0.0:
+            self.report_error(GroupError(f"{int(flag.item())} participant rank(s) of this column reported a failed step"))
+            return False
+        return ok
+
+    def _vote(self, plan: StepPlan | None, ok: bool, reason: str) -> VoteResponse:
+        assert self._group is not None
+        quorum_id = plan.quorum_id if plan is not None else 0
+        try:
+            return self._group.vote(self._step, quorum_id, ok, reason, self.options.collective_timeout_s)
+        except GroupError as e:
+            return VoteResponse(False, f"vote failed: {e}")
+
+    def _finish_step(self, plan: StepPlan | None, commit: bool, reason: str) -> None:
+        if commit:
+            assert plan is not None
+            for h in self._hooks:
+                h.on_commit()
+            self._step = plan.max_step + 1
+            self._commit_failures = 0
+            self._digest_due = self._step
+        else:
+            for h in self._hooks:
+                h.on_abort()
+            self._commit_failures += 1
+        self._emit(
+            "commit",
+            quorum_id=plan.quorum_id if plan else -1,
+            committed=commit,
+            reason=reason,
+            num_contributors=plan.num_contributors if plan else 0,
+            healing=bool(plan and plan.healing),
+            step_time_s=time.monotonic() - self._step_started,
+        )
+        self._tick()
+
+    def _emit_digest_if_due(self) -> None:
+        step, self._digest_due = self._digest_due, None
+        every = self.options.digest_every_steps
+        if step is None or every == 0 or step % every:
+            return
+        self._emit("committed", digest=digest(flatten(self.state_dict())))
+
+    # -- notices, progress, logging ---------------------------------------------------------------
+
+    def _on_notice(self, notice: Notice) -> None:
+        plan = self._plan
+        if notice.kind == "member_lost" and (plan is None or plan.member(notice.replica_id) is not None):
+            self._abort.set()
+        elif notice.kind == "fenced" and notice.replica_id == self.options.replica_id:
+            self._abort.set()
+            self._emit("fenced", reason=notice.reason)
+
+    def _tick(self) -> None:
+        if self._group_server is not None:
+            self._group_server.record_progress(self._step)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        fields.setdefault("quorum_id", self._plan.quorum_id if self._plan else -1)
+        self._events.emit(event, step=self._step, **fields)
+
+    def _log(self, level: int, msg: str, *args: Any) -> None:
+        o = self.options
+        q = self._plan.quorum_id if self._plan else "-"
+        logger.log(level, f"[{o.replica_id}/{o.group_rank} step=%d quorum=%s] {msg}", self._step, q, *args)
+
+
+def _wait_future(future: concurrent.futures.Future[Any], timeout_s: float) -> bool:
+    try:
+        future.exception(timeout_s)
+    except concurrent.futures.TimeoutError:
+        return False
+    except concurrent.futures.CancelledError:
+        return True
+    return True
+

@@ -1,0 +1,55 @@
+"""The optimizer wrapper: ``zero_grad`` starts the step's quorum, ``step`` commits or skips.
+
+Its state (every moment and step count) and an LR scheduler's position are registered with
+the manager, so a heal transfers them and a checkpoint saves them. The scheduler steps only
+when the optimizer really stepped, so the learning rate follows committed steps, not attempts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from replicaft.manager import Manager
+
+
+class Optimizer:
+    """Wrap ``optimizer`` (and optionally ``lr_scheduler``) for fault-tolerant training."""
+
+    def __init__(
+        self,
+        manager: Manager,
+        optimizer: torch.optim.Optimizer,
+        lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    ) -> None:
+        self.manager = manager
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        manager.register_state("optimizer", optimizer.state_dict, optimizer.load_state_dict)
+        if lr_scheduler is not None:
+            manager.register_state("lr_scheduler", lr_scheduler.state_dict, lr_scheduler.load_state_dict)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Start the step: the quorum is requested in the background while forward runs."""
+        self.manager.start_quorum()
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> bool:
+        """Apply the step if it commits; returns whether it did."""
+        if not self.manager.should_commit():
+            return False
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        return True
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(state)

@@ -1,0 +1,151 @@
+"""Manager configuration: one frozen dataclass, checked once, read from the environment in one place.
+
+The timeouts form one hierarchy, validated in ``__post_init__``::
+
+    heartbeat_interval_s  <  collective_timeout_s  <  quorum_timeout_s
+                             heal_timeout_s        <  quorum_timeout_s
+
+* ``collective_timeout_s`` bounds one all-reduce (and the Gloo/NCCL op timeout). A peer that
+  dies is usually noticed far sooner (its connection closes, or the lighthouse pushes a
+  member-lost notice); this deadline covers a silent peer (partition).
+* ``quorum_timeout_s`` bounds how long a group waits for a quorum. It must outlast a failed
+  step (a collective timeout) plus the lighthouse's deadlines for dropping a hung member
+  (its ``--heartbeat-timeout`` / ``--progress-timeout``), or survivors would give up while
+  the lighthouse is still, correctly, waiting. A quorum timeout does not crash the group:
+  it is retried (up to ``max_quorum_failures``).
+* ``heal_timeout_s`` bounds one state transfer.
+
+Explicit arguments always win over the environment; ``from_env`` is called by entry points,
+never by library code, and library code never writes ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+from replicaft.errors import OptionsError
+from replicaft.faults import parse_fault_points
+
+ENV_PREFIX = "REPLICAFT_"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ManagerOptions:
+    lighthouse: str
+    """``host:port`` of the lighthouse (``REPLICAFT_LIGHTHOUSE``)."""
+    replica_id: str
+    """Stable name of this replica group (``REPLICAFT_REPLICA_ID``); a restarted group keeps it."""
+    group_rank: int = 0
+    """This process's rank inside its group (``RANK`` under torchrun)."""
+    group_world_size: int = 1
+    """Ranks per group, W (``WORLD_SIZE`` under torchrun)."""
+    group_store: str | None = None
+    """``host:port`` of the group's TCPStore (torchrun's ``MASTER_ADDR:MASTER_PORT``), through
+    which ranks > 0 find rank 0's manager server. Required when W > 1."""
+    min_replicas: int = 1
+    """A step commits only if at least this many groups took part."""
+    host: str = "127.0.0.1"
+    """Address other groups use to reach this rank's store and state server. Loopback by
+    default; set the host's routable address for multi-host jobs."""
+    token: str | None = None
+    """Shared secret for the lighthouse, manager server and state server (``REPLICAFT_TOKEN``)."""
+    backend: Literal["gloo", "nccl"] | None = None
+    """Column process group backend; None picks NCCL when CUDA is available, else Gloo."""
+    heartbeat_interval_s: float = 0.1
+    collective_timeout_s: float = 10.0
+    quorum_timeout_s: float = 60.0
+    heal_timeout_s: float = 30.0
+    connect_timeout_s: float = 10.0
+    """Rendezvous of a new column process group, and reaching the group's manager server."""
+    max_quorum_failures: int = 3
+    """Consecutive quorum timeouts tolerated before ``start_quorum`` raises."""
+    events_dir: str | None = None
+    """Directory for the structured event log (``REPLICAFT_EVENTS_DIR``); None = no events."""
+    digest_every_steps: int = 1
+    """Emit a digest of the whole state every N committed steps (0 = never). Hashing costs about
+    a memory pass over the state; benchmarks of large models set 0."""
+    seed: int = 0
+    """Base of the per-step RNG seed (see ``Manager.step_seed``)."""
+    fault_points: str | None = None
+    """Kill this process at named points (``allreduce@5``), for chaos tests; see faults.py."""
+
+    def __post_init__(self) -> None:
+        if not self.replica_id:
+            raise OptionsError("replica_id is empty; name each replica group (e.g. --replica-id g0)")
+        if ":" not in self.lighthouse:
+            raise OptionsError(f"lighthouse={self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510)")
+        if self.group_world_size < 1 or not 0 <= self.group_rank < self.group_world_size:
+            raise OptionsError(
+                f"group_rank={self.group_rank} with group_world_size={self.group_world_size}; "
+                "need 0 <= group_rank < group_world_size"
+            )
+        if self.group_world_size > 1 and not self.group_store:
+            raise OptionsError(
+                f"group_world_size={self.group_world_size} needs group_store (host:port of the "
+                "group's TCPStore; torchrun sets MASTER_ADDR and MASTER_PORT)"
+            )
+        if self.min_replicas < 1:
+            raise OptionsError(f"min_replicas={self.min_replicas}; it must be at least 1")
+        for f in ("heartbeat_interval_s", "collective_timeout_s", "quorum_timeout_s", "heal_timeout_s", "connect_timeout_s"):
+            if not getattr(self, f) > 0:
+                raise OptionsError(f"{f}={getattr(self, f)}; it must be positive")
+        if self.collective_timeout_s <= self.heartbeat_interval_s:
+            raise OptionsError(
+                f"collective_timeout_s={self.collective_timeout_s} is not above heartbeat_interval_s="
+                f"{self.heartbeat_interval_s}; raise collective_timeout_s"
+            )
+        for f in ("collective_timeout_s", "heal_timeout_s"):
+            if getattr(self, f) >= self.quorum_timeout_s:
+                raise OptionsError(
+                    f"quorum_timeout_s={self.quorum_timeout_s} is not above {f}={getattr(self, f)}, "
+                    "so a group would give up on the quorum while a failed step or heal is still "
+                    f"being resolved; set quorum_timeout_s above {getattr(self, f)}"
+                )
+        if self.max_quorum_failures < 1:
+            raise OptionsError(f"max_quorum_failures={self.max_quorum_failures}; it must be at least 1")
+        parse_fault_points(self.fault_points)
+        if self.digest_every_steps < 0:
+            raise OptionsError(f"digest_every_steps={self.digest_every_steps}; use 0 (off) or more")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **explicit: Any) -> ManagerOptions:
+        """Build from explicit arguments, filling the rest from the environment.
+
+        Reads ``REPLICAFT_<FIELD>`` for every field (e.g. ``REPLICAFT_QUORUM_TIMEOUT_S``), and
+        torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` for the group.
+        """
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        types = {f.name: f.type for f in fields(cls)}
+        for name, type_name in types.items():
+            raw = env.get(ENV_PREFIX + name.upper())
+            if raw is not None:
+                values[name] = _parse(ENV_PREFIX + name.upper(), str(type_name), raw)
+        if "RANK" in env and "group_rank" not in values:
+            values["group_rank"] = _parse("RANK", "int", env["RANK"])
+        if "WORLD_SIZE" in env and "group_world_size" not in values:
+            values["group_world_size"] = _parse("WORLD_SIZE", "int", env["WORLD_SIZE"])
+        if "MASTER_ADDR" in env and "MASTER_PORT" in env and "group_store" not in values:
+            values["group_store"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        values.update({k: v for k, v in explicit.items() if v is not None})
+        for required in ("lighthouse", "replica_id"):
+            if required not in values:
+                raise OptionsError(
+                    f"{required} is not set; pass it or set {ENV_PREFIX}{required.upper()}"
+                )
+        return cls(**values)
+
+
+def _parse(env_name: str, type_name: str, raw: str) -> Any:
+    try:
+        if type_name.startswith("int"):
+            return int(raw)
+        if type_name.startswith("float"):
+            return float(raw)
+    except ValueError:
+        raise OptionsError(f"{env_name}={raw!r} is not a number") from None
+    return raw
+

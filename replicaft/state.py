@@ -1,0 +1,114 @@
+"""Training state as data: flatten a nested state dict into a msgpack skeleton plus tensors.
+
+The heal transfer and the digest both need the whole training state (model, optimizer,
+scheduler, manager counters, user extras) as one ordered list of tensors plus plain values,
+without pickle. ``flatten`` walks a state dict and replaces every tensor by a reference;
+``unflatten`` puts tensors back. Only plain types travel: None, bool, int, float, str, bytes,
+lists, tuples and dicts (any key type msgpack can carry). Anything else is refused with the
+path to the offending value, so a user learns at registration, not at the first heal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import torch
+
+from replicaft.errors import StateError
+
+_TENSOR = "__tensor__"
+_TUPLE = "__tuple__"
+_DICT = "__dict__"
+
+DTYPES: dict[str, torch.dtype] = {
+    str(dt).removeprefix("torch."): dt
+    for dt in (
+        torch.float64, torch.float32, torch.float16, torch.bfloat16,
+        torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool,
+        torch.complex64, torch.complex128,
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Flat:
+    skeleton: Any
+    """The state with each tensor replaced by ``{"__tensor__": index}``; msgpack-encodable."""
+    tensors: list[torch.Tensor]
+    names: list[str]
+    """Dotted path of each tensor, for error messages and manifests."""
+
+
+def flatten(state: Mapping[str, Any]) -> Flat:
+    tensors: list[torch.Tensor] = []
+    names: list[str] = []
+
+    def walk(value: Any, path: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            if str(value.dtype).removeprefix("torch.") not in DTYPES:
+                raise StateError(f"state {path}: tensors of dtype {value.dtype} cannot be transferred")
+            tensors.append(value)
+            names.append(path)
+            return {_TENSOR: len(tensors) - 1}
+        if value is None or isinstance(value, (bool, int, float, str, bytes)):
+            return value
+        if isinstance(value, list):
+            return [walk(v, f"{path}[{i}]") for i, v in enumerate(value)]
+        if isinstance(value, tuple):
+            return {_TUPLE: [walk(v, f"{path}[{i}]") for i, v in enumerate(value)]}
+        if isinstance(value, Mapping):
+            if all(isinstance(k, str) for k in value) and not ({_TENSOR, _TUPLE, _DICT} & set(value)):
+                return {k: walk(v, f"{path}.{k}") for k, v in value.items()}
+            for k in value:
+                if not isinstance(k, (str, int, float, bool)) and k is not None:
+                    raise StateError(f"state {path}: key {k!r} of type {type(k).__name__} cannot be transferred")
+            return {_DICT: [[k, walk(v, f"{path}[{k!r}]")] for k, v in value.items()]}
+        raise StateError(
+            f"state {path}: a value of type {type(value).__name__} cannot be transferred without "
+            "pickle; return plain types and tensors from your state_dict function"
+        )
+
+    skeleton = walk(dict(state), "state")
+    return Flat(skeleton, tensors, names)
+
+
+def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    def walk(value: Any) -> Any:
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if isinstance(value, dict):
+            if _TENSOR in value:
+                index = value[_TENSOR]
+                if not isinstance(index, int) or not 0 <= index < len(tensors):
+                    raise StateError(f"state skeleton refers to tensor {index!r}; there are {len(tensors)}")
+                return tensors[index]
+            if _TUPLE in value:
+                return tuple(walk(v) for v in value[_TUPLE])
+            if _DICT in value:
+                return {k: walk(v) for k, v in value[_DICT]}
+            return {k: walk(v) for k, v in value.items()}
+        return value
+
+    return walk(skeleton)
+
+
+def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 CPU view (or copy, for device or non-contiguous tensors) of ``t``'s data."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    return t.contiguous().reshape(-1).view(torch.uint8)
+
+
+def digest(flat: Flat) -> str:
+    """A digest of the whole state: equal digests mean bitwise-equal state (tensors and values)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(msgpack.packb(flat.skeleton, use_bin_type=True))
+    for t in flat.tensors:
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(tensor_bytes(t).numpy().data)
+    return h.hexdigest()

@@ -1,0 +1,1 @@
+"""Peer-to-peer state transfer: snapshot, manifest, state server, striped heal client."""

@@ -1,0 +1,196 @@
+"""The heal client: fetch a donor snapshot striped across every up-to-date donor, verified.
+
+1. Ask every donor for its manifest (in parallel). Donors whose manifest disagrees with the
+   majority (another step, other bytes) are not used: the state must be bitwise one state.
+2. Allocate one buffer and deal chunk-aligned stripes across the donors (manifest.py).
+3. One connection per donor pulls its stripes; each stripe's chunks are checked against the
+   manifest's CRCs on arrival. A donor that dies or sends a bad stripe is dropped and its
+   stripes go to the others; a stripe that fails on every donor fails the heal.
+4. Only a buffer whose every chunk verified is returned; the caller applies it. A failure
+   raises HealError and leaves the caller's state untouched (it retries at the next quorum).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from lighthouse.errors import ProtocolError
+from replicaft.errors import HealError
+from replicaft.transfer.manifest import ByteStripe, Manifest, bad_chunks, chunk_stripes
+from replicaft.transfer.wire import WIRE_VERSION, recv_exact_into, recv_frame, send_frame
+
+logger = logging.getLogger(__name__)
+
+SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Donor:
+    replica_id: str
+    address: str
+
+
+@dataclass(frozen=True, slots=True)
+class HealResult:
+    manifest: Manifest
+    buffer: torch.Tensor
+    seconds: float
+    bytes_by_donor: dict[str, int]
+    refetched_stripes: int
+
+
+def _connect(address: str, deadline: float) -> socket.socket:
+    host, port = address.rsplit(":", 1)
+    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, deadline - time.monotonic()))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+    return sock
+
+
+def _request(sock: socket.socket, body: dict, token: str | None, what: str) -> int:
+    send_frame(sock, {"v": WIRE_VERSION, "token": token, **body})
+    reply = recv_frame(sock, what)
+    if not reply.get("ok"):
+        raise ProtocolError(f"{what} refused: {reply.get('error', 'no reason given')}")
+    num_bytes = reply.get("num_bytes")
+    if not isinstance(num_bytes, int) or num_bytes < 0:
+        raise ProtocolError(f"{what} reply has num_bytes={num_bytes!r}")
+    return num_bytes
+
+
+def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float) -> Manifest:
+    with _connect(donor.address, deadline) as sock:
+        sock.settimeout(max(0.1, deadline - time.monotonic()))
+        num_bytes = _request(sock, {"op": "manifest", "step": step}, token, f"manifest from {donor.replica_id}")
+        body = bytearray(num_bytes)
+        recv_exact_into(sock, memoryview(body))
+    return Manifest.decode(bytes(body))
+
+
+@dataclass
+class _Task:
+    stripe: ByteStripe
+    excluded: set[str] = field(default_factory=set)
+
+
+class _Board:
+    """The stripes still to fetch, shared by the donor workers."""
+
+    def __init__(self, stripes: list[ByteStripe], donors: Sequence[str]) -> None:
+        self.pending = [_Task(s) for s in stripes]
+        self.alive = set(donors)
+        self.in_flight = 0
+        self.failed: str | None = None
+        self.refetched = 0
+        self.cond = threading.Condition()
+
+    def take(self, donor: str, deadline: float) -> _Task | None:
+        with self.cond:
+            while True:
+                if self.failed is not None or donor not in self.alive:
+                    return None
+                for task in self.pending:
+                    if donor not in task.excluded and (task.stripe.donor == donor or task.stripe.donor not in self.alive):
+                        self.pending.remove(task)
+                        self.in_flight += 1
+                        return task
+                if not self.pending and self.in_flight == 0:
+                    return None
+                if time.monotonic() >= deadline:
+                    return None
+                self.cond.wait(0.05)
+
+    def finish(self, task: _Task, ok: bool, donor: str, why: str = "") -> None:
+        with self.cond:
+            self.in_flight -= 1
+            if not ok:
+                self.alive.discard(donor)
+                task.excluded.add(donor)
+                self.refetched += 1
+                if not (self.alive - task.excluded):
+                    self.failed = f"bytes {task.stripe.start}..{task.stripe.stop} failed on every donor (last: {why})"
+                else:
+                    self.pending.append(task)
+            self.cond.notify_all()
+
+
+def fetch_state(
+    donors: Sequence[Donor],
+    step: int,
+    *,
+    token: str | None,
+    timeout_s: float,
+    healer_index: int = 0,
+) -> HealResult:
+    """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure."""
+    if not donors:
+        raise HealError(f"no donor to heal step {step} from")
+    started = time.monotonic()
+    deadline = started + timeout_s
+    by_id = {d.replica_id: d for d in donors}
+    with ThreadPoolExecutor(max_workers=len(donors), thread_name_prefix="replicaft-heal") as pool:
+        futures = {d.replica_id: pool.submit(fetch_manifest, d, step, token, deadline) for d in donors}
+        manifests: dict[str, Manifest] = {}
+        for rid, fut in futures.items():
+            try:
+                manifests[rid] = fut.result(max(0.0, deadline - time.monotonic()) + 1.0)
+            except Exception as e:
+                logger.warning("heal: donor %s could not serve the manifest of step %d: %s", rid, step, e)
+        if not manifests:
+            raise HealError(f"no donor of {sorted(by_id)} served the manifest of step {step}")
+        votes = Counter(m.checksums for m in manifests.values())
+        agreed = votes.most_common(1)[0][0]
+        usable = sorted(rid for rid, m in manifests.items() if m.checksums == agreed)
+        if len(usable) < len(manifests):
+            logger.error("heal: donors disagree on the state of step %d; using %s", step, usable)
+        manifest = manifests[usable[0]]
+        buffer = torch.empty(manifest.total_bytes, dtype=torch.uint8)
+        view = memoryview(buffer.numpy())
+        board = _Board(chunk_stripes(manifest, usable, healer_index), usable)
+        received: dict[str, int] = Counter()
+
+        def work(rid: str) -> None:
+            sock: socket.socket | None = None
+            try:
+                while (task := board.take(rid, deadline)) is not None:
+                    s = task.stripe
+                    try:
+                        if sock is None:
+                            sock = _connect(by_id[rid].address, deadline)
+                        sock.settimeout(max(0.1, deadline - time.monotonic()))
+                        n = _request(sock, {"op": "range", "step": step, "start": s.start, "stop": s.stop}, token, f"range from {rid}")
+                        if n != s.stop - s.start:
+                            raise ProtocolError(f"donor {rid} announced {n} bytes for a {s.stop - s.start}-byte range")
+                        recv_exact_into(sock, view[s.start : s.stop])
+                        bad = bad_chunks(view, manifest, s.start, s.stop)
+                        if bad:
+                            raise ProtocolError(f"chunks {bad} from donor {rid} fail their checksum")
+                    except (OSError, ProtocolError) as e:
+                        logger.warning("heal: stripe %d..%d from %s failed: %s", s.start, s.stop, rid, e)
+                        board.finish(task, False, rid, str(e))
+                        return
+                    received[rid] += s.stop - s.start
+                    board.finish(task, True, rid)
+            finally:
+                if sock is not None:
+                    sock.close()
+
+        for f in [pool.submit(work, rid) for rid in usable]:
+            f.result()
+    if board.failed is not None:
+        raise HealError(f"heal of step {step} failed: {board.failed}")
+    if board.pending or sum(received.values()) < manifest.total_bytes:
+        raise HealError(
+            f"heal of step {step} incomplete after {time.monotonic() - started:.1f}s "
+            f"(timeout {timeout_s:g}s): {sum(received.values())} of {manifest.total_bytes} bytes"
+        )
+    return HealResult(manifest, buffer, time.monotonic() - started, dict(received), board.refetched)

@@ -1,0 +1,127 @@
+"""The state server: every rank serves its published snapshot to healing peers over plain TCP.
+
+It makes no decisions: it answers a manifest request for the published step and streams the
+raw bytes of a requested range. Requests are validated (version, token, op, step, range) and
+a bad one gets an error frame naming what was wrong before the connection closes; other
+connections are unaffected. Nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import socket
+import threading
+from collections.abc import Callable
+
+from lighthouse.errors import ProtocolError
+from lighthouse.protocol import check_int, check_str, require
+from replicaft.transfer.snapshot import Snapshot
+from replicaft.transfer.wire import WIRE_VERSION, recv_frame, send_frame
+
+logger = logging.getLogger(__name__)
+
+IDLE_TIMEOUT_S = 30.0
+"""A connection idle this long is closed, so a stalled healer cannot pin a server thread."""
+SEND_CHUNK_BYTES = 8 * 1024 * 1024
+
+RangeHook = Callable[[int, int, memoryview], memoryview]
+"""Fault injection for tests (``fault_hook``): may return altered bytes for a range."""
+
+
+class StateServer:
+    def __init__(self, host: str, token: str | None = None, *, fault_hook: RangeHook | None = None) -> None:
+        self._host = host
+        self._token = token
+        self._fault_hook = fault_hook
+        self._snapshot: Snapshot | None = None
+        self._lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = threading.Event()
+
+    def start(self) -> str:
+        family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
+        self._sock = socket.socket(family, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((self._host, 0))
+        self._sock.listen(64)
+        self._thread = threading.Thread(target=self._accept_loop, name="replicaft-state-server", daemon=True)
+        self._thread.start()
+        port = self._sock.getsockname()[1]
+        return f"[{self._host}]:{port}" if family == socket.AF_INET6 else f"{self._host}:{port}"
+
+    def stop(self) -> None:
+        self._closed.set()
+        if self._sock is not None:
+            self._sock.close()
+
+    def publish(self, snapshot: Snapshot | None) -> None:
+        with self._lock:
+            self._snapshot = snapshot
+
+    @property
+    def published_step(self) -> int | None:
+        with self._lock:
+            return None if self._snapshot is None else self._snapshot.manifest.step
+
+    def _accept_loop(self) -> None:
+        assert self._sock is not None
+        while not self._closed.is_set():
+            try:
+                conn, peer = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, peer), name="replicaft-state-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket, peer: object) -> None:
+        conn.settimeout(IDLE_TIMEOUT_S)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            while True:
+                try:
+                    request = recv_frame(conn, "state request")
+                except ConnectionError:
+                    return
+                try:
+                    self._answer(conn, request)
+                except ProtocolError as e:
+                    logger.warning("state server: rejected a request from %s: %s", peer, e)
+                    send_frame(conn, {"ok": False, "error": str(e)})
+                    return
+        except (OSError, ProtocolError) as e:
+            logger.debug("state server: connection from %s ended: %s", peer, e)
+        finally:
+            conn.close()
+
+    def _answer(self, conn: socket.socket, request: dict) -> None:
+        m = "StateRequest"
+        if request.get("v") != WIRE_VERSION:
+            raise ProtocolError(f"{m} speaks version {request.get('v')!r}; this server speaks {WIRE_VERSION}")
+        if self._token is not None:
+            given = request.get("token")
+            if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._token.encode()):
+                raise ProtocolError(f"{m}: {'missing' if given is None else 'wrong'} token")
+        op = check_str(m, "op", require(request, m, "op"), 16)
+        step = check_int(m, "step", require(request, m, "step"), 0)
+        with self._lock:
+            snapshot = self._snapshot
+        if snapshot is None or snapshot.manifest.step != step:
+            serving = None if snapshot is None else snapshot.manifest.step
+            raise ProtocolError(f"{m}: step {step} is not served here (serving: {serving})")
+        if op == "manifest":
+            body = snapshot.manifest.encode()
+            send_frame(conn, {"ok": True, "num_bytes": len(body)})
+            conn.sendall(body)
+            return
+        if op != "range":
+            raise ProtocolError(f"{m}.op is {op!r}; expected 'manifest' or 'range'")
+        total = snapshot.manifest.total_bytes
+        start = check_int(m, "start", require(request, m, "start"), 0, total)
+        stop = check_int(m, "stop", require(request, m, "stop"), start, total)
+        send_frame(conn, {"ok": True, "num_bytes": stop - start})
+        data = memoryview(snapshot.buffer.numpy())[start:stop]
+        if self._fault_hook is not None:
+            data = self._fault_hook(start, stop, data)
+        for i in range(0, len(data), SEND_CHUNK_BYTES):
+            conn.sendall(data[i : i + SEND_CHUNK_BYTES])

@@ -1,0 +1,56 @@
+"""A host snapshot of the training state: one flat buffer plus its manifest.
+
+Donors serve heals from a snapshot rather than from live tensors, so their optimizer step
+never waits for a transfer; the same buffer can feed a persistent checkpoint writer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from replicaft.state import DTYPES, Flat, tensor_bytes
+from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    buffer: torch.Tensor
+    """uint8, CPU, ``manifest.total_bytes`` long."""
+    manifest: Manifest
+
+    @classmethod
+    def capture(cls, flat: Flat, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int = CHUNK_BYTES) -> Snapshot:
+        views = [tensor_bytes(t) for t in flat.tensors]
+        offsets, total = layout([v.numel() for v in views])
+        buffer = torch.empty(total, dtype=torch.uint8)
+        for view, offset in zip(views, offsets, strict=True):
+            buffer[offset : offset + view.numel()].copy_(view)
+        specs = tuple(
+            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, view.numel())
+            for name, t, view, offset in zip(flat.names, flat.tensors, views, offsets, strict=True)
+        )
+        manifest = Manifest(
+            step=step,
+            quorum_id=quorum_id,
+            replica_id=replica_id,
+            skeleton=flat.skeleton,
+            tensors=specs,
+            total_bytes=total,
+            chunk_bytes=chunk_bytes,
+            checksums=tuple(chunk_checksums(memoryview(buffer.numpy()), chunk_bytes)),
+        )
+        return cls(buffer, manifest)
+
+
+def tensors_from_buffer(buffer: torch.Tensor, manifest: Manifest) -> list[torch.Tensor]:
+    """Views of ``buffer`` shaped as the manifest's tensors (no copy)."""
+    out = []
+    for spec in manifest.tensors:
+        dtype = DTYPES.get(spec.dtype)
+        if dtype is None:
+            raise ValueError(f"manifest tensor {spec.name} has unknown dtype {spec.dtype!r}")
+        raw = buffer[spec.offset : spec.offset + spec.num_bytes]
+        out.append(raw.view(dtype).reshape(spec.shape))
+    return out
