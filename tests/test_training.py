@@ -1,0 +1,181 @@
+"""Real training across real processes: three replica groups, a real lighthouse, real signals.
+
+Each group runs ``examples/train_ddp.py`` (a model with BatchNorm, AdamW, an LR schedule)
+and writes structured events; tests wait for events with deadlines and check the digest
+invariant: after every committed step, every group that committed it holds bitwise-identical
+parameters, buffers and optimizer state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO_ROOT, ManagedProcess, spawn_python, start_lighthouse
+
+pytestmark = pytest.mark.slow
+
+EXAMPLE = str(REPO_ROOT / "examples" / "train_ddp.py")
+
+
+def read_events(directory: Path) -> list[dict[str, Any]]:
+    events = []
+    for path in sorted(directory.glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue
+    return events
+
+
+def wait_for_event(
+    directory: Path, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+) -> dict[str, Any]:
+    """The first event satisfying ``predicate``; polls the logs until the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for e in read_events(directory):
+            if predicate(e):
+                return e
+        time.sleep(0.05)
+    raise AssertionError(f"no event {what} within {timeout_s:g}s")
+
+
+def assert_digests_agree(directory: Path, min_steps: int = 1) -> int:
+    by_step: dict[int, dict[str, str]] = defaultdict(dict)
+    for e in read_events(directory):
+        if e["event"] == "committed":
+            by_step[e["step"]].setdefault(e["replica_id"], e["digest"])
+            assert by_step[e["step"]][e["replica_id"]] == e["digest"], f"group {e['replica_id']} committed step {e['step']} twice with different states"
+    assert len(by_step) >= min_steps, f"only {len(by_step)} committed steps have digests"
+    for step, digests in by_step.items():
+        assert len(set(digests.values())) == 1, f"groups diverged at step {step}: {digests}"
+    return len(by_step)
+
+
+def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None) -> ManagedProcess:
+    env = dict(os.environ)
+    env.update(
+        REPLICAFT_LIGHTHOUSE=lighthouse,
+        REPLICAFT_REPLICA_ID=replica_id,
+        REPLICAFT_EVENTS_DIR=str(events),
+        REPLICAFT_COLLECTIVE_TIMEOUT_S="10",
+    )
+    if fault_points:
+        env["REPLICAFT_FAULT_POINTS"] = fault_points
+    else:
+        env.pop("REPLICAFT_FAULT_POINTS", None)
+    return spawn_python(EXAMPLE, *args, name=replica_id, env=env)
+
+
+def commits(events: Path, replica_id: str) -> list[dict[str, Any]]:
+    return [e for e in read_events(events) if e["event"] == "commit" and e["replica_id"] == replica_id and e["committed"]]
+
+
+@pytest.mark.timeout(180)
+def test_group_killed_mid_allreduce_survivors_commit_within_2s(tmp_path: Path) -> None:
+    lh = start_lighthouse("--heartbeat-timeout", "30", "--progress-timeout", "60", status=False)
+    groups = {
+        rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "40", fault_points="allreduce@8" if rid == "g2" else None)
+        for rid in ("g0", "g1", "g2")
+    }
+    assert groups["g2"].wait_exit(90) == -signal.SIGKILL
+    killed_at = time.time()
+    for rid in ("g0", "g1"):
+        e = wait_for_event(
+            tmp_path,
+            lambda e, rid=rid: e["event"] == "commit" and e["replica_id"] == rid and e["committed"] and e["num_contributors"] == 2,
+            30,
+            f"commit by {rid} without g2",
+        )
+        assert e["ts"] - killed_at < 2.0, f"{rid} took {e['ts'] - killed_at:.2f}s to commit after g2 died"
+    for rid in ("g0", "g1"):
+        assert groups[rid].wait_exit(120) == 0, groups[rid].output_tail()
+    assert not [e for e in read_events(tmp_path) if e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 9]
+    assert_digests_agree(tmp_path, min_steps=30)
+
+
+@pytest.mark.timeout(180)
+def test_group_stopped_others_continue_then_it_rejoins_and_heals(tmp_path: Path) -> None:
+    lh = start_lighthouse("--heartbeat-timeout", "2", "--progress-timeout", "10", status=False)
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "60", "--step-delay", "0.05") for rid in ("g0", "g1", "g2")}
+    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["step"] >= 5, 90, "step 5 committed")
+    groups["g2"].send_signal(signal.SIGSTOP)
+    stopped_at = time.time()
+    for rid in ("g0", "g1"):
+        wait_for_event(
+            tmp_path,
+            lambda e, rid=rid: e["event"] == "commit" and e["replica_id"] == rid and e["committed"]
+            and e["num_contributors"] == 2 and e["ts"] > stopped_at,
+            30,
+            f"commit by {rid} while g2 is stopped",
+        )
+    groups["g2"].send_signal(signal.SIGCONT)
+    resumed_at = time.time()
+    wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e["ok"] and e["ts"] > resumed_at,
+        60,
+        "g2 healed after SIGCONT",
+    )
+    wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "commit" and e["replica_id"] == "g2" and e["committed"]
+        and e["num_contributors"] == 3 and e["ts"] > resumed_at,
+        60,
+        "g2 contributing again",
+    )
+    for rid, g in groups.items():
+        assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
+    assert_digests_agree(tmp_path, min_steps=40)
+
+
+@pytest.mark.timeout(180)
+def test_killed_group_restarts_heals_and_matches_donors(tmp_path: Path) -> None:
+    lh = start_lighthouse(status=False)
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "50", "--step-delay", "0.02") for rid in ("g0", "g1", "g2")}
+    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 10, 90, "g2 at step 10")
+    groups["g2"].kill()
+    restarted_at = time.time()
+    groups["g2"] = start_group(lh.grpc_address, "g2", tmp_path, "--steps", "50", "--step-delay", "0.02")
+    heal = wait_for_event(
+        tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e["ts"] > restarted_at, 60, "g2 heal"
+    )
+    assert heal["ok"], heal
+    assert heal["num_bytes"] > 0
+    for rid, g in groups.items():
+        assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
+    assert_digests_agree(tmp_path, min_steps=40)
+    healed_steps = [e["step"] for e in commits(tmp_path, "g2") if e["ts"] > restarted_at]
+    assert healed_steps and min(healed_steps) > 10, healed_steps
+
+
+@pytest.mark.timeout(180)
+def test_lighthouse_killed_and_restarted_no_group_crashes_no_step_lost(tmp_path: Path) -> None:
+    lh = start_lighthouse(status=False)
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "40", "--step-delay", "0.02") for rid in ("g0", "g1", "g2")}
+    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["step"] >= 8, 90, "step 8 committed")
+    lh.process.kill()
+    killed_at = time.time()
+    lh2 = start_lighthouse(port=lh.port, status=False)
+    wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "commit" and e["committed"] and e["ts"] > killed_at and e["num_contributors"] == 3,
+        60,
+        "a commit after the lighthouse restart",
+    )
+    for rid, g in groups.items():
+        assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
+    for rid in groups:
+        steps = [e["step"] for e in commits(tmp_path, rid)]
+        assert steps == sorted(steps) and len(steps) == len(set(steps)), f"{rid} committed steps {steps}"
+    assert_digests_agree(tmp_path, min_steps=35)
+    assert lh2.process.popen.poll() is None
