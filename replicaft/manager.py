@@ -30,6 +30,7 @@ import dataclasses
 import datetime
 import hashlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -161,7 +162,7 @@ class Manager:
         self._group = GroupClient(address, o.group_rank, o.token)
         if o.group_rank != 0:
             self._group.watch(self._on_notice)
-        self._emit("start", world_size=o.group_world_size)
+        self._emit("start", world_size=o.group_world_size, pid=os.getpid())
         self._log(logging.INFO, "started; group manager at %s", address)
         return self
 
