@@ -50,15 +50,18 @@ def wait_for_event(
 
 
 def assert_digests_agree(directory: Path, min_steps: int = 1) -> int:
-    by_step: dict[int, dict[str, str]] = defaultdict(dict)
+    """Every group that committed a step holds the same state, rank by rank (column by column)."""
+    by_step: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
     for e in read_events(directory):
         if e["event"] == "committed":
-            by_step[e["step"]].setdefault(e["replica_id"], e["digest"])
-            assert by_step[e["step"]][e["replica_id"]] == e["digest"], f"group {e['replica_id']} committed step {e['step']} twice with different states"
-    assert len(by_step) >= min_steps, f"only {len(by_step)} committed steps have digests"
-    for step, digests in by_step.items():
-        assert len(set(digests.values())) == 1, f"groups diverged at step {step}: {digests}"
-    return len(by_step)
+            key = (e["step"], e["group_rank"])
+            by_step[key].setdefault(e["replica_id"], e["digest"])
+            assert by_step[key][e["replica_id"]] == e["digest"], f"{e['replica_id']}/{e['group_rank']} committed step {e['step']} twice with different states"
+    steps = {step for step, _ in by_step}
+    assert len(steps) >= min_steps, f"only {len(steps)} committed steps have digests"
+    for (step, rank), digests in by_step.items():
+        assert len(set(digests.values())) == 1, f"groups diverged at step {step}, rank {rank}: {digests}"
+    return len(steps)
 
 
 def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None) -> ManagedProcess:
@@ -179,3 +182,35 @@ def test_lighthouse_killed_and_restarted_no_group_crashes_no_step_lost(tmp_path:
         assert steps == sorted(steps) and len(steps) == len(set(steps)), f"{rid} committed steps {steps}"
     assert_digests_agree(tmp_path, min_steps=35)
     assert lh2.process.popen.poll() is None
+
+
+def start_torchrun_group(lighthouse: str, replica_id: str, events: Path, *args: str) -> ManagedProcess:
+    env = dict(os.environ)
+    env.update(REPLICAFT_LIGHTHOUSE=lighthouse, REPLICAFT_REPLICA_ID=replica_id, REPLICAFT_EVENTS_DIR=str(events))
+    env.pop("REPLICAFT_FAULT_POINTS", None)
+    return spawn_python(
+        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", EXAMPLE, *args, name=replica_id, env=env
+    )
+
+
+@pytest.mark.timeout(180)
+def test_two_rank_groups_one_rank_killed_takes_its_group_down_others_continue(tmp_path: Path) -> None:
+    lh = start_lighthouse("--heartbeat-timeout", "30", "--progress-timeout", "60", status=False)
+    groups = {rid: start_torchrun_group(lh.grpc_address, rid, tmp_path, "--steps", "40", "--step-delay", "0.02") for rid in ("g0", "g1")}
+    wait_for_event(
+        tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["group_rank"] == 1 and e["step"] >= 8, 120, "g1 rank 1 at step 8"
+    )
+    start = wait_for_event(tmp_path, lambda e: e["event"] == "start" and e["replica_id"] == "g1" and e["group_rank"] == 1, 1, "g1/1 start")
+    os.kill(start["pid"], signal.SIGKILL)
+    killed_at = time.time()
+    assert groups["g1"].wait_exit(60) != 0
+    for rank in (0, 1):
+        wait_for_event(
+            tmp_path,
+            lambda e, rank=rank: e["event"] == "commit" and e["replica_id"] == "g0" and e["group_rank"] == rank
+            and e["committed"] and e["num_contributors"] == 1 and e["ts"] > killed_at,
+            30,
+            f"g0 rank {rank} committing alone",
+        )
+    assert groups["g0"].wait_exit(120) == 0, groups["g0"].output_tail()
+    assert_digests_agree(tmp_path, min_steps=30)
