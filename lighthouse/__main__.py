@@ -57,15 +57,16 @@ def options_from_args(args: argparse.Namespace) -> LighthouseOptions:
 
 
 async def _serve(options: LighthouseOptions) -> None:
+    # Handlers first: whoever reads the address below may send SIGTERM at once.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     server = LighthouseServer(options)
     addresses = await server.start()
     print(f"lighthouse serving gRPC at {addresses.grpc}", flush=True)
     if addresses.status:
         print(f"lighthouse status page at {addresses.status}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.stop()
     print("lighthouse stopped", flush=True)

@@ -141,7 +141,7 @@ class AsyncLighthouseClient:
             raise self._fatal
         try:
             await asyncio.wait_for(self._registered.wait(), timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the builtin before 3.11, which pyproject allows
             raise LighthouseUnavailable(
                 f"no session with the lighthouse at {self.address} within {timeout_s:g}s; is it "
                 "running, and is the address right?"

@@ -45,7 +45,7 @@ HISTORY_LENGTH = 64
 class MembershipOptions:
     min_replicas: int = 1
     join_timeout_s: float = 2.0
-    heartbeat_timeout_s: float = 1.0
+    heartbeat_timeout_s: float = 2.0
     progress_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
@@ -173,9 +173,10 @@ class Membership:
         self._joins[req.replica_id] = _Join(req, Waiting(now, req.shrink_only))
         return True
 
-    def leave(self, replica_id: str) -> None:
+    def leave(self, replica_id: str, now: float) -> None:
         """The long poll ended without a quorum (deadline or client gone)."""
-        self._joins.pop(replica_id, None)
+        if self._joins.pop(replica_id, None) is not None:
+            self._resume_progress_clock(replica_id, now)
 
     def expire(self, now: float) -> list[Lost]:
         """Drop members whose heartbeats stopped or whose training loop stopped progressing."""
@@ -236,6 +237,7 @@ class Membership:
         )
         for rid in decision.participants:
             self.members[rid].quorum_id = quorum_id
+            self._resume_progress_clock(rid, now)
         self.current = quorum
         self._current_sessions = sessions
         self.history.append(
@@ -256,6 +258,14 @@ class Membership:
                 False, f"replica {req.replica_id!r} is not a member of quorum {req.quorum_id}"
             )
         return FenceResponse(True)
+
+    def _resume_progress_clock(self, replica_id: str, now: float) -> None:
+        # Time spent waiting for a quorum is not time without progress: restart the progress
+        # deadline when the wait ends, or a group that waited longer than progress_timeout_s
+        # (for min_replicas, say) would be dropped the moment its quorum formed.
+        m = self.members.get(replica_id)
+        if m is not None:
+            m.last_progress = now
 
     def _remove(self, m: MemberState, reason: str) -> list[Lost]:
         del self.members[m.replica_id]

@@ -46,7 +46,7 @@ NoticeKind = Literal["registered", "member_lost", "quorum_formed", "fenced"]
 NOTICE_KINDS: frozenset[str] = frozenset({"registered", "member_lost", "quorum_formed", "fenced"})
 
 
-def _check_str(msg: str, name: str, value: Any, max_chars: int, allow_empty: bool = False) -> str:
+def check_str(msg: str, name: str, value: Any, max_chars: int, allow_empty: bool = False) -> str:
     if not isinstance(value, str):
         raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {value!r}; expected a string")
     if not value and not allow_empty:
@@ -58,7 +58,7 @@ def _check_str(msg: str, name: str, value: Any, max_chars: int, allow_empty: boo
     return value
 
 
-def _check_int(msg: str, name: str, value: Any, lo: int, hi: int = 2**62) -> int:
+def check_int(msg: str, name: str, value: Any, lo: int, hi: int = 2**62) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {value!r}; expected an integer")
     if not lo <= value <= hi:
@@ -66,7 +66,7 @@ def _check_int(msg: str, name: str, value: Any, lo: int, hi: int = 2**62) -> int
     return value
 
 
-def _check_float(msg: str, name: str, value: Any, lo: float, hi: float) -> float:
+def check_float(msg: str, name: str, value: Any, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {value!r}; expected a number")
     if not math.isfinite(value) or not lo <= value <= hi:
@@ -74,13 +74,13 @@ def _check_float(msg: str, name: str, value: Any, lo: float, hi: float) -> float
     return float(value)
 
 
-def _check_bool(msg: str, name: str, value: Any) -> bool:
+def check_bool(msg: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {value!r}; expected a boolean")
     return value
 
 
-def _check_data(msg: str, name: str, value: Any) -> dict[str, Any]:
+def check_data(msg: str, name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ProtocolError(f"{msg}.{name} is {type(value).__name__}; expected a map")
     for key in value:
@@ -92,7 +92,7 @@ def _check_data(msg: str, name: str, value: Any) -> dict[str, Any]:
     return value
 
 
-def _unpack(raw: bytes, msg: str) -> dict[str, Any]:
+def unpack(raw: bytes, msg: str) -> dict[str, Any]:
     if not isinstance(raw, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"{msg}: expected bytes, got {type(raw).__name__}")
     if len(raw) > MAX_MESSAGE_BYTES:
@@ -115,7 +115,7 @@ def _unpack(raw: bytes, msg: str) -> dict[str, Any]:
     return obj
 
 
-def _require(obj: Mapping[str, Any], msg: str, name: str) -> Any:
+def require(obj: Mapping[str, Any], msg: str, name: str) -> Any:
     if name not in obj:
         raise ProtocolError(f"{msg}.{name} is missing")
     return obj[name]
@@ -142,13 +142,13 @@ class Register:
     @classmethod
     def decode(cls, raw: bytes) -> Register:
         m = "Register"
-        o = _unpack(raw, m)
+        o = unpack(raw, m)
         return cls(
-            replica_id=_check_str(m, "replica_id", _require(o, m, "replica_id"), MAX_ID_CHARS),
-            address=_check_str(m, "address", _require(o, m, "address"), MAX_ADDRESS_CHARS, True),
-            world_size=_check_int(m, "world_size", _require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
-            step=_check_int(m, "step", _require(o, m, "step"), 0),
-            last_quorum_id=_check_int(m, "last_quorum_id", o.get("last_quorum_id", -1), -1),
+            replica_id=check_str(m, "replica_id", require(o, m, "replica_id"), MAX_ID_CHARS),
+            address=check_str(m, "address", require(o, m, "address"), MAX_ADDRESS_CHARS, True),
+            world_size=check_int(m, "world_size", require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
+            step=check_int(m, "step", require(o, m, "step"), 0),
+            last_quorum_id=check_int(m, "last_quorum_id", o.get("last_quorum_id", -1), -1),
         )
 
 
@@ -167,10 +167,10 @@ class Heartbeat:
     @classmethod
     def decode(cls, raw: bytes) -> Heartbeat:
         m = "Heartbeat"
-        o = _unpack(raw, m)
+        o = unpack(raw, m)
         return cls(
-            step=_check_int(m, "step", _require(o, m, "step"), 0),
-            progress=_check_int(m, "progress", _require(o, m, "progress"), 0),
+            step=check_int(m, "step", require(o, m, "step"), 0),
+            progress=check_int(m, "progress", require(o, m, "progress"), 0),
         )
 
 
@@ -188,16 +188,16 @@ class Notice:
     @classmethod
     def decode(cls, raw: bytes) -> Notice:
         m = "Notice"
-        o = _unpack(raw, m)
-        kind = _check_str(m, "kind", _require(o, m, "kind"), 32)
+        o = unpack(raw, m)
+        kind = check_str(m, "kind", require(o, m, "kind"), 32)
         if kind not in NOTICE_KINDS:
             raise ProtocolError(f"Notice.kind is {kind!r}; expected one of {sorted(NOTICE_KINDS)}")
         return cls(
             kind=kind,
-            quorum_id=_check_int(m, "quorum_id", o.get("quorum_id", -1), -1),
-            replica_id=_check_str(m, "replica_id", o.get("replica_id", ""), MAX_ID_CHARS, True),
-            reason=_check_str(m, "reason", o.get("reason", ""), 4096, True),
-            incarnation=_check_int(m, "incarnation", o.get("incarnation", 0), 0),
+            quorum_id=check_int(m, "quorum_id", o.get("quorum_id", -1), -1),
+            replica_id=check_str(m, "replica_id", o.get("replica_id", ""), MAX_ID_CHARS, True),
+            reason=check_str(m, "reason", o.get("reason", ""), 4096, True),
+            incarnation=check_int(m, "incarnation", o.get("incarnation", 0), 0),
         )
 
 
@@ -217,16 +217,16 @@ class QuorumRequest:
     @classmethod
     def decode(cls, raw: bytes) -> QuorumRequest:
         m = "QuorumRequest"
-        o = _unpack(raw, m)
+        o = unpack(raw, m)
         return cls(
-            replica_id=_check_str(m, "replica_id", _require(o, m, "replica_id"), MAX_ID_CHARS),
-            step=_check_int(m, "step", _require(o, m, "step"), 0),
-            address=_check_str(m, "address", _require(o, m, "address"), MAX_ADDRESS_CHARS, True),
-            world_size=_check_int(m, "world_size", _require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
-            timeout_s=_check_float(m, "timeout_s", _require(o, m, "timeout_s"), 0.0, MAX_TIMEOUT_S),
-            shrink_only=_check_bool(m, "shrink_only", o.get("shrink_only", False)),
-            commit_failures=_check_int(m, "commit_failures", o.get("commit_failures", 0), 0),
-            data=_check_data(m, "data", o.get("data", {})),
+            replica_id=check_str(m, "replica_id", require(o, m, "replica_id"), MAX_ID_CHARS),
+            step=check_int(m, "step", require(o, m, "step"), 0),
+            address=check_str(m, "address", require(o, m, "address"), MAX_ADDRESS_CHARS, True),
+            world_size=check_int(m, "world_size", require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
+            timeout_s=check_float(m, "timeout_s", require(o, m, "timeout_s"), 0.0, MAX_TIMEOUT_S),
+            shrink_only=check_bool(m, "shrink_only", o.get("shrink_only", False)),
+            commit_failures=check_int(m, "commit_failures", o.get("commit_failures", 0), 0),
+            data=check_data(m, "data", o.get("data", {})),
         )
 
 
@@ -263,8 +263,8 @@ class Quorum:
     @classmethod
     def decode(cls, raw: bytes) -> Quorum:
         m = "Quorum"
-        o = _unpack(raw, m)
-        parts = _require(o, m, "participants")
+        o = unpack(raw, m)
+        parts = require(o, m, "participants")
         if not isinstance(parts, list):
             raise ProtocolError(f"Quorum.participants is {type(parts).__name__}; expected a list")
         members = []
@@ -274,17 +274,17 @@ class Quorum:
                 raise ProtocolError(f"{pm} is {type(p).__name__}; expected a map")
             members.append(
                 Member(
-                    replica_id=_check_str(pm, "replica_id", _require(p, pm, "replica_id"), MAX_ID_CHARS),
-                    address=_check_str(pm, "address", _require(p, pm, "address"), MAX_ADDRESS_CHARS, True),
-                    step=_check_int(pm, "step", _require(p, pm, "step"), 0),
-                    world_size=_check_int(pm, "world_size", _require(p, pm, "world_size"), 1, MAX_WORLD_SIZE),
-                    data=_check_data(pm, "data", p.get("data", {})),
+                    replica_id=check_str(pm, "replica_id", require(p, pm, "replica_id"), MAX_ID_CHARS),
+                    address=check_str(pm, "address", require(p, pm, "address"), MAX_ADDRESS_CHARS, True),
+                    step=check_int(pm, "step", require(p, pm, "step"), 0),
+                    world_size=check_int(pm, "world_size", require(p, pm, "world_size"), 1, MAX_WORLD_SIZE),
+                    data=check_data(pm, "data", p.get("data", {})),
                 )
             )
         return cls(
-            quorum_id=_check_int(m, "quorum_id", _require(o, m, "quorum_id"), 0),
-            incarnation=_check_int(m, "incarnation", _require(o, m, "incarnation"), 0),
-            created_unix_s=_check_float(m, "created_unix_s", _require(o, m, "created_unix_s"), 0.0, 1e12),
+            quorum_id=check_int(m, "quorum_id", require(o, m, "quorum_id"), 0),
+            incarnation=check_int(m, "incarnation", require(o, m, "incarnation"), 0),
+            created_unix_s=check_float(m, "created_unix_s", require(o, m, "created_unix_s"), 0.0, 1e12),
             participants=tuple(members),
         )
 
@@ -300,11 +300,11 @@ class FenceRequest:
     @classmethod
     def decode(cls, raw: bytes) -> FenceRequest:
         m = "FenceRequest"
-        o = _unpack(raw, m)
+        o = unpack(raw, m)
         return cls(
-            replica_id=_check_str(m, "replica_id", _require(o, m, "replica_id"), MAX_ID_CHARS),
-            quorum_id=_check_int(m, "quorum_id", _require(o, m, "quorum_id"), 0),
-            step=_check_int(m, "step", _require(o, m, "step"), 0),
+            replica_id=check_str(m, "replica_id", require(o, m, "replica_id"), MAX_ID_CHARS),
+            quorum_id=check_int(m, "quorum_id", require(o, m, "quorum_id"), 0),
+            step=check_int(m, "step", require(o, m, "step"), 0),
         )
 
 
@@ -316,8 +316,8 @@ class FenceResponse:
     @classmethod
     def decode(cls, raw: bytes) -> FenceResponse:
         m = "FenceResponse"
-        o = _unpack(raw, m)
+        o = unpack(raw, m)
         return cls(
-            ok=_check_bool(m, "ok", _require(o, m, "ok")),
-            reason=_check_str(m, "reason", o.get("reason", ""), 4096, True),
+            ok=check_bool(m, "ok", require(o, m, "ok")),
+            reason=check_str(m, "reason", o.get("reason", ""), 4096, True),
         )

@@ -98,8 +98,10 @@ def decide_quorum(view: QuorumView, now: float, rules: QuorumRules) -> QuorumDec
             )
 
     stragglers = sorted(view.healthy - set(waiting))
-    if shrink_only:
-        stragglers = [rid for rid in stragglers if view.previous and rid in view.previous]
+    if shrink_only and view.previous is not None:
+        # Only members that could be candidates are worth waiting for. With no previous
+        # quorum (first round, restarted lighthouse) nobody is excluded, so nobody is skipped.
+        stragglers = [rid for rid in stragglers if rid in view.previous]
     if not stragglers:
         return QuorumDecision(tuple(candidates), f"every healthy member joined {counts}", "slow")
     first = min(waiting[rid].since for rid in candidates)

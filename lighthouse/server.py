@@ -89,15 +89,32 @@ class LighthouseServer:
         )
         self._server.add_generic_rpc_handlers((handler,))
         bind = f"[{o.host}]" if ":" in o.host else o.host
-        port = self._server.add_insecure_port(f"{bind}:{o.port}")
+        cause: Exception | None = None
+        unbound = (
+            f"lighthouse could not bind {o.host}:{o.port} (address in use?); pick another "
+            "--port, or 0 for any free one"
+        )
+        try:
+            port = self._server.add_insecure_port(f"{bind}:{o.port}")
+        except RuntimeError as e:  # recent grpcio raises where older ones returned port 0
+            port, cause = 0, e
         if port == 0:
-            raise OSError(f"lighthouse could not bind {o.host}:{o.port} (address in use?)")
+            await self.stop(0)
+            raise OSError(unbound) from cause
         await self._server.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="lighthouse-tick")
         status = None
         if o.status_port is not None:
             self._status = StatusServer(self)
-            status = await self._status.start(o.host, o.status_port)
+            try:
+                status = await self._status.start(o.host, o.status_port)
+            except OSError as e:
+                self._status = None
+                await self.stop(0)
+                raise OSError(
+                    f"lighthouse could not serve its status page on {o.host}:{o.status_port} "
+                    f"({e.strerror or e}); pick another --status-port, or 0 for any free one"
+                ) from e
         grpc_address = f"{bind}:{port}"
         logger.info("lighthouse incarnation %d serving gRPC at %s", self.incarnation, grpc_address)
         return ServingAddresses(grpc_address, status)
@@ -121,16 +138,18 @@ class LighthouseServer:
             if first is grpc.aio.EOF:
                 return
             reg = Register.decode(first)
-        except (TimeoutError, ProtocolError) as e:
+        except (asyncio.TimeoutError, ProtocolError) as e:  # not the builtin before 3.11
             await self._reject(context, e if isinstance(e, ProtocolError) else ProtocolError(
                 f"no Register message within {REGISTER_TIMEOUT_S:g}s of opening a session"))
             return
         serial, lost = self.membership.register(reg, time.monotonic())
+        # Before the new session takes the replica id's slot, so the superseded session is
+        # the one told it is fenced.
+        self._handle_lost(lost)
         session = _Session(reg.replica_id, serial)
         self._sessions[reg.replica_id] = session
         self.metrics.sessions_open += 1
         logger.info("session %d opened by %s (%s) at step %d", serial, reg.replica_id, reg.address or "-", reg.step)
-        self._handle_lost(lost)
         reader = asyncio.create_task(self._read_heartbeats(session, context))
         get: asyncio.Future[Notice | None] | None = None
         try:
@@ -194,7 +213,7 @@ class LighthouseServer:
         self._decide()
         try:
             return await asyncio.wait_for(asyncio.shield(waiter), req.timeout_s)
-        except TimeoutError:
+        except asyncio.TimeoutError:
             reason = self.membership.last_decision.reason if self.membership.last_decision else ""
             await context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -206,7 +225,7 @@ class LighthouseServer:
             if self._waiters.get(req.replica_id) is waiter:
                 del self._waiters[req.replica_id]
                 if not waiter.done():
-                    self.membership.leave(req.replica_id)
+                    self.membership.leave(req.replica_id, time.monotonic())
         raise AssertionError("unreachable")
 
     async def _fence(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:

@@ -140,7 +140,7 @@ class StatusServer:
             parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
             method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
             status, ctype, body = self._route(method, path.split("?", 1)[0])
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError, UnicodeError):
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError, UnicodeError):
             status, ctype, body = "400 Bad Request", "text/plain", "bad request\n"
         except Exception:
             logger.exception("status page failed")

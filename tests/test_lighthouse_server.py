@@ -1,0 +1,396 @@
+"""The lighthouse as it runs in production: a real server process, real member processes.
+
+Each test starts ``python -m lighthouse`` (tests/conftest.py: ``start_lighthouse``) and
+stand-in replica groups (tests/lighthouse_member.py) that print what they observe as JSON
+lines; failures are injected with real signals, and every wait is for an observable event
+with a deadline. Hostile calls go through grpc directly with raw bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import msgpack
+import pytest
+from conftest import (
+    LighthouseProcess,
+    ManagedProcess,
+    spawn_python,
+    start_lighthouse,
+    stop_gracefully,
+)
+
+from lighthouse import protocol
+
+MEMBER_SCRIPT = str(Path(__file__).with_name("lighthouse_member.py"))
+EVENT_TIMEOUT_S = 10.0
+"""Deadline for events that normally take milliseconds; generous for a loaded 2-core box."""
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def start_member(lighthouse: LighthouseProcess, replica_id: str, *args: str) -> ManagedProcess:
+    """A stand-in replica group process joining quorums of ``lighthouse`` in a loop."""
+    return spawn_python(MEMBER_SCRIPT, lighthouse.grpc_address, replica_id, *args, name=f"member-{replica_id}")
+
+
+def wait_quorum(
+    member: ManagedProcess, participants: list[str], *, after: int = 0, timeout_s: float = EVENT_TIMEOUT_S
+) -> tuple[float, dict[str, Any]]:
+    """Wait until ``member`` reports a quorum with exactly ``participants``; (read_at, line)."""
+    line, obj = member.wait_for_json(
+        lambda o: o["event"] == "quorum" and o["participants"] == participants,
+        timeout_s,
+        after=after,
+        what=f"a quorum of {participants}",
+    )
+    return line.read_at, obj
+
+
+def wait_notice(
+    member: ManagedProcess, kind: str, subject: str, *, after: int = 0, timeout_s: float = EVENT_TIMEOUT_S
+) -> dict[str, Any]:
+    _, obj = member.wait_for_json(
+        lambda o: o["event"] == "notice" and o["kind"] == kind and o["subject"] == subject,
+        timeout_s,
+        after=after,
+        what=f"a {kind} notice about {subject}",
+    )
+    return obj
+
+
+def start_group(lighthouse: LighthouseProcess, replica_ids: list[str], *args: str) -> dict[str, ManagedProcess]:
+    """Start members and wait until each has seen a quorum of all of them."""
+    members = {rid: start_member(lighthouse, rid, *args) for rid in replica_ids}
+    for member in members.values():
+        wait_quorum(member, sorted(replica_ids))
+    return members
+
+
+def quorum_ids(member: ManagedProcess) -> list[int]:
+    return [o["quorum_id"] for o in member.json_lines() if o["event"] == "quorum"]
+
+
+def fetch(url: str, *, method: str = "GET") -> tuple[int, str, str]:
+    """(status, content type, body) of an HTTP request made from the test process."""
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=5.0) as response:
+            return response.status, response.headers["Content-Type"], response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["Content-Type"], e.read().decode()
+
+
+def encode_raw(body: dict[str, Any]) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def valid_quorum_request(**overrides: Any) -> dict[str, Any]:
+    body = {
+        "v": protocol.PROTOCOL_VERSION,
+        "replica_id": "intruder",
+        "step": 0,
+        "address": "",
+        "world_size": 1,
+        "timeout_s": 1.0,
+    }
+    body.update(overrides)
+    return body
+
+
+class TestQuorumFormation:
+    def test_three_members_form_one_quorum(self) -> None:
+        lighthouse = start_lighthouse()
+        members = start_group(lighthouse, ["a", "b", "c"])
+
+        seen = {rid: wait_quorum(m, ["a", "b", "c"])[1] for rid, m in members.items()}
+        assert len({q["quorum_id"] for q in seen.values()}) == 1, seen
+        for rid, member in members.items():
+            _, fence = member.wait_for_json(
+                lambda o, q=seen[rid]: o["event"] == "fence" and o["quorum_id"] == q["quorum_id"],
+                EVENT_TIMEOUT_S,
+                what="the fence verdict on its quorum",
+            )
+            assert fence["ok"], fence
+
+    def test_member_below_min_replicas_times_out_with_the_reason_then_forms_when_peer_arrives(self) -> None:
+        lighthouse = start_lighthouse("--min-replicas", "2", status=False)
+        a = start_member(lighthouse, "a", "--quorum-timeout-s", "0.3")
+        _, timeout = a.wait_for_json(lambda o: o["event"] == "error", EVENT_TIMEOUT_S, what="a quorum timeout")
+        assert timeout["error"] == "QuorumTimeout"
+        assert "no quorum with 'a' formed within" in timeout["detail"]
+        assert "1 waiting is below min_replicas=2" in timeout["detail"]
+
+        b = start_member(lighthouse, "b")
+        wait_quorum(a, ["a", "b"])
+        wait_quorum(b, ["a", "b"])
+
+    def test_sigkilled_member_reported_at_once_and_quorum_forms_without_it(self) -> None:
+        # A 30 s heartbeat timeout: anything that happens within a few seconds was caused by
+        # the broken session stream, not by heartbeat expiry.
+        lighthouse = start_lighthouse("--heartbeat-timeout", "30", "--progress-timeout", "60")
+        members = start_group(lighthouse, ["a", "b", "c"])
+        marks = {rid: m.mark() for rid, m in members.items()}
+        _, before = wait_quorum(members["a"], ["a", "b", "c"])
+
+        killed_at = time.monotonic()
+        members["c"].kill()
+
+        for rid in ("a", "b"):
+            notice = wait_notice(members[rid], "member_lost", "c", after=marks[rid])
+            latency_s = notice["t"] - killed_at
+            print(f"member_lost notice reached {rid} {latency_s * 1000:.1f} ms after SIGKILL")
+            assert latency_s < 1.0, notice
+            assert "session stream closed" in notice["reason"], notice
+            formed_at, after = wait_quorum(members[rid], ["a", "b"], after=marks[rid])
+            assert formed_at - killed_at < 5.0
+            assert after["quorum_id"] > before["quorum_id"]
+
+    def test_lighthouse_restart_members_reconnect_and_quorum_ids_keep_increasing(self) -> None:
+        lighthouse = start_lighthouse("--min-replicas", "2", status=False)
+        members = start_group(lighthouse, ["a", "b"])
+        _, old = wait_quorum(members["a"], ["a", "b"], after=members["a"].mark())
+        lighthouse.process.kill()
+        marks = {rid: m.mark() for rid, m in members.items()}
+        max_old_id = max(max(quorum_ids(m)) for m in members.values())
+
+        restarted = start_lighthouse("--min-replicas", "2", port=lighthouse.port, status=False)
+
+        for rid, member in members.items():
+            _, new = member.wait_for_json(
+                lambda o: o["event"] == "quorum" and o["incarnation"] != old["incarnation"],
+                EVENT_TIMEOUT_S,
+                after=marks[rid],
+                what="a quorum from the restarted lighthouse",
+            )
+            assert new["participants"] == ["a", "b"]
+            assert new["quorum_id"] > max_old_id, (new, max_old_id)
+            assert new["session_epoch"] >= 2, "the member should have opened a new session"
+            ids = quorum_ids(member)
+            assert ids == sorted(ids), f"quorum ids went backwards at {rid}: {ids}"
+        assert restarted.popen.poll() is None
+
+
+class TestHostileCalls:
+    TOKEN = "s3cret-token"
+
+    def call(self, channel: grpc.Channel, method: str, body: bytes, token: str | None = TOKEN) -> grpc.RpcError:
+        metadata = () if token is None else (("x-replicaft-token", token),)
+        with pytest.raises(grpc.RpcError) as raised:
+            channel.unary_unary(method)(body, timeout=5.0, metadata=metadata)
+        return raised.value
+
+    def test_malformed_and_unauthenticated_calls_rejected_while_members_keep_working(self) -> None:
+        lighthouse = start_lighthouse("--token", self.TOKEN)
+        members = start_group(lighthouse, ["a", "b"], "--token", self.TOKEN)
+        marks = {rid: m.mark() for rid, m in members.items()}
+
+        quorum, fence = protocol.QUORUM_METHOD, protocol.FENCE_METHOD
+        cases = [
+            # (method, body, token, expected code, substrings of the details)
+            (quorum, b"\xc1\x00garbage", self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest", "not valid msgpack"]),
+            (quorum, encode_raw(valid_quorum_request(step="7")), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.step", "str"]),
+            (quorum, encode_raw(valid_quorum_request(world_size=0)), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.world_size", "0"]),
+            (quorum, encode_raw(valid_quorum_request(replica_id="x" * 500)), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.replica_id", "500"]),
+            (fence, encode_raw({"v": 1, "replica_id": "a", "quorum_id": -3, "step": 0}), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["FenceRequest.quorum_id", "-3"]),
+            (quorum, encode_raw(valid_quorum_request(v=99)), self.TOKEN, grpc.StatusCode.FAILED_PRECONDITION, ["version 99", f"version {protocol.PROTOCOL_VERSION}"]),
+            (quorum, encode_raw(valid_quorum_request()), None, grpc.StatusCode.UNAUTHENTICATED, ["missing x-replicaft-token"]),
+            (quorum, encode_raw(valid_quorum_request()), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong x-replicaft-token"]),
+            (fence, encode_raw({"v": 1, "replica_id": "a", "quorum_id": 1, "step": 0}), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong"]),
+        ]
+        with grpc.insecure_channel(lighthouse.grpc_address) as channel:
+            for method, body, token, code, substrings in cases:
+                error = self.call(channel, method, body, token)
+                assert error.code() == code, (method, body[:40], error.details())
+                for text in substrings:
+                    assert text in error.details(), (text, error.details())
+
+            session = channel.stream_stream(protocol.SESSION_METHOD)
+            responses = session(
+                iter([encode_raw({"v": 1, "replica_id": "intruder", "address": "", "world_size": True, "step": 0})]),
+                timeout=5.0,
+                metadata=(("x-replicaft-token", self.TOKEN),),
+            )
+            with pytest.raises(grpc.RpcError) as raised:
+                list(responses)
+            assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "Register.world_size" in raised.value.details()
+
+        # The members never noticed: no loss, and quorums kept forming after the attacks.
+        for rid, member in members.items():
+            wait_quorum(member, ["a", "b"], after=member.mark())
+            lost = [o for o in member.json_lines(after=marks[rid]) if o["event"] == "notice" and o["kind"] != "quorum_formed"]
+            assert lost == [], lost
+        assert lighthouse.status_url is not None
+        _, _, metrics = fetch(lighthouse.status_url + "metrics")
+        assert f"replicaft_lighthouse_rejected_requests_total {len(cases) + 1}" in metrics
+
+    def test_member_with_wrong_token_fails_with_unauthenticated(self) -> None:
+        lighthouse = start_lighthouse("--token", self.TOKEN, status=False)
+        member = start_member(lighthouse, "a", "--token", "not-the-token")
+        _, fatal = member.wait_for_json(lambda o: o["event"] == "fatal", EVENT_TIMEOUT_S, what="a fatal error")
+        assert fatal["error"] == "Unauthenticated"
+        assert "wrong x-replicaft-token" in fatal["detail"]
+        assert member.wait_exit(EVENT_TIMEOUT_S) == 3
+
+
+class TestHungMember:
+    def test_sigstopped_member_dropped_after_heartbeat_timeout_and_rejoins_after_sigcont(self) -> None:
+        heartbeat_timeout_s = 1.0
+        lighthouse = start_lighthouse("--heartbeat-timeout", str(heartbeat_timeout_s), status=False)
+        members = start_group(lighthouse, ["a", "b", "c"])
+        marks = {rid: m.mark() for rid, m in members.items()}
+
+        stopped_at = time.monotonic()
+        members["c"].send_signal(signal.SIGSTOP)
+        try:
+            notice = wait_notice(members["a"], "member_lost", "c", after=marks["a"])
+            wait_notice(members["b"], "member_lost", "c", after=marks["b"])
+            # Its last heartbeat went out at most one interval (0.1 s) before the SIGSTOP.
+            assert notice["t"] - stopped_at > heartbeat_timeout_s - 0.15, notice
+            assert "no heartbeat" in notice["reason"], notice
+            without_c = [wait_quorum(members[rid], ["a", "b"], after=marks[rid])[1] for rid in ("a", "b")]
+            resumed_mark = members["a"].mark()
+        finally:
+            members["c"].send_signal(signal.SIGCONT)
+
+        wait_notice(members["c"], "fenced", "c", after=marks["c"])
+        _, rejoined = members["c"].wait_for_json(
+            lambda o: o["event"] == "quorum" and o["participants"] == ["a", "b", "c"] and o["session_epoch"] == 2,
+            EVENT_TIMEOUT_S,
+            after=marks["c"],
+            what="a quorum with all three in its second session",
+        )
+        wait_quorum(members["a"], ["a", "b", "c"], after=resumed_mark)
+        assert rejoined["quorum_id"] > max(q["quorum_id"] for q in without_c)
+
+    def test_new_session_for_same_replica_fences_the_old_one(self) -> None:
+        lighthouse = start_lighthouse(status=False)
+        first = start_member(lighthouse, "a")
+        wait_quorum(first, ["a"])
+        mark = first.mark()
+
+        second = start_member(lighthouse, "a")
+        notice = wait_notice(first, "fenced", "a", after=mark)
+        first.kill()  # the old incarnation of the group is gone, as after a real restart
+        assert "new session" in notice["reason"], notice
+        wait_quorum(second, ["a"])
+
+
+class TestStatusPage:
+    def test_status_page_json_and_metrics_describe_the_quorum(self) -> None:
+        lighthouse = start_lighthouse("--min-replicas", "2", "--join-timeout", "3")
+        members = start_group(lighthouse, ["a", "b"])
+        _, seen = wait_quorum(members["a"], ["a", "b"], after=members["a"].mark())
+        assert lighthouse.status_url is not None
+
+        code, ctype, page = fetch(lighthouse.status_url)
+        assert (code, ctype.split(";")[0]) == (200, "text/html")
+        assert "replicaft lighthouse" in page and "<td>a</td>" in page and "<td>b</td>" in page
+
+        code, ctype, body = fetch(lighthouse.status_url + "status.json")
+        assert (code, ctype.split(";")[0]) == (200, "application/json")
+        status = json.loads(body)
+        assert status["options"]["min_replicas"] == 2
+        assert status["options"]["join_timeout_s"] == 3.0
+        assert [m["replica_id"] for m in status["members"]] == ["a", "b"]
+        assert status["current_quorum"]["participants"] == ["a", "b"]
+        assert status["current_quorum"]["quorum_id"] >= seen["quorum_id"]
+        assert status["incarnation"] == seen["incarnation"]
+
+        code, _, metrics = fetch(lighthouse.status_url + "metrics")
+        assert code == 200
+        values = {
+            line.split()[0]: float(line.split()[1])
+            for line in metrics.splitlines()
+            if line and not line.startswith("#")
+        }
+        assert values["replicaft_lighthouse_sessions_open"] == 2
+        assert values["replicaft_lighthouse_quorums_formed_total"] >= 1
+        assert values['replicaft_lighthouse_quorum_latency_seconds_bucket{le="+Inf"}'] >= 1
+
+        assert fetch(lighthouse.status_url + "nope")[0] == 404
+        assert fetch(lighthouse.status_url, method="POST")[0] == 405
+
+
+class TestCommandLine:
+    @pytest.mark.parametrize(
+        ("args", "expected"),
+        [
+            (["--min-replicas", "0"], "min_replicas=0"),
+            (["--port", "70000"], "port=70000"),
+            (["--status-port", "-1"], "status_port=-1"),
+            (["--heartbeat-timeout", "5", "--progress-timeout", "2"], "progress_timeout_s=2.0"),
+            (["--join-timeout", "0"], "join_timeout_s=0.0"),
+            (["--token", ""], "token is empty"),
+        ],
+    )
+    def test_bad_option_prints_one_line_and_exits_2(self, args: list[str], expected: str) -> None:
+        process = spawn_python("-m", "lighthouse", *args, name="lighthouse-bad-args")
+        assert process.wait_exit(EVENT_TIMEOUT_S) == 2
+        errors = [line.text for line in process.lines("stderr")]
+        assert len(errors) == 1, errors
+        assert errors[0].startswith("replicaft-lighthouse: error: ") and expected in errors[0], errors
+
+    def test_unparsable_argument_exits_2(self) -> None:
+        process = spawn_python("-m", "lighthouse", "--port", "many", name="lighthouse-bad-args")
+        assert process.wait_exit(EVENT_TIMEOUT_S) == 2
+        assert "invalid int value: 'many'" in process.lines("stderr")[-1].text
+
+    def test_port_in_use_exits_2_naming_the_port(self) -> None:
+        first = start_lighthouse(status=False)
+        second = spawn_python("-m", "lighthouse", "--port", str(first.port), name="lighthouse-second")
+        assert second.wait_exit(EVENT_TIMEOUT_S) == 2
+        last = second.lines("stderr")[-1].text
+        assert last.startswith("replicaft-lighthouse: error: ") and f":{first.port}" in last, last
+
+    def test_sigterm_shuts_down_cleanly_with_members_connected(self) -> None:
+        lighthouse = start_lighthouse()
+        start_group(lighthouse, ["a", "b"])
+        assert stop_gracefully(lighthouse.process) == 0
+        assert lighthouse.process.lines()[-1].text == "lighthouse stopped"
+
+    def test_sigterm_right_after_start_exits_0(self) -> None:
+        lighthouse = start_lighthouse(status=False)
+        assert stop_gracefully(lighthouse.process) == 0
+
+
+# Runs the CLI like ``python -m lighthouse`` and, at exit, reports every torch module loaded.
+_TORCH_PROBE = """
+import atexit, json, runpy, sys
+def report():
+    loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
+    print(json.dumps({"event": "modules", "torch": loaded, "lighthouse": "lighthouse.server" in sys.modules}), flush=True)
+atexit.register(report)
+sys.argv = ["lighthouse", *sys.argv[1:]]
+runpy.run_module("lighthouse", run_name="__main__", alter_sys=True)
+"""
+
+
+class TestTorchFree:
+    def test_import_lighthouse_does_not_import_torch(self) -> None:
+        process = spawn_python(
+            "-c",
+            "import sys, lighthouse, lighthouse.__main__, lighthouse.status, lighthouse.plan;"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))",
+            name="import-lighthouse",
+        )
+        assert process.wait_exit(EVENT_TIMEOUT_S) == 0, process.output_tail()
+        assert process.lines()[-1].text == "[]"
+
+    def test_serving_quorums_does_not_import_torch(self) -> None:
+        lighthouse = start_lighthouse(python_args=("-c", _TORCH_PROBE))
+        start_group(lighthouse, ["a", "b"])
+        assert lighthouse.status_url is not None
+        assert fetch(lighthouse.status_url)[0] == 200
+        assert stop_gracefully(lighthouse.process) == 0
+        _, modules = lighthouse.process.wait_for_json(lambda o: o["event"] == "modules", EVENT_TIMEOUT_S)
+        assert modules["lighthouse"], "the probe did not run the server"
+        assert modules["torch"] == []

@@ -1,0 +1,311 @@
+"""The lighthouse's membership state machine (lighthouse/membership.py) with a fake clock.
+
+Time is an argument of every call, so each test writes down the instants it cares about.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from lighthouse.errors import OptionsError
+from lighthouse.membership import Membership, MembershipOptions
+from lighthouse.protocol import FenceRequest, Heartbeat, QuorumRequest, Register
+
+OPTIONS = MembershipOptions(min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0)
+
+
+def new_membership(options: MembershipOptions = OPTIONS) -> Membership:
+    return Membership(options, incarnation=7)
+
+
+def register(m: Membership, rid: str, now: float = 0.0, *, step: int = 0, last_quorum_id: int = -1) -> int:
+    session, lost = m.register(Register(rid, f"host-{rid}", 1, step, last_quorum_id), now)
+    assert lost == []
+    return session
+
+
+def request(
+    rid: str,
+    step: int = 0,
+    *,
+    address: str | None = None,
+    world_size: int = 1,
+    commit_failures: int = 0,
+    data: dict[str, Any] | None = None,
+) -> QuorumRequest:
+    return QuorumRequest(
+        rid,
+        step,
+        f"host-{rid}" if address is None else address,
+        world_size,
+        timeout_s=10.0,
+        commit_failures=commit_failures,
+        data=data or {},
+    )
+
+
+def form(m: Membership, rids: str, now: float, *, step: int = 0) -> int:
+    """Every replica in ``rids`` joins at ``now``; returns the id of the quorum that forms."""
+    for rid in rids:
+        assert m.join(request(rid, step), now)
+    quorum = m.decide(now, now_unix_s=1000.0)
+    assert quorum is not None, m.last_decision
+    assert quorum.replica_ids == tuple(sorted(rids))
+    return quorum.quorum_id
+
+
+class TestOptions:
+    @pytest.mark.parametrize(
+        ("fields", "message"),
+        [
+            ({"min_replicas": 0}, "min_replicas=0; it must be at least 1"),
+            ({"join_timeout_s": 0.0}, "join_timeout_s=0.0; it must be positive"),
+            ({"heartbeat_timeout_s": -1.0}, "heartbeat_timeout_s=-1.0; it must be positive"),
+            ({"heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0}, "progress_timeout_s=5.0 is not above heartbeat_timeout_s=5.0"),
+        ],
+    )
+    def test_invalid_options_rejected_naming_the_value(self, fields: dict[str, Any], message: str) -> None:
+        with pytest.raises(OptionsError, match="^" + message.replace("(", r"\(")):
+            MembershipOptions(**fields)
+
+
+class TestLoss:
+    def test_closed_session_lost_at_once(self) -> None:
+        m = new_membership()
+        session = register(m, "a")
+        register(m, "b")
+        quorum_id = form(m, "ab", 0.0)
+        lost = m.close_session("a", session, "session stream closed")
+        assert [(x.replica_id, x.session, x.quorum_id, x.reason) for x in lost] == [
+            ("a", session, quorum_id, "session stream closed")
+        ]
+        assert set(m.members) == {"b"}
+
+    def test_closing_a_superseded_session_changes_nothing(self) -> None:
+        m = new_membership()
+        old = register(m, "a")
+        new, lost = m.register(Register("a", "", 1, 0), 0.0)
+        assert [x.session for x in lost] == [old]
+        assert m.close_session("a", old, "late close") == []
+        assert m.is_session_live("a", new) and not m.is_session_live("a", old)
+
+    def test_closed_session_withdraws_its_join(self) -> None:
+        m = new_membership()
+        session = register(m, "a")
+        m.join(request("a"), 0.0)
+        m.close_session("a", session, "gone")
+        assert m.waiting_ids() == []
+        assert m.decide(0.0) is None
+
+    def test_silent_member_lost_after_heartbeat_timeout(self) -> None:
+        m = new_membership()
+        register(m, "a", now=10.0)
+        assert m.expire(11.0) == []  # exactly the timeout: not yet
+        lost = m.expire(11.01)
+        assert [x.replica_id for x in lost] == ["a"]
+        assert "no heartbeat for 1.01s (heartbeat_timeout_s=1)" in lost[0].reason
+        assert m.members == {}
+
+    def test_heartbeats_keep_member_alive(self) -> None:
+        m = new_membership()
+        session = register(m, "a")
+        for i in range(1, 40):
+            now = i * 0.5
+            assert m.heartbeat("a", session, Heartbeat(step=i, progress=i), now)
+            assert m.expire(now + 0.9) == []
+
+    def test_member_that_heartbeats_without_progress_lost_after_progress_timeout(self) -> None:
+        m = new_membership()
+        session = register(m, "a")
+        for i in range(1, 11):  # heartbeats every 0.5 s, always at step 3, progress 4
+            assert m.heartbeat("a", session, Heartbeat(step=3, progress=4), i * 0.5)
+        assert m.expire(5.0) == []  # progressed at t=0.5, so 4.5 s stuck
+        m.heartbeat("a", session, Heartbeat(step=3, progress=4), 5.5)
+        lost = m.expire(5.51)
+        assert [x.replica_id for x in lost] == ["a"]
+        assert "alive but no progress for 5.01s at step 3 (progress_timeout_s=5)" in lost[0].reason
+
+    def test_waiting_member_not_dropped_for_lack_of_progress(self) -> None:
+        m = new_membership()
+        session = register(m, "a")
+        register(m, "b")
+        form(m, "ab", 0.0)
+        m.join(request("a"), 1.0)  # a waits for b, which is slow but progressing
+        for i in range(2, 60):
+            m.heartbeat("a", session, Heartbeat(step=0, progress=0), float(i))
+            m.heartbeat("b", m.members["b"].session, Heartbeat(step=0, progress=i), float(i))
+            assert m.expire(float(i)) == []
+        assert m.waiting_ids() == ["a"]
+
+    def test_waiting_member_that_stops_heartbeating_is_dropped(self) -> None:
+        m = new_membership()
+        register(m, "a")
+        m.join(request("a"), 0.0)
+        lost = m.expire(1.5)
+        assert [x.replica_id for x in lost] == ["a"]
+        assert m.waiting_ids() == []
+
+    def test_member_that_waited_long_not_dropped_right_after_quorum_forms(self) -> None:
+        """Waiting for min_replicas for longer than progress_timeout_s is not being hung."""
+        m = new_membership(MembershipOptions(min_replicas=2, heartbeat_timeout_s=1.0, progress_timeout_s=5.0))
+        a = register(m, "a")
+        m.join(request("a"), 0.0)
+        for i in range(1, 20):
+            m.heartbeat("a", a, Heartbeat(step=0, progress=1), i * 0.5)
+        register(m, "b", now=9.5)
+        m.join(request("b"), 9.5)
+        quorum = m.decide(9.5)
+        assert quorum is not None
+        # The training step takes a moment before the next heartbeat shows progress ...
+        b = m.members["b"].session
+        for i in range(20, 30):
+            m.heartbeat("a", a, Heartbeat(step=0, progress=1), i * 0.5)
+            m.heartbeat("b", b, Heartbeat(step=0, progress=0), i * 0.5)
+            assert m.expire(i * 0.5) == []
+        # ... but a step that never ends is still caught, counting from the quorum.
+        m.heartbeat("a", a, Heartbeat(step=0, progress=1), 15.0)
+        m.heartbeat("b", b, Heartbeat(step=0, progress=0), 15.0)
+        lost = m.expire(15.0)
+        assert sorted(x.replica_id for x in lost) == ["a", "b"]
+        assert all("no progress for 5.50s" in x.reason for x in lost), lost
+
+    def test_member_whose_wait_timed_out_gets_a_fresh_progress_deadline(self) -> None:
+        m = new_membership(MembershipOptions(min_replicas=2, heartbeat_timeout_s=1.0, progress_timeout_s=5.0))
+        a = register(m, "a")
+        m.join(request("a"), 0.0)
+        for i in range(1, 21):
+            m.heartbeat("a", a, Heartbeat(step=0, progress=1), i * 0.5)
+        m.leave("a", 10.0)  # the long poll's deadline passed; the client will ask again
+        m.heartbeat("a", a, Heartbeat(step=0, progress=1), 10.5)
+        assert m.expire(10.5) == []
+        assert m.waiting_ids() == []
+
+    def test_new_session_supersedes_old_one(self) -> None:
+        m = new_membership()
+        old = register(m, "a", now=0.0, step=5)
+        quorum_id = form(m, "a", 0.0, step=5)
+        m.join(request("a", step=6), 1.0)
+        new, lost = m.register(Register("a", "restarted", 1, 0), 2.0)
+        assert new != old
+        assert [(x.replica_id, x.session, x.quorum_id) for x in lost] == [("a", old, quorum_id)]
+        assert "new session registered under the same replica id" in lost[0].reason
+        assert m.waiting_ids() == [], "the old session's join must not count for the new one"
+        assert not m.heartbeat("a", old, Heartbeat(6, 1), 2.1), "old session's heartbeats are refused"
+        assert m.heartbeat("a", new, Heartbeat(0, 1), 2.1)
+        assert m.members["a"].address == "restarted" and m.members["a"].quorum_id == -1
+
+
+class TestJoinAndDecide:
+    def test_join_without_session_refused(self) -> None:
+        m = new_membership()
+        assert not m.join(request("ghost"), 0.0)
+        assert m.waiting_ids() == []
+
+    def test_quorum_carries_requests_and_is_recorded(self) -> None:
+        m = new_membership()
+        register(m, "b")
+        register(m, "a")
+        m.join(request("b", step=4, data={"store": "b:1"}, address="b-host", world_size=2), 0.0)
+        m.join(request("a", step=3), 0.0)
+        quorum = m.decide(0.0, now_unix_s=1234.5)
+        assert quorum is not None
+        assert quorum.incarnation == 7 and quorum.created_unix_s == 1234.5
+        assert quorum.replica_ids == ("a", "b")
+        b = quorum.member("b")
+        assert b is not None and (b.step, b.address, b.world_size, b.data) == (4, "b-host", 2, {"store": "b:1"})
+        assert m.current is quorum and m.waiting_ids() == []
+        assert [(r.quorum_id, r.participants, r.path) for r in m.history] == [(quorum.quorum_id, ("a", "b"), "slow")]
+        assert m.members["a"].step == 3
+
+    def test_unchanged_membership_keeps_quorum_id(self) -> None:
+        m = new_membership()
+        register(m, "a")
+        register(m, "b")
+        assert form(m, "ab", 0.0) == form(m, "ab", 1.0) == form(m, "ab", 2.0)
+
+    def test_membership_change_issues_new_quorum_id(self) -> None:
+        m = new_membership()
+        register(m, "a")
+        first = form(m, "a", 0.0)
+        register(m, "b")
+        second = form(m, "ab", 1.0)
+        assert second > first
+
+    def test_rejoin_under_new_session_issues_new_quorum_id(self) -> None:
+        m = new_membership()
+        register(m, "a")
+        first = form(m, "a", 0.0)
+        m.register(Register("a", "", 1, 0), 1.0)
+        assert form(m, "a", 1.0) > first
+
+    def test_commit_failure_issues_new_quorum_id(self) -> None:
+        """A failed commit means the process groups may be broken: rebuild them."""
+        m = new_membership()
+        register(m, "a")
+        register(m, "b")
+        first = form(m, "ab", 0.0)
+        m.join(request("a", commit_failures=1), 1.0)
+        m.join(request("b"), 1.0)
+        quorum = m.decide(1.0)
+        assert quorum is not None and quorum.quorum_id > first
+
+    def test_registration_raises_next_quorum_id_above_last_seen(self) -> None:
+        m = new_membership()
+        register(m, "a", last_quorum_id=41)
+        register(m, "b", last_quorum_id=3)
+        assert form(m, "ab", 0.0) == 42
+
+    def test_view_lists_healthy_waiting_and_previous(self) -> None:
+        m = new_membership()
+        register(m, "a")
+        register(m, "b")
+        form(m, "ab", 0.0)
+        register(m, "c")
+        m.join(request("c"), 3.0)
+        v = m.view()
+        assert v.healthy == {"a", "b", "c"} and set(v.waiting) == {"c"} and v.previous == ("a", "b")
+        assert v.waiting["c"].since == 3.0
+
+
+class TestFence:
+    def setup_method(self) -> None:
+        self.m = new_membership()
+        self.sessions = {rid: register(self.m, rid) for rid in "ab"}
+        self.quorum_id = form(self.m, "ab", 0.0)
+
+    def test_member_of_current_quorum_may_commit(self) -> None:
+        verdict = self.m.fence(FenceRequest("a", self.quorum_id, 0))
+        assert verdict.ok and verdict.reason == ""
+
+    def test_lost_member_fenced(self) -> None:
+        self.m.close_session("a", self.sessions["a"], "gone")
+        verdict = self.m.fence(FenceRequest("a", self.quorum_id, 0))
+        assert not verdict.ok
+        assert verdict.reason == "replica 'a' has no live session (declared lost)"
+
+    def test_replaced_quorum_fenced(self) -> None:
+        self.m.close_session("b", self.sessions["b"], "gone")
+        newer = form(self.m, "a", 1.0)
+        verdict = self.m.fence(FenceRequest("a", self.quorum_id, 0))
+        assert not verdict.ok
+        assert verdict.reason == f"quorum {self.quorum_id} is not current (current: {newer})"
+
+    def test_restarted_member_fenced_for_quorum_of_its_old_session(self) -> None:
+        self.m.register(Register("a", "", 1, 0), 1.0)
+        verdict = self.m.fence(FenceRequest("a", self.quorum_id, 0))
+        assert not verdict.ok
+        assert verdict.reason == f"replica 'a' is not a member of quorum {self.quorum_id}"
+
+    def test_member_outside_current_quorum_fenced(self) -> None:
+        register(self.m, "c")
+        verdict = self.m.fence(FenceRequest("c", self.quorum_id, 0))
+        assert not verdict.ok
+        assert verdict.reason == f"replica 'c' is not a member of quorum {self.quorum_id}"
+
+    def test_no_quorum_yet_fenced(self) -> None:
+        m = new_membership()
+        register(m, "a")
+        verdict = m.fence(FenceRequest("a", 1, 0))
+        assert not verdict.ok and verdict.reason == "quorum 1 is not current (current: None)"

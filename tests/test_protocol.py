@@ -1,0 +1,237 @@
+"""The wire protocol (lighthouse/protocol.py): round trips, and rejection that names the field.
+
+Hostile bytes are built with msgpack directly, as a peer that does not use our encoder
+would send them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from lighthouse.errors import ProtocolError, VersionMismatch
+from lighthouse.protocol import (
+    MAX_DATA_BYTES,
+    MAX_MESSAGE_BYTES,
+    PROTOCOL_VERSION,
+    FenceRequest,
+    FenceResponse,
+    Heartbeat,
+    Member,
+    Notice,
+    Quorum,
+    QuorumRequest,
+    Register,
+    encode,
+)
+
+
+def pack(body: dict[str, Any]) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+VALID: dict[type, dict[str, Any]] = {
+    Register: {"replica_id": "g1", "address": "127.0.0.1:1", "world_size": 2, "step": 3, "last_quorum_id": 4},
+    Heartbeat: {"step": 3, "progress": 9},
+    Notice: {"kind": "member_lost", "quorum_id": 2, "replica_id": "g2", "reason": "gone", "incarnation": 5},
+    QuorumRequest: {
+        "replica_id": "g1", "step": 3, "address": "a:1", "world_size": 1, "timeout_s": 5.0,
+        "shrink_only": False, "commit_failures": 0, "data": {"store": "h:2"},
+    },
+    Quorum: {
+        "quorum_id": 1, "incarnation": 2, "created_unix_s": 1700000000.5,
+        "participants": [{"replica_id": "g1", "address": "a:1", "step": 3, "world_size": 1, "data": {}}],
+    },
+    FenceRequest: {"replica_id": "g1", "quorum_id": 1, "step": 3},
+    FenceResponse: {"ok": True, "reason": ""},
+}
+
+
+def raw(cls: type, **changes: Any) -> bytes:
+    """A valid message of ``cls`` with fields changed (``None`` value: field removed)."""
+    body = {"v": PROTOCOL_VERSION, **VALID[cls]}
+    for name, value in changes.items():
+        if value is None:
+            body.pop(name)
+        else:
+            body[name] = value
+    return pack(body)
+
+
+ROUND_TRIPS = [
+    Register("g1", "127.0.0.1:5", 8, 100, 41),
+    Register("g1", "", 1, 0),
+    Heartbeat(7, 1234),
+    Notice("registered", incarnation=9, replica_id="g1"),
+    Notice("member_lost", 3, "g2", "session stream closed", 9),
+    Notice("fenced", -1, "g1", "no heartbeat", 9),
+    QuorumRequest("g1", 5, "h:1", 4, 2.5, True, 3, {"store": "h:2", "ranks": [1, 2], "blob": b"\x00\xff"}),
+    Quorum(3, 9, 1700000000.25, (Member("a", "h:1", 5, 2, {"k": "v"}), Member("b", "", 0, 1))),
+    Quorum(4, 9, 0.0, ()),
+    FenceRequest("g1", 3, 7),
+    FenceResponse(False, "quorum 3 is not current"),
+]
+
+
+@pytest.mark.parametrize("message", ROUND_TRIPS, ids=lambda m: type(m).__name__)
+def test_encode_then_decode_round_trips(message: Any) -> None:
+    assert type(message).decode(encode(message)) == message
+
+
+@pytest.mark.parametrize("cls", list(VALID), ids=lambda c: c.__name__)
+def test_foreign_encoder_with_valid_fields_accepted(cls: type) -> None:
+    message = cls.decode(raw(cls))
+    assert encode(message) and type(message) is cls
+
+
+@given(
+    replica_id=st.text(min_size=1, max_size=128),
+    step=st.integers(0, 2**62),
+    timeout_s=st.floats(0, 24 * 3600.0),
+    data=st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8), max_size=5),
+)
+def test_any_valid_quorum_request_round_trips(replica_id: str, step: int, timeout_s: float, data: dict[str, Any]) -> None:
+    message = QuorumRequest(replica_id, step, "", 1, timeout_s, data=data)
+    assert QuorumRequest.decode(encode(message)) == message
+
+
+# (message, field, bad value, what the error must say after "<Message>.<field> ")
+FIELD_ERRORS = [
+    (Register, "replica_id", 7, "is int 7; expected a string"),
+    (Register, "replica_id", "", "is empty; expected a non-empty string"),
+    (Register, "replica_id", "x" * 129, "is 129 characters long; the limit is 128"),
+    (Register, "address", b"bytes", "is bytes b'bytes'; expected a string"),
+    (Register, "address", "a" * 257, "is 257 characters long; the limit is 256"),
+    (Register, "world_size", 0, "is 0; expected 1 <= world_size <= 65536"),
+    (Register, "world_size", 65537, "is 65537; expected 1 <= world_size <= 65536"),
+    (Register, "world_size", 2.0, "is float 2.0; expected an integer"),
+    (Register, "step", -1, "is -1; expected 0 <= step <="),
+    (Register, "step", True, "is bool True; expected an integer"),
+    (Register, "step", 2**63, f"is {2**63}; expected 0 <= step <= {2**62}"),
+    (Register, "last_quorum_id", -2, "is -2; expected -1 <= last_quorum_id"),
+    (Register, "replica_id", None, "is missing"),
+    (Register, "world_size", None, "is missing"),
+    (Heartbeat, "step", "3", "is str '3'; expected an integer"),
+    (Heartbeat, "progress", -5, "is -5; expected 0 <= progress"),
+    (Heartbeat, "progress", None, "is missing"),
+    (Notice, "kind", "exploded", "is 'exploded'; expected one of"),
+    (Notice, "kind", 3, "is int 3; expected a string"),
+    (Notice, "quorum_id", -2, "is -2; expected -1 <= quorum_id"),
+    (Notice, "reason", "r" * 4097, "is 4097 characters long; the limit is 4096"),
+    (Notice, "incarnation", -1, "is -1; expected 0 <= incarnation"),
+    (QuorumRequest, "step", [1], "is list [1]; expected an integer"),
+    (QuorumRequest, "timeout_s", -0.5, "is -0.5; expected 0.0 <= timeout_s <= 86400.0"),
+    (QuorumRequest, "timeout_s", math.inf, "is inf; expected 0.0 <= timeout_s"),
+    (QuorumRequest, "timeout_s", math.nan, "is nan; expected 0.0 <= timeout_s"),
+    (QuorumRequest, "timeout_s", "5", "is str '5'; expected a number"),
+    (QuorumRequest, "timeout_s", False, "is bool False; expected a number"),
+    (QuorumRequest, "shrink_only", 1, "is int 1; expected a boolean"),
+    (QuorumRequest, "commit_failures", -1, "is -1; expected 0 <= commit_failures"),
+    (QuorumRequest, "data", [1, 2], "is list; expected a map"),
+    (QuorumRequest, "data", {"k": "x" * (MAX_DATA_BYTES + 1)}, f"bytes encoded; the limit is {MAX_DATA_BYTES}"),
+    (QuorumRequest, "address", None, "is missing"),
+    (Quorum, "quorum_id", -1, "is -1; expected 0 <= quorum_id"),
+    (Quorum, "created_unix_s", 1e13, "expected 0.0 <= created_unix_s"),
+    (Quorum, "participants", {"a": 1}, "is dict; expected a list"),
+    (Quorum, "participants", None, "is missing"),
+    (FenceRequest, "quorum_id", "1", "is str '1'; expected an integer"),
+    (FenceRequest, "replica_id", None, "is missing"),
+    (FenceResponse, "ok", 1, "is int 1; expected a boolean"),
+]
+
+
+@pytest.mark.parametrize(
+    ("cls", "name", "value", "expected"),
+    FIELD_ERRORS,
+    ids=[f"{c.__name__}.{n}={str(v)[:20]}" for c, n, v, _ in FIELD_ERRORS],
+)
+def test_bad_field_rejected_naming_message_and_field(cls: type, name: str, value: Any, expected: str) -> None:
+    with pytest.raises(ProtocolError) as raised:
+        cls.decode(raw(cls, **{name: value}))
+    assert not isinstance(raised.value, VersionMismatch)
+    assert str(raised.value).startswith(f"{cls.__name__}.{name} "), str(raised.value)
+    assert expected in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("participant", "expected"),
+    [
+        ("not a map", "Quorum.participants[0] is str; expected a map"),
+        ({"address": "", "step": 0, "world_size": 1}, "Quorum.participants[0].replica_id is missing"),
+        ({"replica_id": "a", "address": "", "step": -4, "world_size": 1}, "Quorum.participants[0].step is -4"),
+        ({"replica_id": "a", "address": "", "step": 0, "world_size": 1, "data": {b"k": 2}},
+         "Quorum.participants[0].data has a key b'k'; keys must be strings"),
+    ],
+)
+def test_bad_quorum_participant_rejected_naming_its_index(participant: Any, expected: str) -> None:
+    with pytest.raises(ProtocolError, match="^" + expected.replace("[", r"\[").replace("]", r"\]")):
+        Quorum.decode(raw(Quorum, participants=[participant]))
+
+
+def test_integer_map_key_anywhere_rejected() -> None:
+    # msgpack's strict_map_key refuses it at any depth, before any field is looked at.
+    body = {"v": PROTOCOL_VERSION, **VALID[Quorum]}
+    body["participants"] = [{**body["participants"][0], "data": {3: "x"}}]
+    with pytest.raises(ProtocolError, match="^Quorum is not valid msgpack .*int is not allowed for map key"):
+        Quorum.decode(pack(body))
+
+
+@pytest.mark.parametrize("version", [0, 2, 99, "1", None])
+def test_other_protocol_version_rejected_naming_both_versions(version: Any) -> None:
+    body = {"v": version, **VALID[QuorumRequest]}
+    if version is None:
+        del body["v"]
+    with pytest.raises(VersionMismatch) as raised:
+        QuorumRequest.decode(pack(body))
+    message = str(raised.value)
+    assert message.startswith("QuorumRequest speaks protocol version ")
+    assert f"version {version!r}" in message and f"this side speaks version {PROTOCOL_VERSION}" in message
+    assert isinstance(raised.value, ProtocolError)
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"", "not valid msgpack"),
+        (b"\xc1", "not valid msgpack"),
+        (b"\x92\x01", "not valid msgpack"),  # a 2-array cut short
+        (pack({"v": 1}) + b"\x00", "not valid msgpack"),  # trailing bytes
+        (pack({1: 2}), "not valid msgpack"),  # strict_map_key
+        (pack([1, 2, 3]), "must be a msgpack map, got list"),
+        (pack("hello"), "must be a msgpack map, got str"),
+        (b"\xff" * 16, "not valid msgpack"),
+    ],
+)
+def test_garbage_bytes_rejected(data: bytes, expected: str) -> None:
+    with pytest.raises(ProtocolError, match=expected) as raised:
+        Heartbeat.decode(data)
+    assert str(raised.value).startswith("Heartbeat ")
+
+
+def test_oversized_message_rejected_before_parsing() -> None:
+    with pytest.raises(ProtocolError, match=f"is {MAX_MESSAGE_BYTES + 1} bytes; the limit is {MAX_MESSAGE_BYTES}"):
+        Heartbeat.decode(b"\x00" * (MAX_MESSAGE_BYTES + 1))
+
+
+def test_non_bytes_rejected() -> None:
+    not_bytes: Any = "not bytes"
+    with pytest.raises(ProtocolError, match="expected bytes, got str"):
+        Heartbeat.decode(not_bytes)
+
+
+@given(st.binary(max_size=64))
+def test_arbitrary_bytes_never_raise_anything_but_protocol_error(data: bytes) -> None:
+    for cls in VALID:
+        try:
+            cls.decode(data)
+        except ProtocolError:
+            pass
+
+
+def test_protocol_errors_are_value_errors() -> None:
+    assert issubclass(ProtocolError, ValueError) and issubclass(VersionMismatch, ProtocolError)
