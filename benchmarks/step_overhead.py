@@ -1,0 +1,79 @@
+"""Step overhead: replicaft's fault-tolerant step vs plain torch DDP, same processes, same model.
+
+Both sides run two trainer processes (Gloo on CPU, one intra-op thread each, so the two
+processes share this machine's two cores the same way) training the same stack of
+1024x1024 linear layers with SGD on a fixed batch. Plain DDP is
+``torch.nn.parallel.DistributedDataParallel`` over ``init_process_group("gloo")``; replicaft
+is two replica groups of one rank each (``replicaft.DistributedDataParallel`` +
+``replicaft.Optimizer``) plus a lighthouse process, state digests off. A step is timed from
+``zero_grad`` to the end of ``step`` (so replicaft's quorum, vote and fence are inside it);
+the figure is the median over timed steps of the slower of the two trainers. DDP and
+replicaft runs alternate, twice each per size, and the medians of those runs are compared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import statistics
+import time
+
+from benchmarks.processes import ChildProcesses
+from benchmarks.results import BenchmarkResult
+
+SIZES_MB = (10, 100)
+RUN_TIMEOUT_S = 300.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _one_run(mode: str, size_mb: float, steps: int) -> float:
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    async with ChildProcesses() as children:
+        extra: list[str] = []
+        if mode == "replicaft":
+            lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0", "--log-level", "WARNING")
+            address = (await lighthouse.expect_line("lighthouse serving gRPC at ", deadline)).strip()
+            extra = ["--lighthouse", address]
+        else:
+            extra = ["--store", f"127.0.0.1:{_free_port()}"]
+        workers = [
+            await children.start_python(
+                f"{mode}-{rank}", "-m", "benchmarks.step_worker", "--mode", mode, "--rank", str(rank), "--world", "2",
+                "--size-mb", str(size_mb), "--steps", str(steps), *extra,
+            )
+            for rank in range(2)
+        ]
+        medians = []
+        for w in workers:
+            done = await w.expect_event("done", deadline)
+            medians.append(statistics.median(done["step_s"]))
+        return max(medians)
+
+
+def run(*, quick: bool) -> BenchmarkResult:
+    steps = 8 if quick else 25
+    repeats = 1 if quick else 2
+    figures: dict[str, float] = {}
+    baselines: dict[str, float] = {}
+    compared: dict[str, str] = {}
+    for size in SIZES_MB:
+        ours, theirs = [], []
+        for _ in range(repeats):
+            theirs.append(asyncio.run(_one_run("ddp", size, steps)))
+            ours.append(asyncio.run(_one_run("replicaft", size, steps)))
+        figures[f"step_time_{size}mb"] = statistics.median(ours) * 1000
+        baselines[f"ddp_step_time_{size}mb"] = statistics.median(theirs) * 1000
+        compared[f"step_time_{size}mb"] = f"ddp_step_time_{size}mb"
+    return BenchmarkResult(
+        name="step_overhead",
+        figures=figures,
+        baselines=baselines,
+        compared_to=compared,
+        notes="milliseconds per step, median; 2 trainer processes on both sides; replicaft adds a lighthouse process",
+        params={"steps": steps, "repeats": repeats, "sizes_mb": list(SIZES_MB)},
+    )
