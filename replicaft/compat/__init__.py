@@ -1,0 +1,1 @@
+"""Compatibility surfaces for scripts written against other fault-tolerance libraries."""

@@ -1,0 +1,221 @@
+"""torchft 0.2.0's training API on replicaft: switch with a one-line import change.
+
+    import replicaft.compat.torchft as torchft          # was: import torchft
+    from replicaft.compat.torchft import Manager, DistributedDataParallel, Optimizer, ProcessGroupGloo
+
+Covered: ``Manager`` with the common constructor arguments (``pg``, ``load_state_dict``,
+``state_dict``, ``min_replica_size``, ``use_async_quorum``, ``timeout``, ``quorum_timeout``,
+``connect_timeout``, ``rank``, ``world_size``, ``store_addr``, ``store_port``,
+``lighthouse_addr``, ``replica_id``, ``heartbeat_interval``, ``init_sync``, ``max_retries``,
+``quorum_retries``; ``port`` and ``hostname`` are accepted and unused because replicaft binds
+its own ports) and methods (``register_state_dict_fn``, ``start_quorum``, ``wait_quorum``,
+``allreduce``, ``should_commit``, ``report_error``, ``errored``, ``current_step``,
+``batches_committed``, ``num_participants``, ``participating_rank``, ``is_participating``,
+``shutdown``); ``DistributedDataParallel``; ``Optimizer``; ``ProcessGroupGloo`` and
+``ProcessGroupNCCL``; the environment variables ``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID``,
+``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC``,
+``TORCHFT_QUORUM_RETRIES``, ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
+
+Differences, on purpose: explicit arguments win over the environment (torchft lets
+``TORCHFT_*_SEC`` override them); ``replica_id`` is used as given, without a uuid suffix, so
+a restarted group is recognised; a failed quorum or collective never raises into the loop.
+Not supported (a clear error says so): ``world_size_mode=FIXED_WITH_SPARES``,
+``checkpoint_transport`` (replicaft's striped transfer is built in), LocalSGD/DiLoCo.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import replicaft
+from replicaft.ddp import DistributedDataParallel as _DistributedDataParallel
+from replicaft.errors import OptionsError
+from replicaft.manager import ManagedWork
+from replicaft.optim import Optimizer as _Optimizer
+
+__all__ = ["DistributedDataParallel", "Manager", "Optimizer", "ProcessGroupGloo", "ProcessGroupNCCL", "WorldSizeMode"]
+
+
+class WorldSizeMode:
+    DYNAMIC = 0
+    FIXED_WITH_SPARES = 1
+
+
+class ProcessGroupGloo:
+    """Stands for torchft's Gloo group: replicaft builds and rebuilds the real one per quorum."""
+
+    backend = "gloo"
+
+    def __init__(self, timeout: datetime.timedelta = datetime.timedelta(seconds=60)) -> None:
+        self.timeout = timeout
+
+
+class ProcessGroupNCCL(ProcessGroupGloo):
+    backend = "nccl"
+
+
+def _seconds(value: datetime.timedelta | float | None) -> float | None:
+    if value is None:
+        return None
+    return value.total_seconds() if isinstance(value, datetime.timedelta) else float(value)
+
+
+def _env_seconds(name: str) -> float | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise OptionsError(f"{name}={raw!r} is not a number of seconds") from None
+
+
+class Manager:
+    """torchft's ``Manager`` constructor and methods, backed by :class:`replicaft.Manager`."""
+
+    def __init__(
+        self,
+        pg: ProcessGroupGloo,
+        load_state_dict: Callable[[Any], None] | None,
+        state_dict: Callable[[], Any] | None,
+        min_replica_size: int,
+        use_async_quorum: bool = True,
+        timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+        quorum_timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+        connect_timeout: datetime.timedelta = datetime.timedelta(seconds=60),
+        rank: int | None = None,
+        world_size: int | None = None,
+        world_size_mode: int = WorldSizeMode.DYNAMIC,
+        store_addr: str | None = None,
+        store_port: int | None = None,
+        lighthouse_addr: str | None = None,
+        replica_id: str | None = None,
+        port: int | None = None,
+        hostname: str | None = None,
+        heartbeat_interval: datetime.timedelta = datetime.timedelta(milliseconds=100),
+        checkpoint_transport: object | None = None,
+        init_sync: bool = True,
+        max_retries: int | None = None,
+        quorum_retries: int = 0,
+    ) -> None:
+        if world_size_mode != WorldSizeMode.DYNAMIC:
+            raise OptionsError("world_size_mode=FIXED_WITH_SPARES is not supported by replicaft; use DYNAMIC")
+        if checkpoint_transport is not None:
+            raise OptionsError(
+                "checkpoint_transport is not supported: replicaft heals over its own striped, "
+                "verified transport; drop the argument"
+            )
+        if not isinstance(pg, ProcessGroupGloo):
+            raise OptionsError(f"pg={pg!r}: pass replicaft.compat.torchft.ProcessGroupGloo or ProcessGroupNCCL")
+        lighthouse = lighthouse_addr or os.environ.get("TORCHFT_LIGHTHOUSE")
+        if not lighthouse:
+            raise OptionsError("no lighthouse: pass lighthouse_addr or set TORCHFT_LIGHTHOUSE")
+        lighthouse = lighthouse.removeprefix("http://").removeprefix("https://").rstrip("/")
+        group_store = None
+        store_addr = store_addr or os.environ.get("MASTER_ADDR")
+        store_port = store_port or (int(os.environ["MASTER_PORT"]) if "MASTER_PORT" in os.environ else None)
+        if store_addr and store_port:
+            group_store = f"{store_addr}:{store_port}"
+        collective = _seconds(timeout) if timeout is not None else _env_seconds("TORCHFT_TIMEOUT_SEC")
+        quorum = _seconds(quorum_timeout) if quorum_timeout is not None else _env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC")
+        options = replicaft.ManagerOptions(
+            lighthouse=lighthouse,
+            replica_id=replica_id or os.environ.get("REPLICA_GROUP_ID") or str(uuid.uuid4()),
+            group_rank=rank if rank is not None else int(os.environ.get("RANK", "0")),
+            group_world_size=world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),
+            group_store=group_store,
+            min_replicas=min_replica_size,
+            backend=pg.backend,
+            heartbeat_interval_s=_seconds(heartbeat_interval) or 0.1,
+            collective_timeout_s=collective or 60.0,
+            quorum_timeout_s=max(quorum or 60.0, (collective or 60.0) * 2),
+            heal_timeout_s=collective or 60.0,
+            connect_timeout_s=_seconds(connect_timeout) or _env_seconds("TORCHFT_CONNECT_TIMEOUT_SEC") or 60.0,
+            max_quorum_failures=max(1, int(os.environ.get("TORCHFT_QUORUM_RETRIES", quorum_retries)) + 1),
+            token=os.environ.get("REPLICAFT_TOKEN"),
+            events_dir=os.environ.get("REPLICAFT_EVENTS_DIR"),
+        )
+        self._use_async_quorum = use_async_quorum
+        self._max_retries = max_retries
+        self._failed_commits = 0
+        self._manager = replicaft.Manager(options, init_sync=init_sync)
+        if state_dict is not None and load_state_dict is not None:
+            self._manager.register_state("default", state_dict, load_state_dict)
+        self._manager.start()
+
+    @property
+    def inner(self) -> replicaft.Manager:
+        """The replicaft manager behind this facade (for the wrappers)."""
+        return self._manager
+
+    def register_state_dict_fn(self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]) -> None:
+        self._manager.register_state(key, state_dict, load_state_dict)
+
+    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: datetime.timedelta | None = None) -> None:
+        if not allow_heal or shrink_only:
+            raise OptionsError("start_quorum(allow_heal=False / shrink_only=True) is not supported by replicaft")
+        self._manager.start_quorum()
+        if not self._use_async_quorum:
+            self._manager.wait_quorum()
+
+    def wait_quorum(self) -> None:
+        self._manager.wait_quorum()
+
+    def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False) -> ManagedWork:
+        if should_quantize:
+            raise OptionsError("should_quantize=True is not supported by replicaft")
+        return self._manager.allreduce(tensor)
+
+    def should_commit(self, timeout: datetime.timedelta | None = None) -> bool:
+        committed = self._manager.should_commit()
+        self._failed_commits = 0 if committed else self._failed_commits + 1
+        if self._max_retries is not None and self._failed_commits > self._max_retries:
+            raise RuntimeError(f"{self._failed_commits} consecutive steps failed to commit (max_retries={self._max_retries})")
+        return committed
+
+    def report_error(self, e: Exception) -> None:
+        self._manager.report_error(e)
+
+    def errored(self) -> Exception | None:
+        return self._manager.errored()
+
+    def current_step(self) -> int:
+        return self._manager.current_step()
+
+    def batches_committed(self) -> int:
+        return self._manager.current_step()
+
+    def num_participants(self) -> int:
+        return self._manager.num_participants()
+
+    def participating_rank(self) -> int | None:
+        plan = self._manager.plan
+        if plan is None or plan.healing:
+            return None
+        return plan.donors.index(plan.replica_id)
+
+    def is_participating(self) -> bool:
+        return self.participating_rank() is not None
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._manager.shutdown()
+
+
+class DistributedDataParallel(_DistributedDataParallel):
+    """torchft's ``DistributedDataParallel(manager, module)``."""
+
+    def __init__(self, manager: Manager, module: torch.nn.Module, **kwargs: Any) -> None:
+        super().__init__(manager.inner, module, **kwargs)
+
+
+class Optimizer(_Optimizer):
+    """torchft's ``Optimizer(manager, optim)``: ``zero_grad`` starts the quorum, ``step`` commits."""
+
+    def __init__(self, manager: Manager, optim: torch.optim.Optimizer) -> None:
+        super().__init__(manager.inner, optim)
