@@ -1,0 +1,766 @@
+"""``replicaft-launch``: a whole replicaft job on one machine, a lighthouse plus N replica groups.
+
+The launcher plays the part Slurm or Kubernetes plays on a cluster: it starts every replica
+group, and when one dies it starts it again, under the same replica id, after a delay. The
+restarted group heals from its peers by itself; the launcher knows nothing about training and
+never touches state. A group that exits 0 has finished training and stays down.
+
+Design:
+
+* The decisions are pure functions beside the shell that acts on them: :func:`parse_args`
+  (every argument check), :func:`decide_restart` (restart, done or give up),
+  :func:`render_status`, :func:`label_torchrun_line` and :func:`descendants`. The
+  :class:`Launcher` only starts, polls and signals processes and prints.
+* Every child starts in a session of its own. Ctrl-C in a terminal then reaches only the
+  launcher, which stops everything in order (SIGTERM, a grace period, SIGKILL) instead of
+  racing torchrun's own signal forwarding.
+* torchrun starts each rank in yet another session, so no process group covers a W>1 group.
+  The launcher instead signals, one by one, every process below it in ``/proc``; and it is a
+  child subreaper (``PR_SET_CHILD_SUBREAPER``), so ranks orphaned by a killed torchrun are
+  re-parented to it rather than to init, and are found and killed with their group.
+  Rejected: recording descendants periodically (a rank started since the last scan escapes),
+  psutil (a dependency for a 20-line ``/proc`` walk), and ``PR_SET_PDEATHSIG`` through
+  ``preexec_fn`` (unsafe while output reader threads run). The cost: a launcher killed with
+  SIGKILL cannot clean up after itself, and the launcher runs on Linux only.
+* The status line reads the structured event logs (STYLE §9), never the children's log text,
+  so the launcher always sets ``REPLICAFT_EVENTS_DIR`` (a temporary directory by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NoReturn, TextIO
+
+from replicaft.errors import OptionsError
+
+logger = logging.getLogger(__name__)
+
+PROG = "replicaft-launch"
+LIGHTHOUSE_START_TIMEOUT_S = 60.0
+"""Generous: on a loaded two-core machine importing grpc alone has taken several seconds."""
+TICK_S = 0.1
+"""How often the supervisor polls its children: restart latency is a tick plus the delay."""
+KILL_WAIT_S = 5.0
+"""After SIGKILL only a process stuck in the kernel survives; we wait this long, then report it."""
+TORCHRUN_ROLE = "default"
+_TORCHRUN_RANK_LINE = re.compile(rf"^\[{TORCHRUN_ROLE}(\d+)\]:(.*)$")
+_LIGHTHOUSE_ADDRESS_LINE = re.compile(r"^lighthouse serving gRPC at (\S+)$")
+_REPLICA_PREFIX = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+GroupState = Literal["running", "waiting", "done", "down"]
+"""running: its process is up; waiting: it died and restarts after the delay; done: it exited
+0; down: it failed more often than --max-restarts allows and stays down."""
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LaunchOptions:
+    script: Path
+    """The training script every rank of every group runs."""
+    script_args: tuple[str, ...] = ()
+    lighthouse: str | None = None
+    """``host:port`` of a running lighthouse; None starts one on a free loopback port."""
+    num_groups: int = 2
+    ranks_per_group: int = 1
+    """W; above 1 each group runs under torchrun."""
+    restart_delay_s: float = 1.0
+    max_restarts: int = 10
+    """Restarts allowed per group; one more failure leaves the group down."""
+    events_dir: Path | None = None
+    """Where the groups write their event logs; None uses a temporary directory."""
+    min_replicas: int | None = None
+    """Passed to the lighthouse and to every manager; None keeps their default."""
+    replica_prefix: str = "g"
+    status_interval_s: float = 5.0
+    """Period of the plain status line when stderr is not a terminal."""
+    stop_grace_s: float = 10.0
+    """Time between SIGTERM and SIGKILL when stopping a process."""
+
+    def __post_init__(self) -> None:
+        for flag, value, minimum in (
+            ("--groups", self.num_groups, 1),
+            ("--ranks-per-group", self.ranks_per_group, 1),
+            ("--max-restarts", self.max_restarts, 0),
+            ("--restart-delay", self.restart_delay_s, 0.0),
+        ):
+            if value < minimum:
+                raise OptionsError(f"{flag} {value:g}: use {minimum:g} or more")
+        for flag, value in (("--status-interval", self.status_interval_s), ("--stop-grace", self.stop_grace_s)):
+            if not value > 0:
+                raise OptionsError(f"{flag} {value:g}: it must be positive")
+        if self.lighthouse is not None:
+            host, _, port = self.lighthouse.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise OptionsError(f"--lighthouse {self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510)")
+        if self.min_replicas is not None:
+            if self.min_replicas < 1:
+                raise OptionsError(f"--min-replicas {self.min_replicas}: it must be at least 1")
+            if self.lighthouse is None and self.min_replicas > self.num_groups:
+                raise OptionsError(
+                    f"--min-replicas {self.min_replicas} is more than --groups {self.num_groups}, so no "
+                    f"quorum could ever form; lower --min-replicas or raise --groups"
+                )
+        if not _REPLICA_PREFIX.match(self.replica_prefix):
+            raise OptionsError(
+                f"--replica-prefix {self.replica_prefix!r}: replica ids name event files; use letters, "
+                "digits, '_', '.' or '-'"
+            )
+
+    def replica_ids(self) -> list[str]:
+        return [f"{self.replica_prefix}{i}" for i in range(self.num_groups)]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing usage and exiting, so every error is one line."""
+
+    def error(self, message: str) -> NoReturn:
+        raise OptionsError(message)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
+    """Map the command line onto :class:`LaunchOptions`; raises OptionsError naming the flag."""
+    d = LaunchOptions(script=Path())
+    p = _Parser(prog=PROG, description="Run a lighthouse and N replica groups of SCRIPT; restart groups that die.")
+    p.add_argument("--lighthouse", metavar="HOST:PORT", help="use this lighthouse instead of starting one")
+    p.add_argument("--groups", type=int, default=d.num_groups, metavar="N", help="replica groups (default: %(default)s)")
+    p.add_argument("--ranks-per-group", type=int, default=d.ranks_per_group, metavar="W",
+                   help="ranks per group; above 1 runs each group under torchrun (default: %(default)s)")
+    p.add_argument("--restart-delay", type=float, default=d.restart_delay_s, metavar="S",
+                   help="seconds before a dead group is restarted (default: %(default)s)")
+    p.add_argument("--max-restarts", type=int, default=d.max_restarts, metavar="K",
+                   help="restarts per group before it is left down (default: %(default)s)")
+    p.add_argument("--events-dir", type=Path, metavar="DIR", help="keep the groups' event logs here")
+    p.add_argument("--min-replicas", type=int, metavar="M", help="fewest groups a quorum may have")
+    p.add_argument("--replica-prefix", default=d.replica_prefix, help="replica ids are PREFIX0, PREFIX1, ...")
+    p.add_argument("--status-interval", type=float, default=d.status_interval_s, metavar="S",
+                   help="period of the status line when stderr is not a terminal (default: %(default)s)")
+    p.add_argument("--stop-grace", type=float, default=d.stop_grace_s, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL when stopping (default: %(default)s)")
+    p.add_argument("script", metavar="SCRIPT", help="training script")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for SCRIPT")
+    args = p.parse_args(argv)
+    script = Path(args.script)
+    if not script.is_file():
+        raise OptionsError(f"SCRIPT {args.script!r} is not a file")
+    if args.events_dir is not None and args.events_dir.exists() and not args.events_dir.is_dir():
+        raise OptionsError(f"--events-dir {str(args.events_dir)!r} exists and is not a directory")
+    return LaunchOptions(
+        script=script,
+        script_args=tuple(args.script_args),
+        lighthouse=args.lighthouse,
+        num_groups=args.groups,
+        ranks_per_group=args.ranks_per_group,
+        restart_delay_s=args.restart_delay,
+        max_restarts=args.max_restarts,
+        events_dir=args.events_dir,
+        min_replicas=args.min_replicas,
+        replica_prefix=args.replica_prefix,
+        status_interval_s=args.status_interval,
+        stop_grace_s=args.stop_grace,
+    )
+
+
+# -- restart policy -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RestartDecision:
+    action: Literal["done", "restart", "give_up"]
+    delay_s: float
+    reason: str
+
+
+def decide_restart(
+    exit_code: int, num_restarts: int, *, max_restarts: int, restart_delay_s: float, may_finish: bool = True
+) -> RestartDecision:
+    """What to do about a process that exited with ``exit_code`` after ``num_restarts`` restarts.
+
+    Exit 0 is "done" when ``may_finish`` (a group that finished training); the lighthouse
+    passes False, since a lighthouse exiting on its own is a failure while groups train.
+    Anything else restarts after the delay until ``max_restarts`` is used up, as Slurm's
+    requeue or a Kubernetes restart policy would; a crash loop then stops instead of spinning.
+    """
+    how = describe_exit(exit_code)
+    if exit_code == 0 and may_finish:
+        return RestartDecision("done", 0.0, how)
+    if num_restarts >= max_restarts:
+        return RestartDecision(
+            "give_up", 0.0, f"{how}; restarted {num_restarts} times already (--max-restarts {max_restarts}), leaving it down"
+        )
+    return RestartDecision(
+        "restart", restart_delay_s, f"{how}; restart {num_restarts + 1} of {max_restarts} in {restart_delay_s:g}s"
+    )
+
+
+def describe_exit(exit_code: int) -> str:
+    """``Popen.returncode`` in words: negative codes are the signal that killed the process."""
+    if exit_code < 0:
+        try:
+            return f"killed by {signal.Signals(-exit_code).name}"
+        except ValueError:
+            return f"killed by signal {-exit_code}"
+    return f"exited with code {exit_code}"
+
+
+# -- status -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStatus:
+    replica_id: str
+    state: GroupState
+    num_restarts: int
+    step: int | None
+    """The step after its last commit, from its events; None before the first."""
+
+
+def render_status(groups: Sequence[GroupStatus], *, num_replicas: int | None, elapsed_s: float) -> str:
+    """One line: elapsed time, furthest step, last quorum size, groups per state, restarts."""
+    steps = [g.step for g in groups if g.step is not None]
+    counts = Counter(g.state for g in groups)
+    states = ", ".join(f"{counts[s]} {s}" for s in ("running", "waiting", "done", "down") if counts[s])
+    restarted = " ".join(f"{g.replica_id}:{g.num_restarts}" for g in groups if g.num_restarts)
+    return (
+        f"{elapsed_s:.0f}s | step {max(steps) if steps else '-'} | quorum {num_replicas if num_replicas is not None else '-'}"
+        f" | groups {states} | restarts {sum(g.num_restarts for g in groups)}"
+        + (f" ({restarted})" if restarted else "")
+    )
+
+
+class EventProgress:
+    """What the event logs have said so far: each group's step and the last quorum's size."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, int] = {}
+        self.num_replicas: int | None = None
+        self._quorum_ts = float("-inf")
+
+    def apply(self, event: Mapping[str, Any]) -> None:
+        """Fold one event in; events of other kinds, or missing the fields used, change nothing."""
+        kind, replica_id, step = event.get("event"), event.get("replica_id"), event.get("step")
+        ts, num_replicas = event.get("ts"), event.get("num_replicas")
+        if kind == "commit" and event.get("committed") and isinstance(replica_id, str) and isinstance(step, int):
+            # The latest commit, not the highest: a restarted group starts again from 0.
+            self.steps[replica_id] = step
+        elif kind == "quorum" and isinstance(ts, (int, float)) and isinstance(num_replicas, int) and ts >= self._quorum_ts:
+            self._quorum_ts = ts
+            self.num_replicas = num_replicas
+
+
+class EventTail:
+    """Reads the events appended to ``<directory>/*.jsonl`` since the previous call.
+
+    A rank writes one line per event but may be caught mid-line (or killed there); an
+    incomplete last line is kept for the next call and a line that is not JSON is skipped.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+
+    def read_new(self) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for path in sorted(self.directory.glob("*.jsonl")):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(path, 0))
+                    data = self._partial.pop(path, b"") + f.read()
+                    self._offsets[path] = f.tell()
+            except OSError:
+                continue
+            *lines, self._partial[path] = data.split(b"\n")
+            for line in lines:
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(event, dict):
+                    events.append(event)
+        return events
+
+
+# -- child output -----------------------------------------------------------------------------
+
+
+def label_single_rank_line(replica_id: str, line: str) -> str:
+    """Prefix a line of a W=1 group (the script itself) with its group and rank 0."""
+    return f"[{replica_id}/0] {line}"
+
+
+def label_torchrun_line(replica_id: str, line: str) -> str:
+    """Prefix a line of torchrun's console with group and rank.
+
+    ``torchrun --tee 3`` prints each worker's lines as ``[default<local_rank>]:text``; lines
+    without that prefix are torchrun's own.
+    """
+    match = _TORCHRUN_RANK_LINE.match(line)
+    if match is None:
+        return f"[{replica_id}/torchrun] {line}"
+    return f"[{replica_id}/{match.group(1)}] {match.group(2)}"
+
+
+class Console:
+    """Serialises the lines of every child, the launcher's log and the status line.
+
+    Children's lines go to ``out``, the launcher's own to ``err``. With ``live`` (stderr is a
+    terminal) the status line is drawn in place at the bottom of ``err``: it is erased before
+    any other line is written and redrawn on the next :meth:`show_status`.
+    """
+
+    def __init__(self, out: TextIO, err: TextIO, *, live: bool) -> None:
+        self.out, self.err, self.live = out, err, live
+        self._lock = threading.Lock()
+        self._status_shown = False
+        self._status_text = ""
+
+    def write_line(self, text: str, *, to_err: bool = False) -> None:
+        with self._lock:
+            self._erase_status()
+            stream = self.err if to_err else self.out
+            stream.write(text + "\n")
+            stream.flush()
+
+    def show_status(self, text: str) -> None:
+        if not self.live:
+            self.write_line(f"[launcher] status: {text}", to_err=True)
+            return
+        try:
+            width = os.get_terminal_size(self.err.fileno()).columns - 1
+        except (OSError, ValueError):
+            width = 79
+        with self._lock:
+            if self._status_shown and text == self._status_text:
+                return
+            self.err.write("\r\x1b[K" + text[:width])  # a wrapped line could not be erased with \r
+            self.err.flush()
+            self._status_shown, self._status_text = True, text
+
+    def close(self) -> None:
+        with self._lock:
+            self._erase_status()
+
+    def _erase_status(self) -> None:
+        if self._status_shown:
+            self.err.write("\r\x1b[K")
+            self.err.flush()
+            self._status_shown = False
+
+
+class _ConsoleLogHandler(logging.Handler):
+    def __init__(self, console: Console) -> None:
+        super().__init__()
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.console.write_line(self.format(record), to_err=True)
+
+
+# -- processes --------------------------------------------------------------------------------
+
+
+PR_SET_CHILD_SUBREAPER = 36
+"""``<linux/prctl.h>``."""
+
+
+def become_subreaper() -> bool:
+    """Have the kernel re-parent orphaned descendants to this process instead of to init.
+
+    A rank orphaned by a dead torchrun (or a script's helper process orphaned by a dead rank)
+    then stays below the launcher, where :meth:`Launcher._processes_of` finds it and kills it.
+    Returns False where prctl is unavailable.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    pid: int
+    ppid: int
+    zombie: bool
+    """Exited but not yet waited for: it runs no more, but only its parent can remove it."""
+
+
+def read_process_table() -> dict[int, ProcessInfo]:
+    """Every process in ``/proc``; one that exits while being read is left out."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces and ")"
+        table[int(entry.name)] = ProcessInfo(int(entry.name), int(fields[1]), fields[0] in ("Z", "X"))
+    return table
+
+
+def descendants(root_pid: int, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
+    """Every process below ``root_pid`` in ``table``, parents before children."""
+    children: dict[int, list[ProcessInfo]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info)
+    found, frontier = [], [root_pid]
+    while frontier:
+        below = children.get(frontier.pop(0), [])
+        found += below
+        frontier += [info.pid for info in below]
+    return found
+
+
+def running_below(root_pids: Iterable[int], table: Mapping[int, ProcessInfo]) -> list[int]:
+    """The roots and everything below them that still runs (zombies excluded), roots first."""
+    found = [table[pid] for pid in root_pids if pid in table]
+    found += [info for pid in root_pids for info in descendants(pid, table)]
+    return list(dict.fromkeys(info.pid for info in found if not info.zombie))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now; torchrun needs a number before it binds its store."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def send_signal(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+class Child:
+    """One process the launcher started, in a session of its own, whose output is labelled.
+
+    A reader thread passes each line of its stdout and stderr (merged) to ``on_line``; it
+    ends when the last process holding the pipe exits, and :meth:`join_output` waits for it.
+    """
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None]) -> None:
+        self.popen = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, args=(on_line,), name=f"output-{self.pid}", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def _read(self, on_line: Callable[[str], None]) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            on_line(line.rstrip("\n"))
+
+    def join_output(self, timeout_s: float) -> None:
+        self._reader.join(timeout_s)
+
+
+# -- the launcher -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Group:
+    replica_id: str
+    state: GroupState = "waiting"
+    child: Child | None = None
+    num_restarts: int = 0
+    restart_at: float = 0.0
+
+
+class Launcher:
+    """Starts the lighthouse and the groups, restarts dead groups, and stops everything.
+
+    ``run()`` blocks until every group is done or down, or :meth:`request_stop` is called
+    (from a signal handler), and returns the exit code. Whatever happens, every process it
+    started is gone when ``run()`` returns.
+    """
+
+    def __init__(self, options: LaunchOptions, console: Console) -> None:
+        self.options = options
+        self.console = console
+        self._groups = [_Group(rid) for rid in options.replica_ids()]
+        self._lighthouse: Child | None = None
+        self._lighthouse_address: str | None = options.lighthouse
+        self._lighthouse_restarts = 0
+        self._lighthouse_restart_at: float | None = None
+        self._address_seen = threading.Event()
+        self._stop_signal: int | None = None
+        self._kill_now = False
+        self._work_dir: Path | None = None
+        self._events_dir: Path | None = options.events_dir
+
+    def request_stop(self, signum: int) -> None:
+        """Ask ``run()`` to stop everything; a second request skips the grace period. Signal-safe."""
+        if self._stop_signal is None:
+            self._stop_signal = signum
+        else:
+            self._kill_now = True
+
+    def run(self) -> int:
+        if not become_subreaper():
+            logger.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: ranks orphaned by a dead torchrun will not be stopped")
+        self._work_dir = Path(tempfile.mkdtemp(prefix="replicaft-launch-"))
+        if self._events_dir is None:
+            self._events_dir = self._work_dir / "events"
+        self._events_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self._lighthouse_address is None and not self._start_lighthouse(port=0):
+                return self._signal_exit_code() or 1
+            logger.info("lighthouse at %s; %d groups of %d ranks; events in %s", self._lighthouse_address,
+                        len(self._groups), self.options.ranks_per_group, self._events_dir)
+            return self._supervise()
+        finally:
+            self._stop_all()
+            self.console.close()
+            shutil.rmtree(self._work_dir, ignore_errors=True)
+
+    def _signal_exit_code(self) -> int | None:
+        return None if self._stop_signal is None else 128 + self._stop_signal
+
+    # -- lighthouse
+
+    def _start_lighthouse(self, port: int) -> bool:
+        """Start ``python -m lighthouse``; with port 0, wait (with a deadline) for its address."""
+        args = [sys.executable, "-m", "lighthouse", "--port", str(port)]
+        if self.options.min_replicas is not None:
+            args += ["--min-replicas", str(self.options.min_replicas)]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self._lighthouse = Child(args, env, self._on_lighthouse_line)
+        if port:
+            return True
+        deadline = time.monotonic() + LIGHTHOUSE_START_TIMEOUT_S
+        while not self._address_seen.wait(TICK_S):
+            if self._stop_signal is not None:
+                return False
+            if self._lighthouse.popen.poll() is not None:
+                logger.error("the lighthouse %s before printing its address", describe_exit(self._lighthouse.popen.returncode))
+                return False
+            if time.monotonic() >= deadline:
+                logger.error("the lighthouse printed no address within %gs", LIGHTHOUSE_START_TIMEOUT_S)
+                return False
+        return True
+
+    def _on_lighthouse_line(self, line: str) -> None:
+        match = _LIGHTHOUSE_ADDRESS_LINE.match(line)
+        if match is not None and self._lighthouse_address is None:
+            self._lighthouse_address = match.group(1)
+            self._address_seen.set()
+        self.console.write_line(f"[lighthouse] {line}")
+
+    def _watch_lighthouse(self, now: float) -> bool:
+        """Restart a lighthouse that died, on the same port; False once it may not restart."""
+        if self._lighthouse is None or self._lighthouse.popen.poll() is None:
+            return True
+        if self._lighthouse_restart_at is None:
+            decision = decide_restart(
+                self._lighthouse.popen.returncode, self._lighthouse_restarts, may_finish=False,
+                max_restarts=self.options.max_restarts, restart_delay_s=self.options.restart_delay_s,
+            )
+            logger.warning("lighthouse %s", decision.reason)
+            if decision.action == "give_up":
+                return False
+            self._lighthouse_restart_at = now + decision.delay_s
+        elif now >= self._lighthouse_restart_at:
+            assert self._lighthouse_address is not None
+            self._lighthouse_restarts += 1
+            self._lighthouse_restart_at = None
+            self._start_lighthouse(port=int(self._lighthouse_address.rpartition(":")[2]))
+            logger.info("restarted the lighthouse at %s", self._lighthouse_address)
+        return True
+
+    # -- groups
+
+    def _start_group(self, group: _Group) -> None:
+        o = self.options
+        assert self._lighthouse_address is not None and self._events_dir is not None and self._work_dir is not None
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+        env.update(
+            REPLICAFT_LIGHTHOUSE=self._lighthouse_address,
+            REPLICAFT_REPLICA_ID=group.replica_id,
+            REPLICAFT_EVENTS_DIR=str(self._events_dir),
+            PYTHONUNBUFFERED="1",
+        )
+        if o.min_replicas is not None:
+            env["REPLICAFT_MIN_REPLICAS"] = str(o.min_replicas)
+        rid = group.replica_id
+        label: Callable[[str], str] = functools.partial(label_single_rank_line, rid)
+        argv = [sys.executable, str(o.script), *o.script_args]
+        if o.ranks_per_group > 1:
+            label = functools.partial(label_torchrun_line, rid)
+            argv = [
+                sys.executable, "-m", "torch.distributed.run",
+                "--nproc-per-node", str(o.ranks_per_group), "--max-restarts", "0",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                "--monitor-interval", "0.1", "--shutdown-timeout", f"{o.stop_grace_s:g}",
+                "--role", TORCHRUN_ROLE, "--tee", "3", "--log-dir", str(self._work_dir / "torchrun" / rid),
+                str(o.script), *o.script_args,
+            ]  # fmt: skip
+        group.child = Child(argv, env, lambda line: self.console.write_line(label(line)))
+        group.state = "running"
+        logger.info("started %s (pid %d)%s", rid, group.child.pid,
+                    f", restart {group.num_restarts}" if group.num_restarts else "")
+
+    def _watch_group(self, group: _Group, now: float) -> None:
+        if group.state == "waiting" and now >= group.restart_at:
+            if group.child is not None:
+                group.num_restarts += 1
+            self._start_group(group)
+        elif group.state == "running":
+            assert group.child is not None
+            code = group.child.popen.poll()
+            if code is None:
+                return
+            # A group is its failure domain: ranks orphaned by a dead torchrun go with it, at once.
+            self._terminate([], grace_s=0.0)
+            decision = decide_restart(
+                code, group.num_restarts, max_restarts=self.options.max_restarts,
+                restart_delay_s=self.options.restart_delay_s,
+            )
+            level = logging.INFO if decision.action == "done" else logging.WARNING
+            logger.log(level, "%s %s", group.replica_id, decision.reason)
+            group.state = {"done": "done", "restart": "waiting", "give_up": "down"}[decision.action]
+            group.restart_at = now + decision.delay_s
+
+    # -- the loop
+
+    def _supervise(self) -> int:
+        assert self._events_dir is not None
+        started = next_status = time.monotonic()
+        tail, progress = EventTail(self._events_dir), EventProgress()
+        while self._stop_signal is None:
+            now = time.monotonic()
+            for group in self._groups:
+                self._watch_group(group, now)
+            if not self._watch_lighthouse(now):
+                logger.error("the lighthouse cannot be restarted; stopping the job")
+                return 1
+            if all(g.state in ("done", "down") for g in self._groups):
+                failed = [g.replica_id for g in self._groups if g.state == "down"]
+                if failed:
+                    logger.error("groups %s are down for good; nothing left to run", ", ".join(failed))
+                    return 1
+                logger.info("all %d groups finished", len(self._groups))
+                return 0
+            for event in tail.read_new():
+                progress.apply(event)
+            if self.console.live or now >= next_status:
+                statuses = [GroupStatus(g.replica_id, g.state, g.num_restarts, progress.steps.get(g.replica_id))
+                            for g in self._groups]
+                self.console.show_status(render_status(statuses, num_replicas=progress.num_replicas,
+                                                       elapsed_s=now - started))
+                next_status = now + self.options.status_interval_s
+            time.sleep(TICK_S)
+        logger.warning("stopping on %s", signal.Signals(self._stop_signal).name)
+        return 128 + self._stop_signal
+
+    def _children(self) -> list[Child]:
+        return [g.child for g in self._groups if g.child is not None] + (
+            [self._lighthouse] if self._lighthouse is not None else []
+        )
+
+    def _stop_all(self) -> None:
+        """Groups first, so they do not spend their grace period looking for the lighthouse."""
+        self._terminate([g.child for g in self._groups if g.child is not None], grace_s=self.options.stop_grace_s)
+        self._terminate([self._lighthouse] if self._lighthouse else [], grace_s=self.options.stop_grace_s)
+
+    def _terminate(self, children: Sequence[Child], *, grace_s: float) -> None:
+        """Stop ``children``, everything below them and every leftover (see :meth:`_processes_of`).
+
+        SIGTERM, then SIGKILL after ``grace_s`` or at once on a second Ctrl-C. Blocks for at
+        most ``grace_s + KILL_WAIT_S`` plus a tick.
+        """
+        send_signal(self._processes_of(children), signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while (pids := self._processes_of(children)) and time.monotonic() < deadline and not self._kill_now:
+            time.sleep(TICK_S)
+        deadline = time.monotonic() + KILL_WAIT_S
+        while pids and time.monotonic() < deadline:
+            send_signal(pids, signal.SIGKILL)  # again each tick: it also reaches what they forked
+            time.sleep(TICK_S)
+            pids = self._processes_of(children)
+        if pids:
+            logger.error("processes %s survived SIGKILL for %gs (stuck in the kernel?)", pids, KILL_WAIT_S)
+        for child in children:
+            child.join_output(1.0)
+
+    def _processes_of(self, children: Sequence[Child]) -> list[int]:
+        """The running processes of ``children`` and below them, plus every leftover.
+
+        A leftover is a process re-parented to the launcher (see :func:`become_subreaper`):
+        it was orphaned by a dead child, so it belongs to a failed group and must go. Reaps
+        the children and leftovers that have exited (Popen reaps its own, waitpid the rest).
+        """
+        for child in children:
+            child.popen.poll()
+        table = read_process_table()
+        started = {child.pid for child in self._children()}
+        leftovers = [info for info in table.values() if info.ppid == os.getpid() and info.pid not in started]
+        for info in leftovers:
+            if info.zombie:
+                try:
+                    os.waitpid(info.pid, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+        return running_below([c.pid for c in children] + [info.pid for info in leftovers], table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``replicaft-launch``: exit 0 when every group finished, 1 when some could not,
+    2 for bad arguments, 128 + signal number when stopped by SIGINT or SIGTERM."""
+    try:
+        options = parse_args(argv)
+    except OptionsError as e:
+        print(f"{PROG}: error: {e} (see {PROG} --help)", file=sys.stderr)
+        return 2
+    console = Console(sys.stdout, sys.stderr, live=sys.stderr.isatty())
+    handler = _ConsoleLogHandler(console)
+    handler.setFormatter(logging.Formatter("[launcher] %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    launcher = Launcher(options, console)
+    previous = {sig: signal.signal(sig, lambda signum, _frame: launcher.request_stop(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return launcher.run()
+    finally:
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
