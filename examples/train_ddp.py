@@ -8,8 +8,9 @@ Everything a real script has is here: a model (with BatchNorm, whose statistics 
 identical across groups), AdamW, an LR schedule, data, the two wrappers, and the lighthouse
 address from the environment (``REPLICAFT_LIGHTHOUSE``, set by the launcher) or ``--lighthouse``.
 
-Data: a fixed synthetic regression task; each step's batch is drawn from a generator seeded by
-``manager.step_seed()`` so a step's result depends only on (state, step, membership).
+Data: a fixed synthetic regression dataset read in exactly-once order: the
+``ExactlyOnceSampler`` hands each group its share of the step's samples, and its cursor
+travels with heals, so across any failures every sample trains in exactly one committed step.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 import replicaft
+from replicaft.data import ExactlyOnceSampler
 
 
 def build_model(width: int) -> nn.Module:
@@ -37,7 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--replica-id", help="this group's name (default: $REPLICAFT_REPLICA_ID)")
     p.add_argument("--steps", type=int, default=100, help="committed steps to train for")
     p.add_argument("--width", type=int, default=64, help="hidden width (model size)")
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=int, default=32, help="samples per group per step")
+    p.add_argument("--dataset-size", type=int, default=1000)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per step (demo pacing)")
     args = p.parse_args(argv)
@@ -51,19 +54,22 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = build_model(args.width)
     target = build_model(args.width).eval()
+    inputs = torch.randn(args.dataset_size, 16, generator=torch.Generator().manual_seed(1234))
+    with torch.no_grad():
+        labels = target(inputs)
     with replicaft.Manager(options) as manager:
         ddp = replicaft.DistributedDataParallel(manager, model)
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(inner, lambda step: 1.0 / (1.0 + step / 100))
         optimizer = replicaft.Optimizer(manager, inner, scheduler)
+        sampler = ExactlyOnceSampler(manager, args.dataset_size, args.batch_size)
         started = time.monotonic()
         while manager.current_step() < args.steps:
             optimizer.zero_grad()
-            g = torch.Generator().manual_seed(manager.step_seed())
-            x = torch.randn(args.batch_size, 16, generator=g)
-            with torch.no_grad():
-                y = target(x)
-            loss = nn.functional.mse_loss(ddp(x), y)
+            # A healer's gradient is replaced by zeros, but it still runs the step (any batch)
+            # so that its collectives line up with the donors'.
+            ids = sampler.step_indices() or list(range(args.batch_size))
+            loss = nn.functional.mse_loss(ddp(inputs[ids]), labels[ids])
             loss.backward()
             if args.step_delay:
                 time.sleep(args.step_delay)

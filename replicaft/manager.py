@@ -128,6 +128,7 @@ class Manager:
         self._heal_future: concurrent.futures.Future[HealResult] | None = None
         self._step_started = 0.0
         self._digest_due: int | None = None
+        self._commit_fields: dict[str, Any] = {}
         self._quorum_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replicaft-quorum")
         self._heal_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replicaft-heal")
         backend = options.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -209,6 +210,10 @@ class Manager:
     def register_hooks(self, hooks: StepHooks) -> None:
         self._hooks.append(hooks)
 
+    def annotate_commit(self, **fields: Any) -> None:
+        """Add fields to this step's "commit" event (e.g. the data sampler's sample range)."""
+        self._commit_fields.update(fields)
+
     def state_dict(self) -> dict[str, Any]:
         return {name: fn() for name, (fn, _) in self._states.items()}
 
@@ -270,6 +275,7 @@ class Manager:
         self._abort.clear()
         self._plan = None
         self._heal_future = None
+        self._commit_fields = {}
         self._step_started = time.monotonic()
         for h in self._hooks:
             h.on_step_start()
@@ -486,6 +492,7 @@ class Manager:
             num_contributors=plan.num_contributors if plan else 0,
             healing=bool(plan and plan.healing),
             step_time_s=time.monotonic() - self._step_started,
+            **self._commit_fields,
         )
         self._tick()
 

@@ -64,6 +64,23 @@ def assert_digests_agree(directory: Path, min_steps: int = 1) -> int:
     return len(steps)
 
 
+def assert_samples_exactly_once(directory: Path, min_steps: int = 1) -> None:
+    """Every committed step covers the positions right after the previous one: none skipped,
+    none repeated, whichever groups committed it."""
+    ranges: dict[int, tuple[int, int]] = {}
+    for e in read_events(directory):
+        if e["event"] == "commit" and e["committed"]:
+            r = tuple(e["samples"])
+            assert ranges.setdefault(e["step"], r) == r, f"step {e['step']} committed with {ranges[e['step']]} and {r}"
+    steps = sorted(ranges)
+    assert len(steps) >= min_steps and steps == list(range(1, len(steps) + 1)), f"committed steps {steps}"
+    position = 0
+    for step in steps:
+        start, stop = ranges[step]
+        assert start == position and stop > start, f"step {step} trained positions {start}..{stop}, expected to start at {position}"
+        position = stop
+
+
 def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None) -> ManagedProcess:
     env = dict(os.environ)
     env.update(
@@ -104,6 +121,7 @@ def test_group_killed_mid_allreduce_survivors_commit_within_2s(tmp_path: Path) -
         assert groups[rid].wait_exit(120) == 0, groups[rid].output_tail()
     assert not [e for e in read_events(tmp_path) if e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 9]
     assert_digests_agree(tmp_path, min_steps=30)
+    assert_samples_exactly_once(tmp_path, min_steps=40)
 
 
 @pytest.mark.timeout(180)
@@ -139,6 +157,7 @@ def test_group_stopped_others_continue_then_it_rejoins_and_heals(tmp_path: Path)
     for rid, g in groups.items():
         assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
     assert_digests_agree(tmp_path, min_steps=40)
+    assert_samples_exactly_once(tmp_path, min_steps=60)
 
 
 @pytest.mark.timeout(180)
@@ -157,6 +176,7 @@ def test_killed_group_restarts_heals_and_matches_donors(tmp_path: Path) -> None:
     for rid, g in groups.items():
         assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
     assert_digests_agree(tmp_path, min_steps=40)
+    assert_samples_exactly_once(tmp_path, min_steps=50)
     healed_steps = [e["step"] for e in commits(tmp_path, "g2") if e["ts"] > restarted_at]
     assert healed_steps and min(healed_steps) > 10, healed_steps
 
@@ -181,6 +201,7 @@ def test_lighthouse_killed_and_restarted_no_group_crashes_no_step_lost(tmp_path:
         steps = [e["step"] for e in commits(tmp_path, rid)]
         assert steps == sorted(steps) and len(steps) == len(set(steps)), f"{rid} committed steps {steps}"
     assert_digests_agree(tmp_path, min_steps=35)
+    assert_samples_exactly_once(tmp_path, min_steps=40)
     assert lh2.process.popen.poll() is None
 
 
