@@ -26,7 +26,7 @@ def parse_fault_points(spec: str | None) -> frozenset[tuple[str, int]]:
     points = set()
     for item in spec.split(","):
         name, _, step = item.strip().partition("@")
-        if name not in POINTS or not step.isdigit():
+        if name not in POINTS or not (step.isascii() and step.isdigit()):
             raise OptionsError(
                 f"fault point {item!r} is not point@step with point in {sorted(POINTS)} (e.g. allreduce@5)"
             )

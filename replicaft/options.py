@@ -75,7 +75,7 @@ class ManagerOptions:
     def __post_init__(self) -> None:
         if not self.replica_id:
             raise OptionsError("replica_id is empty; name each replica group (e.g. --replica-id g0)")
-        if ":" not in self.lighthouse:
+        if not _is_host_port(self.lighthouse):
             raise OptionsError(f"lighthouse={self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510)")
         if self.group_world_size < 1 or not 0 <= self.group_rank < self.group_world_size:
             raise OptionsError(
@@ -87,6 +87,10 @@ class ManagerOptions:
                 f"group_world_size={self.group_world_size} needs group_store (host:port of the "
                 "group's TCPStore; torchrun sets MASTER_ADDR and MASTER_PORT)"
             )
+        if self.group_store is not None and not _is_host_port(self.group_store):
+            raise OptionsError(f"group_store={self.group_store!r} is not host:port (e.g. 127.0.0.1:29500)")
+        if self.backend not in (None, "gloo", "nccl"):
+            raise OptionsError(f"backend={self.backend!r}; use 'gloo', 'nccl', or leave it unset to pick by device")
         if self.min_replicas < 1:
             raise OptionsError(f"min_replicas={self.min_replicas}; it must be at least 1")
         for f in ("heartbeat_interval_s", "collective_timeout_s", "quorum_timeout_s", "heal_timeout_s", "connect_timeout_s"):
@@ -139,6 +143,11 @@ class ManagerOptions:
         return cls(**values)
 
 
+def _is_host_port(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    return bool(host) and port.isascii() and port.isdigit() and int(port) <= 65535
+
+
 def _parse(env_name: str, type_name: str, raw: str) -> Any:
     try:
         if type_name.startswith("int"):
@@ -146,6 +155,7 @@ def _parse(env_name: str, type_name: str, raw: str) -> Any:
         if type_name.startswith("float"):
             return float(raw)
     except ValueError:
-        raise OptionsError(f"{env_name}={raw!r} is not a number") from None
+        kind = "an integer" if type_name.startswith("int") else "a number"
+        raise OptionsError(f"{env_name}={raw!r} is not {kind}; set it to {kind} or unset it") from None
     return raw
 

@@ -54,6 +54,8 @@ def flatten(state: Mapping[str, Any]) -> Flat:
             tensors.append(value)
             names.append(path)
             return {_TENSOR: len(tensors) - 1}
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
+            raise StateError(f"state {path}: the integer {value} does not fit in 64 bits; store it as a string")
         if value is None or isinstance(value, (bool, int, float, str, bytes)):
             return value
         if isinstance(value, list):

@@ -25,7 +25,13 @@ import torch
 
 from lighthouse.errors import ProtocolError
 from replicaft.errors import HealError
-from replicaft.transfer.manifest import ByteStripe, Manifest, bad_chunks, chunk_stripes
+from replicaft.transfer.manifest import (
+    MAX_MANIFEST_BYTES,
+    ByteStripe,
+    Manifest,
+    bad_chunks,
+    chunk_stripes,
+)
 from replicaft.transfer.wire import WIRE_VERSION, recv_exact_into, recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
@@ -71,9 +77,16 @@ def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float) 
     with _connect(donor.address, deadline) as sock:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         num_bytes = _request(sock, {"op": "manifest", "step": step}, token, f"manifest from {donor.replica_id}")
+        if num_bytes > MAX_MANIFEST_BYTES:
+            raise ProtocolError(
+                f"donor {donor.replica_id} announced a {num_bytes}-byte manifest; the limit is {MAX_MANIFEST_BYTES}"
+            )
         body = bytearray(num_bytes)
         recv_exact_into(sock, memoryview(body))
-    return Manifest.decode(bytes(body))
+    manifest = Manifest.decode(bytes(body))
+    if manifest.step != step:
+        raise ProtocolError(f"donor {donor.replica_id} sent the manifest of step {manifest.step}; asked for {step}")
+    return manifest
 
 
 @dataclass

@@ -85,15 +85,16 @@ class Manifest:
             o = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as e:
             raise ProtocolError(f"Manifest is not valid msgpack ({type(e).__name__}: {e})") from e
-        if not isinstance(o, dict) or o.get("v") != MANIFEST_VERSION:
-            version = o.get("v") if isinstance(o, dict) else None
-            raise ProtocolError(f"Manifest version {version!r}; this side reads version {MANIFEST_VERSION}")
+        if not isinstance(o, dict):
+            raise ProtocolError(f"Manifest must be a msgpack map, got {type(o).__name__}")
+        if o.get("v") != MANIFEST_VERSION:
+            raise ProtocolError(f"Manifest.v is {o.get('v')!r}; this side reads version {MANIFEST_VERSION}")
         total = check_int(m, "total_bytes", require(o, m, "total_bytes"), 0)
         chunk = check_int(m, "chunk_bytes", require(o, m, "chunk_bytes"), 1)
         raw_tensors = require(o, m, "tensors")
         checksums = require(o, m, "checksums")
         if not isinstance(raw_tensors, list) or len(raw_tensors) > MAX_TENSORS:
-            raise ProtocolError("Manifest.tensors must be a list of at most {MAX_TENSORS} entries")
+            raise ProtocolError(f"Manifest.tensors must be a list of at most {MAX_TENSORS} entries")
         if not isinstance(checksums, list) or len(checksums) != -(-total // chunk):
             raise ProtocolError(f"Manifest.checksums must list one CRC per {chunk}-byte chunk of {total} bytes")
         specs = []

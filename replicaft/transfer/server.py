@@ -52,9 +52,18 @@ class StateServer:
         return f"[{self._host}]:{port}" if family == socket.AF_INET6 else f"{self._host}:{port}"
 
     def stop(self) -> None:
+        """Stop accepting connections (requests already being answered run to completion)."""
         self._closed.set()
         if self._sock is not None:
+            # On Linux, close() alone does not wake a thread blocked in accept(), and the socket
+            # goes on accepting until that call returns; shutdown() wakes it.
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             self._sock.close()
+        if self._thread is not None:
+            self._thread.join(5.0)
 
     def publish(self, snapshot: Snapshot | None) -> None:
         with self._lock:
@@ -83,16 +92,23 @@ class StateServer:
                     request = recv_frame(conn, "state request")
                 except ConnectionError:
                     return
+                except ProtocolError as e:
+                    # An oversized or undecodable frame is answered like a bad request.
+                    self._reject(conn, peer, e)
+                    return
                 try:
                     self._answer(conn, request)
                 except ProtocolError as e:
-                    logger.warning("state server: rejected a request from %s: %s", peer, e)
-                    send_frame(conn, {"ok": False, "error": str(e)})
+                    self._reject(conn, peer, e)
                     return
         except (OSError, ProtocolError) as e:
             logger.debug("state server: connection from %s ended: %s", peer, e)
         finally:
             conn.close()
+
+    def _reject(self, conn: socket.socket, peer: object, error: ProtocolError) -> None:
+        logger.warning("state server: rejected a request from %s: %s", peer, error)
+        send_frame(conn, {"ok": False, "error": str(error)})
 
     def _answer(self, conn: socket.socket, request: dict) -> None:
         m = "StateRequest"

@@ -6,10 +6,12 @@ never waits for a transfer; the same buffer can feed a persistent checkpoint wri
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
+from replicaft.errors import StateError
 from replicaft.state import DTYPES, Flat, tensor_bytes
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
 
@@ -45,12 +47,22 @@ class Snapshot:
 
 
 def tensors_from_buffer(buffer: torch.Tensor, manifest: Manifest) -> list[torch.Tensor]:
-    """Views of ``buffer`` shaped as the manifest's tensors (no copy)."""
+    """Views of ``buffer`` shaped as the manifest's tensors (no copy).
+
+    The manifest came off the wire: a spec whose dtype, shape and byte count disagree raises
+    StateError naming the tensor rather than a torch error from inside ``view``.
+    """
     out = []
     for spec in manifest.tensors:
         dtype = DTYPES.get(spec.dtype)
         if dtype is None:
-            raise ValueError(f"manifest tensor {spec.name} has unknown dtype {spec.dtype!r}")
+            raise StateError(f"manifest tensor {spec.name} has unknown dtype {spec.dtype!r}; known: {sorted(DTYPES)}")
+        expected = math.prod(spec.shape) * dtype.itemsize
+        if spec.num_bytes != expected or spec.offset % dtype.itemsize:
+            raise StateError(
+                f"manifest tensor {spec.name}: {spec.num_bytes} bytes at offset {spec.offset} cannot hold "
+                f"{spec.dtype} of shape {list(spec.shape)} ({expected} bytes at a multiple of {dtype.itemsize})"
+            )
         raw = buffer[spec.offset : spec.offset + spec.num_bytes]
         out.append(raw.view(dtype).reshape(spec.shape))
     return out

@@ -1,0 +1,183 @@
+"""ManagerOptions (replicaft/options.py): checked once when built; from_env in one place.
+
+(tests/test_options.py covers the lighthouse's options.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from replicaft.errors import OptionsError
+from replicaft.options import ManagerOptions
+
+REQUIRED = {"lighthouse": "127.0.0.1:29510", "replica_id": "g0"}
+
+
+def build(**fields: Any) -> ManagerOptions:
+    return ManagerOptions(**{**REQUIRED, **fields})
+
+
+def test_defaults_are_valid_single_rank_loopback() -> None:
+    options = build()
+    assert (options.group_rank, options.group_world_size, options.host) == (0, 1, "127.0.0.1")
+    assert options.heartbeat_interval_s < options.collective_timeout_s < options.quorum_timeout_s
+    assert options.heal_timeout_s < options.quorum_timeout_s
+
+
+@pytest.mark.parametrize(
+    ("fields", "names", "fix"),
+    [
+        pytest.param({"replica_id": ""}, "replica_id is empty", "e.g. --replica-id g0", id="empty_replica_id"),
+        pytest.param({"lighthouse": "localhost"}, "lighthouse='localhost'", "host:port (e.g. 127.0.0.1:29510)", id="no_port"),
+        pytest.param({"lighthouse": "localhost:"}, "lighthouse='localhost:'", "host:port", id="empty_port"),
+        pytest.param({"lighthouse": ":29510"}, "lighthouse=':29510'", "host:port", id="empty_host"),
+        pytest.param({"lighthouse": "host:http"}, "lighthouse='host:http'", "host:port", id="port_not_a_number"),
+        pytest.param({"lighthouse": "host:70000"}, "lighthouse='host:70000'", "host:port", id="port_too_big"),
+        pytest.param({"group_rank": 2, "group_world_size": 2, "group_store": "h:1"}, "group_rank=2 with group_world_size=2",
+                     "need 0 <= group_rank < group_world_size", id="rank_past_world"),
+        pytest.param({"group_rank": -1}, "group_rank=-1", "need 0 <= group_rank", id="negative_rank"),
+        pytest.param({"group_world_size": 0}, "group_world_size=0", "need 0 <= group_rank < group_world_size", id="empty_world"),
+        pytest.param({"group_world_size": 2}, "group_world_size=2 needs group_store", "MASTER_ADDR and MASTER_PORT",
+                     id="world_without_store"),
+        pytest.param({"group_store": "store"}, "group_store='store'", "host:port (e.g. 127.0.0.1:29500)", id="store_without_port"),
+        pytest.param({"backend": "mpi"}, "backend='mpi'", "use 'gloo', 'nccl', or leave it unset", id="unknown_backend"),
+        pytest.param({"min_replicas": 0}, "min_replicas=0", "at least 1", id="min_replicas_zero"),
+        pytest.param({"heartbeat_interval_s": 0.0}, "heartbeat_interval_s=0.0", "must be positive", id="heartbeat_zero"),
+        pytest.param({"connect_timeout_s": -1.0}, "connect_timeout_s=-1.0", "must be positive", id="connect_negative"),
+        pytest.param({"heal_timeout_s": float("nan")}, "heal_timeout_s=nan", "must be positive", id="heal_nan"),
+        pytest.param({"collective_timeout_s": 0.1}, "collective_timeout_s=0.1 is not above heartbeat_interval_s=0.1",
+                     "raise collective_timeout_s", id="collective_not_above_heartbeat"),
+        pytest.param({"collective_timeout_s": 60.0}, "quorum_timeout_s=60.0 is not above collective_timeout_s=60.0",
+                     "set quorum_timeout_s above 60.0", id="quorum_not_above_collective"),
+        pytest.param({"heal_timeout_s": 90.0}, "quorum_timeout_s=60.0 is not above heal_timeout_s=90.0",
+                     "set quorum_timeout_s above 90.0", id="quorum_not_above_heal"),
+        pytest.param({"max_quorum_failures": 0}, "max_quorum_failures=0", "at least 1", id="no_quorum_failures"),
+        pytest.param({"digest_every_steps": -1}, "digest_every_steps=-1", "use 0 (off) or more", id="negative_digest_interval"),
+        pytest.param({"fault_points": "boom@1"}, "fault point 'boom@1'", "e.g. allreduce@5", id="bad_fault_point"),
+    ],
+)
+def test_invalid_option_rejected_naming_the_field_and_the_fix(fields: dict[str, Any], names: str, fix: str) -> None:
+    with pytest.raises(OptionsError) as raised:
+        build(**fields)
+    assert names in str(raised.value)
+    assert fix in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"lighthouse": "[::1]:29510"}, id="ipv6_lighthouse"),
+        pytest.param({"lighthouse": "lighthouse.internal:1"}, id="hostname_lighthouse"),
+        pytest.param({"group_rank": 3, "group_world_size": 4, "group_store": "10.0.0.1:29500"}, id="last_rank"),
+        pytest.param({"backend": "gloo", "digest_every_steps": 0, "fault_points": "heal@0,commit@3"}, id="chaos_run"),
+        pytest.param({"quorum_timeout_s": 5.0, "collective_timeout_s": 1.0, "heal_timeout_s": 4.0,
+                      "heartbeat_interval_s": 0.05}, id="tight_timeouts"),
+    ],
+)
+def test_valid_options_accepted(fields: dict[str, Any]) -> None:
+    assert build(**fields) is not None
+
+
+def test_from_env_reads_every_replicaft_variable() -> None:
+    env = {
+        "REPLICAFT_LIGHTHOUSE": "10.0.0.9:29510",
+        "REPLICAFT_REPLICA_ID": "g3",
+        "REPLICAFT_MIN_REPLICAS": "2",
+        "REPLICAFT_HOST": "10.0.0.3",
+        "REPLICAFT_TOKEN": "s3cret",
+        "REPLICAFT_BACKEND": "gloo",
+        "REPLICAFT_QUORUM_TIMEOUT_S": "90",
+        "REPLICAFT_HEAL_TIMEOUT_S": "45.5",
+        "REPLICAFT_EVENTS_DIR": "/tmp/events",
+        "REPLICAFT_DIGEST_EVERY_STEPS": "0",
+        "REPLICAFT_SEED": "1234",
+        "REPLICAFT_FAULT_POINTS": "allreduce@5",
+    }
+    options = ManagerOptions.from_env(env)
+    assert options == ManagerOptions(
+        lighthouse="10.0.0.9:29510", replica_id="g3", min_replicas=2, host="10.0.0.3", token="s3cret",
+        backend="gloo", quorum_timeout_s=90.0, heal_timeout_s=45.5, events_dir="/tmp/events",
+        digest_every_steps=0, seed=1234, fault_points="allreduce@5",
+    )
+    assert isinstance(options.quorum_timeout_s, float) and isinstance(options.min_replicas, int)
+
+
+def test_from_env_reads_torchrun_rank_world_size_and_store() -> None:
+    env = {**{f"REPLICAFT_{k.upper()}": v for k, v in REQUIRED.items()},
+           "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    options = ManagerOptions.from_env(env)
+    assert (options.group_rank, options.group_world_size, options.group_store) == (1, 2, "10.0.0.1:29500")
+
+
+def test_from_env_replicaft_variables_win_over_torchrun_ones() -> None:
+    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
+           "REPLICAFT_GROUP_RANK": "0", "REPLICAFT_GROUP_WORLD_SIZE": "3", "REPLICAFT_GROUP_STORE": "store:1"}
+    options = ManagerOptions.from_env(env, **REQUIRED)
+    assert (options.group_rank, options.group_world_size, options.group_store) == (0, 3, "store:1")
+
+
+def test_from_env_master_addr_without_port_sets_no_store() -> None:
+    options = ManagerOptions.from_env({"MASTER_ADDR": "10.0.0.1"}, **REQUIRED)
+    assert options.group_store is None
+
+
+def test_from_env_explicit_arguments_win_over_the_environment() -> None:
+    env = {"REPLICAFT_LIGHTHOUSE": "env:1", "REPLICAFT_REPLICA_ID": "from-env", "REPLICAFT_SEED": "7",
+           "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
+    options = ManagerOptions.from_env(env, lighthouse="arg:2", replica_id="from-arg", seed=8, group_rank=0, group_world_size=1)
+    assert (options.lighthouse, options.replica_id, options.seed) == ("arg:2", "from-arg", 8)
+    assert (options.group_rank, options.group_world_size) == (0, 1)
+
+
+def test_from_env_explicit_none_leaves_the_environment_value() -> None:
+    options = ManagerOptions.from_env({"REPLICAFT_TOKEN": "t"}, token=None, **REQUIRED)
+    assert options.token == "t"
+
+
+def test_from_env_ignores_unrelated_variables() -> None:
+    options = ManagerOptions.from_env({"REPLICAFT": "x", "LOCAL_RANK": "3", "TOKEN": "t"}, **REQUIRED)
+    assert options == build()
+
+
+def test_from_env_reads_os_environ_when_given_no_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REPLICAFT_LIGHTHOUSE", "127.0.0.1:1")
+    monkeypatch.setenv("REPLICAFT_REPLICA_ID", "from-os")
+    assert ManagerOptions.from_env().replica_id == "from-os"
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        pytest.param({"REPLICAFT_REPLICA_ID": "g0"}, "lighthouse is not set; pass it or set REPLICAFT_LIGHTHOUSE", id="lighthouse"),
+        pytest.param({"REPLICAFT_LIGHTHOUSE": "h:1"}, "replica_id is not set; pass it or set REPLICAFT_REPLICA_ID", id="replica_id"),
+    ],
+)
+def test_from_env_missing_required_field_says_how_to_set_it(env: dict[str, str], message: str) -> None:
+    with pytest.raises(OptionsError, match=message):
+        ManagerOptions.from_env(env)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        pytest.param("REPLICAFT_MIN_REPLICAS", "two", "REPLICAFT_MIN_REPLICAS='two' is not an integer", id="word"),
+        pytest.param("REPLICAFT_SEED", "1.5", "REPLICAFT_SEED='1.5' is not an integer", id="float_for_int"),
+        pytest.param("REPLICAFT_QUORUM_TIMEOUT_S", "60s", "REPLICAFT_QUORUM_TIMEOUT_S='60s' is not a number", id="unit_suffix"),
+        pytest.param("REPLICAFT_HEAL_TIMEOUT_S", "", "REPLICAFT_HEAL_TIMEOUT_S='' is not a number", id="empty"),
+        pytest.param("RANK", "zero", "RANK='zero' is not an integer", id="torchrun_rank"),
+        pytest.param("WORLD_SIZE", "", "WORLD_SIZE='' is not an integer", id="torchrun_world_size"),
+    ],
+)
+def test_from_env_bad_number_names_the_variable_and_value(name: str, raw: str, message: str) -> None:
+    with pytest.raises(OptionsError) as raised:
+        ManagerOptions.from_env({name: raw}, **REQUIRED)
+    assert str(raised.value).startswith(message)
+    assert "set it to" in str(raised.value)
+
+
+def test_from_env_values_are_validated_like_arguments() -> None:
+    with pytest.raises(OptionsError, match="quorum_timeout_s=10.0 is not above collective_timeout_s=10.0"):
+        ManagerOptions.from_env({"REPLICAFT_QUORUM_TIMEOUT_S": "10"}, **REQUIRED)
+

@@ -1,0 +1,473 @@
+"""The heal transfer over real sockets (replicaft/transfer/): snapshot, state server, fetch_state.
+
+State servers run in this process (they are plain TCP servers on threads); the "donor killed
+mid-transfer" case runs the donor as a real process (tests/transfer_donor.py) and SIGKILLs it
+while a healer is part-way through receiving a range from it.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+import msgpack
+import pytest
+import torch
+from conftest import REPO_ROOT, spawn_python
+from transfer_donor import build_snapshot
+
+from lighthouse.errors import ProtocolError
+from replicaft.errors import HealError, StateError
+from replicaft.state import flatten, unflatten
+from replicaft.transfer.client import Donor, fetch_manifest, fetch_state
+from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec
+from replicaft.transfer.server import RangeHook, StateServer
+from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
+from replicaft.transfer.wire import MAX_FRAME_BYTES, WIRE_VERSION, recv_frame, send_frame
+
+STEP = 5
+CHUNK = 64 * 1024
+TOKEN = "s3cret-token"
+DEADLINE_S = 20.0
+
+
+def sample_state(num_floats: int = 300_000, seed: int = 0) -> dict[str, Any]:
+    generator = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"w": torch.randn(num_floats, generator=generator), "b": torch.randn(7, generator=generator)},
+        "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(1000, generator=generator)}},
+                      "param_groups": [{"betas": (0.9, 0.95), "lr": 1e-3, "params": [0]}]},
+        "buffers": {"count": torch.tensor(17, dtype=torch.int64), "mask": torch.rand(333, generator=generator) > 0.5},
+        "step": STEP,
+        "cursor": 4096,
+    }
+
+
+def sample_snapshot(seed: int = 0, step: int = STEP, replica_id: str = "donor") -> Snapshot:
+    return Snapshot.capture(flatten(sample_state(seed=seed)), step=step, quorum_id=1, replica_id=replica_id, chunk_bytes=CHUNK)
+
+
+@contextmanager
+def serving(
+    snapshot: Snapshot | None, *, token: str | None = None, fault_hook: RangeHook | None = None
+) -> Iterator[tuple[StateServer, str]]:
+    """A StateServer publishing ``snapshot``, and its address; stopped on exit."""
+    server = StateServer("127.0.0.1", token, fault_hook=fault_hook)
+    address = server.start()
+    server.publish(snapshot)
+    try:
+        yield server, address
+    finally:
+        server.stop()
+
+
+@contextmanager
+def donors(*specs: tuple[str, Snapshot | None, RangeHook | None], token: str | None = None) -> Iterator[list[Donor]]:
+    """One in-process StateServer per (replica_id, snapshot, fault_hook)."""
+    with ExitStack() as stack:
+        yield [
+            Donor(rid, stack.enter_context(serving(snap, token=token, fault_hook=hook))[1]) for rid, snap, hook in specs
+        ]
+
+
+def flip_one_byte(start: int, stop: int, data: memoryview) -> memoryview:
+    altered = bytearray(data)
+    altered[len(altered) // 2] ^= 0x10
+    return memoryview(altered)
+
+
+def assert_same_buffer(result_buffer: torch.Tensor, snapshot: Snapshot) -> None:
+    assert result_buffer.dtype == torch.uint8
+    assert torch.equal(result_buffer, snapshot.buffer)
+
+
+# -- snapshot -------------------------------------------------------------------------------
+
+
+def test_snapshot_of_every_dtype_reads_back_bitwise() -> None:
+    state = {
+        "f64": torch.randn(3, 2, dtype=torch.float64), "f16": torch.randn(5, dtype=torch.float16),
+        "bf16": torch.randn(5, dtype=torch.bfloat16), "i8": torch.tensor([-1, 2, 3], dtype=torch.int8),
+        "u8": torch.tensor([255, 0], dtype=torch.uint8), "b": torch.tensor([True, False, True]),
+        "c128": torch.tensor([1 + 1j, 2 - 3j], dtype=torch.complex128), "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 4), "strided": torch.arange(20.0).reshape(4, 5).t(),
+    }
+    flat = flatten(state)
+    snapshot = Snapshot.capture(flat, step=2, quorum_id=9, replica_id="g0", chunk_bytes=256)
+    assert snapshot.manifest.total_bytes == snapshot.buffer.numel()
+    assert all(spec.offset % 64 == 0 for spec in snapshot.manifest.tensors)
+    restored = unflatten(flat.skeleton, tensors_from_buffer(snapshot.buffer.clone(), snapshot.manifest))
+    for name, tensor in state.items():
+        assert restored[name].dtype == tensor.dtype and restored[name].shape == tensor.shape, name
+        assert torch.equal(restored[name], tensor), name
+
+
+def test_snapshot_is_a_copy_unaffected_by_later_training() -> None:
+    state = {"w": torch.zeros(1000)}
+    snapshot = Snapshot.capture(flatten(state), step=1, quorum_id=1, replica_id="g0", chunk_bytes=CHUNK)
+    state["w"].add_(1.0)
+    assert torch.equal(tensors_from_buffer(snapshot.buffer, snapshot.manifest)[0], torch.zeros(1000))
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        pytest.param(TensorSpec("state.w", "float128", (2,), 0, 32), "state.w has unknown dtype 'float128'", id="unknown_dtype"),
+        pytest.param(TensorSpec("state.w", "float32", (3,), 0, 8), "state.w: 8 bytes at offset 0 cannot hold float32 of shape [3]",
+                     id="too_few_bytes"),
+        pytest.param(TensorSpec("state.w", "float32", (2,), 2, 8), "state.w: 8 bytes at offset 2", id="misaligned"),
+    ],
+)
+def test_tensors_from_buffer_rejects_inconsistent_spec_naming_the_tensor(spec: TensorSpec, message: str) -> None:
+    manifest = Manifest(1, 1, "g0", None, (spec,), 64, 64, (0,))
+    with pytest.raises(StateError) as raised:
+        tensors_from_buffer(torch.zeros(64, dtype=torch.uint8), manifest)
+    assert message in str(raised.value)
+
+
+# -- fetch_state ----------------------------------------------------------------------------
+
+
+def test_two_donor_striped_fetch_is_bitwise_equal_and_uses_both_donors() -> None:
+    snapshot = sample_snapshot()
+    with donors(("a", snapshot, None), ("b", sample_snapshot(replica_id="b"), None)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+    assert_same_buffer(result.buffer, snapshot)
+    assert result.manifest.same_state_as(snapshot.manifest)
+    assert set(result.bytes_by_donor) == {"a", "b"}
+    assert all(n > 0 for n in result.bytes_by_donor.values())
+    assert sum(result.bytes_by_donor.values()) == snapshot.manifest.total_bytes
+    assert result.refetched_stripes == 0
+    restored = unflatten(result.manifest.skeleton, tensors_from_buffer(result.buffer, result.manifest))
+    assert torch.equal(restored["model"]["w"], sample_state()["model"]["w"])
+    assert restored["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)
+
+
+def test_fetch_with_matching_token_succeeds_for_any_healer_index() -> None:
+    snapshot = sample_snapshot()
+    with donors(("a", snapshot, None), ("b", snapshot, None), ("c", snapshot, None), token=TOKEN) as ds:
+        for healer_index in range(3):
+            result = fetch_state(ds, STEP, token=TOKEN, timeout_s=DEADLINE_S, healer_index=healer_index)
+            assert_same_buffer(result.buffer, snapshot)
+            assert set(result.bytes_by_donor) == {"a", "b", "c"}
+
+
+@pytest.mark.parametrize("token", [None, "wrong"])
+def test_fetch_with_missing_or_wrong_token_fails_with_heal_error(token: str | None) -> None:
+    with donors(("a", sample_snapshot(), None), token=TOKEN) as ds:
+        with pytest.raises(HealError, match=r"no donor of \['a'\] served the manifest of step 5"):
+            fetch_state(ds, STEP, token=token, timeout_s=DEADLINE_S)
+
+
+def test_byte_flipped_by_one_donor_is_detected_and_refetched_from_the_other() -> None:
+    snapshot = sample_snapshot()
+    with donors(("good", snapshot, None), ("flipper", snapshot, flip_one_byte)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+    assert_same_buffer(result.buffer, snapshot)
+    assert result.refetched_stripes > 0
+    assert result.bytes_by_donor == {"good": snapshot.manifest.total_bytes}
+
+
+def test_byte_flipped_by_the_only_donor_fails_with_heal_error() -> None:
+    with donors(("flipper", sample_snapshot(), flip_one_byte)) as ds:
+        with pytest.raises(HealError) as raised:
+            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+    message = str(raised.value)
+    assert "heal of step 5 failed" in message and "failed on every donor" in message
+    assert "fail their checksum" in message
+
+
+def test_donor_stopped_between_manifest_and_ranges_is_replaced_by_the_other() -> None:
+    snapshot = sample_snapshot()
+    servers: list[StateServer] = []
+
+    def stop_and_drop_the_connection(start: int, stop: int, data: memoryview) -> memoryview:
+        servers[0].stop()
+        raise ConnectionResetError("the donor went away")
+
+    with serving(snapshot) as (_, alive), serving(snapshot, fault_hook=stop_and_drop_the_connection) as (dying, address):
+        servers.append(dying)
+        result = fetch_state([Donor("alive", alive), Donor("dying", address)], STEP, token=None, timeout_s=DEADLINE_S)
+    assert_same_buffer(result.buffer, snapshot)
+    assert result.refetched_stripes >= 1
+    assert result.bytes_by_donor == {"alive": snapshot.manifest.total_bytes}
+
+
+def test_stopped_server_refuses_new_connections() -> None:
+    server = StateServer("127.0.0.1")
+    host, port = server.start().rsplit(":", 1)
+    server.publish(sample_snapshot())
+    server.stop()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection((host, int(port)), timeout=5).close()
+
+
+def test_donor_killed_mid_transfer_healer_completes_from_the_other() -> None:
+    num_bytes, step = 64 * 1024 * 1024, 11
+    process = spawn_python(str(REPO_ROOT / "tests" / "transfer_donor.py"), "--num-bytes", str(num_bytes),
+                           "--step", str(step), "--stall-mid-send", name="transfer-donor")
+    snapshot = build_snapshot(num_bytes, step, "in-process")
+    _, serving_line = process.wait_for_json(lambda o: o.get("event") == "serving", 60.0, what="its address")
+    with donors(("in-process", snapshot, None)) as (local,), ThreadPoolExecutor(1) as pool:
+        remote = Donor("subprocess", serving_line["address"])
+        started = time.monotonic()
+        future = pool.submit(fetch_state, [local, remote], step, token=None, timeout_s=60.0)
+        _, mid_send = process.wait_for_json(lambda o: o.get("event") == "mid_send", 60.0, what="a range half sent")
+        assert not future.done()
+        process.kill()
+        result = future.result(timeout=60.0)
+    assert process.popen.returncode < 0
+    assert_same_buffer(result.buffer, snapshot)
+    assert result.refetched_stripes >= 1
+    assert result.bytes_by_donor == {"in-process": snapshot.manifest.total_bytes}
+    assert 0 < mid_send["sent"] < mid_send["stop"] - mid_send["start"]
+    assert time.monotonic() - started < 60.0
+
+
+def test_stalled_only_donor_fails_with_heal_error_within_the_timeout() -> None:
+    release = threading.Event()
+
+    def stall(start: int, stop: int, data: memoryview) -> memoryview:
+        release.wait(30.0)
+        return data
+
+    try:
+        with donors(("stalled", sample_snapshot(), stall)) as ds:
+            started = time.monotonic()
+            with pytest.raises(HealError, match="failed on every donor"):
+                fetch_state(ds, STEP, token=None, timeout_s=1.0)
+            assert time.monotonic() - started < 10.0
+    finally:
+        release.set()
+
+
+def test_minority_donor_with_other_bytes_is_not_used() -> None:
+    snapshot = sample_snapshot(seed=0)
+    with donors(("a", snapshot, None), ("odd", sample_snapshot(seed=1), None), ("b", snapshot, None)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+    assert_same_buffer(result.buffer, snapshot)
+    assert set(result.bytes_by_donor) == {"a", "b"}
+
+
+def test_donor_serving_another_step_is_skipped() -> None:
+    snapshot = sample_snapshot()
+    with donors(("behind", sample_snapshot(step=STEP - 1), None), ("current", snapshot, None), ("empty", None, None)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+    assert_same_buffer(result.buffer, snapshot)
+    assert set(result.bytes_by_donor) == {"current"}
+
+
+def ipv6_loopback_available() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as sock:
+            sock.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback_available(), reason="no IPv6 loopback here")
+def test_fetch_over_ipv6_loopback_uses_a_bracketed_address() -> None:
+    snapshot = sample_snapshot()
+    server = StateServer("::1")
+    address = server.start()
+    try:
+        server.publish(snapshot)
+        assert address.startswith("[::1]:")
+        result = fetch_state([Donor("v6", address)], STEP, token=None, timeout_s=DEADLINE_S)
+    finally:
+        server.stop()
+    assert_same_buffer(result.buffer, snapshot)
+
+
+def test_no_donors_fails_with_heal_error() -> None:
+    with pytest.raises(HealError, match="no donor to heal step 5 from"):
+        fetch_state([], STEP, token=None, timeout_s=1.0)
+
+
+def test_unreachable_donors_fail_with_heal_error() -> None:
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{unused.getsockname()[1]}"
+        with pytest.raises(HealError, match=r"no donor of \['x'\] served the manifest"):
+            fetch_state([Donor("x", address)], STEP, token=None, timeout_s=2.0)
+
+
+def test_empty_state_fetches_as_an_empty_buffer() -> None:
+    snapshot = Snapshot.capture(flatten({"step": 3}), step=STEP, quorum_id=1, replica_id="a", chunk_bytes=CHUNK)
+    with donors(("a", snapshot, None)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+    assert result.buffer.numel() == 0
+    assert unflatten(result.manifest.skeleton, []) == {"step": 3}
+
+
+# -- a hostile donor, seen by the client ----------------------------------------------------
+
+
+@contextmanager
+def scripted_donor(reply: Callable[[dict[str, Any]], tuple[dict[str, Any], bytes]]) -> Iterator[Donor]:
+    """A fake donor on a real socket: answers each request with ``reply(request)``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(10.0)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            try:
+                frame, raw = reply(recv_frame(conn, "test request"))
+                send_frame(conn, frame)
+                conn.sendall(raw)
+                conn.recv(1)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield Donor("scripted", f"127.0.0.1:{listener.getsockname()[1]}")
+    finally:
+        listener.close()
+        thread.join(10.0)
+
+
+def test_client_refuses_an_oversized_manifest_before_allocating_it() -> None:
+    with scripted_donor(lambda request: ({"ok": True, "num_bytes": MAX_MANIFEST_BYTES + 1}, b"")) as donor:
+        with pytest.raises(ProtocolError, match=f"donor scripted announced a {MAX_MANIFEST_BYTES + 1}-byte manifest"):
+            fetch_manifest(donor, STEP, None, time.monotonic() + 10.0)
+
+
+def test_client_refuses_the_manifest_of_another_step() -> None:
+    body = sample_snapshot(step=STEP + 1).manifest.encode()
+    with scripted_donor(lambda request: ({"ok": True, "num_bytes": len(body)}, body)) as donor:
+        with pytest.raises(ProtocolError, match="donor scripted sent the manifest of step 6; asked for 5"):
+            fetch_manifest(donor, STEP, None, time.monotonic() + 10.0)
+
+
+def test_client_reports_the_donors_error_frame() -> None:
+    with scripted_donor(lambda request: ({"ok": False, "error": "busy"}, b"")) as donor:
+        with pytest.raises(ProtocolError, match="manifest from scripted refused: busy"):
+            fetch_manifest(donor, STEP, None, time.monotonic() + 10.0)
+
+
+# -- hostile input to the state server ------------------------------------------------------
+
+
+def frame(body: Any) -> bytes:
+    data = msgpack.packb(body, use_bin_type=True)
+    return struct.pack(">I", len(data)) + data
+
+
+def request(**fields: Any) -> bytes:
+    return frame({"v": WIRE_VERSION, "token": TOKEN, "op": "range", "step": STEP, "start": 0, "stop": 64, **fields})
+
+
+def without(field: str) -> bytes:
+    body = {"v": WIRE_VERSION, "token": TOKEN, "op": "range", "step": STEP, "start": 0, "stop": 64}
+    del body[field]
+    return frame(body)
+
+
+@pytest.fixture(scope="module")
+def guarded_server() -> Iterator[tuple[str, int, Snapshot]]:
+    snapshot = sample_snapshot()
+    with serving(snapshot, token=TOKEN) as (_, address):
+        host, port = address.rsplit(":", 1)
+        yield host, int(port), snapshot
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        pytest.param(struct.pack(">I", MAX_FRAME_BYTES + 1), f"state request frame is {MAX_FRAME_BYTES + 1} bytes; the limit is {MAX_FRAME_BYTES}",
+                     id="oversized_frame_header"),
+        pytest.param(struct.pack(">I", 2**32 - 1) + b"x" * 1000, "state request frame is 4294967295 bytes", id="oversized_with_body"),
+        pytest.param(b"\x00\x00\x00\x04\xc1\xc1\xc1\xc1", "state request frame is not valid msgpack", id="garbage_bytes"),
+        pytest.param(frame([1, 2, 3]), "state request frame must be a msgpack map, got list", id="not_a_map"),
+        pytest.param(frame({1: 2}), "state request frame is not valid msgpack", id="int_keys"),
+        pytest.param(request(v=2), "StateRequest speaks version 2; this server speaks 1", id="wrong_version"),
+        pytest.param(without("v"), "StateRequest speaks version None", id="missing_version"),
+        pytest.param(request(token="guess"), "StateRequest: wrong token", id="wrong_token"),
+        pytest.param(request(token=TOKEN + "x"), "StateRequest: wrong token", id="token_with_suffix"),
+        pytest.param(request(token=12345), "StateRequest: wrong token", id="token_not_a_string"),
+        pytest.param(request(token=None), "StateRequest: missing token", id="null_token"),
+        pytest.param(without("token"), "StateRequest: missing token", id="missing_token"),
+        pytest.param(request(op="delete"), "StateRequest.op is 'delete'; expected 'manifest' or 'range'", id="unknown_op"),
+        pytest.param(without("op"), "StateRequest.op is missing", id="missing_op"),
+        pytest.param(request(op=["range"]), "StateRequest.op is list", id="op_not_a_string"),
+        pytest.param(request(step=4), "StateRequest: step 4 is not served here (serving: 5)", id="wrong_step"),
+        pytest.param(request(step="5"), "StateRequest.step is str '5'; expected an integer", id="step_not_an_int"),
+        pytest.param(request(step=-1), "StateRequest.step is -1", id="negative_step"),
+        pytest.param(request(start=128, stop=64), "StateRequest.stop is 64; expected 128 <= stop <=", id="start_after_stop"),
+        pytest.param(request(stop=2**40), "StateRequest.stop is 1099511627776; expected 0 <= stop <=", id="stop_past_total"),
+        pytest.param(request(start=-64), "StateRequest.start is -64", id="negative_start"),
+        pytest.param(request(start=1.5), "StateRequest.start is float", id="float_start"),
+        pytest.param(without("stop"), "StateRequest.stop is missing", id="missing_stop"),
+    ],
+)
+def test_hostile_request_gets_an_error_frame_and_the_server_keeps_serving(
+    guarded_server: tuple[str, int, Snapshot], raw: bytes, message: str
+) -> None:
+    host, port, snapshot = guarded_server
+    with socket.create_connection((host, port), timeout=10.0) as sock:
+        sock.sendall(raw)
+        reply = recv_frame(sock, "reply")
+        assert reply["ok"] is False
+        assert message in reply["error"]
+        assert connection_closed(sock)
+    assert_server_still_serves(host, port, snapshot)
+
+
+def test_client_hanging_up_mid_frame_does_not_disturb_the_server(guarded_server: tuple[str, int, Snapshot]) -> None:
+    host, port, snapshot = guarded_server
+    for partial in (b"\x00", b"\x00\x00\x00\x20", request()[:10]):
+        with socket.create_connection((host, port), timeout=10.0) as sock:
+            sock.sendall(partial)
+    assert_server_still_serves(host, port, snapshot)
+
+
+def test_one_connection_serves_many_requests(guarded_server: tuple[str, int, Snapshot]) -> None:
+    host, port, snapshot = guarded_server
+    with socket.create_connection((host, port), timeout=10.0) as sock:
+        for start, stop in ((0, 64), (64, 64), (100, 1000), (snapshot.manifest.total_bytes - 3, snapshot.manifest.total_bytes)):
+            sock.sendall(request(start=start, stop=stop))
+            assert recv_frame(sock, "reply") == {"ok": True, "num_bytes": stop - start}
+            assert recv_all(sock, stop - start) == bytes(snapshot.buffer[start:stop].numpy())
+
+
+def test_unpublished_server_says_it_serves_no_step() -> None:
+    with serving(None) as (_, address):
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10.0) as sock:
+            sock.sendall(frame({"v": WIRE_VERSION, "op": "manifest", "step": STEP}))
+            reply = recv_frame(sock, "reply")
+    assert reply == {"ok": False, "error": "StateRequest: step 5 is not served here (serving: None)"}
+
+
+def recv_all(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        piece = sock.recv(n - len(out))
+        assert piece, "connection closed early"
+        out += piece
+    return bytes(out)
+
+
+def connection_closed(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def assert_server_still_serves(host: str, port: int, snapshot: Snapshot) -> None:
+    manifest = fetch_manifest(Donor("guarded", f"{host}:{port}"), STEP, TOKEN, time.monotonic() + 10.0)
+    assert manifest == snapshot.manifest
