@@ -342,7 +342,12 @@ class Manager:
             self._apply_heal()
         ok = self._error is None and plan is not None and plan.num_replicas >= self.options.min_replicas
         if plan is not None and not self._pg.broken:
-            ok = self._reduce_ok_flag(ok)
+            # A healer contributed zeros, so its own failure (a heal that did not verify)
+            # taints nobody's update: it must not veto the donors' commit. It still votes no
+            # locally, stays behind, and heals again at the next quorum.
+            healer_only_failure = plan.healing and isinstance(self._error, HealError)
+            shared_ok = self._reduce_ok_flag(ok or healer_only_failure)
+            ok = ok and shared_ok
         reason = "" if ok else str(self._error or "fewer groups than min_replicas")
         decision = self._vote(plan, ok, reason)
         reached(self._faults, "commit", self._step)
