@@ -126,7 +126,7 @@ class ManagerOptions:
         types = {f.name: f.type for f in fields(cls)}
         for name, type_name in types.items():
             raw = env.get(ENV_PREFIX + name.upper())
-            if raw is not None:
+            if raw:  # an empty variable means "unset", as for the lighthouse's token
                 values[name] = _parse(ENV_PREFIX + name.upper(), str(type_name), raw)
         if "RANK" in env and "group_rank" not in values:
             values["group_rank"] = _parse("RANK", "int", env["RANK"])

@@ -162,7 +162,9 @@ def test_group_stopped_others_continue_then_it_rejoins_and_heals(tmp_path: Path)
 
 @pytest.mark.timeout(180)
 def test_killed_group_restarts_heals_and_matches_donors(tmp_path: Path) -> None:
-    lh = start_lighthouse(status=False)
+    # min_replicas=3 holds the survivors in the quorum until g2 is back, however slowly a
+    # loaded machine restarts it, so there is always someone ahead to heal from.
+    lh = start_lighthouse("--min-replicas", "3", status=False)
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "50", "--step-delay", "0.02") for rid in ("g0", "g1", "g2")}
     wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 10, 90, "g2 at step 10")
     groups["g2"].kill()
