@@ -165,7 +165,6 @@ def test_from_env_missing_required_field_says_how_to_set_it(env: dict[str, str],
         pytest.param("REPLICAFT_MIN_REPLICAS", "two", "REPLICAFT_MIN_REPLICAS='two' is not an integer", id="word"),
         pytest.param("REPLICAFT_SEED", "1.5", "REPLICAFT_SEED='1.5' is not an integer", id="float_for_int"),
         pytest.param("REPLICAFT_QUORUM_TIMEOUT_S", "60s", "REPLICAFT_QUORUM_TIMEOUT_S='60s' is not a number", id="unit_suffix"),
-        pytest.param("REPLICAFT_HEAL_TIMEOUT_S", "", "REPLICAFT_HEAL_TIMEOUT_S='' is not a number", id="empty"),
         pytest.param("RANK", "zero", "RANK='zero' is not an integer", id="torchrun_rank"),
         pytest.param("WORLD_SIZE", "", "WORLD_SIZE='' is not an integer", id="torchrun_world_size"),
     ],
@@ -181,3 +180,11 @@ def test_from_env_values_are_validated_like_arguments() -> None:
     with pytest.raises(OptionsError, match="quorum_timeout_s=10.0 is not above collective_timeout_s=10.0"):
         ManagerOptions.from_env({"REPLICAFT_QUORUM_TIMEOUT_S": "10"}, **REQUIRED)
 
+
+
+def test_from_env_empty_variable_means_unset() -> None:
+    options = ManagerOptions.from_env(
+        {"REPLICAFT_LIGHTHOUSE": "127.0.0.1:29510", "REPLICAFT_REPLICA_ID": "g0", "REPLICAFT_TOKEN": "", "REPLICAFT_HEAL_TIMEOUT_S": ""}
+    )
+    assert options.token is None
+    assert options.heal_timeout_s == ManagerOptions(lighthouse="127.0.0.1:29510", replica_id="g0").heal_timeout_s
