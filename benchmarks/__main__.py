@@ -13,6 +13,7 @@ import ast
 import importlib
 import importlib.util
 import sys
+import textwrap
 import traceback
 from pathlib import Path
 
@@ -44,6 +45,8 @@ def run_one(name: str, *, quick: bool, results_dir: Path) -> Path:
     path = write_result(record, results_dir)
     print(f"\n== {name}{' (--quick)' if quick else ''}: {path}")
     print(format_table(record))
+    if record.get("notes"):
+        print(textwrap.fill(record["notes"], width=100))
     return path
 
 
@@ -80,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
                 failed.append(name)
     print(f"summary: {write_summary(args.results_dir)}")
     return 1 if failed else 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
