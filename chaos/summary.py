@@ -1,0 +1,113 @@
+"""The summary of a chaos run: the figures and verdicts that ``summary.json`` holds. Pure.
+
+The keys required by DESIGN.md ("Conventions other tools rely on") are always present:
+``scenario``, ``faults_injected``, ``violations``, ``invariants_checked``, ``hangs``,
+``committed_steps``, ``goodput``, ``goodput_vs_fault_free``, ``recovery_seconds``. The rest
+(per-fault rows, verdict notes, exits) is there so a reader can see why a figure is what it is.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chaos.invariants import NO_HANG, CheckOptions, check_all, final_loss
+from chaos.metrics import goodput, recovery_seconds, rejoin_seconds, summarise
+from chaos.record import RunRecord
+from chaos.timeline import Event, commits, frontier
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    """Figures of a fault-free run of the same scenario, for the ``*_vs_fault_free`` comparisons."""
+
+    goodput: float | None
+    final_loss: float | None
+    out_dir: str
+    committed_steps: int
+    finished: bool
+    """It committed every step; an unfinished reference is no baseline and is not compared with."""
+
+
+def reference_from(record: RunRecord, events: Sequence[Event]) -> Reference:
+    all_commits = commits(events)
+    steps = max((c.step for c in all_commits), default=0)
+    return Reference(goodput(all_commits).value, final_loss(events), str(record.out_dir), steps,
+                     steps >= record.scenario.steps)
+
+
+def _reference_note(reference: Reference | None, target_steps: int) -> str:
+    if reference is None:
+        return "null: no fault-free reference run was made (pass --reference to make one)"
+    if not reference.finished:
+        return (f"null: the fault-free reference run in {reference.out_dir} did not finish "
+                f"({reference.committed_steps} of {target_steps} steps), so it is no baseline")
+    return f"against the fault-free run in {reference.out_dir} (goodput {reference.goodput:.4f})"
+
+
+def build_summary(record: RunRecord, events: Sequence[Event], reference: Reference | None = None) -> dict[str, Any]:
+    """The ``summary.json`` object."""
+    s = record.scenario
+    all_commits = commits(events)
+    baseline = reference if reference is not None and reference.finished else None
+    options = CheckOptions(
+        hang_bound_s=s.hang_bound_s,
+        target_steps=s.steps,
+        reference_final_loss=baseline.final_loss if baseline else None,
+        loss_tolerance=s.loss_tolerance,
+    )
+    verdicts = check_all(events, record.faults, record.exits, options)
+    violations = [v.to_dict() for verdict in verdicts for v in verdict.violations]
+    recovery: dict[str, list[float]] = defaultdict(list)
+    rejoin: dict[str, list[float]] = defaultdict(list)
+    fault_rows = []
+    for f in record.faults:
+        rec, rej = recovery_seconds(all_commits, f), rejoin_seconds(all_commits, f)
+        if rec is not None:
+            recovery[f.kind].append(rec)
+        if rej is not None:
+            rejoin[f.kind].append(rej)
+        fault_rows.append({
+            "kind": f.kind,
+            "target": f.target,
+            "label": f.label,
+            "at_s": round(f.ts - record.started_ts, 3),
+            "step": frontier(all_commits, f.ts),
+            "resumed_at_s": None if f.resumed_ts is None else round(f.resumed_ts - record.started_ts, 3),
+            "recovery_s": None if rec is None else round(rec, 3),
+            "rejoin_s": None if rej is None else round(rej, 3),
+        })
+    gp = goodput(all_commits)
+    ratio = None
+    if baseline is not None and baseline.goodput and gp.value is not None:
+        ratio = round(gp.value / baseline.goodput, 4)
+    summary: dict[str, Any] = {
+        "scenario": s.name,
+        "description": s.description,
+        "out_dir": str(record.out_dir),
+        "started_at": datetime.datetime.fromtimestamp(record.started_ts, datetime.timezone.utc).isoformat(),
+        "wall_seconds": round(record.ended_ts - record.started_ts, 3),
+        "target_steps": s.steps,
+        "committed_steps": max((c.step for c in all_commits), default=0),
+        "faults_injected": dict(sorted(Counter(f.kind for f in record.faults).items())),
+        "faults": fault_rows,
+        "faults_skipped": [{"fault": what, "reason": why} for what, why in record.skipped],
+        "violations": violations,
+        "invariants_checked": [v.invariant for v in verdicts if v.status != "not_checked"],
+        "invariants": [{"invariant": v.invariant, "status": v.status, "note": v.note} for v in verdicts],
+        "hangs": sum(1 for v in violations if v["invariant"] == NO_HANG),
+        "deadline_exceeded": record.deadline_exceeded,
+        "goodput": None if gp.value is None else round(gp.value, 4),
+        "goodput_detail": {"useful_step_seconds": round(gp.useful_s, 3), "window_seconds": round(gp.window_s, 3)},
+        "goodput_vs_fault_free": ratio,
+        "goodput_vs_fault_free_note": _reference_note(reference, s.steps),
+        "recovery_seconds": summarise(recovery),
+        "rejoin_seconds": summarise(rejoin),
+        "restarts": record.restarts,
+        "exits": [x.to_dict() for x in record.exits],
+        "stopped_at_end": list(record.stopped_at_end),
+    }
+    return summary

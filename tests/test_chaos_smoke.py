@@ -1,0 +1,160 @@
+"""The chaos harness: the smoke scenario end to end with real processes and real signals, and the
+harness's own pure pieces (scenario files, event-line recovery, figures, the report page).
+
+The end-to-end test runs ``python -m chaos run smoke`` exactly as a user would: a lighthouse,
+three groups of ``examples/train_ddp.py``, one SIGKILL with restart and one group killing
+itself mid-all-reduce. It must exit 0 with no violations, having injected both faults, and
+leave a self-contained report.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import spawn_python
+
+from chaos.__main__ import main
+from chaos.event_tail import parse_line
+from chaos.metrics import goodput, recovery_seconds, rejoin_seconds
+from chaos.record import LIGHTHOUSE, InjectedFault
+from chaos.report import timeline_svg
+from chaos.scenario import SCENARIO_DIR, ScenarioError, load_scenario, scenario_from_dict
+from chaos.timeline import Commit
+
+SMOKE_DEADLINE_S = 120.0
+"""The scenario's own run_timeout_s (75 s) plus start-up and writing the report."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_smoke_scenario_runs_clean_and_writes_a_report(tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    run = spawn_python("-m", "chaos", "run", "smoke", "--out", str(out), name="chaos-smoke")
+    code = run.wait_exit(SMOKE_DEADLINE_S)
+    assert code == 0, run.output_tail(60)
+
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("scenario", "faults_injected", "violations", "invariants_checked", "hangs", "committed_steps",
+                "goodput", "goodput_vs_fault_free", "recovery_seconds"):
+        assert key in summary, key
+    assert summary["violations"] == []
+    assert summary["faults_injected"] == {"fault_point": 1, "sigkill": 1}, summary["faults_skipped"]
+    assert summary["committed_steps"] == summary["target_steps"] == 40
+    assert {"identical_digests", "monotonic_steps", "no_hang"} <= set(summary["invariants_checked"])
+    assert set(summary["recovery_seconds"]) == {"fault_point", "sigkill"}
+    assert summary["hangs"] == 0
+    assert 0 < summary["goodput"] <= 1
+    assert summary["goodput_vs_fault_free"] is None
+
+    page = (out / "report.html").read_text()
+    assert "<svg" in page and "</svg>" in page and "<polyline" in page
+    assert "<script" not in page and "src=" not in page and "<link" not in page, "the report must load nothing"
+    assert "sigkill" in page and "fault_point" in page
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", sorted(SCENARIO_DIR.glob("*.toml")), ids=lambda p: p.stem)
+def test_every_shipped_scenario_loads(path: Path) -> None:
+    scenario = load_scenario(path.stem)
+    assert scenario.name == path.stem
+    assert scenario.faults
+
+
+def test_demo_has_the_faults_the_readme_promises() -> None:
+    kinds = {f.kind for f in load_scenario("demo").faults}
+    assert {"sigkill", "sigstop", "kill_lighthouse"} <= kinds
+
+
+BAD_SCENARIOS = [
+    ({"name": "x", "stepz": 3}, "unknown keys ['stepz']"),
+    ({"name": "x", "faults": [{"kind": "sigkill", "target": "g1"}]}, "exactly one of at_s"),
+    ({"name": "x", "faults": [{"kind": "sigkill", "target": "g7", "at_step": 2}]}, "target='g7'"),
+    ({"name": "x", "faults": [{"kind": "sigstop", "target": "g1", "at_step": 2}]}, "duration_s"),
+    ({"name": "x", "faults": [{"kind": "fault_point", "target": "g1", "at_s": 2.0, "point": "allreduce"}]}, "use at_step"),
+    ({"name": "x", "faults": [{"kind": "fault_point", "target": "g1", "at_step": 2, "point": "lunch"}]}, "point='lunch'"),
+    ({"name": "x", "faults": [{"kind": "kill_lighthouse", "target": "g1", "at_step": 2}]}, "takes no target"),
+    ({"name": "x", "faults": [{"kind": "meteor", "at_step": 2}]}, "kind 'meteor'"),
+    ({"name": "x", "steps": 10, "faults": [{"kind": "sigkill", "target": "g0", "at_step": 10}]}, "outside the run's steps"),
+    ({"name": "x", "heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0}, "progress_timeout_s=5.0"),
+]
+
+
+@pytest.mark.parametrize(("data", "message"), BAD_SCENARIOS, ids=[m for _, m in BAD_SCENARIOS])
+def test_invalid_scenario_is_rejected_naming_the_field(data: dict[str, object], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
+        scenario_from_dict(data, source="test.toml")
+
+
+def test_fault_points_are_armed_only_for_their_target() -> None:
+    scenario = load_scenario("smoke")
+    assert scenario.fault_points_for("g2") == "allreduce@8"
+    assert scenario.fault_points_for("g0") is None
+
+
+def test_unknown_scenario_exits_2_listing_the_shipped_ones(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["run", "no-such-scenario", "--out", str(tmp_path)]) == 2
+    assert "smoke" in capsys.readouterr().err
+
+
+# -- event lines -----------------------------------------------------------------------------------
+
+def test_event_glued_to_a_truncated_line_is_recovered() -> None:
+    # A SIGKILLed rank left half a line; its restarted process appended its start event to it.
+    line = '{"ts":1.0,"event":"commit","st{"ts":2.0,"event":"start","step":0,"replica_id":"g1","group_rank":0,"pid":7}'
+    event = parse_line(line)
+    assert event is not None and event["event"] == "start" and event["pid"] == 7
+
+
+def test_garbage_line_is_skipped() -> None:
+    assert parse_line('{"ts":1.0,"ev') is None
+
+
+# -- figures ---------------------------------------------------------------------------------------
+
+def c(group: str, step: int, ts: float, step_time_s: float = 1.0, quorum_wait_s: float = 0.0) -> Commit:
+    return Commit(ts=ts, group=group, rank=0, step=step, quorum_id=1, incarnation=1, num_contributors=2,
+                  step_time_s=step_time_s, quorum_wait_s=quorum_wait_s)
+
+
+def test_goodput_of_back_to_back_steps_is_one_and_a_stall_lowers_it() -> None:
+    steady = [c(g, s, float(s)) for s in range(1, 5) for g in ("g0", "g1")]
+    assert goodput(steady).value == pytest.approx(1.0)
+    stalled = [*steady, c("g0", 5, 9.0), c("g1", 5, 9.0)]  # step 5 took 1 s but landed 5 s later
+    assert goodput(stalled).value == pytest.approx(5 / 9)
+
+
+def test_goodput_does_not_count_waiting_for_a_quorum_as_training() -> None:
+    steady = [c(g, s, float(s)) for s in range(1, 5) for g in ("g0", "g1")]
+    # Step 5 waited 4 s for a new quorum after a failure, then trained for 1 s.
+    reformed = [*steady, c("g0", 5, 9.0, step_time_s=5.0, quorum_wait_s=4.0), c("g1", 5, 9.0, step_time_s=5.0, quorum_wait_s=4.0)]
+    assert goodput(reformed).value == pytest.approx(5 / 9)
+
+
+def test_recovery_counts_survivors_only_and_rejoin_starts_when_the_target_is_back() -> None:
+    commits = [c("g1", 3, 10.0), c("g0", 3, 11.5), c("g1", 4, 20.0)]
+    kill = InjectedFault("sigkill", "g1", ts=9.0, resumed_ts=12.0)
+    assert recovery_seconds(commits, kill) == pytest.approx(2.5)
+    assert rejoin_seconds(commits, kill) == pytest.approx(8.0)
+    lighthouse = InjectedFault("kill_lighthouse", LIGHTHOUSE, ts=9.0, resumed_ts=10.5)
+    assert recovery_seconds(commits, lighthouse) == pytest.approx(1.0)
+    assert rejoin_seconds(commits, lighthouse) == pytest.approx(1.0)
+    assert rejoin_seconds(commits, InjectedFault("sigkill", "g1", ts=9.0)) is None
+
+
+def test_recovery_ignores_the_step_in_flight_when_the_fault_hit() -> None:
+    commits = [c("g1", 3, 10.0), c("g0", 3, 10.01), c("g0", 4, 13.0)]
+    assert recovery_seconds(commits, InjectedFault("sigkill", "g1", ts=10.005)) == pytest.approx(2.995)
+
+
+def test_timeline_draws_a_line_per_process_and_marks_faults() -> None:
+    commits = [c("g0", 1, 1.0), c("g0", 2, 2.0), c("g1", 1, 1.0),
+               Commit(ts=5.0, group="g1", rank=0, step=4, quorum_id=2, incarnation=2, num_contributors=2, step_time_s=1.0,
+                      quorum_wait_s=0.0)]
+    svg = timeline_svg(commits, [InjectedFault("sigkill", "g1", 1.5, 3.0, "sigkill g1 at step 1")], t0=0.0, t_end=6.0,
+                       target_steps=4)
+    assert svg.count("<polyline") == 3
+    assert svg.count('stroke-dasharray="5 3"') == 1
+    assert "sigkill g1 at step 1" in svg
