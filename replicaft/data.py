@@ -167,6 +167,15 @@ class ExactlyOnceSampler(StepHooks):
     def on_abort(self) -> None:
         self._share = None
 
+    def capture_step(self) -> int:
+        """How far this step moves the cursor (a healer's own cursor is stale; the advance is not)."""
+        share = self.share()
+        return share.step_stop - share.step_start
+
+    def replay_apply(self, record: int) -> None:
+        self.cursor += record
+        self._share = None
+
     def state_dict(self) -> dict[str, Any]:
         return {"cursor": self.cursor, "dataset_len": self.dataset_len, "seed": self.seed}
 

@@ -156,14 +156,33 @@ class DistributedDataParallel(nn.Module, StepHooks):
 
     def on_commit(self) -> None:
         self._in_step = False
-        if self._buffer_average is None or self._buffer_work is None:
-            return
+        if self._buffer_average is not None and self._buffer_work is not None:
+            self._write_buffers(self._buffer_average)
+
+    def _write_buffers(self, average: torch.Tensor) -> None:
         offset = 0
         with torch.no_grad():
             for _, b in self.module.named_buffers():
                 n = b.numel()
-                b.copy_(self._buffer_average[offset : offset + n].reshape(b.shape).to(b.dtype))
+                b.copy_(average[offset : offset + n].reshape(b.shape).to(b.dtype))
                 offset += n
+
+    def capture_step(self) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """This step's averaged gradients and buffers (copies), for a healer's later replay."""
+        average = self._buffer_average.clone() if self._buffer_average is not None and self._buffer_work is not None else None
+        return [b.buffer.clone() for b in self._buckets], average
+
+    def replay_prepare(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
+        self._attach_grads()
+        for bucket, grads in zip(self._buckets, record[0], strict=True):
+            bucket.buffer.copy_(grads)
+
+    def replay_apply(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
+        if record[1] is not None:
+            self._write_buffers(record[1])
+
+    def restore_step(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
+        self.replay_prepare(record)
 
     def on_abort(self) -> None:
         self._in_step = False

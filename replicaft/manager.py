@@ -42,6 +42,7 @@ import torch.distributed as dist
 from lighthouse.errors import QuorumTimeout
 from lighthouse.plan import StepPlan, plan_step
 from lighthouse.protocol import Notice
+from replicaft.catchup import CatchUp
 from replicaft.errors import GroupError, HealError, StateError
 from replicaft.events import EventLog
 from replicaft.faults import parse_fault_points, reached
@@ -69,11 +70,25 @@ LoadStateDictFn = Callable[[dict[str, Any]], None]
 
 
 class StepHooks:
-    """Callbacks a wrapper registers to act at step boundaries (the DDP wrapper's buffers)."""
+    """Callbacks a wrapper registers to act at step boundaries, and to replay a step.
+
+    ``on_*`` run in the training thread at the start of a step and at its end. The replay
+    methods serve the non-blocking heal (catchup.py): ``capture_step`` returns what this step
+    did to the hook's state (e.g. the averaged gradients), ``replay_prepare`` and then
+    ``replay_apply`` redo a captured step on healed state (prepare sets inputs such as
+    gradients for every hook before any applies), and ``restore_step`` puts back the current
+    step's capture after a replay.
+    """
 
     def on_step_start(self) -> None: ...
     def on_commit(self) -> None: ...
     def on_abort(self) -> None: ...
+    def capture_step(self) -> Any:
+        return None
+
+    def replay_prepare(self, record: Any) -> None: ...
+    def replay_apply(self, record: Any) -> None: ...
+    def restore_step(self, record: Any) -> None: ...
 
 
 class ManagedWork:
@@ -123,9 +138,10 @@ class Manager:
         self._abandon_generation = 0
         self._error: Exception | None = None
         self._abort = threading.Event()
+        self._lost_before_plan: list[str] = []
         self._plan: StepPlan | None = None
         self._plan_future: concurrent.futures.Future[StepPlan] | None = None
-        self._heal_future: concurrent.futures.Future[HealResult] | None = None
+        self._catchup: CatchUp | None = None
         self._step_started = 0.0
         self._digest_due: int | None = None
         self._commit_fields: dict[str, Any] = {}
@@ -273,8 +289,8 @@ class Manager:
             raise GroupError("start_quorum() called twice in one step; call should_commit() in between")
         self._error = None
         self._abort.clear()
+        self._lost_before_plan = []
         self._plan = None
-        self._heal_future = None
         self._commit_fields = {}
         self._step_started = time.monotonic()
         for h in self._hooks:
@@ -296,6 +312,8 @@ class Manager:
         try:
             self._plan = future.result()
             self._quorum_failures = 0
+            if any(self._plan.member(rid) is not None for rid in self._lost_before_plan):
+                self._abort.set()
         except (QuorumTimeout, GroupError) as e:
             self._quorum_failures += 1
             self.report_error(e)
@@ -338,19 +356,28 @@ class Manager:
         "ok" flag all-reduce and the group vote, each under its own deadline.
         """
         plan = self.wait_quorum()
-        if plan is not None and plan.healing and self._error is None:
-            self._apply_heal()
-        ok = self._error is None and plan is not None and plan.num_replicas >= self.options.min_replicas
+        caught_up = plan is None or not plan.healing or self._catchup_ready(plan)
+        ok = (
+            self._error is None
+            and plan is not None
+            and plan.num_replicas >= self.options.min_replicas
+            and caught_up
+        )
+        shared_ok = False
         if plan is not None and not self._pg.broken:
-            # A healer contributed zeros, so its own failure (a heal that did not verify)
-            # taints nobody's update: it must not veto the donors' commit. It still votes no
-            # locally, stays behind, and heals again at the next quorum.
-            healer_only_failure = plan.healing and isinstance(self._error, HealError)
-            shared_ok = self._reduce_ok_flag(ok or healer_only_failure)
+            # A healer contributed zeros, so nothing it does taints anyone's update: it never
+            # vetoes the donors' commit. It votes for itself separately (below).
+            shared_ok = self._reduce_ok_flag(ok or plan.healing)
             ok = ok and shared_ok
-        reason = "" if ok else str(self._error or "fewer groups than min_replicas")
+        if plan is not None and plan.healing and shared_ok and not caught_up and self._catchup is not None:
+            if not self._catchup.record(plan.max_step, [h.capture_step() for h in self._hooks]):
+                self._emit("heal_end", ok=False, error="recorded steps do not follow; restarting the heal")
+                self._catchup = None
+        reason = "" if ok else str(self._error or ("catching up" if not caught_up else "fewer groups than min_replicas"))
         decision = self._vote(plan, ok, reason)
         reached(self._faults, "commit", self._step)
+        if decision.commit and plan is not None and plan.healing:
+            self._apply_catchup(plan)
         self._finish_step(plan, decision.commit, decision.reason)
         return decision.commit
 
@@ -359,9 +386,10 @@ class Manager:
     def _run_quorum(self, step: int, commit_failures: int) -> StepPlan:
         assert self._group is not None
         started = time.monotonic()
-        quorum = self._group.quorum(
-            step, self.options.quorum_timeout_s, commit_failures=commit_failures, rank_data=self._rank_data
-        )
+        rank_data = dict(self._rank_data)
+        if self._catchup is not None:
+            rank_data["heal_base"] = self._catchup.base_step
+        quorum = self._group.quorum(step, self.options.quorum_timeout_s, commit_failures=commit_failures, rank_data=rank_data)
         plan = self._adjust_for_init_sync(plan_step(quorum, self.options.replica_id))
         sizes = {m.world_size for m in plan.participants}
         if sizes != {self.options.group_world_size}:
@@ -369,18 +397,13 @@ class Manager:
         reconfigured = self._pg.spec is None or self._pg.spec.quorum_id != plan.quorum_id or self._pg.broken is not None
         if reconfigured:
             self._configure_column(plan)
-        assert self._state_server is not None
-        if plan.healers and not plan.healing:
-            flat = flatten(self.state_dict())
-            self._state_server.publish(
-                Snapshot.capture(flat, step=plan.max_step, quorum_id=plan.quorum_id, replica_id=self.options.replica_id)
-            )
-            reached(self._faults, "serve", self._step)
-        elif self._state_server.published_step is not None and not plan.healers:
-            self._state_server.publish(None)
         if plan.healing:
-            self._heal_future = self._heal_pool.submit(self._fetch, plan)
-            reached(self._faults, "heal", self._step)
+            if self._catchup is None:
+                self._catchup = CatchUp(plan.max_step, self._heal_pool.submit(self._fetch, plan))
+                reached(self._faults, "heal", self._step)
+        else:
+            self._catchup = None
+            self._serve_healers(plan)
         self._emit(
             "quorum",
             quorum_id=plan.quorum_id,
@@ -430,22 +453,63 @@ class Manager:
             healer_index=plan.healers.index(self.options.replica_id),
         )
 
-    def _apply_heal(self) -> None:
-        assert self._heal_future is not None and self._plan is not None
-        deadline = time.monotonic() + self.options.heal_timeout_s + 5.0
-        while not _wait_future(self._heal_future, POLL_S):
-            self._tick()
-            if time.monotonic() > deadline:
-                self.report_error(HealError("the heal thread did not finish in time"))
-                return
+    def _serve_healers(self, plan: StepPlan) -> None:
+        """Publish the snapshot healers need; keep serving the bases of heals in progress."""
+        assert self._state_server is not None
+        r = self.options.group_rank
+        keep: set[int] = set()
+        for rid in plan.healers:
+            member = plan.member(rid)
+            ranks = member.data.get("ranks") if member is not None else None
+            base = ranks[r].get("heal_base") if isinstance(ranks, list) and len(ranks) > r and isinstance(ranks[r], dict) else None
+            keep.add(base if isinstance(base, int) else plan.max_step)
+        if plan.max_step in keep and plan.max_step not in self._state_server.published_steps:
+            flat = flatten(self.state_dict())
+            self._state_server.publish(
+                Snapshot.capture(flat, step=plan.max_step, quorum_id=plan.quorum_id, replica_id=self.options.replica_id)
+            )
+            reached(self._faults, "serve", self._step)
+        self._state_server.retain(keep)
+
+    def _catchup_ready(self, plan: StepPlan) -> bool:
+        """Non-blocking: has the background fetch arrived, verified, and do records lead on?"""
+        cu = self._catchup
+        if cu is None or not cu.fetched:
+            return False
         try:
-            result = self._heal_future.result()
-            state = unflatten(result.manifest.skeleton, tensors_from_buffer(result.buffer, result.manifest))
-            self.load_state_dict(state)
+            cu.future.result()
         except Exception as e:
+            self._catchup = None
             self._emit("heal_end", ok=False, error=f"{type(e).__name__}: {e}")
             self.report_error(e if isinstance(e, HealError) else HealError(f"heal failed: {e}"))
-            return
+            return False
+        if not cu.leads_to(plan.max_step):
+            self._catchup = None
+            self._emit("heal_end", ok=False, error=f"base {cu.base_step} + {len(cu.records)} recorded steps != {plan.max_step}")
+            return False
+        return True
+
+    def _apply_catchup(self, plan: StepPlan) -> None:
+        """Apply the verified base state, replay the recorded steps, keep this step's effect.
+
+        Runs only after the group voted to commit, so every rank applies or none. A failure
+        here means the state does not fit this program (a user error): it raises, and the
+        group must be restarted rather than train on partly applied state.
+        """
+        cu = self._catchup
+        assert cu is not None
+        result = cu.future.result()
+        current = [h.capture_step() for h in self._hooks]
+        self.load_state_dict(unflatten(result.manifest.skeleton, tensors_from_buffer(result.buffer, result.manifest)))
+        for record in cu.records:
+            for h, r in zip(self._hooks, record, strict=True):
+                h.replay_prepare(r)
+            for h, r in zip(self._hooks, record, strict=True):
+                h.replay_apply(r)
+            self._step += 1
+        for h, c in zip(self._hooks, current, strict=True):
+            h.restore_step(c)
+        self._catchup = None
         self._emit(
             "heal_end",
             ok=True,
@@ -453,6 +517,8 @@ class Manager:
             seconds=result.seconds,
             bytes_by_donor=result.bytes_by_donor,
             refetched_stripes=result.refetched_stripes,
+            replayed_steps=len(cu.records),
+            base_step=cu.base_step,
         )
 
     def _reduce_ok_flag(self, ok: bool) -> bool:
@@ -511,9 +577,15 @@ class Manager:
     # -- notices, progress, logging ---------------------------------------------------------------
 
     def _on_notice(self, notice: Notice) -> None:
+        """Runs on a notice thread: only sets flags the training thread polls."""
         plan = self._plan
-        if notice.kind == "member_lost" and (plan is None or plan.member(notice.replica_id) is not None):
-            self._abort.set()
+        if notice.kind == "member_lost":
+            if plan is None:
+                # The step's quorum is not known yet: decide once it is (wait_quorum). A loss
+                # that predates the new quorum is not in it and must not abort its step.
+                self._lost_before_plan.append(notice.replica_id)
+            elif plan.member(notice.replica_id) is not None:
+                self._abort.set()
         elif notice.kind == "fenced" and notice.replica_id == self.options.replica_id:
             self._abort.set()
             self._emit("fenced", reason=notice.reason)

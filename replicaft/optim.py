@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from replicaft.manager import Manager
+from replicaft.manager import Manager, StepHooks
 
 
-class Optimizer:
+class Optimizer(StepHooks):
     """Wrap ``optimizer`` (and optionally ``lr_scheduler``) for fault-tolerant training."""
 
     def __init__(
@@ -29,6 +29,7 @@ class Optimizer:
         manager.register_state("optimizer", optimizer.state_dict, optimizer.load_state_dict)
         if lr_scheduler is not None:
             manager.register_state("lr_scheduler", lr_scheduler.state_dict, lr_scheduler.load_state_dict)
+        manager.register_hooks(self)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start the step: the quorum is requested in the background while forward runs."""
@@ -39,10 +40,17 @@ class Optimizer:
         """Apply the step if it commits; returns whether it did."""
         if not self.manager.should_commit():
             return False
+        self._apply()
+        return True
+
+    def _apply(self) -> None:
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
-        return True
+
+    def replay_apply(self, record: object) -> None:
+        """A healer replaying a step it missed steps exactly as the donors did."""
+        self._apply()
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:

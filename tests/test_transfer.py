@@ -60,7 +60,8 @@ def serving(
     """A StateServer publishing ``snapshot``, and its address; stopped on exit."""
     server = StateServer("127.0.0.1", token, fault_hook=fault_hook)
     address = server.start()
-    server.publish(snapshot)
+    if snapshot is not None:
+        server.publish(snapshot)
     try:
         yield server, address
     finally:
@@ -403,7 +404,7 @@ def guarded_server() -> Iterator[tuple[str, int, Snapshot]]:
         pytest.param(request(op="delete"), "StateRequest.op is 'delete'; expected 'manifest' or 'range'", id="unknown_op"),
         pytest.param(without("op"), "StateRequest.op is missing", id="missing_op"),
         pytest.param(request(op=["range"]), "StateRequest.op is list", id="op_not_a_string"),
-        pytest.param(request(step=4), "StateRequest: step 4 is not served here (serving: 5)", id="wrong_step"),
+        pytest.param(request(step=4), "StateRequest: step 4 is not served here (serving: [5])", id="wrong_step"),
         pytest.param(request(step="5"), "StateRequest.step is str '5'; expected an integer", id="step_not_an_int"),
         pytest.param(request(step=-1), "StateRequest.step is -1", id="negative_step"),
         pytest.param(request(start=128, stop=64), "StateRequest.stop is 64; expected 128 <= stop <=", id="start_after_stop"),

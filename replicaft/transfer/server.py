@@ -34,7 +34,7 @@ class StateServer:
         self._host = host
         self._token = token
         self._fault_hook = fault_hook
-        self._snapshot: Snapshot | None = None
+        self._snapshots: dict[int, Snapshot] = {}
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -65,14 +65,20 @@ class StateServer:
         if self._thread is not None:
             self._thread.join(5.0)
 
-    def publish(self, snapshot: Snapshot | None) -> None:
+    def publish(self, snapshot: Snapshot) -> None:
+        """Serve ``snapshot`` (alongside any other step still retained)."""
         with self._lock:
-            self._snapshot = snapshot
+            self._snapshots[snapshot.manifest.step] = snapshot
+
+    def retain(self, steps: set[int]) -> None:
+        """Stop serving every step not in ``steps`` (their memory is released)."""
+        with self._lock:
+            self._snapshots = {s: snap for s, snap in self._snapshots.items() if s in steps}
 
     @property
-    def published_step(self) -> int | None:
+    def published_steps(self) -> set[int]:
         with self._lock:
-            return None if self._snapshot is None else self._snapshot.manifest.step
+            return set(self._snapshots)
 
     def _accept_loop(self) -> None:
         assert self._sock is not None
@@ -121,9 +127,9 @@ class StateServer:
         op = check_str(m, "op", require(request, m, "op"), 16)
         step = check_int(m, "step", require(request, m, "step"), 0)
         with self._lock:
-            snapshot = self._snapshot
-        if snapshot is None or snapshot.manifest.step != step:
-            serving = None if snapshot is None else snapshot.manifest.step
+            snapshot = self._snapshots.get(step)
+            serving = sorted(self._snapshots) or None
+        if snapshot is None:
             raise ProtocolError(f"{m}: step {step} is not served here (serving: {serving})")
         if op == "manifest":
             body = snapshot.manifest.encode()
