@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"running scenario {scenario.name!r} ({len(scenario.faults)} faults, {scenario.groups} groups, "
           f"{scenario.steps} steps) into {out}", flush=True)
+    if args.reference:
+        print(f"first a fault-free reference run into {out / 'reference'}, then the run with faults", flush=True)
     progress = ProgressLine(sys.stdout)
     try:
         summary = run_experiment(scenario, out, reference=args.reference, on_progress=progress)

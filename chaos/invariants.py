@@ -164,6 +164,8 @@ def check_monotonic_steps(events: Sequence[Event]) -> Verdict:
         top = max(in_quorum, key=lambda c: c.step)
         if highest is None or top.step > highest.step:
             highest = top
+    if not all_commits:
+        return Verdict(MONOTONIC_STEPS, "not_checked", "no committed steps")
     return _verdict(MONOTONIC_STEPS, violations,
                     f"{len(all_commits)} commits in {len(last)} process incarnations and {len(by_quorum)} quorums")
 

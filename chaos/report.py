@@ -131,6 +131,10 @@ def _fmt(value: Any) -> str:
     return html.escape(f"{value:.3g}" if isinstance(value, float) else str(value))
 
 
+def _seconds(figures: dict[str, dict[str, float]]) -> str:
+    return "; ".join(f"{kind}: median {v['median']:.2f}, max {v['max']:.2f}" for kind, v in figures.items()) or "—"
+
+
 def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults: Sequence[InjectedFault], *, t0: float, t_end: float) -> str:
     ok = not summary["violations"]
     verdict = ('<span class="verdict ok">all checked invariants held</span>' if ok
@@ -139,8 +143,8 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
         ("scenario", summary["scenario"]), ("committed steps", f'{summary["committed_steps"]} of {summary["target_steps"]}'),
         ("wall seconds", summary["wall_seconds"]), ("faults injected", summary["faults_injected"]),
         ("goodput", summary["goodput"]), ("goodput vs fault-free", summary["goodput_vs_fault_free"]),
-        ("recovery seconds (fault → survivor commit)", summary["recovery_seconds"]),
-        ("rejoin seconds (target back → its commit)", summary["rejoin_seconds"]),
+        ("recovery seconds (fault → survivors' next new step)", _seconds(summary["recovery_seconds"])),
+        ("rejoin seconds (target back → its first commit)", _seconds(summary["rejoin_seconds"])),
         ("hangs", summary["hangs"]), ("restarts", summary["restarts"]),
     ]
     fault_rows = [[_fmt(f["label"]), _fmt(f["at_s"]), _fmt(f["step"]), _fmt(f["resumed_at_s"]), _fmt(f["recovery_s"]),
@@ -158,8 +162,9 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
         timeline_svg(all_commits, faults, t0=t0, t_end=t_end, target_steps=summary["target_steps"]),
         "<h2>Summary</h2>",
         _table([[html.escape(k), _fmt(v)] for k, v in figures], ["figure", "value"]),
-        '<p class="muted">goodput: seconds of committed step work (one per step, median over groups) over the '
-        f'training window. {html.escape(summary["goodput_vs_fault_free_note"])}.</p>',
+        '<p class="muted">goodput: seconds spent training the steps the job committed (step time less its wait '
+        'for a quorum; once per step, median over groups) over the training window, from the start of the first '
+        f'committed step to the last commit. vs fault-free: {html.escape(summary["goodput_vs_fault_free_note"])}.</p>',
         "<h2>Faults</h2>",
         _table(fault_rows, ["fault", "at s", "job step", "target back at s", "recovery s", "rejoin s"]),
         "<h2>Invariants</h2>",

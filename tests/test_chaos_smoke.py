@@ -54,6 +54,19 @@ def test_smoke_scenario_runs_clean_and_writes_a_report(tmp_path: Path) -> None:
     assert "sigkill" in page and "fault_point" in page
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_run_cut_off_by_its_deadline_exits_1_reporting_a_hang(tmp_path: Path) -> None:
+    scenario = tmp_path / "cut-short.toml"
+    scenario.write_text('name = "cut-short"\ngroups = 2\nsteps = 40\nrun_timeout_s = 3.0\n')
+    run = spawn_python("-m", "chaos", "run", str(scenario), "--out", str(tmp_path / "out"), name="chaos-cut-short")
+    assert run.wait_exit(30.0) == 1, run.output_tail(40)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["deadline_exceeded"] is True
+    assert summary["hangs"] == 1
+    assert [v["invariant"] for v in summary["violations"]] == ["no_hang"]
+
+
 # -- scenarios -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("path", sorted(SCENARIO_DIR.glob("*.toml")), ids=lambda p: p.stem)
