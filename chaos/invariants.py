@@ -247,15 +247,22 @@ def check_no_hang(events: Sequence[Event], faults: Sequence[InjectedFault], opti
     return _verdict(NO_HANG, violations, f"{len(faults)} faults, bound {options.hang_bound_s:g}s")
 
 
+def _reports_loss(e: Event) -> bool:
+    # events.py documents ``loss`` on the ``committed`` event; ``Manager.annotate_commit`` (how
+    # the sampler reports ``samples``) puts fields on the ``commit`` event: accept either.
+    committed = e["event"] == "committed" or (e["event"] == "commit" and e.get("committed"))
+    return bool(committed) and isinstance(e.get("loss"), int | float)
+
+
 def final_loss(events: Sequence[Event]) -> float | None:
     """Mean over groups of the ``loss`` reported with the highest committed step that has one."""
-    losses: dict[int, list[float]] = defaultdict(list)
+    losses: dict[int, dict[str, float]] = defaultdict(dict)
     for e in events:
-        if e["event"] == "committed" and isinstance(e.get("loss"), int | float):
-            losses[int(e["step"])].append(float(e["loss"]))
+        if _reports_loss(e):
+            losses[int(e["step"])][str(e["replica_id"])] = float(e["loss"])
     if not losses:
         return None
-    values = losses[max(losses)]
+    values = list(losses[max(losses)].values())
     return sum(values) / len(values)
 
 
@@ -264,11 +271,11 @@ def check_final_loss(events: Sequence[Event], options: CheckOptions) -> Verdict:
     loss = final_loss(events)
     if loss is None:
         return Verdict(FINAL_LOSS, "not_checked",
-                       "the committed events carry no 'loss' (examples/train_ddp.py does not report it yet)")
+                       "no committed step reports a 'loss' (examples/train_ddp.py does not report it yet)")
     ref = options.reference_final_loss
     if ref is None:
         return Verdict(FINAL_LOSS, "not_checked", f"final loss {loss:.6g}, but no fault-free reference run to compare with")
-    step = max((int(e["step"]) for e in events if e["event"] == "committed" and "loss" in e), default=None)
+    step = max((int(e["step"]) for e in events if _reports_loss(e)), default=None)
     allowed = options.loss_tolerance * abs(ref)
     note = f"final loss {loss:.6g} vs fault-free {ref:.6g} (allowed difference {allowed:.3g})"
     if abs(loss - ref) > allowed:

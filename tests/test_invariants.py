@@ -207,8 +207,9 @@ def with_loss(log: list[Event], loss: float) -> list[Event]:
         (with_loss(healthy(), 0.52), None, "not_checked"),
         (with_loss(healthy(), 0.52), 0.5, "held"),
         (with_loss(healthy(), 0.7), 0.5, "violated"),
+        ([dict(e, loss=0.7) if e["event"] == "commit" else e for e in healthy()], 0.5, "violated"),
     ],
-    ids=["no loss in events", "no reference run", "within tolerance", "outside tolerance"],
+    ids=["no loss in events", "no reference run", "within tolerance", "outside tolerance", "loss on commit events"],
 )
 def test_final_loss(log: list[Event], reference: float | None, status: str) -> None:
     verdict = check_final_loss(log, CheckOptions(hang_bound_s=5.0, reference_final_loss=reference, loss_tolerance=0.1))
