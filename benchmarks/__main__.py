@@ -27,6 +27,7 @@ from benchmarks.results import (
 )
 
 BENCHMARKS: dict[str, str] = {
+    "failover": "benchmarks.failover",
     "lighthouse": "benchmarks.lighthouse",
     "step_overhead": "benchmarks.step_overhead",
 }
