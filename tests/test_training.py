@@ -237,3 +237,24 @@ def test_two_rank_groups_one_rank_killed_takes_its_group_down_others_continue(tm
         )
     assert groups["g0"].wait_exit(120) == 0, groups["g0"].output_tail()
     assert_digests_agree(tmp_path, min_steps=30)
+
+
+@pytest.mark.timeout(240)
+def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_path: Path) -> None:
+    # A 2048-wide model is ~50 MB of state with AdamW: on this machine its transfer outlasts
+    # a step, so the healer records the steps it takes part in meanwhile and replays them.
+    lh = start_lighthouse("--min-replicas", "3", status=False)
+    args = ("--steps", "45", "--width", "2048")
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points="allreduce@15" if rid == "g2" else None) for rid in ("g0", "g1", "g2")}
+    assert groups["g2"].wait_exit(150) == -signal.SIGKILL
+    groups["g2"] = start_group(lh.grpc_address, "g2", tmp_path, *args)
+    heal = wait_for_event(
+        tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e.get("base_step", 0) > 0, 120, "g2 heal after restart"
+    )
+    assert heal["ok"], heal
+    assert heal["replayed_steps"] >= 1, f"the transfer did not outlast a step here: {heal}"
+    assert len(heal["bytes_by_donor"]) == 2, f"expected a heal striped over both donors: {heal}"
+    for rid, g in groups.items():
+        assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
+    assert_digests_agree(tmp_path, min_steps=40)
+    assert_samples_exactly_once(tmp_path, min_steps=45)

@@ -450,7 +450,7 @@ def test_unpublished_server_says_it_serves_no_step() -> None:
         with socket.create_connection((host, int(port)), timeout=10.0) as sock:
             sock.sendall(frame({"v": WIRE_VERSION, "op": "manifest", "step": STEP}))
             reply = recv_frame(sock, "reply")
-    assert reply == {"ok": False, "error": "StateRequest: step 5 is not served here (serving: None)"}
+    assert reply == {"ok": False, "error": "StateRequest: step 5 is not served here (serving: None)", "code": "not_served"}
 
 
 def recv_all(sock: socket.socket, n: int) -> bytes:

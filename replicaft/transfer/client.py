@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import torch
@@ -32,11 +32,15 @@ from replicaft.transfer.manifest import (
     bad_chunks,
     chunk_stripes,
 )
+from replicaft.transfer.server import NOT_SERVED, NotServed
 from replicaft.transfer.wire import WIRE_VERSION, recv_exact_into, recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
 
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
+MANIFEST_WAIT_S = 10.0
+MANIFEST_GRACE_S = 0.25
+"""Once one donor served its manifest, how long the others may still say "not yet"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +70,31 @@ def _request(sock: socket.socket, body: dict, token: str | None, what: str) -> i
     send_frame(sock, {"v": WIRE_VERSION, "token": token, **body})
     reply = recv_frame(sock, what)
     if not reply.get("ok"):
-        raise ProtocolError(f"{what} refused: {reply.get('error', 'no reason given')}")
+        error = NotServed if reply.get("code") == NOT_SERVED else ProtocolError
+        raise error(f"{what} refused: {reply.get('error', 'no reason given')}")
     num_bytes = reply.get("num_bytes")
     if not isinstance(num_bytes, int) or num_bytes < 0:
         raise ProtocolError(f"{what} reply has num_bytes={num_bytes!r}")
     return num_bytes
+
+
+def wait_for_manifest(donor: Donor, step: int, token: str | None, deadline: float, enough: threading.Event) -> Manifest:
+    """The donor's manifest of ``step``, retried while the donor says it has no snapshot yet.
+
+    A donor captures its snapshot on its quorum thread while the healer, which learned of the
+    quorum at the same moment, is already asking: "not served" first is the normal race, not a
+    failure. The retries stop at ``MANIFEST_WAIT_S`` or the deadline, whichever comes first,
+    or once ``enough`` is set (other donors answered and the grace for stragglers is over).
+    """
+    give_up = min(deadline, time.monotonic() + MANIFEST_WAIT_S)
+    pause = 0.01
+    while True:
+        try:
+            return fetch_manifest(donor, step, token, deadline)
+        except NotServed:
+            if time.monotonic() + pause >= give_up or enough.wait(pause):
+                raise
+            pause = min(pause * 2, 0.2)
 
 
 def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float) -> Manifest:
@@ -151,13 +175,27 @@ def fetch_state(
     deadline = started + timeout_s
     by_id = {d.replica_id: d for d in donors}
     with ThreadPoolExecutor(max_workers=len(donors), thread_name_prefix="replicaft-heal") as pool:
-        futures = {d.replica_id: pool.submit(fetch_manifest, d, step, token, deadline) for d in donors}
+        enough = threading.Event()
+        futures = {pool.submit(wait_for_manifest, d, step, token, deadline, enough): d.replica_id for d in donors}
         manifests: dict[str, Manifest] = {}
-        for rid, fut in futures.items():
-            try:
-                manifests[rid] = fut.result(max(0.0, deadline - time.monotonic()) + 1.0)
-            except Exception as e:
-                logger.warning("heal: donor %s could not serve the manifest of step %d: %s", rid, step, e)
+        grace: threading.Timer | None = None
+        try:
+            for fut in as_completed(futures, timeout=max(0.0, deadline - time.monotonic()) + 1.0):
+                rid = futures[fut]
+                try:
+                    manifests[rid] = fut.result()
+                except Exception as e:
+                    logger.warning("heal: donor %s could not serve the manifest of step %d: %s", rid, step, e)
+                    continue
+                if grace is None:
+                    grace = threading.Timer(MANIFEST_GRACE_S, enough.set)
+                    grace.start()
+        except TimeoutError:
+            logger.warning("heal: donors %s did not answer by the deadline", sorted(set(by_id) - set(manifests)))
+        finally:
+            enough.set()
+            if grace is not None:
+                grace.cancel()
         if not manifests:
             raise HealError(f"no donor of {sorted(by_id)} served the manifest of step {step}")
         votes = Counter(m.checksums for m in manifests.values())

@@ -25,6 +25,14 @@ IDLE_TIMEOUT_S = 30.0
 """A connection idle this long is closed, so a stalled healer cannot pin a server thread."""
 SEND_CHUNK_BYTES = 8 * 1024 * 1024
 
+NOT_SERVED = "not_served"
+"""Error code of a request for a step this server holds no snapshot of (yet)."""
+
+
+class NotServed(ProtocolError):
+    """The requested step has no snapshot here; a donor still capturing it will have it soon."""
+
+
 RangeHook = Callable[[int, int, memoryview], memoryview]
 """Fault injection for tests (``fault_hook``): may return altered bytes for a range."""
 
@@ -113,8 +121,11 @@ class StateServer:
             conn.close()
 
     def _reject(self, conn: socket.socket, peer: object, error: ProtocolError) -> None:
-        logger.warning("state server: rejected a request from %s: %s", peer, error)
-        send_frame(conn, {"ok": False, "error": str(error)})
+        if isinstance(error, NotServed):
+            logger.debug("state server: %s asked for a step not served: %s", peer, error)
+        else:
+            logger.warning("state server: rejected a request from %s: %s", peer, error)
+        send_frame(conn, {"ok": False, "error": str(error), "code": NOT_SERVED if isinstance(error, NotServed) else "rejected"})
 
     def _answer(self, conn: socket.socket, request: dict) -> None:
         m = "StateRequest"
@@ -130,7 +141,7 @@ class StateServer:
             snapshot = self._snapshots.get(step)
             serving = sorted(self._snapshots) or None
         if snapshot is None:
-            raise ProtocolError(f"{m}: step {step} is not served here (serving: {serving})")
+            raise NotServed(f"{m}: step {step} is not served here (serving: {serving})")
         if op == "manifest":
             body = snapshot.manifest.encode()
             send_frame(conn, {"ok": True, "num_bytes": len(body)})
