@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             ids = sampler.step_indices() or list(range(args.batch_size))
             loss = nn.functional.mse_loss(ddp(inputs[ids]), labels[ids])
             loss.backward()
+            manager.annotate_commit(loss=loss.item())
             if args.step_delay:
                 time.sleep(args.step_delay)
             if optimizer.step() and manager.current_step() % 10 == 0:

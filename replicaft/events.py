@@ -10,11 +10,14 @@ event              fields
 ``quorum``         ``latency_s``, ``num_replicas``, ``replica_rank``, ``max_step``,
                    ``healing``, ``participants``, ``reconfigured``
 ``collective_error`` ``error``, ``op``
-``commit``         ``committed`` (bool), ``reason``, ``num_contributors``, ``step_time_s``
-``committed``      the state after committed step ``step``: ``digest``, plus whatever the
-                   caller adds (``loss``, ``samples``)
+``commit``         ``committed`` (bool), ``reason``, ``num_contributors``, ``healing``,
+                   ``step_time_s``, plus what the step annotated (``Manager.annotate_commit``):
+                   ``samples`` ([start, stop) of the global order, from the data sampler),
+                   ``loss`` (from the training script)
+``committed``      the state after committed step ``step``: ``digest``
 ``heal_start``     ``donors``, ``max_step``
-``heal_end``       ``ok``, ``num_bytes``, ``seconds``, ``error``
+``heal_end``       ``ok``, ``num_bytes``, ``seconds``, ``bytes_by_donor``, ``replayed_steps``,
+                   ``base_step``, or ``error``
 ``fenced``         ``reason``
 ``stop``           ``reason``
 =================  ==========================================================================
@@ -50,6 +53,10 @@ class EventLog:
             Path(directory).mkdir(parents=True, exist_ok=True)
             self.path = Path(directory) / f"{replica_id}-{group_rank}.jsonl"
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - owned until close()
+            if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+                # A previous incarnation was killed mid-line: end that line, so our first event
+                # is not glued onto it (readers skip the truncated line, not ours).
+                self._file.write("\n")
 
     def emit(self, event: str, *, step: int, quorum_id: int, **fields: Any) -> None:
         if self._file is None:
