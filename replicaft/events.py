@@ -53,7 +53,7 @@ class EventLog:
             Path(directory).mkdir(parents=True, exist_ok=True)
             self.path = Path(directory) / f"{replica_id}-{group_rank}.jsonl"
             self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - owned until close()
-            if self._file.tell() and not self.path.read_bytes().endswith(b"\n"):
+            if self._file.tell() and _last_byte(self.path) != b"\n":
                 # A previous incarnation was killed mid-line: end that line, so our first event
                 # is not glued onto it (readers skip the truncated line, not ours).
                 self._file.write("\n")
@@ -80,6 +80,12 @@ class EventLog:
             if self._file is not None:
                 self._file.close()
                 self._file = None
+
+
+def _last_byte(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
 
 
 def read_events(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
