@@ -1,0 +1,88 @@
+"""Persistent checkpoints: the state on disk for the one case peers cannot cover, every group gone.
+
+Peers heal each other; a checkpoint on disk is read only when no peer can donate. So it is
+written rarely (every N steps and/or T seconds), by one group (the quorum's replica rank 0),
+asynchronously from a host snapshot, and it must never be the reason a run loses its state:
+
+* **atomic publish** — written under ``step-N.tmp-<token>``, every file checksummed (SHA-256)
+  and fsynced, ``manifest.json`` last, then renamed to ``step-N``; a crash at any point leaves
+  the previous checkpoint intact (``writer.py``, ``durable.py``, ``layout.py``);
+* **verified reads** — every file is checked against the manifest before loading; damaged
+  checkpoints are skipped, newest first, with a warning naming the file (``reader.py``);
+* **retention** — newest ``keep_last`` plus milestones, applied only after a publish
+  (``retention.py``, pure); **policy** — when to save, skip-don't-wait, free space
+  (``policy.py``, pure); an optional verified **tier-2** copy (``tier2.py``).
+
+Tensors go through ``torch.distributed.checkpoint`` (DCP), so a group of W ranks writes W
+shards and any group size can load them; plain values go to ``state.msgpack``, never pickle.
+
+Wiring into the manager (``manager.state_dict()`` / ``load_state_dict`` and
+:class:`replicaft.transfer.snapshot.Snapshot` are the only contact points)::
+
+    from replicaft.checkpoint import CheckpointReader, CheckpointWriter
+    from replicaft.state import flatten
+    from replicaft.transfer.snapshot import Snapshot
+
+    # Startup, every rank, only when the quorum shows no peer ahead to heal from:
+    loaded = CheckpointReader(ckpt_dir, tier2_directory=tier2_dir).load_latest_valid(manager.state_dict())
+    if loaded is not None:                       # LoadedCheckpoint(step, state, path)
+        manager.load_state_dict(loaded.state)    # tensors were already filled in place
+
+    # Manager.start(), every rank of the group (no I/O until the first save):
+    writer = CheckpointWriter(
+        ckpt_dir, tier2_directory=tier2_dir, keep_last=3, milestone_every=10_000,
+        interval_steps=1000, interval_s=1800.0,
+        process_group=ckpt_pg,                   # None when W == 1; else a dedicated gloo group
+        writer_id=f"{replica_id}/{group_rank}",
+    )
+
+    # After each committed step, in the group whose replica rank is 0:
+    decision, handle = writer.save_if_due(
+        manager.current_step(),
+        capture=lambda: Snapshot.capture(flatten(manager.state_dict()), step=manager.current_step(),
+                                         quorum_id=quorum_id, replica_id=replica_id),
+        metadata={"loss": last_loss},            # optional, JSON values
+    )
+    for result in writer.pop_finished():         # SaveResult: status, reason, path, num_bytes...
+        emit("checkpoint", ok=result.ok, reason=result.reason, ...)
+
+    # SIGTERM (preemption) in the writing group: an emergency save, bounded by the grace period.
+    writer.save_async(snapshot, step, {"reason": "preemption"}).wait(timeout_s=grace_s)
+
+    # Shutdown:
+    writer.close(timeout_s=60.0)
+
+With W > 1, take the ``save_if_due`` decision on group rank 0 and have every rank call
+``save_async`` for that step (see ``writer.py``). Inspect and check from a shell with
+``replicaft-ckpt list DIR`` and ``replicaft-ckpt verify DIR/step-000000400``.
+"""
+
+from replicaft.checkpoint.policy import SaveDecision as SaveDecision
+from replicaft.checkpoint.policy import SpaceDecision as SpaceDecision
+from replicaft.checkpoint.policy import enough_space as enough_space
+from replicaft.checkpoint.policy import should_save as should_save
+from replicaft.checkpoint.reader import CheckpointInfo as CheckpointInfo
+from replicaft.checkpoint.reader import CheckpointReader as CheckpointReader
+from replicaft.checkpoint.reader import LoadedCheckpoint as LoadedCheckpoint
+from replicaft.checkpoint.results import SaveHandle as SaveHandle
+from replicaft.checkpoint.results import SaveResult as SaveResult
+from replicaft.checkpoint.results import WriterStatistics as WriterStatistics
+from replicaft.checkpoint.retention import RetentionDecision as RetentionDecision
+from replicaft.checkpoint.retention import decide_retention as decide_retention
+from replicaft.checkpoint.writer import CheckpointWriter as CheckpointWriter
+
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointReader",
+    "CheckpointWriter",
+    "LoadedCheckpoint",
+    "RetentionDecision",
+    "SaveDecision",
+    "SaveHandle",
+    "SaveResult",
+    "SpaceDecision",
+    "WriterStatistics",
+    "decide_retention",
+    "enough_space",
+    "should_save",
+]

@@ -1,0 +1,95 @@
+"""``replicaft-ckpt`` (= ``python -m replicaft.checkpoint``): look at checkpoints from a shell.
+
+::
+
+    replicaft-ckpt list DIR                     step, size, age and validity, newest first
+    replicaft-ckpt list --no-verify DIR         the same without reading every byte
+    replicaft-ckpt verify DIR/step-000000400    exit 0 if intact, 1 if not (the message says why)
+
+Bad arguments (unknown command, missing directory) print one line and exit 2, so scripts can
+tell "the checkpoint is bad" (1) from "you called me wrong" (2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from replicaft.checkpoint.layout import is_tmp_dirname
+from replicaft.checkpoint.reader import CheckpointReader, verify
+
+EXIT_OK = 0
+EXIT_INVALID = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="replicaft-ckpt", description="List and verify replicaft persistent checkpoints.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    list_cmd = commands.add_parser("list", help="list the checkpoints in a directory, newest first")
+    list_cmd.add_argument("directory", type=Path)
+    list_cmd.add_argument("--no-verify", action="store_true", help="do not read and hash every file (fast)")
+    verify_cmd = commands.add_parser("verify", help="check every file of one checkpoint against its manifest")
+    verify_cmd.add_argument("checkpoint", type=Path, help="a checkpoint directory, e.g. DIR/step-000000400")
+    return parser
+
+
+def _size(num_bytes: int) -> str:
+    if num_bytes < 1024:
+        return f"{num_bytes} B"
+    size = num_bytes / 1024
+    for unit in ("KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
+
+
+def _age(seconds: float) -> str:
+    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.1f}{unit}"
+    return f"{max(seconds, 0):.0f}s"
+
+
+def _list(directory: Path, verify_files: bool) -> int:
+    infos = CheckpointReader(directory).list(verify_files=verify_files)
+    if not infos:
+        print(f"no published checkpoints in {directory}")
+    for info in infos:
+        validity = {True: "valid", False: f"INVALID: {info.reason}", None: "not verified"}[info.valid]
+        print(f"{info.step:>10}  {_size(info.num_bytes):>10}  {_age(info.age_s):>7} ago  {validity}")
+    partial = sorted(p.name for p in directory.iterdir() if p.is_dir() and is_tmp_dirname(p.name))
+    if partial:
+        print(f"{len(partial)} unpublished (ignored; the next writer removes them): {', '.join(partial)}")
+    return EXIT_OK
+
+
+def _verify(checkpoint: Path) -> int:
+    ok, reason = verify(checkpoint)
+    print(f"valid: {reason}" if ok else f"INVALID: {reason}")
+    return EXIT_OK if ok else EXIT_INVALID
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        if not args.directory.is_dir():
+            parser.error(f"{args.directory} is not a directory")
+        return _list(args.directory, not args.no_verify)
+    if not args.checkpoint.is_dir():
+        parser.error(f"{args.checkpoint} is not a directory; pass a checkpoint such as DIR/step-000000400")
+    return _verify(args.checkpoint)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

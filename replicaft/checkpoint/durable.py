@@ -1,0 +1,106 @@
+"""Durable file operations: checksum and fsync, publish by rename, delete without half-states.
+
+POSIX makes a rename atomic but not durable: after a power cut the new name survives only if
+the file data *and* the directory holding the name were fsynced. So a checkpoint is published
+as: fsync every file, fsync its directory, rename it, fsync the parent. The same discipline
+serves the tier-2 copy. These helpers hold no policy; the writer decides what to call when.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+from replicaft.checkpoint.layout import is_tmp_dirname, tmp_dirname
+from replicaft.checkpoint.manifest import FileEntry
+
+logger = logging.getLogger(__name__)
+
+READ_BYTES = 4 * 1024 * 1024
+
+
+def new_token() -> str:
+    """A fresh suffix for a temporary directory name, unique across writers and crashes."""
+    return uuid.uuid4().hex
+
+
+def checksum_and_fsync(path: Path) -> FileEntry:
+    """Hash ``path`` (SHA-256) and fsync it, in one read pass."""
+    h = hashlib.sha256()
+    num_bytes = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_BYTES):
+            h.update(chunk)
+            num_bytes += len(chunk)
+        os.fsync(f.fileno())
+    return FileEntry(path.name, num_bytes, h.hexdigest())
+
+
+def file_sha256(path: Path) -> tuple[int, str]:
+    """``(num_bytes, hex digest)`` of ``path``."""
+    h = hashlib.sha256()
+    num_bytes = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(READ_BYTES):
+            h.update(chunk)
+            num_bytes += len(chunk)
+    return num_bytes, h.hexdigest()
+
+
+def write_durably(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """Make ``tmp`` visible as ``final`` (atomic, then durable). ``final`` must not exist."""
+    fsync_dir(tmp)
+    os.rename(tmp, final)
+    fsync_dir(final.parent)
+
+
+def discard(path: Path, step: int) -> None:
+    """Delete a checkpoint directory so that a crash midway leaves only ignorable garbage.
+
+    The directory is first renamed into the temporary namespace (readers ignore it, the next
+    writer removes it), then removed. Raises OSError if the rename fails.
+    """
+    doomed = path.with_name(tmp_dirname(step, f"deleting-{new_token()}"))
+    os.rename(path, doomed)
+    fsync_dir(path.parent)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_partial(path: Path) -> None:
+    """Remove a temporary directory after a failed save; never raises (the save already failed)."""
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        logger.error("could not remove the partial checkpoint %s; the next writer will retry", path)
+
+
+def remove_leftovers(directory: Path) -> list[str]:
+    """Remove temporary directories left in ``directory`` by interrupted saves and deletes.
+
+    Call only where no other writer is mid-save in the same directory (the writer does it
+    once, before its first save). Returns the names removed.
+    """
+    removed = []
+    for entry in sorted(directory.iterdir()):
+        if entry.is_dir() and is_tmp_dirname(entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry.name)
+    return removed

@@ -1,0 +1,71 @@
+"""What a save reports: its result, a handle to wait for it, and the writer's counters.
+
+A save never raises into the training loop; everything it has to say comes back as a
+:class:`SaveResult`, through a :class:`SaveHandle` (to wait for one save, e.g. the emergency
+save on SIGTERM) or :meth:`CheckpointWriter.pop_finished` (to emit events each step).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+SaveStatus = Literal["published", "refused", "failed"]
+
+
+@dataclass(frozen=True, slots=True)
+class SaveResult:
+    step: int
+    status: SaveStatus
+    reason: str
+    """What happened, with the directory and numbers; for a failure, the error."""
+    path: Path | None = None
+    """The published checkpoint (None unless ``status == "published"``)."""
+    num_bytes: int = 0
+    """Bytes published; for a refusal, the estimate that did not fit."""
+    seconds: float = 0.0
+    tier2_path: Path | None = None
+    tier2_error: str | None = None
+    deleted_steps: tuple[int, ...] = ()
+    """Steps retention removed from ``directory`` after this publish."""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "published"
+
+
+@dataclass(frozen=True, slots=True)
+class WriterStatistics:
+    num_published: int
+    num_skipped: int
+    """Saves due while the previous one was still being written (see policy.py)."""
+    num_refused: int
+    """Saves refused before writing: not enough free space."""
+    num_failed: int
+    num_tier2_failed: int
+    num_pending: int
+    """Saves queued or being written now."""
+    last_published_step: int | None
+
+
+class SaveHandle:
+    """One save in flight. ``wait`` for its :class:`SaveResult`; the save never raises."""
+
+    def __init__(self, step: int, future: concurrent.futures.Future[SaveResult]) -> None:
+        self.step = step
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def wait(self, timeout_s: float) -> SaveResult:
+        """Block until the save has finished (tier-2 copy and retention included).
+
+        Raises TimeoutError after ``timeout_s``; the save carries on in the background.
+        """
+        try:
+            return self._future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"checkpoint of step {self.step} still being written after {timeout_s:g}s") from None

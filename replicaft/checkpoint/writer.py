@@ -1,0 +1,467 @@
+"""The checkpoint writer: a host snapshot in, a published, checksummed DCP checkpoint out.
+
+Training is blocked only for the host copy (:meth:`Snapshot.capture`, taken by the caller).
+Everything else runs on the writer's one background thread, in this order::
+
+    check free space -> mkdir DIR/step-N.tmp-<token> -> dcp.save (each rank its shard, fsynced)
+    -> state.msgpack -> verify DCP metadata lists every tensor -> SHA-256 + fsync every file
+    -> manifest.json -> fsync dir -> rename to DIR/step-N -> fsync DIR
+    -> tier-2 copy (verified) -> retention on both tiers
+
+Invariants: a published directory is complete and never modified; until the rename, nothing
+a reader looks at has changed, so a crash or SIGKILL at any point leaves the previous
+checkpoint intact and at worst a ``*.tmp-*`` directory, which readers ignore and the next
+writer removes. Retention runs only after a publish, so a failing disk never deletes the last
+good checkpoint. A save that fails (ENOSPC, EIO, ...) or is refused (not enough free space)
+is logged with the directory and numbers, reported in its :class:`SaveResult`, and its
+partial files are removed; training carries on.
+
+**Groups of W > 1 ranks.** Every rank of the writing group builds a writer with the same
+``process_group`` (a group used for nothing else, e.g. ``dist.new_group(backend="gloo")``,
+since saves run on a background thread concurrently with training collectives) and calls
+:meth:`CheckpointWriter.save_async` for the same steps in the same order. Group rank 0 checks
+space, creates the temporary directory and publishes; all ranks run ``dcp.save``, which
+deduplicates the replicated tensors and spreads the writes across ranks; rank 0 broadcasts
+the outcome, so every rank's handle reports the same result. ``directory`` must be visible
+to all ranks at the same path. With W > 1 the *decision* to save must also be the same on
+every rank: take it on group rank 0 (:meth:`CheckpointWriter.save_if_due`) and share it,
+rather than letting each rank consult its own clock.
+
+Rejected alternative: ``dcp.async_save``. It stages to host memory itself and returns a
+future, but it would give us no point between "written" and "visible" to checksum, write the
+manifest and rename, and it writes into the final directory name, so a crash leaves a
+half-written checkpoint under the name readers look for.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.metadata
+import json
+import logging
+import queue
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from replicaft.checkpoint.durable import (
+    checksum_and_fsync,
+    discard,
+    new_token,
+    publish,
+    remove_leftovers,
+    remove_partial,
+    write_durably,
+)
+from replicaft.checkpoint.layout import MANIFEST_FILE, STATE_FILE, step_dirname, tmp_dirname
+from replicaft.checkpoint.manifest import CheckpointManifest, SavedTensor, StateLayout
+from replicaft.checkpoint.policy import (
+    SaveDecision,
+    check_interval_options,
+    enough_space,
+    estimate_checkpoint_bytes,
+    should_save,
+)
+from replicaft.checkpoint.reader import published, verify
+from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
+from replicaft.checkpoint.retention import check_retention_options, decide_retention
+from replicaft.checkpoint.tier2 import copy_verified
+from replicaft.errors import CheckpointCorrupt, OptionsError
+from replicaft.state import Flat, digest
+from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
+
+logger = logging.getLogger(__name__)
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    snapshot: Snapshot
+    step: int
+    metadata: dict[str, Any]
+    future: concurrent.futures.Future[SaveResult]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """Rank 0's go/no-go for one save, broadcast to the other ranks of the group."""
+
+    tmp: Path | None
+    refusal: SaveResult | None
+
+
+def disk_free_bytes(directory: Path) -> int:
+    return shutil.disk_usage(directory).free
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a save failure; DCP's CheckpointException is unwrapped to each rank's error."""
+    if isinstance(error, dcp.CheckpointException):
+        parts = []
+        for rank, failure in sorted(error.failures.items()):
+            cause = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback)
+            parts.append(f"rank {rank}: {type(cause).__name__}: {cause}")
+        return "; ".join(parts)
+    return f"{type(error).__name__}: {error}"
+
+
+class CheckpointWriter:
+    """Writes persistent checkpoints of ``directory`` from host snapshots, one at a time.
+
+    Build it anywhere (no I/O in the constructor); the background thread starts with the
+    first save. Use as a context manager, or call :meth:`close`. Call ``save_async`` /
+    ``save_if_due`` / ``pop_finished`` from one thread (the training thread).
+
+    ``free_bytes`` reports the free bytes of a directory; it defaults to
+    ``shutil.disk_usage`` and is a seam for filesystems that misreport it and for tests.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        *,
+        tier2_directory: str | Path | None = None,
+        keep_last: int = 3,
+        milestone_every: int = 0,
+        interval_steps: int = 0,
+        interval_s: float = 0.0,
+        free_space_margin: float = 0.1,
+        process_group: dist.ProcessGroup | None = None,
+        writer_id: str = "-",
+        free_bytes: Callable[[Path], int] = disk_free_bytes,
+    ) -> None:
+        check_retention_options(keep_last, milestone_every)
+        check_interval_options(interval_steps, interval_s)
+        if free_space_margin < 0:
+            raise OptionsError(f"free_space_margin={free_space_margin} is negative; use a fraction such as 0.1 (10%)")
+        self.directory = Path(directory)
+        self.tier2_directory = Path(tier2_directory) if tier2_directory is not None else None
+        if self.tier2_directory is not None and self.tier2_directory.resolve() == self.directory.resolve():
+            raise OptionsError(f"tier2_directory is the checkpoint directory itself ({self.directory}); give another one or None")
+        self.keep_last = keep_last
+        self.milestone_every = milestone_every
+        self.interval_steps = interval_steps
+        self.interval_s = interval_s
+        self.free_space_margin = free_space_margin
+        self.writer_id = writer_id
+        self._pg = process_group
+        self._rank = dist.get_rank(process_group) if process_group is not None else 0
+        self._world_size = dist.get_world_size(process_group) if process_group is not None else 1
+        self._free_bytes = free_bytes
+        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._finished: list[SaveResult] = []
+        self._baseline: tuple[int, float] | None = None
+        self._cleaned: set[Path] = set()
+        self._stats = WriterStatistics(0, 0, 0, 0, 0, 0, None)
+        self._closed = False
+
+    # -- training thread -------------------------------------------------------------------
+
+    def save_if_due(
+        self,
+        step: int,
+        capture: Callable[[], Snapshot],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        now: float | None = None,
+    ) -> tuple[SaveDecision, SaveHandle | None]:
+        """Start a save of the state after committed step ``step`` if an interval has elapsed.
+
+        ``capture`` takes the host snapshot and is called only when a save starts (it is the
+        only part that blocks training). Intervals count from the first step this is called
+        with. A save due while the previous one is still being written is skipped, counted
+        and logged (policy.py says why). ``now`` is ``time.monotonic()`` unless given.
+        """
+        now = time.monotonic() if now is None else now
+        if self._baseline is None:
+            self._baseline = (step, now)
+            return SaveDecision("not_due", f"step {step} is the first step seen; intervals count from here"), None
+        last_step, last_time = self._baseline
+        decision = should_save(
+            step=step,
+            now=now,
+            last_saved_step=last_step,
+            last_saved_time=last_time,
+            interval_steps=self.interval_steps,
+            interval_s=self.interval_s,
+            save_in_progress=self.statistics().num_pending > 0,
+        )
+        if decision.action == "not_due":
+            return decision, None
+        self._baseline = (step, now)
+        if decision.action == "skip":
+            with self._lock:
+                self._stats = replace(self._stats, num_skipped=self._stats.num_skipped + 1)
+                skipped = self._stats.num_skipped
+            self._log(
+                logging.WARNING, step, "%s (%d skipped so far; if this repeats, raise interval_steps/interval_s "
+                "or give %s more bandwidth)", decision.reason, skipped, self.directory,
+            )
+            return decision, None
+        return decision, self.save_async(capture(), step, metadata)
+
+    def save_async(self, snapshot: Snapshot, step: int, metadata: Mapping[str, Any] | None = None) -> SaveHandle:
+        """Queue a save of ``snapshot`` as the checkpoint of ``step``; return at once.
+
+        ``snapshot`` must not be modified afterwards. ``metadata`` (JSON values) is stored in
+        ``manifest.json`` next to quorum id, world size, versions and the state digest.
+        Saves run one at a time in call order; a save requested while another is running
+        waits behind it (use ``save_if_due`` to skip instead). Raises ValueError if
+        ``metadata`` is not JSON-serialisable, RuntimeError after :meth:`close`. Never
+        raises for I/O: see the handle.
+        """
+        if self._closed:
+            raise RuntimeError(f"the checkpoint writer for {self.directory} is closed; build a new one to save step {step}")
+        extra = dict(metadata or {})
+        try:
+            json.dumps(extra)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"checkpoint metadata for step {step} must hold JSON values only: {e}") from e
+        future: concurrent.futures.Future[SaveResult] = concurrent.futures.Future()
+        with self._lock:
+            self._stats = replace(self._stats, num_pending=self._stats.num_pending + 1)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="replicaft-checkpoint", daemon=True)
+            self._thread.start()
+        self._jobs.put(_Job(snapshot, step, extra, future))
+        return SaveHandle(step, future)
+
+    def pop_finished(self) -> list[SaveResult]:
+        """Results of saves finished since the last call, oldest first (for events and logs)."""
+        with self._lock:
+            finished, self._finished = self._finished, []
+        return finished
+
+    def statistics(self) -> WriterStatistics:
+        with self._lock:
+            return self._stats
+
+    def close(self, timeout_s: float = 60.0) -> bool:
+        """Let queued saves finish, for at most ``timeout_s``; True if they all did.
+
+        On a timeout the thread is left running (it is a daemon) and a warning names the
+        directory: an unfinished save leaves only a temporary directory behind. The writer
+        accepts no saves afterwards.
+        """
+        self._closed = True
+        if self._thread is None:
+            return True
+        self._jobs.put(None)
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            logger.warning(
+                "[%s] checkpoint writer for %s still busy after %gs; abandoning its save (the previous "
+                "checkpoint is intact)", self.writer_id, self.directory, timeout_s,
+            )
+            return False
+        self._thread = None
+        return True
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writer thread ---------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                result = self._save(job)
+            except Exception as e:  # a bug here must not kill the thread and stall every later save
+                logger.exception("[%s step=%d] checkpoint writer error", self.writer_id, job.step)
+                result = SaveResult(job.step, "failed", f"internal error: {type(e).__name__}: {e}")
+            with self._lock:
+                s = self._stats
+                self._stats = replace(
+                    s,
+                    num_pending=s.num_pending - 1,
+                    num_published=s.num_published + (result.status == "published"),
+                    num_refused=s.num_refused + (result.status == "refused"),
+                    num_failed=s.num_failed + (result.status == "failed"),
+                    num_tier2_failed=s.num_tier2_failed + (result.tier2_error is not None),
+                    last_published_step=result.step if result.ok else s.last_published_step,
+                )
+                self._finished.append(result)
+            job.future.set_result(result)
+
+    def _save(self, job: _Job) -> SaveResult:
+        started = time.monotonic()
+        leader = self._rank == 0
+        layout = StateLayout(
+            job.snapshot.manifest.skeleton,
+            tuple(SavedTensor(t.name, t.dtype, t.shape) for t in job.snapshot.manifest.tensors),
+        )
+        estimated = estimate_checkpoint_bytes(
+            num_tensor_bytes=job.snapshot.manifest.total_bytes,
+            num_tensors=len(layout.tensors),
+            num_skeleton_bytes=len(layout.encode()),
+        )
+        prepared = self._agree(self._prepare(job, estimated) if leader else None)
+        assert prepared is not None  # rank 0 always sends one
+        if prepared.refusal is not None:
+            return prepared.refusal
+        assert prepared.tmp is not None
+        tensors = tensors_from_buffer(job.snapshot.buffer, job.snapshot.manifest)
+        try:
+            dcp.save(
+                {spec.name: t for spec, t in zip(layout.tensors, tensors, strict=True)},
+                storage_writer=dcp.FileSystemWriter(str(prepared.tmp), single_file_per_rank=True, sync_files=True),
+                process_group=self._pg,
+                no_dist=self._pg is None,
+            )
+            result = self._publish(job, layout, tensors, prepared.tmp, started) if leader else None
+        # DCP's CheckpointException derives from BaseException, so name it; the rest are
+        # OSError (ENOSPC, EIO), CheckpointCorrupt, and torch's RuntimeErrors from torch.save.
+        except (Exception, dcp.CheckpointException) as e:
+            result = self._fail(job, prepared.tmp, e, estimated, started) if leader else None
+        result = self._agree(result)
+        assert result is not None
+        return result
+
+    def _prepare(self, job: _Job, estimated: int) -> _Prepared:
+        """Rank 0: clean leftovers once, check free space, create the temporary directory."""
+        step = job.step
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self._remove_leftovers_once(self.directory)
+            free = self._free_bytes(self.directory)
+            space = enough_space(free, estimated, self.free_space_margin)
+            if not space.ok:
+                reason = (
+                    f"not enough free space in {self.directory}: checkpoint of step {step} {space.reason}; "
+                    f"training continues without it; free space there or lower keep_last={self.keep_last}"
+                )
+                self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
+                return _Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
+            tmp = self.directory / tmp_dirname(step, new_token())
+            tmp.mkdir()
+        except Exception as e:  # not only OSError: with W > 1 the other ranks wait for an answer
+            reason = f"cannot prepare {self.directory} for the checkpoint of step {step}: {type(e).__name__}: {e}"
+            self._log(logging.ERROR, step, "checkpoint failed: %s", reason)
+            return _Prepared(None, SaveResult(step, "failed", reason))
+        return _Prepared(tmp, None)
+
+    def _publish(self, job: _Job, layout: StateLayout, tensors: list[torch.Tensor], tmp: Path, started: float) -> SaveResult:
+        """Rank 0, after every rank's ``dcp.save`` returned: seal, verify, rename, then tier 2 and retention."""
+        step = job.step
+        write_durably(tmp / STATE_FILE, layout.encode())
+        saved = dcp.FileSystemReader(str(tmp)).read_metadata().state_dict_metadata
+        missing = [t.name for t in layout.tensors if t.name not in saved]
+        if missing:
+            raise CheckpointCorrupt(f"{tmp.name}: DCP metadata lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        files = tuple(checksum_and_fsync(p) for p in sorted(tmp.iterdir()) if p.is_file())
+        state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]))
+        manifest = CheckpointManifest(step, time.time(), files, {**self._base_metadata(job, state_digest), **job.metadata})
+        write_durably(tmp / MANIFEST_FILE, manifest.encode())
+        final = self.directory / step_dirname(step)
+        if final.exists():
+            ok, why = verify(final)
+            if ok:
+                remove_partial(tmp)
+                self._log(logging.INFO, step, "checkpoint %s already published and intact; kept it", final)
+                return SaveResult(step, "published", f"{final} already published", final, manifest.num_bytes, time.monotonic() - started)
+            self._log(logging.WARNING, step, "replacing damaged checkpoint %s (%s)", final, why)
+            discard(final, step)
+        publish(tmp, final)
+        seconds = time.monotonic() - started
+        self._log(logging.INFO, step, "checkpoint published: %s (%d bytes in %.2fs)", final, manifest.num_bytes, seconds)
+        tier2_path, tier2_error = self._copy_to_tier2(final, manifest)
+        deleted = self._apply_retention(self.directory, step)
+        return SaveResult(
+            step, "published", f"published {final}", final, manifest.num_bytes, time.monotonic() - started,
+            tier2_path, tier2_error, deleted,
+        )
+
+    def _fail(self, job: _Job, tmp: Path, error: BaseException, estimated: int, started: float) -> SaveResult:
+        """Rank 0: describe the failure (with the disk's state), remove the partial files."""
+        reason = f"writing the checkpoint of step {job.step} into {tmp} failed: {describe_error(error)}"
+        try:
+            free = disk_free_bytes(self.directory)
+        except OSError:
+            free = None
+        if free is not None and free < estimated:
+            # torch.save's zip writer turns ENOSPC into "unexpected pos" RuntimeErrors, so the
+            # disk's state is the clearest evidence of the cause.
+            reason += (
+                f"; {self.directory} has only {free} bytes free of the ~{estimated} needed: the disk is "
+                f"full (ENOSPC); free space there or lower keep_last={self.keep_last}"
+            )
+        remove_partial(tmp)
+        previous = max((s for s, _ in published(self.directory) if s != job.step), default=None)
+        self._log(
+            logging.ERROR, job.step, "checkpoint failed: %s; partial files removed, last good checkpoint: %s",
+            reason, "none" if previous is None else step_dirname(previous),
+        )
+        return SaveResult(job.step, "failed", reason, seconds=time.monotonic() - started)
+
+    def _copy_to_tier2(self, final: Path, manifest: CheckpointManifest) -> tuple[Path | None, str | None]:
+        if self.tier2_directory is None:
+            return None, None
+        try:
+            self.tier2_directory.mkdir(parents=True, exist_ok=True)
+            self._remove_leftovers_once(self.tier2_directory)
+            copy = copy_verified(final, self.tier2_directory, manifest)
+        except (OSError, CheckpointCorrupt) as e:
+            error = f"copying {final} to tier 2 ({self.tier2_directory}) failed: {type(e).__name__}: {e}"
+            self._log(logging.ERROR, manifest.step, "%s; the tier-1 checkpoint is unaffected", error)
+            return None, error
+        self._apply_retention(self.tier2_directory, manifest.step)
+        return copy, None
+
+    def _apply_retention(self, directory: Path, step: int) -> tuple[int, ...]:
+        """Delete what retention says; one failed delete is logged and does not stop the others."""
+        steps = dict(published(directory))
+        decision = decide_retention(steps, keep_last=self.keep_last, milestone_every=self.milestone_every)
+        deleted = []
+        for old in decision.delete:
+            try:
+                discard(steps[old], old)
+                deleted.append(old)
+            except OSError as e:
+                self._log(logging.WARNING, step, "retention could not delete %s: %s", steps[old], e)
+        if deleted:
+            self._log(logging.INFO, step, "retention in %s: %s", directory, decision.reason)
+        return tuple(deleted)
+
+    def _remove_leftovers_once(self, directory: Path) -> None:
+        """Remove ``*.tmp-*`` left by crashed saves, before this writer's first save there."""
+        if directory in self._cleaned:
+            return
+        self._cleaned.add(directory)
+        for name in remove_leftovers(directory):
+            logger.info("[%s] removed %s/%s, left by an interrupted save or delete", self.writer_id, directory, name)
+
+    def _base_metadata(self, job: _Job, state_digest: str) -> dict[str, Any]:
+        try:
+            version = importlib.metadata.version("replicaft")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        return {
+            "quorum_id": job.snapshot.manifest.quorum_id,
+            "replica_id": job.snapshot.manifest.replica_id,
+            "group_world_size": self._world_size,
+            "replicaft_version": version,
+            "torch_version": torch.__version__,
+            "digest": state_digest,
+        }
+
+    def _agree(self, value: Any) -> Any:
+        """Group rank 0's ``value`` on every rank of the group (identity without a group)."""
+        if self._pg is None:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self._pg, 0), group=self._pg)
+        return box[0]
+
+    def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
+        logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)
