@@ -49,6 +49,7 @@ from replicaft.faults import parse_fault_points, reached
 from replicaft.group_protocol import VoteResponse
 from replicaft.group_server import GroupClient, GroupServer
 from replicaft.options import ManagerOptions
+from replicaft.persistence import PREEMPTED_EXIT_CODE, Persistence, snapshot_capture
 from replicaft.process_group import (
     CollectiveError,
     CollectiveHandle,
@@ -145,6 +146,8 @@ class Manager:
         self._step_started = 0.0
         self._digest_due: int | None = None
         self._commit_fields: dict[str, Any] = {}
+        self._first_quorum = True
+        self._resume_pending = False
         self._quorum_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replicaft-quorum")
         self._heal_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replicaft-heal")
         backend = options.backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -154,6 +157,7 @@ class Manager:
         self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self._faults = parse_fault_points(options.fault_points)
         self._events = EventLog(options.events_dir, options.replica_id, options.group_rank)
+        self._persistence = Persistence(options, self._emit)
         self._store: dist.TCPStore | None = None
         self._state_server: StateServer | None = None
         self._group_server: GroupServer | None = None
@@ -179,6 +183,7 @@ class Manager:
         self._group = GroupClient(address, o.group_rank, o.token)
         if o.group_rank != 0:
             self._group.watch(self._on_notice)
+        self._persistence.start()
         self._emit("start", world_size=o.group_world_size, pid=os.getpid())
         self._log(logging.INFO, "started; group manager at %s", address)
         return self
@@ -190,7 +195,8 @@ class Manager:
 
     def shutdown(self) -> None:
         """Stop every thread and server this manager started. Safe to call twice."""
-        self._emit_digest_if_due()
+        self._after_commit()
+        self._persistence.close()
         self._abort.set()
         self._quorum_pool.shutdown(wait=False, cancel_futures=True)
         self._heal_pool.shutdown(wait=False, cancel_futures=True)
@@ -284,7 +290,9 @@ class Manager:
 
     def start_quorum(self) -> None:
         """Begin a step: ask for a quorum in the background. Call from the training thread."""
-        self._emit_digest_if_due()
+        self._after_commit()
+        if self._persistence.preempted.is_set():
+            self._leave_preempted()
         if self._plan_future is not None and not self._plan_future.done():
             raise GroupError("start_quorum() called twice in one step; call should_commit() in between")
         self._error = None
@@ -356,6 +364,8 @@ class Manager:
         "ok" flag all-reduce and the group vote, each under its own deadline.
         """
         plan = self.wait_quorum()
+        if self._resume_pending:
+            self._resume_from_disk()
         caught_up = plan is None or not plan.healing or self._catchup_ready(plan)
         ok = (
             self._error is None
@@ -390,7 +400,14 @@ class Manager:
         if self._catchup is not None:
             rank_data["heal_base"] = self._catchup.base_step
         quorum = self._group.quorum(step, self.options.quorum_timeout_s, commit_failures=commit_failures, rank_data=rank_data)
-        plan = self._adjust_for_init_sync(plan_step(quorum, self.options.replica_id))
+        plan = plan_step(quorum, self.options.replica_id)
+        if self._first_quorum:
+            self._first_quorum = False
+            if plan.max_step == 0 and self._persistence.enabled and self._persistence.has_checkpoint():
+                # Nobody in the quorum is ahead: every group died (or the job restarts). Resume
+                # from disk in the training thread; this first step serves only to load.
+                self._resume_pending = True
+        plan = self._adjust_for_init_sync(plan)
         sizes = {m.world_size for m in plan.participants}
         if sizes != {self.options.group_world_size}:
             raise GroupError(f"groups of the quorum have {sorted(sizes)} ranks; every group must have the same W")
@@ -418,7 +435,7 @@ class Manager:
         return plan
 
     def _adjust_for_init_sync(self, plan: StepPlan) -> StepPlan:
-        if not self.init_sync or plan.max_step != 0 or len(plan.donors) < 2:
+        if not self.init_sync or plan.max_step != 0 or len(plan.donors) < 2 or self._resume_pending:
             return plan
         primary = plan.donors[0]
         return dataclasses.replace(
@@ -567,12 +584,41 @@ class Manager:
         )
         self._tick()
 
-    def _emit_digest_if_due(self) -> None:
+    def _after_commit(self) -> None:
+        """At the boundary after a committed step (the optimizer has stepped): digest, checkpoint."""
         step, self._digest_due = self._digest_due, None
-        every = self.options.digest_every_steps
-        if step is None or every == 0 or step % every:
+        if step is None:
             return
-        self._emit("committed", digest=digest(flatten(self.state_dict())))
+        every = self.options.digest_every_steps
+        if every and step % every == 0:
+            self._emit("committed", digest=digest(flatten(self.state_dict())))
+        plan = self._plan
+        quorum_id = plan.quorum_id if plan is not None else -1
+        self._persistence.after_commit(
+            step,
+            is_writer=plan is not None and plan.replica_rank == 0,
+            capture=snapshot_capture(self.state_dict, step, quorum_id, self.options.replica_id),
+        )
+
+    def _resume_from_disk(self) -> None:
+        self._resume_pending = False
+        loaded = self._persistence.load_latest(self.state_dict())
+        if loaded is None:
+            self._log(logging.WARNING, "no valid checkpoint to resume from; starting at step 0")
+            return
+        self.load_state_dict(loaded.state)
+        self._emit("resume", checkpoint_step=loaded.step, path=str(loaded.path), digest=digest(flatten(self.state_dict())))
+        self.report_error(GroupError(f"resumed from checkpoint step {loaded.step} ({loaded.path}); this step only loaded"))
+
+    def _leave_preempted(self) -> None:
+        """SIGTERM arrived: the writer group saves what it has; every group then exits."""
+        plan = self._plan
+        if plan is not None and plan.replica_rank == 0:
+            self._persistence.emergency_save(
+                self._step, snapshot_capture(self.state_dict, self._step, plan.quorum_id, self.options.replica_id)
+            )
+        self._emit("stop", reason="preempted (SIGTERM)")
+        raise SystemExit(PREEMPTED_EXIT_CODE)
 
     # -- notices, progress, logging ---------------------------------------------------------------
 

@@ -69,6 +69,19 @@ class ManagerOptions:
     a memory pass over the state; benchmarks of large models set 0."""
     seed: int = 0
     """Base of the per-step RNG seed (see ``Manager.step_seed``)."""
+    checkpoint_dir: str | None = None
+    """Persistent checkpoints (every group gone) go here; None = none (persistence.py)."""
+    checkpoint_interval_steps: int = 0
+    """Save every N committed steps (0 = not by steps). With a directory and no interval, 100."""
+    checkpoint_interval_s: float = 0.0
+    """Save every T seconds (0 = not by time); W = 1 only."""
+    checkpoint_keep_last: int = 3
+    checkpoint_milestone_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of this, forever (0 = none)."""
+    checkpoint_tier2_dir: str | None = None
+    """A durable second directory receiving a verified background copy of each checkpoint."""
+    preemption_grace_s: float = 30.0
+    """After SIGTERM, how long the writer group may spend on its emergency save."""
     fault_points: str | None = None
     """Kill this process at named points (``allreduce@5``), for chaos tests; see faults.py."""
 
@@ -111,6 +124,12 @@ class ManagerOptions:
         if self.max_quorum_failures < 1:
             raise OptionsError(f"max_quorum_failures={self.max_quorum_failures}; it must be at least 1")
         parse_fault_points(self.fault_points)
+        if self.checkpoint_dir is not None and not (self.checkpoint_interval_steps or self.checkpoint_interval_s):
+            object.__setattr__(self, "checkpoint_interval_steps", 100)
+        if self.checkpoint_interval_steps < 0 or self.checkpoint_interval_s < 0:
+            raise OptionsError("checkpoint intervals must be >= 0 (0 = off)")
+        if self.preemption_grace_s <= 0:
+            raise OptionsError(f"preemption_grace_s={self.preemption_grace_s}; it must be positive")
         if self.digest_every_steps < 0:
             raise OptionsError(f"digest_every_steps={self.digest_every_steps}; use 0 (off) or more")
 

@@ -1,0 +1,135 @@
+"""The manager's persistent-checkpoint duties: save rarely, resume only when no peer can donate.
+
+* **Who writes**: the group at replica rank 0 of the quorum that committed the step, every
+  ``checkpoint_interval_steps`` / ``checkpoint_interval_s``, asynchronously from a host
+  snapshot (replicaft.checkpoint). A save due while one runs is skipped and counted.
+* **Startup rule**: a starting group joins the quorum first. If any participant is ahead it
+  heals from peers and reads nothing from disk. Only if the first quorum it joins is entirely
+  at step 0 (every group died, or the job is new) does it load the newest *valid* checkpoint;
+  that first step is then not committed, so every group enters the next quorum at the loaded
+  step (groups that loaded an older checkpoint heal from the ones ahead).
+* **Preemption**: SIGTERM is noted by a handler and acted on at the next step boundary, where
+  the state is consistent: the writer group saves at once (bounded by ``preemption_grace_s``)
+  and the process exits with status 143; other groups just leave.
+
+W > 1: DCP then needs a process group spanning the group's ranks, taken from the default
+process group the script initialised inside its group (FSDP/HSDP scripts do); time-based
+intervals are refused for W > 1 because the ranks must agree on every save without talking.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch.distributed as dist
+
+from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheckpoint
+from replicaft.errors import OptionsError
+from replicaft.options import ManagerOptions
+from replicaft.state import flatten
+from replicaft.transfer.snapshot import Snapshot
+
+logger = logging.getLogger(__name__)
+
+PREEMPTED_EXIT_CODE = 143
+
+
+class Persistence:
+    def __init__(self, options: ManagerOptions, emit: Callable[..., None]) -> None:
+        self.options = options
+        self._emit = emit
+        self._writer: CheckpointWriter | None = None
+        self._reader: CheckpointReader | None = None
+        self.preempted = threading.Event()
+        self._previous_sigterm: Any = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.options.checkpoint_dir is not None
+
+    def start(self) -> None:
+        o = self.options
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: self.preempted.set())
+        if o.checkpoint_dir is None:
+            return
+        process_group = None
+        if o.group_world_size > 1:
+            if not dist.is_initialized():
+                raise OptionsError(
+                    f"checkpoint_dir with group_world_size={o.group_world_size} needs torch.distributed "
+                    "initialised inside the group (init_process_group, as FSDP scripts do)"
+                )
+            if o.checkpoint_interval_s:
+                raise OptionsError(
+                    "checkpoint_interval_s cannot be used with W > 1 (the ranks must agree on every "
+                    "save); use checkpoint_interval_steps"
+                )
+            process_group = dist.new_group(backend="gloo")
+        self._reader = CheckpointReader(o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir)
+        self._writer = CheckpointWriter(
+            o.checkpoint_dir,
+            tier2_directory=o.checkpoint_tier2_dir,
+            keep_last=o.checkpoint_keep_last,
+            milestone_every=o.checkpoint_milestone_every,
+            interval_steps=o.checkpoint_interval_steps,
+            interval_s=o.checkpoint_interval_s,
+            process_group=process_group,
+            writer_id=f"{o.replica_id}/{o.group_rank}",
+        )
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close(timeout_s=self.options.preemption_grace_s)
+            self._report()
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    def has_checkpoint(self) -> bool:
+        """Cheap: is any checkpoint published? (Validity is checked when loading.)"""
+        return self._reader is not None and bool(self._reader.list(verify_files=False))
+
+    def load_latest(self, template: dict[str, Any]) -> LoadedCheckpoint | None:
+        assert self._reader is not None
+        return self._reader.load_latest_valid(template)
+
+    def after_commit(self, step: int, is_writer: bool, capture: Callable[[], Snapshot]) -> None:
+        """Called at the step boundary after a commit, with the committed state in place."""
+        if self._writer is not None and is_writer:
+            decision, _ = self._writer.save_if_due(step, capture)
+            if decision.save:
+                self._emit("checkpoint_start", checkpoint_step=step)
+        self._report()
+
+    def emergency_save(self, step: int, capture: Callable[[], Snapshot]) -> None:
+        if self._writer is None:
+            return
+        handle = self._writer.save_async(capture(), step, {"reason": "preemption"})
+        try:
+            handle.wait(timeout_s=self.options.preemption_grace_s)
+        except TimeoutError as e:
+            logger.error("preemption save: %s", e)
+        self._report()
+
+    def _report(self) -> None:
+        if self._writer is None:
+            return
+        for r in self._writer.pop_finished():
+            self._emit(
+                "checkpoint",
+                checkpoint_step=r.step,
+                ok=r.ok,
+                status=r.status,
+                reason=r.reason,
+                path=str(r.path) if r.path else None,
+                num_bytes=r.num_bytes,
+            )
+
+
+def snapshot_capture(state_dict: Callable[[], dict[str, Any]], step: int, quorum_id: int, replica_id: str) -> Callable[[], Snapshot]:
+    return lambda: Snapshot.capture(flatten(state_dict()), step=step, quorum_id=quorum_id, replica_id=replica_id)

@@ -1,0 +1,121 @@
+"""Persistent checkpoints in a real job: resume when every group died, heal otherwise, preemption.
+
+Real processes train ``examples/train_ddp.py`` with ``REPLICAFT_CHECKPOINT_DIR`` set; the
+tests kill groups with real signals and read the structured events and the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from conftest import ManagedProcess, spawn_python, start_lighthouse
+from test_training import (
+    EXAMPLE,
+    assert_digests_agree,
+    assert_samples_exactly_once,
+    read_events,
+    wait_for_event,
+)
+
+from replicaft.checkpoint import CheckpointReader
+
+pytestmark = pytest.mark.slow
+
+INTERVAL = 10
+
+
+def start_group(lighthouse: str, replica_id: str, tmp: Path, *args: str) -> ManagedProcess:
+    env = dict(os.environ)
+    env.update(
+        REPLICAFT_LIGHTHOUSE=lighthouse,
+        REPLICAFT_REPLICA_ID=replica_id,
+        REPLICAFT_EVENTS_DIR=str(tmp / "events"),
+        REPLICAFT_CHECKPOINT_DIR=str(tmp / "ckpt"),
+        REPLICAFT_CHECKPOINT_INTERVAL_STEPS=str(INTERVAL),
+    )
+    env.pop("REPLICAFT_FAULT_POINTS", None)
+    return spawn_python(EXAMPLE, *args, name=replica_id, env=env)
+
+
+def committed_digest(events: Path, step: int) -> str:
+    for e in read_events(events):
+        if e["event"] == "committed" and e["step"] == step:
+            return e["digest"]
+    raise AssertionError(f"no committed digest for step {step}")
+
+
+def flip_a_byte(checkpoint: Path) -> Path:
+    shard = sorted(checkpoint.glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+@pytest.mark.parametrize("corrupt_newest", [False, True], ids=["newest", "newest_corrupt"])
+@pytest.mark.timeout(240)
+def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corrupt_newest: bool) -> None:
+    lh = start_lighthouse(status=False)
+    args = ("--steps", "60", "--step-delay", "0.02")
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
+    events = tmp_path / "events"
+    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL, 120, "two checkpoints")
+    for g in groups.values():
+        g.kill()
+    last_committed = max(e["step"] for e in read_events(events) if e["event"] == "commit" and e["committed"])
+    published = [i for i in CheckpointReader(tmp_path / "ckpt").list() if i.valid]
+    assert len(published) >= 2, published
+    expected = published[0]
+    if corrupt_newest:
+        flip_a_byte(published[0].path)
+        expected = published[1]
+    assert last_committed - expected.step <= 2 * INTERVAL
+    before = len(read_events(events))
+
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
+    for rid in groups:
+        resume = wait_for_event(
+            events, lambda e, rid=rid: e["event"] == "resume" and e["replica_id"] == rid, 120, f"{rid} resumed"
+        )
+        assert resume["checkpoint_step"] == expected.step, (resume, expected)
+        assert resume["digest"] == committed_digest(events, expected.step), "resumed state differs from what was saved"
+    for rid, g in groups.items():
+        assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
+    assert not [e for e in read_events(events)[before:] if e["event"] == "heal_start" and e["max_step"] > 0]
+    assert_digests_agree(events, min_steps=55)
+    assert_samples_exactly_once(events, min_steps=60)
+
+
+@pytest.mark.timeout(200)
+def test_group_restarting_while_peers_alive_heals_and_reads_no_checkpoint(tmp_path: Path) -> None:
+    lh = start_lighthouse("--min-replicas", "2", status=False)
+    args = ("--steps", "50", "--step-delay", "0.02")
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
+    events = tmp_path / "events"
+    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"], 120, "a checkpoint")
+    groups["g1"].kill()
+    groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args)
+    heal = wait_for_event(events, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0, 120, "g1 healed")
+    assert heal["ok"]
+    for rid, g in groups.items():
+        assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
+    assert not [e for e in read_events(events) if e["event"] == "resume"]
+    assert_digests_agree(events, min_steps=45)
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_to_the_writer_saves_its_step_before_exit(tmp_path: Path) -> None:
+    lh = start_lighthouse(status=False)
+    args = ("--steps", "400", "--step-delay", "0.02")
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
+    events = tmp_path / "events"
+    wait_for_event(events, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["step"] >= 13, 120, "g0 at step 13")
+    groups["g0"].send_signal(signal.SIGTERM)
+    assert groups["g0"].wait_exit(60) == 143, groups["g0"].output_tail()
+    g0_steps = [e["step"] for e in read_events(events) if e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"]]
+    saved = [e for e in read_events(events) if e["event"] == "checkpoint" and e["replica_id"] == "g0" and e["ok"]]
+    assert saved and saved[-1]["checkpoint_step"] == max(g0_steps), f"g0 committed up to {max(g0_steps)}; saved {saved}"
+    assert groups["g1"].popen.poll() is None, "the other group just goes on"
