@@ -8,16 +8,23 @@ which is what the chaos harness needs to test "killed mid-all-reduce" determinis
 Points: ``allreduce`` (after the first bucket's collective was issued, before it completes),
 ``heal`` (a healer, after its transfer started), ``serve`` (a donor, after publishing its
 snapshot), ``commit`` (after the vote, before the step is applied).
+
+One point slows instead of killing: ``slow_serve@N`` makes this rank's state server wait
+``SLOW_SERVE_S`` before each range it serves once the rank has reached step N — a slow donor
+link, so a heal outlasts several steps (what the non-blocking heal must absorb).
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Callable
 
 from replicaft.errors import OptionsError
 
-POINTS = frozenset({"allreduce", "heal", "serve", "commit"})
+POINTS = frozenset({"allreduce", "heal", "serve", "commit", "slow_serve"})
+SLOW_SERVE_S = 0.5
 
 
 def parse_fault_points(spec: str | None) -> frozenset[tuple[str, int]]:
@@ -37,3 +44,20 @@ def parse_fault_points(spec: str | None) -> frozenset[tuple[str, int]]:
 def reached(points: frozenset[tuple[str, int]], name: str, step: int) -> None:
     if (name, step) in points:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def slow_serve_hook(
+    points: frozenset[tuple[str, int]], current_step: Callable[[], int]
+) -> Callable[[int, int, memoryview], memoryview] | None:
+    """A state-server range hook that delays serving from the ``slow_serve`` step on, or None."""
+    steps = [step for name, step in points if name == "slow_serve"]
+    if not steps:
+        return None
+    first = min(steps)
+
+    def hook(start: int, stop: int, data: memoryview) -> memoryview:
+        if current_step() >= first:
+            time.sleep(SLOW_SERVE_S)
+        return data
+
+    return hook

@@ -45,7 +45,7 @@ from lighthouse.protocol import Notice
 from replicaft.catchup import CatchUp
 from replicaft.errors import GroupError, HealError, StateError
 from replicaft.events import EventLog
-from replicaft.faults import parse_fault_points, reached
+from replicaft.faults import parse_fault_points, reached, slow_serve_hook
 from replicaft.group_protocol import VoteResponse
 from replicaft.group_server import GroupClient, GroupServer
 from replicaft.options import ManagerOptions
@@ -170,7 +170,7 @@ class Manager:
     def start(self) -> Manager:
         o = self.options
         self._store = dist.TCPStore(o.host, 0, is_master=True, wait_for_workers=False)
-        self._state_server = StateServer(o.host, o.token)
+        self._state_server = StateServer(o.host, o.token, fault_hook=slow_serve_hook(self._faults, self.current_step))
         state_address = self._state_server.start()
         self._rank_data = {"store": f"{o.host}:{self._store.port}", "state": state_address}
         if o.group_rank == 0:

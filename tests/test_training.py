@@ -241,18 +241,20 @@ def test_two_rank_groups_one_rank_killed_takes_its_group_down_others_continue(tm
 
 @pytest.mark.timeout(240)
 def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_path: Path) -> None:
-    # A 2048-wide model is ~50 MB of state with AdamW: on this machine its transfer outlasts
-    # a step, so the healer records the steps it takes part in meanwhile and replays them.
+    # The donors' state servers are slowed (slow_serve: 0.5 s per range) so the transfer
+    # outlasts several steps: the healer records the steps it takes part in meanwhile and
+    # replays them; the donors are not held (they serve from threads, from a snapshot).
     lh = start_lighthouse("--min-replicas", "3", status=False)
-    args = ("--steps", "45", "--width", "2048")
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points="allreduce@15" if rid == "g2" else None) for rid in ("g0", "g1", "g2")}
+    args = ("--steps", "45", "--width", "1024")
+    faults = {"g0": "slow_serve@10", "g1": "slow_serve@10", "g2": "allreduce@15"}
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid]) for rid in ("g0", "g1", "g2")}
     assert groups["g2"].wait_exit(150) == -signal.SIGKILL
     groups["g2"] = start_group(lh.grpc_address, "g2", tmp_path, *args)
     heal = wait_for_event(
         tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e.get("base_step", 0) > 0, 120, "g2 heal after restart"
     )
     assert heal["ok"], heal
-    assert heal["replayed_steps"] >= 1, f"the transfer did not outlast a step here: {heal}"
+    assert heal["replayed_steps"] >= 1, f"the slowed transfer did not outlast a step: {heal}"
     assert len(heal["bytes_by_donor"]) == 2, f"expected a heal striped over both donors: {heal}"
     for rid, g in groups.items():
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
