@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hmac
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from lighthouse.errors import OptionsError
@@ -13,6 +14,22 @@ TOKEN_ENV = "REPLICAFT_TOKEN"
 """The shared secret; the only environment variable the lighthouse reads (in ``from_env``)."""
 
 TOKEN_METADATA_KEY = "x-replicaft-token"
+
+
+def token_problem(metadata: Sequence[tuple[str, str | bytes]] | None, token: str | None) -> str | None:
+    """What is wrong with a call's token ("missing" / "wrong"), or None if it may proceed.
+
+    Shared by every server that speaks the lighthouse's plumbing (the lighthouse itself and
+    each group's manager server); compared in constant time.
+    """
+    if token is None:
+        return None
+    given = dict(metadata or ()).get(TOKEN_METADATA_KEY)
+    if given is None:
+        return "missing"
+    if not hmac.compare_digest(str(given).encode(), token.encode()):
+        return "wrong"
+    return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -16,7 +16,6 @@ RPCs (generic handlers, msgpack bodies; see protocol.py):
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -28,7 +27,7 @@ from lighthouse import protocol
 from lighthouse.errors import ProtocolError, VersionMismatch
 from lighthouse.membership import Lost, Membership
 from lighthouse.metrics import Metrics
-from lighthouse.options import TOKEN_METADATA_KEY, LighthouseOptions
+from lighthouse.options import TOKEN_METADATA_KEY, LighthouseOptions, token_problem
 from lighthouse.protocol import FenceRequest, Heartbeat, Notice, QuorumRequest, Register
 from lighthouse.status import StatusServer
 
@@ -288,16 +287,14 @@ class LighthouseServer:
                 logger.exception("lighthouse tick failed; continuing")
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        if self.options.token is None:
-            return
-        given = dict(context.invocation_metadata() or ()).get(TOKEN_METADATA_KEY)
-        if given is None or not hmac.compare_digest(str(given).encode(), self.options.token.encode()):
+        problem = token_problem(context.invocation_metadata(), self.options.token)
+        if problem is not None:
             self.metrics.rejected_requests += 1
-            logger.warning("rejected a call from %s: %s token", context.peer(), "missing" if given is None else "wrong")
+            logger.warning("rejected a call from %s: %s token", context.peer(), problem)
             await context.abort(
                 grpc.StatusCode.UNAUTHENTICATED,
-                f"{'missing' if given is None else 'wrong'} {TOKEN_METADATA_KEY}; start the manager "
-                "with the lighthouse's token (--token or REPLICAFT_TOKEN)",
+                f"{problem} {TOKEN_METADATA_KEY}; start the manager with the lighthouse's token "
+                "(--token or REPLICAFT_TOKEN)",
             )
 
     async def _reject(self, context: grpc.aio.ServicerContext, error: ProtocolError) -> None:

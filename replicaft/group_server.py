@@ -18,7 +18,6 @@ does not starve the lighthouse session; state is touched only on that loop.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -29,7 +28,7 @@ import grpc
 from lighthouse import protocol as lp
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.errors import LighthouseError, ProtocolError
-from lighthouse.options import TOKEN_METADATA_KEY
+from lighthouse.options import TOKEN_METADATA_KEY, token_problem
 from lighthouse.protocol import Notice, Quorum
 from replicaft import group_protocol as gp
 from replicaft.commit import CommitDecision, Vote, check_votes, decide_commit
@@ -136,12 +135,9 @@ class GroupServer:
             w.put_nowait(notice)
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        token = self.options.token
-        if token is None:
-            return
-        given = dict(context.invocation_metadata() or ()).get(TOKEN_METADATA_KEY)
-        if given is None or not hmac.compare_digest(str(given).encode(), token.encode()):
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"missing or wrong {TOKEN_METADATA_KEY}")
+        problem = token_problem(context.invocation_metadata(), self.options.token)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"{problem} {TOKEN_METADATA_KEY}")
 
     async def _quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)

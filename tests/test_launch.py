@@ -10,7 +10,6 @@ and the sleeper ignores SIGTERM so the launcher has to escalate to SIGKILL.
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import time
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python
+from test_training import read_events
 
 from replicaft.errors import OptionsError
 from replicaft.launch import (
@@ -236,17 +236,6 @@ def test_descendants_walks_the_whole_tree_and_nothing_else() -> None:
 
 
 # -- real processes ---------------------------------------------------------------------------
-
-
-def read_events(directory: Path) -> list[dict[str, Any]]:
-    events = []
-    for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-    return events
 
 
 def wait_for_event(
