@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from chaos.record import InjectedFault, ProcessExit
-from chaos.timeline import Commit, Event, commits, frontier, next_commit, stream_key
+from chaos.scenario import ALL_GROUPS_KINDS
+from chaos.timeline import Commit, Event, commits, epoch_of, frontier, next_commit, stream_key
 
 Status = Literal["held", "violated", "not_checked"]
 
@@ -76,34 +77,42 @@ class CheckOptions:
     """Final loss of a fault-free run of the same scenario; None: invariant 5 not checked."""
     loss_tolerance: float = 0.1
     """Allowed relative difference of the final loss from the reference."""
+    epoch_starts: tuple[float, ...] = ()
+    """Sorted times every group was killed at once (see the module docstring)."""
 
 
-def _verdict(invariant: str, violations: Sequence[Violation], note: str) -> Verdict:
+def epoch_starts(faults: Sequence[InjectedFault]) -> tuple[float, ...]:
+    """When every group was killed at once: the faults after which the job resumes from disk."""
+    return tuple(sorted(f.ts for f in faults if f.kind in ALL_GROUPS_KINDS))
+
+
+def verdict(invariant: str, violations: Sequence[Violation], note: str) -> Verdict:
     return Verdict(invariant, "violated" if violations else "held", note, tuple(violations))
 
 
-def check_identical_digests(events: Sequence[Event]) -> Verdict:
+def check_identical_digests(events: Sequence[Event], epoch_starts: Sequence[float] = ()) -> Verdict:
     """Invariant 1: for every (step, group rank), every group that reported a digest reported the same.
 
     Ranks are compared column-wise (rank r of each group): with sharding inside a group
     (W > 1) different ranks hold different shards. When groups disagree, the groups outside
-    the majority digest are named; with no majority the violation names no group.
+    the majority digest are named; with no majority the violation names no group. A step
+    redone after a resume from disk (a later epoch) is a new history and compared within it.
     """
-    reported: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    reported: dict[tuple[int, int, int], dict[str, str]] = defaultdict(dict)
     violations = []
     for e in events:
         if e["event"] != "committed" or "digest" not in e:
             continue
         group, rank = stream_key(e)
         step = int(e["step"])
-        seen = reported[(step, rank)].setdefault(group, str(e["digest"]))
+        seen = reported[(epoch_of(float(e["ts"]), epoch_starts), step, rank)].setdefault(group, str(e["digest"]))
         if seen != e["digest"]:
             violations.append(
                 Violation(IDENTICAL_DIGESTS, step, group,
                           f"{group} reported two different states for step {step} (rank {rank}): {seen[:12]} then {str(e['digest'])[:12]}")
             )
     compared = 0
-    for (step, rank), by_group in sorted(reported.items()):
+    for (_, step, rank), by_group in sorted(reported.items()):
         if len(by_group) < 2:
             continue
         compared += 1
@@ -122,10 +131,10 @@ def check_identical_digests(events: Sequence[Event]) -> Verdict:
                                         f"groups diverged after step {step} (rank {rank}) with no majority: {shown}"))
     if compared == 0 and not violations:
         return Verdict(IDENTICAL_DIGESTS, "not_checked", "no step has digests from two or more groups")
-    return _verdict(IDENTICAL_DIGESTS, violations, f"{compared} (step, rank) pairs compared across groups")
+    return verdict(IDENTICAL_DIGESTS, violations, f"{compared} (step, rank) pairs compared across groups")
 
 
-def check_monotonic_steps(events: Sequence[Event]) -> Verdict:
+def check_monotonic_steps(events: Sequence[Event], epoch_starts: Sequence[float] = ()) -> Verdict:
     """Invariant 2: per process, committed steps strictly increase; across the job, none is lost.
 
     * Within one incarnation of a rank, each commit's step exceeds the previous one. A
@@ -133,9 +142,12 @@ def check_monotonic_steps(events: Sequence[Event]) -> Verdict:
       restarts at each ``start`` event.
     * Across the job, ordered by quorum id (see the module docstring for why not by time):
       the lowest step committed under a quorum exceeds every step committed under earlier
-      quorums. One violation per offending quorum.
+      quorums of the same epoch. One violation per offending quorum.
+    * An epoch after every group was killed starts above the step its groups resumed from
+      (the highest ``checkpoint_step`` of its ``resume`` events); without a resume it may
+      start anywhere (what was lost is ``chaos/outcomes.py``'s to judge).
     """
-    all_commits = commits(events)
+    all_commits = commits(events, epoch_starts)
     violations = []
     last: dict[tuple[str, int, int], Commit] = {}
     for c in all_commits:
@@ -147,18 +159,23 @@ def check_monotonic_steps(events: Sequence[Event]) -> Verdict:
                 f"{c.group} rank {c.rank} committed step {c.step} after step {prev.step} in the same process "
                 f"(incarnation {c.incarnation}, quorum {prev.quorum_id} then {c.quorum_id})"))
         last[key] = c
-    by_quorum: dict[int, list[Commit]] = defaultdict(list)
+    resumed = resume_steps(events, epoch_starts)
+    by_quorum: dict[tuple[int, int], list[Commit]] = defaultdict(list)
     for c in all_commits:
-        by_quorum[c.quorum_id].append(c)
+        by_quorum[(c.epoch, c.quorum_id)].append(c)
     highest: Commit | None = None
-    for quorum_id in sorted(by_quorum):
-        in_quorum = by_quorum[quorum_id]
+    epoch = 0
+    for key in sorted(by_quorum):
+        if key[0] != epoch:
+            epoch, highest = key[0], None
+            violations += _below_resume(by_quorum[key], epoch, resumed.get(epoch))
+        in_quorum = by_quorum[key]
         lowest = min(in_quorum, key=lambda c: c.step)
         if highest is not None and lowest.step <= highest.step:
             groups = sorted({c.group for c in in_quorum if c.step == lowest.step})
             violations.append(Violation(
                 MONOTONIC_STEPS, lowest.step, groups[0],
-                f"quorum {quorum_id} committed step {lowest.step} (by {', '.join(groups)}) although step "
+                f"quorum {key[1]} committed step {lowest.step} (by {', '.join(groups)}) although step "
                 f"{highest.step} had been committed under earlier quorum {highest.quorum_id} (by {highest.group}): "
                 "committed steps were lost (training rolled back)"))
         top = max(in_quorum, key=lambda c: c.step)
@@ -166,11 +183,36 @@ def check_monotonic_steps(events: Sequence[Event]) -> Verdict:
             highest = top
     if not all_commits:
         return Verdict(MONOTONIC_STEPS, "not_checked", "no committed steps")
-    return _verdict(MONOTONIC_STEPS, violations,
-                    f"{len(all_commits)} commits in {len(last)} process incarnations and {len(by_quorum)} quorums")
+    note = f"{len(all_commits)} commits in {len(last)} process incarnations and {len(by_quorum)} quorums"
+    if epoch_starts:
+        note += f", {len(epoch_starts) + 1} epochs (every group killed {len(epoch_starts)}x, resumed from disk)"
+    return verdict(MONOTONIC_STEPS, violations, note)
 
 
-def check_exactly_once_samples(events: Sequence[Event]) -> Verdict:
+def resume_steps(events: Sequence[Event], epoch_starts: Sequence[float]) -> dict[int, int]:
+    """Epoch -> the highest ``checkpoint_step`` its groups resumed from (epochs without a resume left out)."""
+    resumed: dict[int, int] = {}
+    for e in events:
+        if e["event"] == "resume" and isinstance(e.get("checkpoint_step"), int):
+            epoch = epoch_of(float(e["ts"]), epoch_starts)
+            resumed[epoch] = max(resumed.get(epoch, -1), int(e["checkpoint_step"]))
+    return resumed
+
+
+def _below_resume(first_quorum: Sequence[Commit], epoch: int, resume_step: int | None) -> list[Violation]:
+    """The first quorum of an epoch must commit above the step its groups resumed from."""
+    if resume_step is None:
+        return []
+    lowest = min(first_quorum, key=lambda c: c.step)
+    if lowest.step > resume_step:
+        return []
+    return [Violation(MONOTONIC_STEPS, lowest.step, lowest.group,
+                      f"after every group was killed (epoch {epoch}) the job resumed from checkpoint step {resume_step} "
+                      f"but quorum {lowest.quorum_id} committed step {lowest.step}: steps at or below the resume point "
+                      "were committed again")]
+
+
+def check_exactly_once_samples(events: Sequence[Event], epoch_starts: Sequence[float] = ()) -> Verdict:
     """Invariant 3: the sample ranges of the job's committed steps tile the global order.
 
     ``replicaft.data.ExactlyOnceSampler`` annotates each commit with ``samples: [start, stop]``,
@@ -181,11 +223,22 @@ def check_exactly_once_samples(events: Sequence[Event]) -> Verdict:
     a gap is samples never trained, an overlap samples trained twice. Steps whose commit no
     group reported are not judged across (noted). Without ``samples`` in the events (a
     training script without the sampler) the invariant is reported as not checked.
+
+    After a resume from disk the job redoes steps; the history that counts is the surviving
+    one: the steps up to the resume point from before, then the new epoch's commits.
     """
-    ranges: dict[int, dict[str, tuple[int, int]]] = defaultdict(dict)
+    by_epoch: dict[int, dict[int, dict[str, tuple[int, int]]]] = defaultdict(lambda: defaultdict(dict))
     for e in events:
         if e["event"] == "commit" and e.get("committed") and isinstance(e.get("samples"), list) and len(e["samples"]) == 2:
-            ranges[int(e["step"])].setdefault(str(e["replica_id"]), (int(e["samples"][0]), int(e["samples"][1])))
+            epoch = epoch_of(float(e["ts"]), epoch_starts)
+            by_epoch[epoch][int(e["step"])].setdefault(str(e["replica_id"]), (int(e["samples"][0]), int(e["samples"][1])))
+    resumed = resume_steps(events, epoch_starts)
+    ranges: dict[int, dict[str, tuple[int, int]]] = {}
+    for epoch in sorted(by_epoch):
+        if epoch:
+            keep = resumed.get(epoch, 0)
+            ranges = {step: r for step, r in ranges.items() if step <= keep}
+        ranges.update(by_epoch[epoch])
     if not ranges:
         return Verdict(EXACTLY_ONCE_SAMPLES, "not_checked",
                        "no commit event carries 'samples' (the training script does not use "
@@ -219,14 +272,15 @@ def check_exactly_once_samples(events: Sequence[Event]) -> Verdict:
     note = f"{len(agreed)} committed steps tile positions [0, {cursor})" if not violations else f"{len(agreed)} committed steps with sample ranges"
     if unjudged:
         note += f"; {unjudged} steps follow a step with no reported range and were not judged against it"
-    return _verdict(EXACTLY_ONCE_SAMPLES, violations, note)
+    return verdict(EXACTLY_ONCE_SAMPLES, violations, note)
 
 
 def check_no_hang(events: Sequence[Event], faults: Sequence[InjectedFault], options: CheckOptions) -> Verdict:
     """Invariant 4: after every fault some group commits a new step within ``hang_bound_s``.
 
     "New" = above the job's highest committed step at the fault: the survivors' commits of
-    the step that was in flight when the fault hit show nothing about recovery.
+    the step that was in flight when the fault hit show nothing about recovery. After every
+    group was killed, any commit is new (every process committing it was started afterwards).
 
     Also a hang: the job ending below ``target_steps`` (the run was cut off by its deadline,
     or every group gave up).
@@ -234,7 +288,8 @@ def check_no_hang(events: Sequence[Event], faults: Sequence[InjectedFault], opti
     all_commits = commits(events)
     violations = []
     for f in faults:
-        nxt = next_commit(all_commits, f.ts, above_step=frontier(all_commits, f.ts))
+        above = -1 if f.kind in ALL_GROUPS_KINDS else frontier(all_commits, f.ts)
+        nxt = next_commit(all_commits, f.ts, above_step=above)
         waited = None if nxt is None else nxt.ts - f.ts
         if waited is None or waited > options.hang_bound_s:
             seen = "no committed step afterwards" if waited is None else f"the next committed step came {waited:.1f}s later"
@@ -244,7 +299,7 @@ def check_no_hang(events: Sequence[Event], faults: Sequence[InjectedFault], opti
     if options.target_steps is not None and final < options.target_steps:
         violations.append(Violation(NO_HANG, final, None,
                                     f"the job stopped at step {final} of {options.target_steps}"))
-    return _verdict(NO_HANG, violations, f"{len(faults)} faults, bound {options.hang_bound_s:g}s")
+    return verdict(NO_HANG, violations, f"{len(faults)} faults, bound {options.hang_bound_s:g}s")
 
 
 def _reports_loss(e: Event) -> bool:
@@ -279,8 +334,8 @@ def check_final_loss(events: Sequence[Event], options: CheckOptions) -> Verdict:
     allowed = options.loss_tolerance * abs(ref)
     note = f"final loss {loss:.6g} vs fault-free {ref:.6g} (allowed difference {allowed:.3g})"
     if abs(loss - ref) > allowed:
-        return _verdict(FINAL_LOSS, [Violation(FINAL_LOSS, step, None, note)], note)
-    return _verdict(FINAL_LOSS, [], note)
+        return verdict(FINAL_LOSS, [Violation(FINAL_LOSS, step, None, note)], note)
+    return verdict(FINAL_LOSS, [], note)
 
 
 def check_no_crash(exits: Sequence[ProcessExit]) -> Verdict:
@@ -295,7 +350,7 @@ def check_no_crash(exits: Sequence[ProcessExit]) -> Verdict:
         for x in exits
         if x.caused_by is None and x.code != 0
     ]
-    return _verdict(NO_CRASH, violations, f"{len(exits)} process exits during the run")
+    return verdict(NO_CRASH, violations, f"{len(exits)} process exits during the run")
 
 
 def check_all(
@@ -303,9 +358,9 @@ def check_all(
 ) -> tuple[Verdict, ...]:
     """Every verdict, in DESIGN's order, then the harness's own."""
     return (
-        check_identical_digests(events),
-        check_monotonic_steps(events),
-        check_exactly_once_samples(events),
+        check_identical_digests(events, options.epoch_starts),
+        check_monotonic_steps(events, options.epoch_starts),
+        check_exactly_once_samples(events, options.epoch_starts),
         check_no_hang(events, faults, options),
         check_final_loss(events, options),
         check_no_crash(exits),

@@ -26,6 +26,10 @@ highest committed step at the fault) committed by a group that survived it (any 
 lighthouse kill): how long the job as a whole stalled. "New" matters: survivors often log
 their commit of the step in flight a few milliseconds after the fault, which says nothing
 about recovery (measured: 0.003 s for a SIGKILL landing just after a commit).
+After every group was killed (``kill_all_groups``, ``corrupt_checkpoint``) there are no
+survivors and every commit is new work of restarted processes: recovery is then the time to
+the job's first commit after the fault, whatever its step (it resumed from disk, below the
+old frontier). For the checkpoint disk filling up, recovery is any group's next new step.
 **Rejoin** is the time from the moment the target could run again (respawned, SIGCONT, the
 lighthouse restarted) to its first committed step after that (any group's, for the
 lighthouse): what restarting costs, without the orchestrator's restart delay in it.
@@ -38,7 +42,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chaos.record import LIGHTHOUSE, InjectedFault
+from chaos.record import JOB_TARGETS, InjectedFault
+from chaos.scenario import ALL_GROUPS_KINDS
 from chaos.timeline import Commit, frontier, next_commit
 
 
@@ -66,8 +71,9 @@ def goodput(all_commits: Sequence[Commit]) -> Goodput:
 
 def recovery_seconds(all_commits: Sequence[Commit], fault: InjectedFault) -> float | None:
     """Fault to the next new step committed by a survivor; None if there was none."""
-    exclude = None if fault.target == LIGHTHOUSE else fault.target
-    nxt = next_commit(all_commits, fault.ts, exclude=exclude, above_step=frontier(all_commits, fault.ts))
+    exclude = None if fault.target in JOB_TARGETS else fault.target
+    above = -1 if fault.kind in ALL_GROUPS_KINDS else frontier(all_commits, fault.ts)
+    nxt = next_commit(all_commits, fault.ts, exclude=exclude, above_step=above)
     return None if nxt is None else nxt.ts - fault.ts
 
 
@@ -75,7 +81,7 @@ def rejoin_seconds(all_commits: Sequence[Commit], fault: InjectedFault) -> float
     """Target runnable again to its first commit; None if it never came back or never committed."""
     if fault.resumed_ts is None:
         return None
-    group = None if fault.target == LIGHTHOUSE else fault.target
+    group = None if fault.target in JOB_TARGETS else fault.target
     nxt = next_commit(all_commits, fault.resumed_ts, group=group)
     return None if nxt is None else nxt.ts - fault.resumed_ts
 

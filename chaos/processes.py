@@ -7,6 +7,14 @@ the logs stay in the run directory for the report's reader.
 No child may outlive the run. The runner stops every child in a ``finally``; on Linux each
 child additionally gets ``PR_SET_PDEATHSIG = SIGKILL``, so even a SIGKILLed runner takes its
 children with it. (The runner is single-threaded, which ``preexec_fn`` requires.)
+
+A signal reaches the child and every descendant: a W > 1 replica group is torchrun plus its
+ranks, and a SIGKILL, SIGSTOP or SIGTERM must reach every one of them, as it does when a host
+dies or a job is preempted. Each child leads its own session (process group), which keeps a
+terminal's Ctrl-C away from the children (the runner ends them itself); but torchrun starts
+each rank in a session of its own (torch 2.13, ``subprocess_handler.py``), so the ranks are
+found as the child's descendants in ``/proc`` instead, while the child is alive (so none of
+those pids can have been reused).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ class Child:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                start_new_session=True,
             )
         logger.info("started %s (pid %d), log %s", self.name, self.popen.pid, self.log_path)
         return self
@@ -71,21 +80,35 @@ class Child:
         return self.popen.poll()
 
     def signal(self, sig: int) -> None:
-        """Send ``sig`` if the process is still running (a finished one is left alone)."""
+        """Send ``sig`` to the child, its process group and all its descendants, if it is still running."""
         if self.poll() is None:
-            assert self.popen is not None
-            self.popen.send_signal(sig)
+            self._signal_all(sig)
             if sig == signal.SIGSTOP:
                 self.stopped = True
             elif sig == signal.SIGCONT:
                 self.stopped = False
 
+    def _signal_all(self, sig: int) -> None:
+        assert self.popen is not None
+        # Listed before signalling, while the child is alive and has reaped none of them.
+        pids = descendants(self.popen.pid)
+        try:
+            os.killpg(self.popen.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            self.popen.send_signal(sig)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass  # it exited meanwhile
+
     def kill(self, timeout_s: float = 10.0) -> int | None:
-        """SIGKILL (a stopped process dies too) and reap; returns the exit code, None if it would not die."""
+        """SIGKILL the child and its descendants (stopped ones die too) and reap the child; returns
+        its exit code, None if it would not die."""
         if self.popen is None:
             return None
         if self.popen.poll() is None:
-            self.popen.kill()
+            self._signal_all(signal.SIGKILL)
         try:
             return self.popen.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -117,6 +140,22 @@ class Child:
                 raise RuntimeError(f"{self.name} printed nothing matching {pattern.pattern!r} within "
                                    f"{timeout_s:g}s: {self.output_tail()}")
             time.sleep(POLL_S)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (children first), from ``/proc/<pid>/task/*/children``; [] elsewhere."""
+    out: list[int] = []
+    queue = [pid]
+    while queue:
+        parent = queue.pop(0)
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except (OSError, ValueError):
+                continue
+            out += children
+            queue += children
+    return out
 
 
 def python_env(repo_root: Path, extra: Mapping[str, str]) -> dict[str, str]:

@@ -9,7 +9,7 @@ values.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,12 @@ from chaos.scenario import Scenario
 
 LIGHTHOUSE = "lighthouse"
 """The ``target`` of a ``kill_lighthouse`` fault."""
+ALL_GROUPS = "all groups"
+"""The ``target`` of ``kill_all_groups`` and ``corrupt_checkpoint``."""
+DISK = "checkpoint disk"
+"""The ``target`` of ``fill_disk``."""
+JOB_TARGETS = frozenset({LIGHTHOUSE, ALL_GROUPS, DISK})
+"""Targets that are not one group: every group's commits count as the job's recovery."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +39,10 @@ class InjectedFault:
     lighthouse was restarted. None when it never came back (the run ended first)."""
     label: str = ""
     """The scenario's description of the fault, for reports."""
+    detail: str = ""
+    """What exactly was done, when the label does not say (the file and byte corrupted)."""
+    checkpoint_step: int | None = None
+    """``corrupt_checkpoint``: the step of the checkpoint that was damaged."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,3 +84,6 @@ class RunRecord:
     stopped_at_end: tuple[str, ...]
     """Groups still running when the run ended (they were SIGKILLed)."""
     deadline_exceeded: bool
+    environment: dict[str, str] = field(default_factory=dict)
+    """How the run was placed: ``network`` (loopback, or the namespaces and addresses) and
+    ``checkpoint_dir`` (where, and on what), for the summary's reader."""

@@ -15,12 +15,14 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from chaos.record import LIGHTHOUSE, InjectedFault
+from chaos.record import ALL_GROUPS, DISK, JOB_TARGETS, LIGHTHOUSE, InjectedFault
 from chaos.timeline import Commit, next_commit
 
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")
-_FAULT_COLOR = {"sigkill": "#d62728", "fault_point": "#d62728", "sigterm": "#e07b00", "sigstop": "#bcbd22",
-                "kill_lighthouse": "#444444"}
+_FAULT_COLOR = {"sigkill": "#d62728", "sigkill_rank": "#d62728", "fault_point": "#d62728", "kill_donor_mid_heal": "#a50f15",
+                "sigterm": "#e07b00", "sigstop": "#bcbd22", "kill_lighthouse": "#444444", "kill_all_groups": "#67000d",
+                "corrupt_checkpoint": "#67000d", "fill_disk": "#8c564b", "partition": "#6a3d9a", "slow_link": "#17becf"}
+_SHORT_TARGET = {LIGHTHOUSE: "lh", ALL_GROUPS: "all", DISK: "disk"}
 _W, _H = 960, 380
 _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 150, 44, 40
 
@@ -61,7 +63,7 @@ def timeline_svg(all_commits: Sequence[Commit], faults: Sequence[InjectedFault],
              'aria-label="committed step over time per group, faults marked">']
     for f in faults:  # shaded until the target trains again: its first commit after it came back
         back = None if f.resumed_ts is None else next_commit(
-            all_commits, f.resumed_ts, group=None if f.target == LIGHTHOUSE else f.target)
+            all_commits, f.resumed_ts, group=None if f.target in JOB_TARGETS else f.target)
         end = back.ts if back is not None else t_end
         color = _FAULT_COLOR.get(f.kind, "#d62728")
         parts.append(f'<rect x="{x(f.ts):.1f}" y="{_TOP}" width="{max(x(end) - x(f.ts), 1):.1f}" height="{plot_h}" '
@@ -105,7 +107,7 @@ def timeline_svg(all_commits: Sequence[Commit], faults: Sequence[InjectedFault],
         parts.append(f'<line x1="{x(f.ts):.1f}" y1="{_TOP - 4}" x2="{x(f.ts):.1f}" y2="{_TOP + plot_h}" stroke="{color}" '
                      f'stroke-width="1.5"><title>{label}</title></line>')
         parts.append(f'<text x="{x(f.ts) + 3:.1f}" y="{_TOP - 8 - (i % 3) * 11}" fill="{color}">'
-                     f"{html.escape(f.kind)} {html.escape(f.target if f.target != LIGHTHOUSE else 'lh')}</text>")
+                     f"{html.escape(f.kind)} {html.escape(_SHORT_TARGET.get(f.target, f.target))}</text>")
     for i, g in enumerate(groups):
         ly = _TOP + 10 + i * 18
         parts.append(f'<line x1="{_W - _RIGHT + 12}" y1="{ly}" x2="{_W - _RIGHT + 36}" y2="{ly}" stroke="{color_of[g]}" stroke-width="2"/>')
@@ -146,9 +148,12 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
         ("recovery seconds (fault → survivors' next new step)", _seconds(summary["recovery_seconds"])),
         ("rejoin seconds (target back → its first commit)", _seconds(summary["rejoin_seconds"])),
         ("hangs", summary["hangs"]), ("restarts", summary["restarts"]),
+        ("groups × ranks", f'{summary.get("groups")} × {summary.get("ranks_per_group")}'),
+        *((f"environment: {k}", v) for k, v in summary.get("environment", {}).items()),
     ]
-    fault_rows = [[_fmt(f["label"]), _fmt(f["at_s"]), _fmt(f["step"]), _fmt(f["resumed_at_s"]), _fmt(f["recovery_s"]),
-                   _fmt(f["rejoin_s"])] for f in summary["faults"]]
+    fault_rows = [[_fmt(f["label"]) + (f'<br><span class="muted">{_fmt(f["detail"])}</span>' if f.get("detail") else ""),
+                   _fmt(f["at_s"]), _fmt(f["step"]), _fmt(f["resumed_at_s"]), _fmt(f["recovery_s"]), _fmt(f["rejoin_s"])]
+                  for f in summary["faults"]]
     fault_rows += [[_fmt(s["fault"]), "not injected", "", "", "", _fmt(s["reason"])] for s in summary["faults_skipped"]]
     verdict_rows = [[_fmt(v["invariant"]), f'<span class="{v["status"]}">{v["status"].replace("_", " ")}</span>', _fmt(v["note"])]
                     for v in summary["invariants"]]

@@ -7,14 +7,22 @@ The runner is the I/O shell of the harness. One thread runs one loop; each turn 
    explained by the fault the harness injected into it, by an armed fault point firing, or
    is a crash;
 2. restarts dead groups and a killed lighthouse ``restart_delay_s`` later, as an orchestrator
-   would, and sends SIGCONT to groups whose stop has lasted its duration;
-3. injects each scenario fault once its condition holds (a committed step, or seconds since
-   the first commit) and its target is running;
+   would;
+3. undoes timed faults whose duration is over, and injects each scenario fault once its
+   condition holds and its target can take it (``chaos/injector.py`` owns the faults; this
+   module owns the processes and implements the injector's ``Supervision`` interface);
 4. ends the run when the job has finished, or when ``run_timeout_s`` passes (then the
    invariant checks report the hang).
 
+Before the first process starts, the runner builds what the scenario's faults need: network
+namespaces for ``partition``/``slow_link`` (``chaos/network.py``; every process then runs in
+one) and a small tmpfs as the checkpoint directory for ``fill_disk`` (``chaos/disk.py``). If
+either cannot be built, the run goes on without it and the faults that needed it are skipped
+with the reason. Both are torn down in the same ``finally`` that stops the processes.
+
 No wait in here is unbounded: the loop itself ends at the run deadline, the lighthouse start
-has its own deadline, and every child is SIGKILLed in a ``finally``.
+has its own deadline, reaping a SIGKILLed child has one, and every child is SIGKILLed in a
+``finally``.
 
 When the first group finishes training (its ``stop`` event at the target step, or a clean
 exit), the job is done: no more faults or restarts, and a group that has not rejoined yet
@@ -25,26 +33,28 @@ by replicaft.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
+import os
 import re
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from chaos.commands import REPO_ROOT, GroupPlacement, group_command, group_env, lighthouse_command
+from chaos.disk import TMPFS_MB, DiskUnavailable, SmallDisk
 from chaos.event_tail import EventTail
+from chaos.injector import Injector
 from chaos.job_view import JobView
-from chaos.processes import Child, python_env
-from chaos.record import LIGHTHOUSE, InjectedFault, ProcessExit, RunRecord
-from chaos.scenario import FaultSpec, Scenario
+from chaos.network import LIGHTHOUSE as LAB_LIGHTHOUSE
+from chaos.network import NetworkLab, NetworkUnavailable
+from chaos.processes import Child, descendants, python_env
+from chaos.record import ALL_GROUPS, LIGHTHOUSE, ProcessExit, RunRecord
+from chaos.scenario import NETWORK_KINDS, Scenario
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = REPO_ROOT / "examples" / "train_ddp.py"
 POLL_S = 0.1
 LIGHTHOUSE_START_TIMEOUT_S = 30.0
 """A torch-free process; seconds on an idle box, but this one is shared by 2 cores."""
@@ -70,27 +80,21 @@ class Progress:
 class _Group:
     gid: str
     child: Child | None = None
-    """The running process; None once it exited (and was reaped) or before the first start."""
+    """The running process; None once it exited (and was reaped) or before the first start.
+    With W > 1 it is torchrun, and the ranks are its descendants."""
     incarnation: int = 0
+    started_ts: float = 0.0
+    """Wall time just before the current process was launched: ranks whose ``start`` event
+    is newer belong to it."""
     restart_at: float | None = None
     """Monotonic time of the pending restart."""
-    resume_at: float | None = None
-    """Monotonic time of the pending SIGCONT."""
     cause: str | None = None
     """Why the current process will end, when the harness ended it: a fault kind, ``run_end``
     (stopped because the job finished without it) or ``teardown`` (killed after training)."""
     armed: bool = False
-    """The current process carries the scenario's fault point."""
+    """The current process carries the scenario's fault points."""
     finished_at: float | None = None
     """Monotonic time this group completed its training steps."""
-
-
-def is_due(spec: FaultSpec, step: int, first_commit_ts: float | None, now: float) -> bool:
-    """Whether the condition of a harness-injected fault holds (fault points fire themselves)."""
-    if spec.at_step is not None:
-        return step >= spec.at_step
-    assert spec.at_s is not None
-    return first_commit_ts is not None and now >= first_commit_ts + spec.at_s
 
 
 class Runner:
@@ -101,6 +105,8 @@ class Runner:
         self.out_dir = out_dir
         self.events_dir = out_dir / "events"
         self.logs_dir = out_dir / "logs"
+        self.checkpoint_dir = out_dir / "checkpoints" if scenario.checkpoint_interval_steps else None
+        self.job = JobView()
         self._on_progress = on_progress
         self._groups = {gid: _Group(gid) for gid in scenario.group_ids}
         self._lighthouse: Child | None = None
@@ -109,12 +115,10 @@ class Runner:
         self._lighthouse_incarnation = 0
         self._lighthouse_restart_at: float | None = None
         self._tail = EventTail(self.events_dir)
-        self._job = JobView()
-        self._pending = list(range(len(scenario.faults)))
-        """Indices of scenario faults not yet injected."""
-        self._faults: list[InjectedFault] = []
-        self._awaiting_resume: dict[str, int] = {}
-        """Target -> index into ``_faults`` whose ``resumed_ts`` is still unknown."""
+        self._lab: NetworkLab | None = None
+        self._disk: SmallDisk | None = None
+        self._environment: dict[str, str] = {}
+        self._injector = Injector(scenario, self, checkpoint_dir=self.checkpoint_dir)
         self._exits: list[ProcessExit] = []
         self._restarts = {gid: 0 for gid in scenario.group_ids}
         self._finishing_since: float | None = None
@@ -131,12 +135,13 @@ class Runner:
         started_ts, started = time.time(), time.monotonic()
         deadline = started + self.scenario.run_timeout_s
         try:
+            self._prepare_environment()
             self._start_lighthouse()
             for g in self._groups.values():
                 self._start_group(g)
             while not self._done():
                 if time.monotonic() > deadline:
-                    logger.error("run deadline of %gs passed at step %d; stopping", self.scenario.run_timeout_s, self._job.step)
+                    logger.error("run deadline of %gs passed at step %d; stopping", self.scenario.run_timeout_s, self.job.step)
                     break
                 self._turn()
                 if self._on_progress is not None:
@@ -145,36 +150,37 @@ class Runner:
             deadline_exceeded = not self._done()
         finally:
             self._stop_all()
+            self._teardown_environment()
         return RunRecord(
             scenario=self.scenario,
             out_dir=self.out_dir,
             events_dir=self.events_dir,
             started_ts=started_ts,
             ended_ts=time.time(),
-            faults=tuple(self._faults),
-            skipped=tuple(self._skipped_reasons()),
+            faults=tuple(self._injector.injected),
+            skipped=tuple(self._injector.skipped_reasons()),
             exits=tuple(self._exits),
             restarts=dict(self._restarts),
             stopped_at_end=tuple(self._stopped_at_end),
             deadline_exceeded=deadline_exceeded,
+            environment=dict(self._environment),
         )
 
     def _turn(self) -> None:
-        self._job.absorb(self._tail.poll())
+        self.job.absorb(self._tail.poll())
         now_m = time.monotonic()
         for g in self._groups.values():
             self._note_finished(g, now_m)
             self._reap(g, now_m)
         self._reap_lighthouse(now_m)
+        self._injector.undo_due(now_m)
         for g in self._groups.values():
-            if g.resume_at is not None and now_m >= g.resume_at:
-                self._resume(g)
             if g.restart_at is not None and now_m >= g.restart_at:
                 self._start_group(g)
         if self._lighthouse_restart_at is not None and now_m >= self._lighthouse_restart_at:
             self._restart_lighthouse(now_m)
         if self._finishing_since is None:
-            self._inject_due()
+            self._injector.inject_due()
         else:
             self._wind_down(now_m)
 
@@ -183,34 +189,138 @@ class Runner:
 
     def _progress(self, elapsed_s: float) -> Progress:
         running = sum(1 for g in self._groups.values() if g.child is not None and not g.child.stopped)
-        return Progress(elapsed_s, self._job.step, self.scenario.steps, self._job.quorum_size, len(self._faults),
-                        len(self.scenario.faults), running)
+        # A kill_donor_mid_heal is recorded as two faults: the healer's kill and the donor's death.
+        planned = len(self.scenario.faults) + sum(f.kind == "kill_donor_mid_heal" for f in self.scenario.faults)
+        return Progress(elapsed_s, self.job.step, self.scenario.steps, self.job.quorum_size,
+                        len(self._injector.injected), planned, running)
+
+    # -- environment ---------------------------------------------------------------------------
+
+    def _prepare_environment(self) -> None:
+        """Network namespaces and the checkpoint tmpfs, as the faults need; skips what cannot be built."""
+        s = self.scenario
+        self._environment["network"] = "loopback"
+        if s.needs_network:
+            lab = NetworkLab(s.group_ids)
+            try:
+                lab.create()
+            except NetworkUnavailable as e:
+                reason = f"network namespaces are unavailable here, so the run used loopback: {e}"
+                self._environment["network"] = f"loopback ({reason})"
+                self._injector.skip_unavailable(NETWORK_KINDS, reason)
+            else:
+                self._lab = lab
+                self._injector.use_network(lab)
+                self._environment["network"] = (
+                    f"network namespaces {lab.prefix}-*, one per process, veths to a bridge: "
+                    + ", ".join(f"{h.name} {h.address}" for h in lab.hosts.values()))
+        if self.checkpoint_dir is not None:
+            self._environment["checkpoint_dir"] = str(self.checkpoint_dir)
+            if s.needs_disk:
+                disk = SmallDisk(self.checkpoint_dir)
+                try:
+                    disk.mount()
+                except DiskUnavailable as e:
+                    self._injector.skip_unavailable(frozenset({"fill_disk"}), (
+                        f"could not mount a tmpfs at {self.checkpoint_dir} to fill (the machine's own disk is never "
+                        f"filled): {e}"))
+                else:
+                    self._disk = disk
+                    self._injector.use_disk(disk)
+                    self._environment["checkpoint_dir"] += f" (a {TMPFS_MB} MiB tmpfs, for fill_disk)"
+
+    def _teardown_environment(self) -> None:
+        self._injector.undo_due(time.monotonic(), everything=True)
+        if self._disk is not None:
+            try:
+                self._disk.unmount()
+            except DiskUnavailable as e:
+                logger.error("could not unmount the checkpoint tmpfs: %s", e)
+        if self._lab is not None:
+            self._lab.close()
+
+    # -- the injector's interface (chaos.injector.Supervision) ---------------------------------
+
+    def is_healthy(self, group: str) -> bool:
+        g = self._groups[group]
+        return (g.child is not None and g.child.poll() is None and not g.child.stopped and g.cause is None
+                and g.finished_at is None and self.job.committed_since(group, g.started_ts))
+
+    def is_armed(self, group: str) -> bool:
+        g = self._groups[group]
+        return g.armed and g.child is not None and g.child.poll() is None
+
+    def signal_group(self, group: str, sig: int, cause: str | None) -> None:
+        g = self._groups[group]
+        if g.child is None:
+            return
+        if cause is not None:
+            g.cause = cause
+        g.child.signal(sig)
+
+    def kill_rank(self, group: str, rank: int, cause: str) -> bool:
+        g = self._groups[group]
+        pid = self.job.rank_pids(group, g.started_ts).get(rank)
+        if g.child is None or pid is None:
+            return False
+        if pid != g.child.pid and pid not in descendants(g.child.pid):
+            logger.warning("%s rank %d (pid %d) is not a process of %s; not signalling it", group, rank, pid, g.child.name)
+            return False
+        g.cause = cause
+        os.kill(pid, signal.SIGKILL)
+        return True
+
+    def kill_every_group(self, cause: str) -> None:
+        # Every signal first, then the reaping (each a bounded wait): killing and reaping one
+        # by one let the last group train on for 0.6 s (measured under load).
+        for g in self._groups.values():
+            if g.child is not None:
+                g.cause = cause
+                g.child.signal(signal.SIGKILL)
+        now_m = time.monotonic()
+        for g in self._groups.values():
+            if g.child is not None:
+                g.child.kill()
+                self._reap(g, now_m)
+            elif g.restart_at is not None:
+                g.restart_at = now_m + self.scenario.restart_delay_s  # all come back together
+
+    def kill_lighthouse(self) -> bool:
+        if self._lighthouse is None or self._lighthouse.poll() is not None:
+            return False
+        self._lighthouse.kill()
+        return True
 
     # -- groups --------------------------------------------------------------------------------
 
     def _start_group(self, g: _Group) -> None:
         s = self.scenario
         g.incarnation += 1
-        g.restart_at, g.resume_at, g.cause = None, None, None
-        extra = {
-            "REPLICAFT_LIGHTHOUSE": self._lighthouse_address,
-            "REPLICAFT_REPLICA_ID": g.gid,
-            "REPLICAFT_EVENTS_DIR": str(self.events_dir),
-            "REPLICAFT_COLLECTIVE_TIMEOUT_S": str(s.collective_timeout_s),
-        }
+        g.restart_at, g.cause = None, None
         # Fault points are armed in the first process only: a restarted group heals to the
         # job's step and could reach the same point@step again, dying in a loop.
         points = s.fault_points_for(g.gid) if g.incarnation == 1 else None
-        if points:
-            extra["REPLICAFT_FAULT_POINTS"] = points
         g.armed = points is not None
-        args = [sys.executable, str(EXAMPLE), "--steps", str(s.steps), "--width", str(s.width),
-                "--step-delay", str(s.step_delay_s)]
+        placement = GroupPlacement(
+            lighthouse=self._lighthouse_address,
+            events_dir=self.events_dir,
+            checkpoint_dir=self.checkpoint_dir,
+            host=self._lab.address(g.gid) if self._lab is not None else None,
+            interface="eth0" if self._lab is not None else None,
+            fault_points=points,
+        )
+        args = group_command(s)
+        if self._lab is not None:
+            args = self._lab.wrap(g.gid, args)
         log = self.logs_dir / f"{g.gid}-{g.incarnation}.log"
-        g.child = Child(f"{g.gid}#{g.incarnation}", args, log_path=log, env=python_env(REPO_ROOT, extra), cwd=REPO_ROOT).start()
+        g.started_ts = time.time()
+        env = python_env(REPO_ROOT, group_env(s, g.gid, placement))
+        g.child = Child(f"{g.gid}#{g.incarnation}", args, log_path=log, env=env, cwd=REPO_ROOT).start()
         if g.incarnation > 1:
             self._restarts[g.gid] += 1
-            self._mark_resumed(g.gid)
+            self._injector.target_back(g.gid)
+            if self._injector.awaiting(ALL_GROUPS) and all(x.child is not None for x in self._groups.values()):
+                self._injector.target_back(ALL_GROUPS)
 
     def _note_finished(self, g: _Group, now_m: float) -> None:
         """A process that reached the target step has finished training, whether or not it has exited yet.
@@ -218,7 +328,7 @@ class Runner:
         Exiting takes long after the ``stop`` event (3 s alone, 11 s with three groups on the
         loaded 2-core box: interpreter teardown), which is no part of what the harness measures.
         """
-        if g.finished_at is None and g.child is not None and self._job.finished_training(g.child.pid, self.scenario.steps):
+        if g.finished_at is None and g.child is not None and self.job.finished_since(g.gid, g.started_ts, self.scenario.steps):
             g.finished_at = now_m
             self._begin_finishing(now_m)
 
@@ -232,13 +342,12 @@ class Runner:
         if cause == "teardown" and code == 0:
             cause = None  # it exited by itself just as the grace period ran out
         if cause is None and g.armed and code == -signal.SIGKILL:
-            cause = "fault_point"
-            self._record_fault_point(g)
+            cause = self._injector.self_inflicted(g.gid)
         if code == 0 and cause is None and g.finished_at is None:
             g.finished_at = now_m  # the script ended by itself: it trained what it was asked to
             self._begin_finishing(now_m)
         detail = g.child.output_tail() if cause is None and code != 0 else ""
-        self._exits.append(ProcessExit(g.gid, time.time(), code, cause, self._job.step, detail))
+        self._exits.append(ProcessExit(g.gid, time.time(), code, cause, self.job.step, detail))
         if detail:
             logger.error("%s crashed with exit code %d: %s", g.child.name, code, detail)
         name, g.child = g.child.name, None
@@ -246,15 +355,9 @@ class Runner:
             g.restart_at = now_m + self.scenario.restart_delay_s
             logger.info("%s exited (code %d, %s); restarting in %gs", name, code, cause or "no fault", self.scenario.restart_delay_s)
 
-    def _resume(self, g: _Group) -> None:
-        if g.child is not None:
-            g.child.signal(signal.SIGCONT)
-        g.resume_at = None
-        self._mark_resumed(g.gid)
-
     def _begin_finishing(self, now_m: float) -> None:
         if self._finishing_since is None:
-            logger.info("a group finished training at step %d; winding down", self._job.step)
+            logger.info("a group finished training at step %d; winding down", self.job.step)
             self._finishing_since = now_m
             self._lighthouse_restart_at = None
 
@@ -277,20 +380,20 @@ class Runner:
                     g.cause = "teardown"
                     g.child.kill()
                 continue
-            if g.child.stopped or g.child.pid not in self._job.committed_pids or grace_over:
+            if g.child.stopped or not self.job.committed_since(g.gid, g.started_ts) or grace_over:
                 logger.info("stopping %s: the job finished without it", g.child.name)
                 g.cause = "run_end"
-                g.resume_at = None
                 g.child.kill()
                 self._stopped_at_end.append(g.gid)
 
     # -- the lighthouse ------------------------------------------------------------------------
 
     def _lighthouse_child(self) -> Child:
-        s = self.scenario
         self._lighthouse_incarnation += 1
-        args = [sys.executable, "-m", "lighthouse", "--port", str(self._lighthouse_port),
-                "--heartbeat-timeout", str(s.heartbeat_timeout_s), "--progress-timeout", str(s.progress_timeout_s)]
+        host = self._lab.address(LAB_LIGHTHOUSE) if self._lab is not None else None
+        args = lighthouse_command(self.scenario, host=host, port=self._lighthouse_port)
+        if self._lab is not None:
+            args = self._lab.wrap(LAB_LIGHTHOUSE, args)
         log = self.logs_dir / f"lighthouse-{self._lighthouse_incarnation}.log"
         return Child(f"lighthouse#{self._lighthouse_incarnation}", args, log_path=log,
                      env=python_env(REPO_ROOT, {}), cwd=REPO_ROOT)
@@ -314,75 +417,17 @@ class Runner:
             self._lighthouse_restart_at = now_m + self.scenario.restart_delay_s
             return
         self._lighthouse_restart_at = None
-        self._mark_resumed(LIGHTHOUSE)
+        self._injector.target_back(LIGHTHOUSE)
 
     def _reap_lighthouse(self, now_m: float) -> None:
         lh = self._lighthouse
         if lh is None or self._lighthouse_restart_at is not None or lh.poll() is None:
             return
-        if LIGHTHOUSE not in self._awaiting_resume:
-            self._exits.append(ProcessExit(LIGHTHOUSE, time.time(), lh.poll() or 0, None, self._job.step, lh.output_tail()))
+        if not self._injector.awaiting(LIGHTHOUSE):
+            self._exits.append(ProcessExit(LIGHTHOUSE, time.time(), lh.poll() or 0, None, self.job.step, lh.output_tail()))
             logger.error("the lighthouse died on its own: %s", lh.output_tail())
         if self._finishing_since is None:
             self._lighthouse_restart_at = now_m + self.scenario.restart_delay_s
-
-    # -- faults --------------------------------------------------------------------------------
-
-    def _inject_due(self) -> None:
-        now = time.time()
-        for i in list(self._pending):
-            spec = self.scenario.faults[i]
-            if spec.kind == "fault_point" or not is_due(spec, self._job.step, self._job.first_commit_ts, now):
-                continue
-            if spec.kind == "kill_lighthouse":
-                if self._lighthouse is None or self._lighthouse.poll() is not None:
-                    continue
-                self._lighthouse.kill()
-                self._record(spec, LIGHTHOUSE, i)
-                continue
-            assert spec.target is not None
-            g = self._groups[spec.target]
-            if g.child is None or g.child.stopped or g.cause is not None:
-                continue  # wait until the target runs again
-            if spec.kind == "sigstop":
-                g.child.signal(signal.SIGSTOP)
-                g.resume_at = time.monotonic() + spec.duration_s
-            else:
-                g.cause = spec.kind
-                g.child.signal(signal.SIGKILL if spec.kind == "sigkill" else signal.SIGTERM)
-            self._record(spec, spec.target, i)
-
-    def _record(self, spec: FaultSpec, target: str, index: int) -> None:
-        self._pending.remove(index)
-        self._faults.append(InjectedFault(spec.kind, target, time.time(), label=spec.describe()))
-        self._awaiting_resume[target] = len(self._faults) - 1
-        logger.info("injected %s (job at step %d)", spec.describe(), self._job.step)
-
-    def _record_fault_point(self, g: _Group) -> None:
-        for i in self._pending:
-            spec = self.scenario.faults[i]
-            if spec.kind == "fault_point" and spec.target == g.gid:
-                self._pending.remove(i)
-                self._faults.append(InjectedFault("fault_point", g.gid, time.time(), label=spec.describe()))
-                self._awaiting_resume[g.gid] = len(self._faults) - 1
-                logger.info("fault point fired: %s", spec.describe())
-                return
-
-    def _mark_resumed(self, target: str) -> None:
-        index = self._awaiting_resume.pop(target, None)
-        if index is not None:
-            self._faults[index] = dataclasses.replace(self._faults[index], resumed_ts=time.time())
-
-    def _skipped_reasons(self) -> list[tuple[str, str]]:
-        out = []
-        for i in self._pending:
-            spec = self.scenario.faults[i]
-            if spec.kind == "fault_point":
-                reason = f"{spec.target}'s first process never reached {spec.point} at step {spec.at_step}"
-            else:
-                reason = f"its condition or target was not ready before the job ended (job step {self._job.step})"
-            out.append((spec.describe(), reason))
-        return out
 
     # -- teardown ------------------------------------------------------------------------------
 

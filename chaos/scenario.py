@@ -6,13 +6,56 @@ tells you the whole experiment, and the runner has no per-scenario code.
 
 Each fault fires at an *observable* moment, never after a blind sleep:
 
-* ``at_step = N`` — once the job has committed step N (read from the event logs);
+* ``at_step = N`` — once the job has committed step N (read from the event logs; the highest
+  step ever committed, so after a resume from disk it does not count the redone steps again);
 * ``at_s = T`` — T seconds after training starts, which is defined as the first committed
   step of the job, so the minutes spent importing torch on a loaded machine do not shift it.
 
-``fault_point`` faults are the exception: the group kills itself at an exact place in its
-own step (``replicaft/faults.py``), so they take ``at_step`` only and are armed when the
-target group first starts.
+and only when its target can take it: a fault aimed at one group waits while that group is
+down, stopped or not yet committing, and while it is the last healthy group (taking down
+every group is ``kill_all_groups``, a different experiment).
+
+Fault kinds (``kind``), what the harness does, and the outcome it then checks:
+
+=======================  ==================================================================
+``sigkill``              SIGKILL every process of group ``target``; the supervisor restarts
+                         it ``restart_delay_s`` later; it heals from peers and rejoins.
+``sigkill_rank``         SIGKILL rank ``rank`` of a W > 1 group (the pid of its ``start``
+                         event); torchrun takes the rest of the group down; it restarts.
+``sigstop``              SIGSTOP the group for ``duration_s`` (a hang), then SIGCONT: the
+                         lighthouse drops it, the others continue, it heals and rejoins.
+``sigterm``              SIGTERM (preemption notice): the group leaves at the next step
+                         boundary with status 143 (the writer group saves first); restarted.
+``kill_donor_mid_heal``  SIGKILL group ``healer`` at ``at_step``; group ``target`` is armed
+                         with the ``serve`` fault point at every later step, so it kills
+                         itself right after publishing the snapshot of the first heal it
+                         serves, i.e. in the middle of ``healer``'s heal. The heal must finish
+                         from the other donor. Needs 3 groups and W = 1.
+``kill_lighthouse``      SIGKILL the lighthouse; restarted on the same address.
+``kill_all_groups``      SIGKILL every group at once; all restart and resume from the newest
+                         valid checkpoint (needs ``checkpoint_interval_steps``): work lost is
+                         at most one interval plus ``resume_slack_steps``.
+``corrupt_checkpoint``   ``kill_all_groups``, and while every group is down, flip a byte in
+                         the first ``*.distcp`` shard of the newest published checkpoint: the
+                         resume must skip it and load an older one. Waits for two published
+                         checkpoints (one to corrupt, one to fall back to).
+``fill_disk``            Fill the checkpoint directory's file system (a tmpfs the harness
+                         mounts there) for ``duration_s``: saves are refused or fail with a
+                         clear reason, training continues; then the space is freed.
+``partition``            Cut group ``target``'s network link for ``duration_s`` (every
+                         process lives in its own network namespace on a bridge): the others
+                         continue once the lighthouse drops it; after the link is back it
+                         rejoins and heals.
+``slow_link``            Shape group ``target``'s link for ``duration_s``: ``rate_mbit``
+                         (tc tbf) and/or ``delay_ms`` (tc netem); training continues.
+``fault_point``          The group kills itself at ``point`` of step ``at_step`` of its own
+                         loop (``replicaft/faults.py``); armed when the target first starts,
+                         so it takes ``at_step`` only. W = 1 only.
+=======================  ==================================================================
+
+``partition`` and ``slow_link`` put every process of the run (lighthouse and groups) in
+network namespaces, which needs root and ``ip``; where they cannot be created, the run uses
+loopback and those faults are reported in ``faults_skipped`` with the reason, never faked.
 
 Validation happens once, in ``__post_init__``, and every error names the file, the field,
 the value and the fix.
@@ -24,10 +67,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-FaultKind = Literal["sigkill", "sigstop", "sigterm", "kill_lighthouse", "fault_point"]
+from chaos.random_faults import random_faults_from_dict
+
+FaultKind = Literal[
+    "sigkill", "sigkill_rank", "sigstop", "sigterm", "kill_donor_mid_heal", "kill_lighthouse", "kill_all_groups",
+    "corrupt_checkpoint", "fill_disk", "partition", "slow_link", "fault_point",
+]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 FAULT_POINTS = ("allreduce", "heal", "serve", "commit")
 """Mirrors ``replicaft.faults.POINTS``; kept here so loading a scenario does not import torch."""
+
+JOB_WIDE_KINDS = frozenset({"kill_lighthouse", "kill_all_groups", "corrupt_checkpoint", "fill_disk"})
+"""Kinds that hit the job rather than one group: they take no ``target``."""
+ALL_GROUPS_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint"})
+"""Kinds after which every group resumes from disk (a sanctioned rollback to a checkpoint)."""
+CHECKPOINT_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint", "fill_disk"})
+NETWORK_KINDS = frozenset({"partition", "slow_link"})
+TIMED_KINDS = frozenset({"sigstop", "partition", "slow_link", "fill_disk"})
+"""Kinds that last ``duration_s`` and are then undone."""
+SELF_ARMED_KINDS = frozenset({"fault_point", "kill_donor_mid_heal"})
+"""Kinds whose death the group inflicts on itself (``REPLICAFT_FAULT_POINTS``), armed at its first start."""
 
 SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
 
@@ -44,17 +103,37 @@ class FaultSpec:
     at_step: int | None = None
     """Inject once the job has committed this step."""
     target: str | None = None
-    """Replica id of the group to hit (``g0`` ... ``g{groups-1}``); none for ``kill_lighthouse``."""
+    """Replica id of the group to hit (``g0`` ... ``g{groups-1}``); none for job-wide kinds.
+    For ``kill_donor_mid_heal``, the donor that dies."""
     duration_s: float = 0.0
-    """``sigstop`` only: how long the group stays stopped before SIGCONT."""
+    """``sigstop``, ``partition``, ``slow_link``, ``fill_disk``: how long until it is undone."""
     point: str | None = None
     """``fault_point`` only: where in the step the group kills itself (allreduce, heal, serve, commit)."""
+    rank: int | None = None
+    """``sigkill_rank`` only: the group rank to kill."""
+    healer: str | None = None
+    """``kill_donor_mid_heal`` only: the group SIGKILLed (and restarted) so that a heal happens."""
+    rate_mbit: float | None = None
+    """``slow_link``: bandwidth cap of the target's link, both directions."""
+    delay_ms: float | None = None
+    """``slow_link``: added one-way delay (needs the kernel's netem qdisc)."""
 
     def describe(self) -> str:
         what = self.kind if self.point is None else f"{self.kind}:{self.point}"
         where = f" {self.target}" if self.target else ""
+        if self.rank is not None:
+            where += f" rank {self.rank}"
+        if self.healer is not None:
+            where += f" (healing {self.healer})"
+        how = []
+        if self.rate_mbit is not None:
+            how.append(f"{self.rate_mbit:g} Mbit/s")
+        if self.delay_ms is not None:
+            how.append(f"+{self.delay_ms:g} ms")
+        if self.duration_s:
+            how.append(f"for {self.duration_s:g}s")
         when = f"step {self.at_step}" if self.at_step is not None else f"t+{self.at_s:g}s"
-        return f"{what}{where} at {when}"
+        return f"{what}{where}{' ' + ' '.join(how) if how else ''} at {when}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,6 +141,9 @@ class Scenario:
     name: str
     description: str = ""
     groups: int = 3
+    """R: how many replica groups."""
+    ranks_per_group: int = 1
+    """W: ranks per group; W > 1 runs each group under torchrun."""
     steps: int = 50
     step_delay_s: float = 0.0
     """Extra seconds of work per step (``--step-delay`` of the example): paces a demo."""
@@ -72,11 +154,16 @@ class Scenario:
     """How long the supervisor waits before restarting a dead group or lighthouse, as an
     orchestrator would (Kubernetes' back-off, Slurm's requeue)."""
     heartbeat_timeout_s: float = 2.0
-    """Lighthouse ``--heartbeat-timeout``: how fast a SIGSTOPped group is dropped."""
+    """Lighthouse ``--heartbeat-timeout``: how fast a SIGSTOPped or partitioned group is dropped."""
     progress_timeout_s: float = 15.0
     """Lighthouse ``--progress-timeout``."""
     collective_timeout_s: float = 10.0
     """``REPLICAFT_COLLECTIVE_TIMEOUT_S`` for every group."""
+    checkpoint_interval_steps: int = 0
+    """Persistent checkpoints every N committed steps into ``<out>/checkpoints`` (0 = none)."""
+    resume_slack_steps: int = 2
+    """After every group died, the resume may lose one checkpoint interval plus this many steps
+    (the save of the newest checkpoint still in flight, the step in flight)."""
     run_timeout_s: float = 120.0
     """Overall deadline: the run is stopped (and reported as hung) when it passes."""
     hang_bound_s: float = 30.0
@@ -89,13 +176,23 @@ class Scenario:
         """Replica ids of the groups, ``g0`` ... ``g{groups-1}``."""
         return tuple(f"g{i}" for i in range(self.groups))
 
+    @property
+    def needs_network(self) -> bool:
+        """Whether the run must put its processes in network namespaces (partition, slow_link)."""
+        return any(f.kind in NETWORK_KINDS for f in self.faults)
+
+    @property
+    def needs_disk(self) -> bool:
+        """Whether the checkpoint directory must be a small tmpfs (fill_disk)."""
+        return any(f.kind == "fill_disk" for f in self.faults)
+
     def __post_init__(self) -> None:
         if not self.name:
             raise ScenarioError("scenario name is empty; set name = \"...\"")
-        for name in ("groups", "steps", "width"):
+        for name in ("groups", "ranks_per_group", "steps", "width"):
             if getattr(self, name) < 1:
                 raise ScenarioError(f"scenario {self.name!r}: {name}={getattr(self, name)}; it must be at least 1")
-        for name in ("step_delay_s", "restart_delay_s", "loss_tolerance"):
+        for name in ("step_delay_s", "restart_delay_s", "loss_tolerance", "checkpoint_interval_steps", "resume_slack_steps"):
             if getattr(self, name) < 0:
                 raise ScenarioError(f"scenario {self.name!r}: {name}={getattr(self, name)}; it must be >= 0")
         for name in ("heartbeat_timeout_s", "progress_timeout_s", "collective_timeout_s", "run_timeout_s", "hang_bound_s"):
@@ -105,6 +202,12 @@ class Scenario:
             raise ScenarioError(
                 f"scenario {self.name!r}: progress_timeout_s={self.progress_timeout_s} is not above "
                 f"heartbeat_timeout_s={self.heartbeat_timeout_s} (the lighthouse requires it); raise progress_timeout_s"
+            )
+        if self.checkpoint_interval_steps and self.ranks_per_group > 1:
+            raise ScenarioError(
+                f"scenario {self.name!r}: checkpoint_interval_steps={self.checkpoint_interval_steps} with "
+                f"ranks_per_group={self.ranks_per_group}: W > 1 checkpoints need torch.distributed initialised "
+                "inside the group, which examples/train_ddp.py does not do; use ranks_per_group = 1"
             )
         for i, fault in enumerate(self.faults):
             self._check_fault(i, fault)
@@ -121,30 +224,82 @@ class Scenario:
             raise ScenarioError(f"{where}: at_s={f.at_s}; it must be >= 0")
         if f.at_step is not None and not 0 <= f.at_step < self.steps:
             raise ScenarioError(f"{where}: at_step={f.at_step} is outside the run's steps 0..{self.steps - 1}")
-        if f.kind == "kill_lighthouse":
+        if f.kind in JOB_WIDE_KINDS:
             if f.target is not None:
-                raise ScenarioError(f"{where}: kill_lighthouse takes no target (got {f.target!r})")
+                raise ScenarioError(f"{where}: {f.kind} hits the whole job and takes no target (got {f.target!r})")
         elif f.target not in self.group_ids:
             raise ScenarioError(f"{where}: target={f.target!r}; expected one of {list(self.group_ids)}")
-        if f.kind == "sigstop" and not f.duration_s > 0:
-            raise ScenarioError(f"{where}: duration_s={f.duration_s}; a sigstop needs how long to stay stopped")
-        if f.kind != "sigstop" and f.duration_s:
-            raise ScenarioError(f"{where}: duration_s applies to sigstop only")
+        if f.kind in TIMED_KINDS and not f.duration_s > 0:
+            raise ScenarioError(f"{where}: duration_s={f.duration_s}; a {f.kind} needs how long it lasts")
+        if f.kind not in TIMED_KINDS and f.duration_s:
+            raise ScenarioError(f"{where}: duration_s applies to {sorted(TIMED_KINDS)} only")
+        if f.kind in CHECKPOINT_KINDS and not self.checkpoint_interval_steps:
+            raise ScenarioError(f"{where}: {f.kind} needs persistent checkpoints; set checkpoint_interval_steps (e.g. 10)")
+        if f.kind in SELF_ARMED_KINDS:
+            self._check_self_armed(where, f)
+        self._check_kind_fields(where, f)
+
+    def _check_self_armed(self, where: str, f: FaultSpec) -> None:
+        if f.at_step is None:
+            raise ScenarioError(f"{where}: the group arms itself with a step of its own loop; use at_step")
+        if self.ranks_per_group > 1:
+            raise ScenarioError(
+                f"{where}: needs ranks_per_group = 1 (got {self.ranks_per_group}): torchrun reports a rank's "
+                "self-inflicted SIGKILL as exit code 1, which the harness cannot tell from a crash"
+            )
+        armed = [g for g in self.faults if g.kind in SELF_ARMED_KINDS and g.target == f.target]
+        if len(armed) > 1:
+            raise ScenarioError(f"{where}: only one fault_point or kill_donor_mid_heal per target group "
+                                "(the group is armed once, when it first starts)")
+
+    def _check_kind_fields(self, where: str, f: FaultSpec) -> None:
         if f.kind == "fault_point":
             if f.point not in FAULT_POINTS:
                 raise ScenarioError(f"{where}: point={f.point!r}; expected one of {list(FAULT_POINTS)}")
-            if f.at_step is None:
-                raise ScenarioError(f"{where}: a fault point fires at a step of the group's own loop; use at_step")
-            armed = [g for g in self.faults if g.kind == "fault_point" and g.target == f.target]
-            if len(armed) > 1:
-                raise ScenarioError(f"{where}: only one fault_point per target group (it is armed when the group starts)")
         elif f.point is not None:
             raise ScenarioError(f"{where}: point applies to fault_point only")
+        if f.kind == "sigkill_rank":
+            if self.ranks_per_group < 2:
+                raise ScenarioError(f"{where}: needs groups of several ranks; set ranks_per_group = 2 (or more)")
+            if not isinstance(f.rank, int) or not 0 <= f.rank < self.ranks_per_group:
+                raise ScenarioError(f"{where}: rank={f.rank!r}; expected a group rank in 0..{self.ranks_per_group - 1}")
+        elif f.rank is not None:
+            raise ScenarioError(f"{where}: rank applies to sigkill_rank only")
+        if f.kind == "kill_donor_mid_heal":
+            if self.groups < 3:
+                raise ScenarioError(f"{where}: needs 3 groups or more (the healer, the donor that dies, and a donor "
+                                    f"that finishes the heal); got groups={self.groups}")
+            if f.healer not in self.group_ids or f.healer == f.target:
+                raise ScenarioError(f"{where}: healer={f.healer!r}; expected a group other than the target "
+                                    f"{f.target!r}, one of {list(self.group_ids)}")
+        elif f.healer is not None:
+            raise ScenarioError(f"{where}: healer applies to kill_donor_mid_heal only")
+        if f.kind == "slow_link":
+            if f.rate_mbit is None and f.delay_ms is None:
+                raise ScenarioError(f"{where}: give rate_mbit (a bandwidth cap) and/or delay_ms (added delay)")
+            for name in ("rate_mbit", "delay_ms"):
+                value = getattr(f, name)
+                if value is not None and not value > 0:
+                    raise ScenarioError(f"{where}: {name}={value}; it must be positive")
+        elif f.rate_mbit is not None or f.delay_ms is not None:
+            raise ScenarioError(f"{where}: rate_mbit and delay_ms apply to slow_link only")
 
     def fault_points_for(self, group_id: str) -> str | None:
-        """``REPLICAFT_FAULT_POINTS`` for the first start of ``group_id`` (restarts are not re-armed)."""
-        armed = [f for f in self.faults if f.kind == "fault_point" and f.target == group_id]
-        return ",".join(f"{f.point}@{f.at_step}" for f in armed) or None
+        """``REPLICAFT_FAULT_POINTS`` for the first start of ``group_id`` (restarts are not re-armed).
+
+        A ``kill_donor_mid_heal`` donor is armed with ``serve`` at every step from ``at_step``
+        on: it dies at the first heal it serves once the healer has been killed, whenever the
+        restarted healer gets there (its restart takes seconds of torch import).
+        """
+        armed = []
+        for f in self.faults:
+            if f.target != group_id or f.at_step is None:
+                continue
+            if f.kind == "fault_point":
+                armed.append(f"{f.point}@{f.at_step}")
+            elif f.kind == "kill_donor_mid_heal":
+                armed += [f"serve@{step}" for step in range(f.at_step, self.steps)]
+        return ",".join(armed) or None
 
 
 def _load_toml(path: Path) -> dict[str, Any]:
@@ -168,13 +323,26 @@ def _load_toml(path: Path) -> dict[str, Any]:
 
 
 def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> Scenario:
-    """Build a scenario from parsed TOML; unknown keys are errors (a typo must not be ignored)."""
+    """Build a scenario from parsed TOML; unknown keys are errors (a typo must not be ignored).
+
+    A ``[random_faults]`` table (``chaos/random_faults.py``) is expanded into faults appended
+    to the ``[[faults]]`` given by hand.
+    """
     data = dict(data)
-    raw_faults = data.pop("faults", [])
-    known = set(Scenario.__dataclass_fields__) - {"faults"}
+    raw_faults = list(data.pop("faults", []))
+    raw_random = data.pop("random_faults", None)
+    known = (set(Scenario.__dataclass_fields__) - {"faults"}) | {"random_faults"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ScenarioError(f"{source}: unknown keys {unknown}; known keys are {sorted(known)}")
+    if raw_random is not None:
+        try:
+            drawn = random_faults_from_dict(raw_random)
+            groups = data.get("groups", Scenario.__dataclass_fields__["groups"].default)
+            num_groups = groups if isinstance(groups, int) and groups > 0 else 1  # Scenario reports a bad one
+            raw_faults += drawn.expand(tuple(f"g{i}" for i in range(num_groups)))
+        except ValueError as e:
+            raise ScenarioError(f"{source}: {e}") from None
     fault_keys = set(FaultSpec.__dataclass_fields__)
     faults = []
     for i, raw in enumerate(raw_faults):

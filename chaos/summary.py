@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chaos.invariants import NO_HANG, CheckOptions, check_all, final_loss
+from chaos.invariants import NO_HANG, CheckOptions, check_all, epoch_starts, final_loss
 from chaos.metrics import goodput, recovery_seconds, rejoin_seconds, summarise
+from chaos.outcomes import OutcomeOptions, check_outcomes
 from chaos.record import RunRecord
 from chaos.timeline import Event, commits, frontier
 
@@ -51,15 +52,25 @@ def _reference_note(reference: Reference | None, target_steps: int) -> str:
 def build_summary(record: RunRecord, events: Sequence[Event], reference: Reference | None = None) -> dict[str, Any]:
     """The ``summary.json`` object."""
     s = record.scenario
-    all_commits = commits(events)
+    starts = epoch_starts(record.faults)
+    all_commits = commits(events, starts)
     baseline = reference if reference is not None and reference.finished else None
     options = CheckOptions(
         hang_bound_s=s.hang_bound_s,
         target_steps=s.steps,
         reference_final_loss=baseline.final_loss if baseline else None,
         loss_tolerance=s.loss_tolerance,
+        epoch_starts=starts,
     )
-    verdicts = check_all(events, record.faults, record.exits, options)
+    outcome_options = OutcomeOptions(
+        hang_bound_s=s.hang_bound_s,
+        ended_ts=record.ended_ts,
+        checkpoint_interval_steps=s.checkpoint_interval_steps,
+        resume_slack_steps=s.resume_slack_steps,
+        ranks_per_group=s.ranks_per_group,
+    )
+    verdicts = (*check_all(events, record.faults, record.exits, options),
+                *check_outcomes(events, record.faults, record.exits, outcome_options))
     violations = [v.to_dict() for verdict in verdicts for v in verdict.violations]
     recovery: dict[str, list[float]] = defaultdict(list)
     rejoin: dict[str, list[float]] = defaultdict(list)
@@ -74,6 +85,7 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
             "kind": f.kind,
             "target": f.target,
             "label": f.label,
+            "detail": f.detail,
             "at_s": round(f.ts - record.started_ts, 3),
             "step": frontier(all_commits, f.ts),
             "resumed_at_s": None if f.resumed_ts is None else round(f.resumed_ts - record.started_ts, 3),
@@ -91,6 +103,9 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
         "started_at": datetime.datetime.fromtimestamp(record.started_ts, datetime.timezone.utc).isoformat(),
         "wall_seconds": round(record.ended_ts - record.started_ts, 3),
         "target_steps": s.steps,
+        "groups": s.groups,
+        "ranks_per_group": s.ranks_per_group,
+        "environment": record.environment,
         "committed_steps": max((c.step for c in all_commits), default=0),
         "faults_injected": dict(sorted(Counter(f.kind for f in record.faults).items())),
         "faults": fault_rows,

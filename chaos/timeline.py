@@ -8,10 +8,17 @@ order each rank wrote them, and does no I/O.
 An *incarnation* is one process lifetime of a rank: a ``start`` event opens a new one. A
 restarted group keeps its replica id (and its event file), so incarnations are how a
 restart is told apart from a step going backwards inside one process.
+
+An *epoch* is a stretch of the job between two moments when every group was killed at once
+(``kill_all_groups``, ``corrupt_checkpoint``): the job then resumes from a checkpoint, below
+its old frontier, and redoes the steps since. That is a sanctioned rollback, so the checks
+compare steps within an epoch, and across epochs only through the resume. Every process
+dies at an epoch's start, so an event's epoch is simply which of those moments precede it.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +42,8 @@ class Commit:
     """From asking for the step's quorum to committing (``replicaft`` measures it per attempt)."""
     quorum_wait_s: float
     """``latency_s`` of the quorum this attempt ran in: how long forming it took."""
+    epoch: int = 0
+    """0 until the first time every group was killed, then 1, ... (see the module docstring)."""
 
 
 def stream_key(event: Event) -> tuple[str, int]:
@@ -42,11 +51,16 @@ def stream_key(event: Event) -> tuple[str, int]:
     return str(event["replica_id"]), int(event["group_rank"])
 
 
-def commits(events: Iterable[Event]) -> list[Commit]:
-    """Every committed step, in input order, each tagged with its rank's incarnation.
+def epoch_of(ts: float, epoch_starts: Sequence[float]) -> int:
+    """How many of the (sorted) moments every group was killed lie at or before ``ts``."""
+    return bisect_right(epoch_starts, ts)
+
+
+def commits(events: Iterable[Event], epoch_starts: Sequence[float] = ()) -> list[Commit]:
+    """Every committed step, in input order, each tagged with its rank's incarnation and its epoch.
 
     ``events`` must keep each rank's own order (the order of its file); ranks may be
-    interleaved in any way.
+    interleaved in any way. ``epoch_starts``: sorted times every group was killed at once.
     """
     incarnation: dict[tuple[str, int], int] = {}
     quorum_wait: dict[tuple[str, int], float] = {}
@@ -70,6 +84,7 @@ def commits(events: Iterable[Event]) -> list[Commit]:
                     num_contributors=int(e.get("num_contributors", 0)),
                     step_time_s=float(e.get("step_time_s", 0.0)),
                     quorum_wait_s=quorum_wait.get(key, 0.0),
+                    epoch=epoch_of(float(e["ts"]), epoch_starts),
                 )
             )
     return out

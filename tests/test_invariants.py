@@ -252,3 +252,58 @@ def test_a_log_breaking_everything_reports_each_invariant() -> None:
                          CheckOptions(hang_bound_s=5.0, target_steps=10, reference_final_loss=0.5))
     violated = {v.invariant for v in verdicts if v.status == "violated"}
     assert violated == {IDENTICAL_DIGESTS, MONOTONIC_STEPS, EXACTLY_ONCE_SAMPLES, NO_HANG, FINAL_LOSS, NO_CRASH}
+
+
+# -- every group killed at once: a resume from disk is a sanctioned rollback ----------------------
+
+def resumed_run(*, resume_step: int | None = 3, redo_from: int = 4, redo_digest: str = "r") -> tuple[list[Event], float]:
+    """Steps 1..5 (epoch 0); every group killed at t=10; restarted, they resume from checkpoint
+    ``resume_step`` and commit steps ``redo_from``..7 under quorum 2 (epoch 1)."""
+    log = healthy()
+    for i, g in enumerate(GROUPS):
+        log.append(start(g, 11.0, pid=300 + i))
+        if resume_step is not None:
+            log.append(ev("resume", g, resume_step, 12.0, quorum_id=2, checkpoint_step=resume_step, digest=f"d{resume_step}"))
+    for s in range(redo_from, 8):
+        for g in GROUPS:
+            log.append(commit(g, s, 12.0 + s, quorum_id=2, samples=((s - 1) * BATCH, s * BATCH)))
+            log.append(digest(g, s, 12.01 + s, f"{redo_digest}{s}"))
+    return log, 10.0
+
+
+def test_steps_redone_after_a_resume_from_disk_are_not_a_rollback() -> None:
+    log, killed = resumed_run()
+    verdicts = check_all(log, [InjectedFault("kill_all_groups", "all groups", killed)], [],
+                         CheckOptions(hang_bound_s=7.0, target_steps=7, epoch_starts=(killed,)))
+    assert {v.invariant: v.status for v in verdicts} == {
+        IDENTICAL_DIGESTS: "held", MONOTONIC_STEPS: "held", EXACTLY_ONCE_SAMPLES: "held", NO_HANG: "held",
+        FINAL_LOSS: "not_checked", NO_CRASH: "held"}
+
+
+def test_without_the_epoch_the_same_log_is_a_rollback() -> None:
+    log, _ = resumed_run()
+    assert check_monotonic_steps(log).status == "violated"
+    assert check_identical_digests(log).status == "violated"  # redone steps carry other digests
+
+
+def test_an_epoch_committing_at_or_below_its_resume_point_is_flagged() -> None:
+    log, killed = resumed_run(resume_step=3, redo_from=3)
+    (violation,) = check_monotonic_steps(log, (killed,)).violations
+    assert violation.step == 3 and "resumed from checkpoint step 3" in violation.detail
+
+
+def test_exactly_once_judges_the_surviving_history() -> None:
+    # The redone steps 4..7 consume what epoch 0's steps 4..5 had consumed: no overlap is reported.
+    log, killed = resumed_run()
+    assert check_exactly_once_samples(log, (killed,)).status == "held"
+    # A resume that restored a stale cursor (step 4 starting 10 samples early) is an overlap.
+    bad = with_samples(log, None, 4, (3 * BATCH - 10, 4 * BATCH))
+    bad = [e for e in bad if not (e["event"] == "commit" and e["step"] == 4 and e["ts"] < 10.0)]
+    assert offences(check_exactly_once_samples(bad, (killed,))) == [(4, None)]
+
+
+def test_recovery_after_every_group_died_counts_any_commit() -> None:
+    log, killed = resumed_run()
+    verdict = check_no_hang(log, [InjectedFault("kill_all_groups", "all groups", killed)],
+                            CheckOptions(hang_bound_s=7.0, target_steps=7, epoch_starts=(killed,)))
+    assert verdict.status == "held"  # step 4 at t=16 is below the old frontier (5) but is new work

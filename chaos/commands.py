@@ -1,0 +1,80 @@
+"""The command lines and environments of a run's processes. Pure: the runner starts what these describe.
+
+A group is ``examples/train_ddp.py``: one process when W = 1, or W ranks under torchrun
+(``python -m torch.distributed.run --standalone``; its rendezvous stays on the namespace's
+own loopback). Everything replicaft needs arrives through ``REPLICAFT_*`` variables, the way
+an orchestrator would set them; the caller's own ``REPLICAFT_*`` variables never leak in
+(``chaos.processes.python_env``).
+
+In a network lab (``chaos/network.py``) each process binds its namespace address:
+``REPLICAFT_HOST`` is the address the group's store and state server listen on and announce,
+and ``GLOO_SOCKET_IFNAME=eth0`` makes Gloo use the veth rather than the hostname's address
+(which does not exist inside the namespace, so Gloo would fall back to loopback and peers in
+other namespaces could not connect).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from chaos.scenario import Scenario
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = REPO_ROOT / "examples" / "train_ddp.py"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GroupPlacement:
+    """Where one group runs and what it talks to."""
+
+    lighthouse: str
+    """``host:port`` of the lighthouse."""
+    events_dir: Path
+    checkpoint_dir: Path | None = None
+    host: str | None = None
+    """The group's own address (network lab); None = replicaft's loopback default."""
+    interface: str | None = None
+    """The network interface Gloo must use (network lab)."""
+    fault_points: str | None = None
+
+
+def group_command(scenario: Scenario) -> list[str]:
+    """The command line of one group (before any ``ip netns exec`` prefix)."""
+    s = scenario
+    script = [str(EXAMPLE), "--steps", str(s.steps), "--width", str(s.width), "--step-delay", str(s.step_delay_s)]
+    if s.ranks_per_group == 1:
+        return [sys.executable, *script]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks_per_group),
+            *script]
+
+
+def group_env(scenario: Scenario, group_id: str, placement: GroupPlacement) -> dict[str, str]:
+    """The variables a group gets on top of the runner's environment."""
+    p = placement
+    env = {
+        "REPLICAFT_LIGHTHOUSE": p.lighthouse,
+        "REPLICAFT_REPLICA_ID": group_id,
+        "REPLICAFT_EVENTS_DIR": str(p.events_dir),
+        "REPLICAFT_COLLECTIVE_TIMEOUT_S": str(scenario.collective_timeout_s),
+    }
+    if p.checkpoint_dir is not None and scenario.checkpoint_interval_steps:
+        env["REPLICAFT_CHECKPOINT_DIR"] = str(p.checkpoint_dir)
+        env["REPLICAFT_CHECKPOINT_INTERVAL_STEPS"] = str(scenario.checkpoint_interval_steps)
+    if p.host is not None:
+        env["REPLICAFT_HOST"] = p.host
+    if p.interface is not None:
+        env["GLOO_SOCKET_IFNAME"] = p.interface
+    if p.fault_points:
+        env["REPLICAFT_FAULT_POINTS"] = p.fault_points
+    return env
+
+
+def lighthouse_command(scenario: Scenario, *, host: str | None, port: int) -> list[str]:
+    s = scenario
+    args = [sys.executable, "-m", "lighthouse", "--port", str(port),
+            "--heartbeat-timeout", str(s.heartbeat_timeout_s), "--progress-timeout", str(s.progress_timeout_s)]
+    if host is not None:
+        args += ["--host", host]
+    return args

@@ -1,0 +1,35 @@
+"""The command lines and environments of a run's processes (chaos/commands.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from chaos.commands import EXAMPLE, GroupPlacement, group_command, group_env, lighthouse_command
+from chaos.scenario import scenario_from_dict
+
+
+def test_w1_group_is_the_script_and_w2_runs_under_torchrun() -> None:
+    one = scenario_from_dict({"name": "a", "steps": 7, "width": 16})
+    assert group_command(one)[:2] == [sys.executable, str(EXAMPLE)]
+    two = scenario_from_dict({"name": "b", "ranks_per_group": 2})
+    cmd = group_command(two)
+    assert cmd[:7] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)]
+
+
+def test_group_env_carries_placement_checkpoints_and_fault_points() -> None:
+    s = scenario_from_dict({"name": "a", "checkpoint_interval_steps": 10, "collective_timeout_s": 7.0})
+    plain = group_env(s, "g1", GroupPlacement(lighthouse="127.0.0.1:5", events_dir=Path("/ev")))
+    assert plain == {"REPLICAFT_LIGHTHOUSE": "127.0.0.1:5", "REPLICAFT_REPLICA_ID": "g1", "REPLICAFT_EVENTS_DIR": "/ev",
+                     "REPLICAFT_COLLECTIVE_TIMEOUT_S": "7.0"}
+    placed = group_env(s, "g1", GroupPlacement(lighthouse="10.88.0.1:5", events_dir=Path("/ev"), checkpoint_dir=Path("/ck"),
+                                               host="10.88.0.11", interface="eth0", fault_points="serve@3"))
+    assert placed["REPLICAFT_HOST"] == "10.88.0.11" and placed["GLOO_SOCKET_IFNAME"] == "eth0"
+    assert placed["REPLICAFT_CHECKPOINT_DIR"] == "/ck" and placed["REPLICAFT_CHECKPOINT_INTERVAL_STEPS"] == "10"
+    assert placed["REPLICAFT_FAULT_POINTS"] == "serve@3"
+
+
+def test_lighthouse_binds_the_lab_address_only_when_given() -> None:
+    s = scenario_from_dict({"name": "a"})
+    assert "--host" not in lighthouse_command(s, host=None, port=0)
+    assert lighthouse_command(s, host="10.88.0.1", port=4242)[-2:] == ["--host", "10.88.0.1"]
