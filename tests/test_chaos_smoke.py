@@ -1,15 +1,23 @@
-"""The chaos harness: the smoke scenario end to end with real processes and real signals, and the
-harness's own pure pieces (scenario files, event-line recovery, figures, the report page).
+"""The chaos harness: the smoke scenario end to end with real processes and real signals, its
+report opened in a real browser, and the harness's own pure pieces (scenario files, event-line
+recovery, figures, the report page).
 
 The end-to-end test runs ``python -m chaos run smoke`` exactly as a user would: a lighthouse,
 three groups of ``examples/train_ddp.py``, one SIGKILL with restart and one group killing
 itself mid-all-reduce. It must exit 0 with no violations, having injected both faults, and
-leave a self-contained report.
+leave a self-contained report, which headless Chromium then renders to a screenshot (the run
+is made once per module and shared by both tests).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import struct
+import subprocess
+import zlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -27,13 +35,27 @@ SMOKE_DEADLINE_S = 120.0
 """The scenario's own run_timeout_s (75 s) plus start-up and writing the report."""
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-def test_smoke_scenario_runs_clean_and_writes_a_report(tmp_path: Path) -> None:
-    out = tmp_path / "smoke"
+@dataclass(frozen=True, slots=True)
+class SmokeRun:
+    out: Path
+    code: int
+    output: str
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory) -> SmokeRun:
+    """``python -m chaos run smoke``, once for the module (the process has exited on return)."""
+    out = tmp_path_factory.mktemp("chaos") / "smoke"
     run = spawn_python("-m", "chaos", "run", "smoke", "--out", str(out), name="chaos-smoke")
     code = run.wait_exit(SMOKE_DEADLINE_S)
-    assert code == 0, run.output_tail(60)
+    return SmokeRun(out, code, run.output_tail(60))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_smoke_scenario_runs_clean_and_writes_a_report(smoke_run: SmokeRun) -> None:
+    out = smoke_run.out
+    assert smoke_run.code == 0, smoke_run.output
 
     summary = json.loads((out / "summary.json").read_text())
     for key in ("scenario", "faults_injected", "violations", "invariants_checked", "hangs", "committed_steps",
@@ -42,16 +64,107 @@ def test_smoke_scenario_runs_clean_and_writes_a_report(tmp_path: Path) -> None:
     assert summary["violations"] == []
     assert summary["faults_injected"] == {"fault_point": 1, "sigkill": 1}, summary["faults_skipped"]
     assert summary["committed_steps"] == summary["target_steps"] == 40
-    assert {"identical_digests", "monotonic_steps", "no_hang"} <= set(summary["invariants_checked"])
+    assert {"identical_digests", "monotonic_steps", "no_hang", "faults_rejoined"} <= set(summary["invariants_checked"])
     assert set(summary["recovery_seconds"]) == {"fault_point", "sigkill"}
     assert summary["hangs"] == 0
     assert 0 < summary["goodput"] <= 1
     assert summary["goodput_vs_fault_free"] is None
+    assert summary["environment"] == {"network": "loopback"}
 
     page = (out / "report.html").read_text()
     assert "<svg" in page and "</svg>" in page and "<polyline" in page
     assert "<script" not in page and "src=" not in page and "<link" not in page, "the report must load nothing"
     assert "sigkill" in page and "fault_point" in page
+
+
+# -- the report in a real browser ------------------------------------------------------------------
+
+CHROMIUM_INSTALL_TIMEOUT_S = 600.0
+SCREENSHOT_TIMEOUT_S = 120.0
+VERDICT_OK_BACKGROUND = (0xE6, 0xF4, 0xEA)
+"""``.ok`` in chaos/report.py: the "all checked invariants held" box, a solid fill."""
+FIRST_GROUP_LINE = (0x1F, 0x77, 0xB4)
+"""The first colour of the timeline palette (g0's line)."""
+
+
+def _chromium() -> str:
+    """The chromium binary, installed with apt-get if missing (Debian); skips when that is impossible."""
+    found = shutil.which("chromium")
+    if found:
+        return found
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip("chromium is not installed and cannot be installed here (needs root and apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
+        try:
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHROMIUM_INSTALL_TIMEOUT_S, env=env,
+                                  check=False)
+        except subprocess.TimeoutExpired:
+            pytest.skip(f"`{' '.join(cmd)}` did not finish within {CHROMIUM_INSTALL_TIMEOUT_S:g}s")
+        if done.returncode != 0:
+            pytest.skip(f"`{' '.join(cmd)}` failed (exit {done.returncode}): {done.stderr.strip()[-300:]}")
+    found = shutil.which("chromium")
+    if not found:
+        pytest.skip("apt-get installed chromium but no `chromium` binary is on PATH")
+    return found
+
+
+def png_rows(data: bytes, max_rows: int) -> tuple[int, int, list[bytes]]:
+    """Width, height and the first ``max_rows`` decoded rows (RGB) of an 8-bit RGB/RGBA PNG."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, header = 8, [], b""
+    while pos < len(data):
+        (size,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + size]
+        header = body if kind == b"IHDR" else header
+        idat += [body] if kind == b"IDAT" else []
+        pos += 12 + size
+    width, height, depth, color, _, _, interlace = struct.unpack(">IIBBBBB", header)
+    assert depth == 8 and color in (2, 6) and interlace == 0, f"unexpected PNG format {depth=} {color=} {interlace=}"
+    bpp = 3 if color == 2 else 4
+    raw, stride, prev, rows = zlib.decompress(b"".join(idat)), width * bpp, bytearray(width * bpp), []
+    for y in range(min(height, max_rows)):
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if kind == 1:
+                line[i] = (line[i] + a) & 0xFF
+            elif kind == 2:
+                line[i] = (line[i] + b) & 0xFF
+            elif kind == 3:
+                line[i] = (line[i] + (a + b) // 2) & 0xFF
+            elif kind == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 0xFF
+        rows.append(bytes(line) if bpp == 3 else bytes(v for j, v in enumerate(line) if j % 4 != 3))
+        prev = line
+    return width, height, rows
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150 + CHROMIUM_INSTALL_TIMEOUT_S * 2 + SCREENSHOT_TIMEOUT_S)
+def test_report_renders_in_a_headless_browser(smoke_run: SmokeRun, tmp_path: Path) -> None:
+    report = smoke_run.out / "report.html"
+    if not report.exists():
+        pytest.fail(f"the smoke run wrote no report (exit {smoke_run.code}): {smoke_run.output}")
+    chromium = _chromium()
+    shot = tmp_path / "report.png"
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
+           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1100,1400", f"--screenshot={shot}",
+           report.resolve().as_uri()]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=SCREENSHOT_TIMEOUT_S, check=False)
+    assert done.returncode == 0 and shot.exists(), f"chromium exit {done.returncode}: {done.stderr[-2000:]}"
+    data = shot.read_bytes()
+    assert len(data) > 20_000, f"a {len(data)}-byte screenshot is all but blank"
+    width, height, rows = png_rows(data, max_rows=600)  # the header, the verdict and the timeline
+    assert (width, height) == (1100, 1400)
+    pixels = {row[i:i + 3] for row in rows for i in range(0, len(row), 3)}
+    assert len(pixels) > 50, f"only {len(pixels)} colours in the top of the page"
+    assert bytes(VERDICT_OK_BACKGROUND) in pixels, "the green 'all checked invariants held' box is not rendered"
+    assert bytes(FIRST_GROUP_LINE) in pixels, "the timeline's group lines are not rendered"
 
 
 @pytest.mark.slow
