@@ -70,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     if args.target == "list":
+        width = max(map(len, BENCHMARKS))
         for name in BENCHMARKS:
-            print(f"{name:12} {_describe(name)}")
+            print(f"{name:{width}}  {_describe(name)}")
         return 0
     failed = []
     if args.target != "summary":
