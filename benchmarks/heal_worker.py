@@ -1,0 +1,323 @@
+"""One process of the heal benchmark: a donor, a healer, or one end of a baseline transfer.
+
+Every role prints JSON lines on stdout (``{"event": ...}``) and nothing else. Passive roles
+(donors, senders) print ``ready`` with the address they serve and then wait for stdin to
+close. Active roles (receivers) print ``ready``, then for every JSON command line on stdin
+perform one transfer and print ``done`` with the seconds the transfer took, the process CPU
+seconds and the minor page faults it caused, all measured in the receiving process:
+
+* ``donor``: builds the state, captures a replicaft ``Snapshot``, drops the state and
+  serves the snapshot with a ``StateServer`` bound to ``--host``.
+* ``healer``: ``{"donors": [[replica_id, address], ...], "step": S}`` -> ``fetch_state``
+  timed from the call (manifests first) to the verified buffer, plus a breakdown of where
+  the healer's time went (seconds inside ``recv_exact_into`` and inside the CRC check,
+  summed over the donor threads).
+* ``raw-send`` / ``raw-recv``: a plain TCP socket; the sender answers an 8-byte request
+  with ``sendall`` of its whole buffer, the receiver ``recv_into``'s a preallocated buffer
+  (written once before the first transfer, so its pages exist), or with ``"fresh": true``
+  a ``torch.empty`` buffer allocated for that transfer (pages faulted in during the receive,
+  as in replicaft's healer).
+* ``http-send`` / ``http-recv``: torchft 0.2.0 ``HTTPTransport`` with its defaults
+  (``num_chunks=0``): ``send_checkpoint`` once, then timed ``recv_checkpoint`` calls.
+* ``pg``: torchft 0.2.0 ``PGTransport`` over torchft's ``ProcessGroupGloo`` of two ranks
+  (rank 0 hosts the TCPStore and sends, rank 1 receives; defaults: no in-place state dict).
+  Both ranks take a command, meet in a one-element allreduce, then send / timed receive.
+
+``--netns NAME`` re-executes the worker under ``ip netns exec NAME`` (same pid, so the
+benchmark's deadlines and kills still apply).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+NUM_TENSORS = 4
+STEP = 7
+TIMEOUT_S = 600.0
+_SIZE = struct.Struct(">Q")
+_NETNS_ENV = "REPLICAFT_HEAL_BENCH_NETNS"
+
+
+def emit(event: str, **fields: Any) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def commands() -> Any:
+    """JSON command lines from stdin until it closes (the benchmark closes it or dies)."""
+    for line in sys.stdin:
+        if line.strip():
+            yield json.loads(line)
+
+
+def wait_for_stdin_eof() -> None:
+    for _ in sys.stdin:
+        pass
+
+
+class Measured:
+    """Wall and CPU seconds and minor page faults of this process across a ``with`` block."""
+
+    def __enter__(self) -> Measured:
+        self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        self._cpu = time.process_time()
+        self._wall = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = time.perf_counter() - self._wall
+        self.fields = {
+            "seconds": self.seconds,
+            "cpu_s": time.process_time() - self._cpu,
+            "minor_faults": resource.getrusage(resource.RUSAGE_SELF).ru_minflt - self._faults,
+        }
+
+
+def make_state(num_bytes: int) -> dict[str, Any]:
+    """A few large float32 tensors holding ``num_bytes`` together, identical in every process."""
+    import torch
+
+    per = num_bytes // (4 * NUM_TENSORS)
+    state: dict[str, Any] = {}
+    for i in range(NUM_TENSORS):
+        n = per if i < NUM_TENSORS - 1 else num_bytes // 4 - per * (NUM_TENSORS - 1)
+        state[f"layer{i}.weight"] = torch.arange(n, dtype=torch.float32).mul_(1e-3).add_(i)
+    state["step"] = STEP
+    return state
+
+
+def state_bytes(state: Any) -> int:
+    import torch
+
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(state_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(state_bytes(v) for v in state)
+    return 0
+
+
+# ---- replicaft --------------------------------------------------------------------------
+
+
+def donor(args: argparse.Namespace) -> None:
+    from replicaft.state import flatten
+    from replicaft.transfer.server import StateServer
+    from replicaft.transfer.snapshot import Snapshot
+
+    state = make_state(args.bytes)
+    started = time.perf_counter()
+    snapshot = Snapshot.capture(flatten(state), step=STEP, quorum_id=1, replica_id=args.name)
+    capture_s = time.perf_counter() - started
+    del state
+    server = StateServer(args.host)
+    address = server.start()
+    server.publish(snapshot)
+    emit("ready", address=address, capture_s=capture_s, total_bytes=snapshot.manifest.total_bytes)
+    wait_for_stdin_eof()
+    server.stop()
+
+
+class _Timer:
+    """Wall seconds spent inside wrapped functions, summed over threads."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                with self._lock:
+                    self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - t0
+
+        return timed
+
+
+def healer(args: argparse.Namespace) -> None:
+    import replicaft.transfer.client as client
+
+    timer = _Timer()
+    # The client module imported these by name; wrapping its references times the stripe
+    # receive and the stripe CRC check without touching replicaft.
+    client.recv_exact_into = timer.wrap("recv_s", client.recv_exact_into)
+    client.bad_chunks = timer.wrap("crc_s", client.bad_chunks)
+    emit("ready")
+    for cmd in commands():
+        donors = [client.Donor(rid, address) for rid, address in cmd["donors"]]
+        timer.seconds.clear()
+        with Measured() as m:
+            result = client.fetch_state(donors, cmd["step"], token=None, timeout_s=TIMEOUT_S)
+        num_bytes = result.manifest.total_bytes
+        del result
+        emit("done", num_bytes=num_bytes, **m.fields, **{k: round(v, 6) for k, v in timer.seconds.items()})
+
+
+# ---- raw socket -------------------------------------------------------------------------
+
+
+def raw_send(args: argparse.Namespace) -> None:
+    import torch
+
+    buffer = torch.full((args.bytes,), 7, dtype=torch.uint8)  # pages written, like a snapshot's
+    view = memoryview(buffer.numpy())
+    listener = socket.create_server((args.host, 0))
+
+    def serve(conn: socket.socket) -> None:
+        with conn:
+            while True:
+                request = bytearray(_SIZE.size)
+                try:
+                    recv_exact(conn, memoryview(request))
+                except ConnectionError:
+                    return
+                (n,) = _SIZE.unpack(request)
+                conn.sendall(view[:n])
+
+    def accept() -> None:
+        while True:
+            conn, _ = listener.accept()
+            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    host, port = listener.getsockname()[:2]
+    emit("ready", address=f"{host}:{port}")
+    wait_for_stdin_eof()
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    while view:
+        n = sock.recv_into(view)
+        if n == 0:
+            raise ConnectionError("peer closed")
+        view = view[n:]
+
+
+def raw_recv(args: argparse.Namespace) -> None:
+    import torch  # the allocator replicaft's healer uses (numpy's would ask for huge pages)
+
+    preallocated = torch.zeros(args.bytes, dtype=torch.uint8).numpy()  # every page faulted in now
+    emit("ready")
+    for cmd in commands():
+        host, port = cmd["address"].rsplit(":", 1)
+        with Measured() as m:
+            buffer = torch.empty(args.bytes, dtype=torch.uint8).numpy() if cmd.get("fresh") else preallocated
+            with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
+                sock.sendall(_SIZE.pack(args.bytes))
+                recv_exact(sock, memoryview(buffer))
+        del buffer
+        emit("done", num_bytes=args.bytes, **m.fields)
+
+
+# ---- torchft 0.2.0 ----------------------------------------------------------------------
+
+
+def http_send(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    timeout = timedelta(seconds=TIMEOUT_S)
+    transport: HTTPTransport[Any] = HTTPTransport(timeout=timeout, num_chunks=0)
+    transport.send_checkpoint(dst_ranks=[1], step=STEP, state_dict=make_state(args.bytes), timeout=timeout)
+    emit("ready", address=transport.metadata())
+    wait_for_stdin_eof()
+    transport.shutdown(wait=False)
+
+
+def http_recv(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    timeout = timedelta(seconds=TIMEOUT_S)
+    transport: HTTPTransport[Any] = HTTPTransport(timeout=timeout, num_chunks=0)
+    emit("ready")
+    for cmd in commands():
+        with Measured() as m:
+            state = transport.recv_checkpoint(src_rank=0, metadata=cmd["address"], step=STEP, timeout=timeout)
+        num_bytes = state_bytes(state)
+        del state
+        emit("done", num_bytes=num_bytes, **m.fields)
+    transport.shutdown(wait=False)
+
+
+def pg(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from torchft.checkpointing.pg_transport import PGTransport
+    from torchft.process_group import ProcessGroupGloo
+
+    timeout = timedelta(seconds=TIMEOUT_S)
+    store = None
+    if args.rank == 0:
+        store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        emit("store", address=f"{args.host}:{store.port}")
+        store_address = f"{args.host}:{store.port}"
+    else:
+        store_address = args.store
+    group = ProcessGroupGloo(timeout=timeout)
+    group.configure(f"{store_address}/heal", "0", args.rank, 2)
+    transport: PGTransport[Any] = PGTransport(group, timeout=timeout, device=torch.device("cpu"))
+    state = make_state(args.bytes) if args.rank == 0 else None
+    received: Any = None
+    one = torch.zeros(1)
+    group.allreduce([one], dist.ReduceOp.SUM).wait(timeout)
+    emit("ready")
+    for _ in commands():
+        group.allreduce([one], dist.ReduceOp.SUM).wait(timeout)
+        with Measured() as m:
+            if args.rank == 0:
+                transport.send_checkpoint(dst_ranks=[1], step=STEP, state_dict=state, timeout=timeout)
+            else:
+                received = transport.recv_checkpoint(src_rank=0, metadata=transport.metadata(), step=STEP, timeout=timeout)
+        num_bytes = state_bytes(state if args.rank == 0 else received)
+        received = None
+        emit("done", num_bytes=num_bytes, **m.fields)
+    del store  # rank 0 hosts it until the end
+
+
+ROLES: dict[str, Callable[[argparse.Namespace], None]] = {
+    "donor": donor,
+    "healer": healer,
+    "raw-send": raw_send,
+    "raw-recv": raw_recv,
+    "http-send": http_send,
+    "http-recv": http_recv,
+    "pg": pg,
+}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("role", choices=sorted(ROLES))
+    p.add_argument("--bytes", type=int, default=0, help="state size in bytes")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (senders, donors, the PG store)")
+    p.add_argument("--name", default="d0", help="donor replica id")
+    p.add_argument("--rank", type=int, default=0)
+    p.add_argument("--store", help="host:port of rank 0's TCPStore (pg rank 1)")
+    p.add_argument("--netns", help="run inside this network namespace (via `ip netns exec`)")
+    args = p.parse_args()
+    if args.netns and os.environ.get(_NETNS_ENV) != args.netns:
+        os.environ[_NETNS_ENV] = args.netns
+        os.execvp("ip", ["ip", "netns", "exec", args.netns, sys.executable, "-m", "benchmarks.heal_worker", *sys.argv[1:]])
+    ROLES[args.role](args)
+
+
+if __name__ == "__main__":
+    main()
