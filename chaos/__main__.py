@@ -1,7 +1,11 @@
 """``python -m chaos`` / ``replicaft-chaos``: run failure-injection scenarios against replicaft.
 
     python -m chaos run smoke --out runs/smoke      # a shipped scenario, or a path to a .toml
+    python -m chaos run every_fault --out runs/ef   # one fault of every kind (root: namespaces, tmpfs)
     python -m chaos demo                            # the README demo into ./runs/demo-<timestamp>
+
+Shipped scenarios (chaos/scenarios/): smoke, demo, every_fault, every_fault_w2, catastrophe,
+partition, soak. The fault kinds are documented in chaos/scenario.py.
 
 Exit code: 0 when every checked invariant held, 1 when there are violations, 2 when the
 scenario is invalid or the run could not start. Logging is configured here and nowhere else.
@@ -21,7 +25,7 @@ from typing import Any, TextIO
 
 from chaos.experiment import run_experiment
 from chaos.runner import Progress
-from chaos.scenario import ScenarioError, load_scenario
+from chaos.scenario import SCENARIO_DIR, ScenarioError, load_scenario
 
 
 class ProgressLine:
@@ -69,6 +73,7 @@ def format_summary(summary: dict[str, Any], report: Path) -> str:
         ("wall seconds", f"{summary['wall_seconds']:.1f}"),
         ("faults injected", " ".join(f"{k}={v}" for k, v in summary["faults_injected"].items()) or "none"),
         ("faults skipped", str(len(summary["faults_skipped"]))),
+        *((f"  {x['fault']}", x["reason"]) for x in summary["faults_skipped"]),
         ("goodput", f"{summary['goodput']}" + (f" ({ratio:.2f}x fault-free)" if ratio is not None else "")),
         ("vs fault-free", summary["goodput_vs_fault_free_note"]),
         ("recovery s", _seconds(summary["recovery_seconds"])),
@@ -87,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="replicaft-chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one scenario and check the invariants")
-    run.add_argument("scenario", help="a shipped scenario name (smoke, demo) or a path to a .toml file")
+    shipped = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.toml")))
+    run.add_argument("scenario", help=f"a shipped scenario name ({shipped}) or a path to a .toml file")
     run.add_argument("--out", required=True, type=Path, help="directory for summary.json, report.html, events/ and logs/")
     demo = sub.add_parser("demo", help="run the README demo into ./runs/demo-<timestamp>")
     demo.add_argument("--out", type=Path, default=None, help="output directory (default: ./runs/demo-<timestamp>)")

@@ -43,15 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from chaos.commands import REPO_ROOT, GroupPlacement, group_command, group_env, lighthouse_command
-from chaos.disk import TMPFS_MB, DiskUnavailable, SmallDisk
+from chaos.environment import RunEnvironment
 from chaos.event_tail import EventTail
 from chaos.injector import Injector
 from chaos.job_view import JobView
 from chaos.network import LIGHTHOUSE as LAB_LIGHTHOUSE
-from chaos.network import NetworkLab, NetworkUnavailable
 from chaos.processes import Child, descendants, python_env
 from chaos.record import ALL_GROUPS, LIGHTHOUSE, ProcessExit, RunRecord
-from chaos.scenario import NETWORK_KINDS, Scenario
+from chaos.scenario import Scenario
 
 logger = logging.getLogger(__name__)
 
@@ -115,9 +114,7 @@ class Runner:
         self._lighthouse_incarnation = 0
         self._lighthouse_restart_at: float | None = None
         self._tail = EventTail(self.events_dir)
-        self._lab: NetworkLab | None = None
-        self._disk: SmallDisk | None = None
-        self._environment: dict[str, str] = {}
+        self._env = RunEnvironment(scenario, self.checkpoint_dir)
         self._injector = Injector(scenario, self, checkpoint_dir=self.checkpoint_dir)
         self._exits: list[ProcessExit] = []
         self._restarts = {gid: 0 for gid in scenario.group_ids}
@@ -163,7 +160,7 @@ class Runner:
             restarts=dict(self._restarts),
             stopped_at_end=tuple(self._stopped_at_end),
             deadline_exceeded=deadline_exceeded,
-            environment=dict(self._environment),
+            environment=dict(self._env.notes),
         )
 
     def _turn(self) -> None:
@@ -198,46 +195,17 @@ class Runner:
 
     def _prepare_environment(self) -> None:
         """Network namespaces and the checkpoint tmpfs, as the faults need; skips what cannot be built."""
-        s = self.scenario
-        self._environment["network"] = "loopback"
-        if s.needs_network:
-            lab = NetworkLab(s.group_ids)
-            try:
-                lab.create()
-            except NetworkUnavailable as e:
-                reason = f"network namespaces are unavailable here, so the run used loopback: {e}"
-                self._environment["network"] = f"loopback ({reason})"
-                self._injector.skip_unavailable(NETWORK_KINDS, reason)
-            else:
-                self._lab = lab
-                self._injector.use_network(lab)
-                self._environment["network"] = (
-                    f"network namespaces {lab.prefix}-*, one per process, veths to a bridge: "
-                    + ", ".join(f"{h.name} {h.address}" for h in lab.hosts.values()))
-        if self.checkpoint_dir is not None:
-            self._environment["checkpoint_dir"] = str(self.checkpoint_dir)
-            if s.needs_disk:
-                disk = SmallDisk(self.checkpoint_dir)
-                try:
-                    disk.mount()
-                except DiskUnavailable as e:
-                    self._injector.skip_unavailable(frozenset({"fill_disk"}), (
-                        f"could not mount a tmpfs at {self.checkpoint_dir} to fill (the machine's own disk is never "
-                        f"filled): {e}"))
-                else:
-                    self._disk = disk
-                    self._injector.use_disk(disk)
-                    self._environment["checkpoint_dir"] += f" (a {TMPFS_MB} MiB tmpfs, for fill_disk)"
+        self._env.build()
+        if self._env.lab is not None:
+            self._injector.use_network(self._env.lab)
+        if self._env.disk is not None:
+            self._injector.use_disk(self._env.disk)
+        for kinds, reason in self._env.unavailable:
+            self._injector.skip_unavailable(kinds, reason)
 
     def _teardown_environment(self) -> None:
         self._injector.undo_due(time.monotonic(), everything=True)
-        if self._disk is not None:
-            try:
-                self._disk.unmount()
-            except DiskUnavailable as e:
-                logger.error("could not unmount the checkpoint tmpfs: %s", e)
-        if self._lab is not None:
-            self._lab.close()
+        self._env.close()
 
     # -- the injector's interface (chaos.injector.Supervision) ---------------------------------
 
@@ -305,13 +273,13 @@ class Runner:
             lighthouse=self._lighthouse_address,
             events_dir=self.events_dir,
             checkpoint_dir=self.checkpoint_dir,
-            host=self._lab.address(g.gid) if self._lab is not None else None,
-            interface="eth0" if self._lab is not None else None,
+            host=self._env.lab.address(g.gid) if self._env.lab is not None else None,
+            interface="eth0" if self._env.lab is not None else None,
             fault_points=points,
         )
         args = group_command(s)
-        if self._lab is not None:
-            args = self._lab.wrap(g.gid, args)
+        if self._env.lab is not None:
+            args = self._env.lab.wrap(g.gid, args)
         log = self.logs_dir / f"{g.gid}-{g.incarnation}.log"
         g.started_ts = time.time()
         env = python_env(REPO_ROOT, group_env(s, g.gid, placement))
@@ -390,10 +358,10 @@ class Runner:
 
     def _lighthouse_child(self) -> Child:
         self._lighthouse_incarnation += 1
-        host = self._lab.address(LAB_LIGHTHOUSE) if self._lab is not None else None
+        host = self._env.lab.address(LAB_LIGHTHOUSE) if self._env.lab is not None else None
         args = lighthouse_command(self.scenario, host=host, port=self._lighthouse_port)
-        if self._lab is not None:
-            args = self._lab.wrap(LAB_LIGHTHOUSE, args)
+        if self._env.lab is not None:
+            args = self._env.lab.wrap(LAB_LIGHTHOUSE, args)
         log = self.logs_dir / f"lighthouse-{self._lighthouse_incarnation}.log"
         return Child(f"lighthouse#{self._lighthouse_incarnation}", args, log_path=log,
                      env=python_env(REPO_ROOT, {}), cwd=REPO_ROOT)
