@@ -16,6 +16,7 @@ travels with heals, so across any failures every sample trains in exactly one co
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 import replicaft
-from replicaft.data import ExactlyOnceSampler
+from replicaft.data import ExactlyOnceSampler, StepDataLoader
 
 
 def build_model(width: int) -> nn.Module:
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--width", type=int, default=64, help="hidden width (model size)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per group per step")
     p.add_argument("--dataset-size", type=int, default=1000)
+    p.add_argument("--micro-batch", type=int, default=None, help="accumulate gradients over micro-batches of this size")
+    p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per step (demo pacing)")
     args = p.parse_args(argv)
@@ -63,14 +66,25 @@ def main(argv: list[str] | None = None) -> int:
         scheduler = torch.optim.lr_scheduler.LambdaLR(inner, lambda step: 1.0 / (1.0 + step / 100))
         optimizer = replicaft.Optimizer(manager, inner, scheduler)
         sampler = ExactlyOnceSampler(manager, args.dataset_size, args.batch_size)
+        loader = StepDataLoader(
+            sampler,
+            torch.utils.data.TensorDataset(inputs, labels),
+            micro_batch_size=args.micro_batch,
+            num_workers=args.num_workers,
+        )
         started = time.monotonic()
         while manager.current_step() < args.steps:
             optimizer.zero_grad()
             # A healer's gradient is replaced by zeros, but it still runs the step (any batch)
             # so that its collectives line up with the donors'.
-            ids = sampler.step_indices() or list(range(args.batch_size))
-            loss = nn.functional.mse_loss(ddp(inputs[ids]), labels[ids])
-            loss.backward()
+            batches = loader.micro_batches() or [((inputs[: args.batch_size], labels[: args.batch_size]), 1.0)]
+            loss = torch.zeros(())
+            for i, ((x, y), weight) in enumerate(batches):
+                last = i == len(batches) - 1
+                with contextlib.nullcontext() if last else ddp.no_sync():
+                    micro_loss = nn.functional.mse_loss(ddp(x), y) * weight
+                    micro_loss.backward()
+                loss += micro_loss.detach()
             manager.annotate_commit(loss=loss.item())
             if args.step_delay:
                 time.sleep(args.step_delay)
@@ -80,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"groups {manager.num_participants()} ({time.monotonic() - started:.1f}s)",
                     flush=True,
                 )
+        loader.close()
     return 0
 
 

@@ -18,6 +18,8 @@ leaves no trace. (torchft leaves them to drift apart per group.)
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +63,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self._bucket_of: dict[int, _Bucket] = {}
         self._generation = manager.abandon_generation
         self._callback_queued = False
+        self._sync = True
         self._in_step = False
         self._buffer_backup: dict[str, torch.Tensor] = {}
         self._buffer_average: torch.Tensor | None = None
@@ -70,6 +73,19 @@ class DistributedDataParallel(nn.Module, StepHooks):
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
         manager.register_state(state_name, self._state_dict, self._load_state_dict)
         manager.register_hooks(self)
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no all-reduce) for the backward passes inside.
+
+        For gradient accumulation over micro-batches: run every micro-batch but the last under
+        ``no_sync()``; the last backward all-reduces the accumulated buckets.
+        """
+        previous, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = previous
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if self._generation != self._manager.abandon_generation:
@@ -122,6 +138,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
             bucket.work = None
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
+        if not self._sync:
+            return
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)

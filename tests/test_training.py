@@ -260,3 +260,18 @@ def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_pat
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
     assert_digests_agree(tmp_path, min_steps=40)
     assert_samples_exactly_once(tmp_path, min_steps=45)
+
+
+@pytest.mark.timeout(240)
+def test_dataloader_workers_and_micro_batches_keep_samples_exactly_once(tmp_path: Path) -> None:
+    # DataLoader worker processes prefetch the expected next share; after the kill the shares
+    # change, so prefetched batches go stale and must be discarded, not trained on.
+    lh = start_lighthouse("--min-replicas", "2", status=False)
+    args = ("--steps", "30", "--num-workers", "1", "--micro-batch", "8")
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points="allreduce@12" if rid == "g1" else None) for rid in ("g0", "g1")}
+    assert groups["g1"].wait_exit(150) == -signal.SIGKILL
+    groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args)
+    for rid, g in groups.items():
+        assert g.wait_exit(180) == 0, f"{rid}\n{g.output_tail()}"
+    assert_digests_agree(tmp_path, min_steps=25)
+    assert_samples_exactly_once(tmp_path, min_steps=30)
