@@ -12,6 +12,7 @@ import pytest
 
 from chaos.injector import Injector, Supervision
 from chaos.job_view import JobView
+from chaos.network import NetworkUnavailable
 from chaos.record import ALL_GROUPS, LIGHTHOUSE
 from chaos.scenario import NETWORK_KINDS, scenario_from_dict
 
@@ -177,3 +178,46 @@ def test_group_just_continued_is_not_healthy_until_it_commits_again() -> None:
     fake.job.last_commit_ts["g2"] = float("inf")  # g2 committed after it was back
     injector.inject_due()
     assert fake.calls[-1] == ("signal", "g0", signal.SIGKILL, "sigkill")
+
+
+class LabWithoutNetem:
+    """A network lab on a kernel without the netem qdisc (as on the development box)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def cut(self, name: str) -> None:
+        self.calls.append(("cut", name))
+
+    def restore(self, name: str) -> None:
+        self.calls.append(("restore", name))
+
+    def shape(self, name: str, rate_mbit: float | None, delay_ms: float | None) -> None:
+        if delay_ms is not None:
+            raise NetworkUnavailable("`ip netns exec x tc qdisc add dev eth0 root netem delay 50ms` failed (exit 2): "
+                                     "Error: Specified qdisc kind is unknown.")
+        self.calls.append(("shape", name))
+
+    def unshape(self, name: str) -> None:
+        self.calls.append(("unshape", name))
+
+
+def test_partition_cuts_then_restores_the_link() -> None:
+    injector, fake = setup({"kind": "partition", "target": "g1", "at_step": 5, "duration_s": 8.0})
+    lab = LabWithoutNetem()
+    injector.use_network(lab)  # type: ignore[arg-type]
+    injector.inject_due()
+    assert lab.calls == [("cut", "g1")] and injector.impaired("g1")
+    injector.undo_due(now_m=float("inf"))
+    assert lab.calls == [("cut", "g1"), ("restore", "g1")] and not injector.impaired("g1")
+
+
+def test_delay_on_a_kernel_without_netem_is_skipped_not_approximated() -> None:
+    injector, fake = setup({"kind": "slow_link", "target": "g1", "at_step": 5, "duration_s": 3.0, "delay_ms": 50.0},
+                           {"kind": "slow_link", "target": "g2", "at_step": 5, "duration_s": 3.0, "rate_mbit": 2.0})
+    lab = LabWithoutNetem()
+    injector.use_network(lab)  # type: ignore[arg-type]
+    injector.inject_due()
+    assert lab.calls == [("shape", "g2")]
+    ((what, why),) = injector.skipped_reasons()
+    assert what.startswith("slow_link g1 +50 ms") and "qdisc kind is unknown" in why
