@@ -94,7 +94,7 @@ class AsyncLighthouseClient:
         world_size: int = 1,
         member_address: str = "",
         token: str | None = None,
-        heartbeat_interval_s: float = 0.1,
+        heartbeat_interval_s: float = 0.25,
         on_notice: Callable[[Notice], None] | None = None,
     ) -> None:
         self.address = address

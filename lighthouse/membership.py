@@ -112,6 +112,8 @@ class Membership:
     _next_session: int = 1
     _next_quorum_id: int = 1
     _current_sessions: frozenset[tuple[str, int]] = frozenset()
+    _current_ids: tuple[str, ...] | None = None
+    """``current.replica_ids``, kept because the view is rebuilt on every join."""
 
     @property
     def rules(self) -> QuorumRules:
@@ -199,7 +201,7 @@ class Membership:
         return lost
 
     def view(self) -> QuorumView:
-        previous = self.current.replica_ids if self.current is not None else None
+        previous = self._current_ids
         return QuorumView(
             healthy=frozenset(self.members),
             waiting={rid: j.waiting for rid, j in self._joins.items()},
@@ -239,6 +241,7 @@ class Membership:
             self.members[rid].quorum_id = quorum_id
             self._resume_progress_clock(rid, now)
         self.current = quorum
+        self._current_ids = quorum.replica_ids
         self._current_sessions = sessions
         self.history.append(
             QuorumRecord(quorum_id, decision.participants, quorum.created_unix_s, decision.path, decision.reason)

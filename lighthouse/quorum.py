@@ -109,11 +109,22 @@ def decide_quorum(view: QuorumView, now: float, rules: QuorumRules) -> QuorumDec
     if waited_s >= rules.join_timeout_s:
         return QuorumDecision(
             tuple(candidates),
-            f"join timeout {rules.join_timeout_s:g}s passed without {stragglers} {counts}",
+            f"join timeout {rules.join_timeout_s:g}s passed without {_names(stragglers)} {counts}",
             "slow",
         )
     return QuorumDecision(
         None,
-        f"waiting for {stragglers} to join ({waited_s:.2f}s of join_timeout "
+        f"waiting for {_names(stragglers)} to join ({waited_s:.2f}s of join_timeout "
         f"{rules.join_timeout_s:g}s) {counts}",
     )
+
+
+SHOWN_NAMES = 5
+
+
+def _names(ids: list[str]) -> str:
+    """The first few ids and a count: a reason is rebuilt on every join, so it must stay cheap
+    when hundreds of members are missing (and short enough to read on the status page)."""
+    if len(ids) <= SHOWN_NAMES:
+        return str(ids)
+    return f"{ids[:SHOWN_NAMES]} and {len(ids) - SHOWN_NAMES} more"
