@@ -17,7 +17,10 @@ with a pending operation joins its worker threads, which would block the caller.
 
 The alternative, running collectives in a killable subprocess (torchft's "Baby" groups),
 costs a shared-memory copy of every bucket each way and a new interpreter per
-reconfiguration; abandoning costs nothing on the healthy path, so it is the default.
+reconfiguration: measured here (torch 2.13 CPU, one thread), copying 100 MB of gradients into
+shared memory and back takes 35 + 46 ms per step, against a 100 MB step of ~430 ms in the
+step-overhead benchmark, i.e. ~19 % overhead before the subprocess's own start-up. Abandoning
+costs nothing on the healthy path and parks at most the abandoned buffers, so it is our choice.
 On CUDA with NCCL, ``abort()`` does unblock the communicator, so an abandon also aborts.
 """
 
