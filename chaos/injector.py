@@ -38,7 +38,7 @@ from chaos.disk import DiskUnavailable, SmallDisk, corrupt_newest_checkpoint, pu
 from chaos.job_view import JobView
 from chaos.network import NetworkLab, NetworkUnavailable
 from chaos.record import ALL_GROUPS, DISK, LIGHTHOUSE, InjectedFault
-from chaos.scenario import NETWORK_KINDS, FaultSpec, Scenario
+from chaos.scenario import NETWORK_KINDS, SELF_ARMED_KINDS, FaultSpec, Scenario
 
 logger = logging.getLogger(__name__)
 
@@ -159,9 +159,6 @@ class Injector:
             self.target_back(u.target)
             logger.info("undone: %s", u.what)
 
-    def has_undo(self, target: str) -> bool:
-        return any(u.target == target for u in self._undo)
-
     def target_back(self, target: str) -> None:
         """The target can run again (restarted, SIGCONT, link restored, disk freed)."""
         index = self._awaiting_resume.pop(target, None)
@@ -175,7 +172,7 @@ class Injector:
         """An armed group died of SIGKILL by itself: record the fault it fired; returns its kind."""
         for i in self.pending:
             spec = self.scenario.faults[i]
-            if spec.target == group and spec.kind in ("fault_point", "kill_donor_mid_heal"):
+            if spec.target == group and spec.kind in SELF_ARMED_KINDS:
                 self.pending.remove(i)
                 self._healer_killed.discard(i)
                 self._add(spec, group)
