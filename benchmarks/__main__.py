@@ -28,6 +28,7 @@ from benchmarks.results import (
 
 BENCHMARKS: dict[str, str] = {
     "failover": "benchmarks.failover",
+    "checkpoint": "benchmarks.checkpoint",
     "heal": "benchmarks.heal",
     "lighthouse": "benchmarks.lighthouse",
     "step_overhead": "benchmarks.step_overhead",

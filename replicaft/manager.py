@@ -152,7 +152,10 @@ class Manager:
         self._heal_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replicaft-heal")
         backend = options.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self._pg = FaultTolerantProcessGroup(
-            backend, collective_timeout_s=options.collective_timeout_s, connect_timeout_s=options.connect_timeout_s
+            backend,
+            collective_timeout_s=options.collective_timeout_s,
+            connect_timeout_s=options.connect_timeout_s,
+            host=options.host,
         )
         self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self._faults = parse_fault_points(options.fault_points)

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheckpoint
@@ -46,6 +47,8 @@ class Persistence:
         self._reader: CheckpointReader | None = None
         self.preempted = threading.Event()
         self._previous_sigterm: Any = None
+        self._spare: torch.Tensor | None = None
+        self._in_flight: Snapshot | None = None
 
     @property
     def enabled(self) -> bool:
@@ -98,10 +101,21 @@ class Persistence:
         assert self._reader is not None
         return self._reader.load_latest_valid(template)
 
-    def after_commit(self, step: int, is_writer: bool, capture: Callable[[], Snapshot]) -> None:
-        """Called at the step boundary after a commit, with the committed state in place."""
+    def after_commit(self, step: int, is_writer: bool, capture: Callable[[torch.Tensor | None], Snapshot]) -> None:
+        """Called at the step boundary after a commit, with the committed state in place.
+
+        Saves reuse the previous save's host buffer once that save has finished (a fresh
+        buffer's page faults cost about as much as the copy), so a steady-state save blocks
+        training only for one memory copy of the state.
+        """
         if self._writer is not None and is_writer:
-            decision, _ = self._writer.save_if_due(step, capture)
+            def capture_into_spare() -> Snapshot:
+                spare, self._spare = self._spare, None
+                snapshot = capture(spare)
+                self._in_flight = snapshot
+                return snapshot
+
+            decision, _ = self._writer.save_if_due(step, capture_into_spare)
             if decision.save:
                 self._emit("checkpoint_start", checkpoint_step=step)
         self._report()
@@ -109,7 +123,7 @@ class Persistence:
     def emergency_save(self, step: int, capture: Callable[[], Snapshot]) -> None:
         if self._writer is None:
             return
-        handle = self._writer.save_async(capture(), step, {"reason": "preemption"})
+        handle = self._writer.save_async(capture(None), step, {"reason": "preemption"})
         try:
             handle.wait(timeout_s=self.options.preemption_grace_s)
         except TimeoutError as e:
@@ -119,7 +133,10 @@ class Persistence:
     def _report(self) -> None:
         if self._writer is None:
             return
-        for r in self._writer.pop_finished():
+        finished = self._writer.pop_finished()
+        if finished and self._in_flight is not None and self._writer.statistics().num_pending == 0:
+            self._spare, self._in_flight = self._in_flight.buffer, None
+        for r in finished:
             self._emit(
                 "checkpoint",
                 checkpoint_step=r.step,
@@ -131,5 +148,10 @@ class Persistence:
             )
 
 
-def snapshot_capture(state_dict: Callable[[], dict[str, Any]], step: int, quorum_id: int, replica_id: str) -> Callable[[], Snapshot]:
-    return lambda: Snapshot.capture(flatten(state_dict()), step=step, quorum_id=quorum_id, replica_id=replica_id)
+def snapshot_capture(
+    state_dict: Callable[[], dict[str, Any]], step: int, quorum_id: int, replica_id: str
+) -> Callable[[torch.Tensor | None], Snapshot]:
+    """A capture of the state for the checkpoint writer, into a reusable buffer if given."""
+    return lambda out: Snapshot.capture(
+        flatten(state_dict()), step=step, quorum_id=quorum_id, replica_id=replica_id, with_checksums=False, out=out
+    )

@@ -93,10 +93,14 @@ class CollectiveHandle:
 class FaultTolerantProcessGroup:
     """One rank's view of its column across the groups of the current quorum."""
 
-    def __init__(self, backend: str, *, collective_timeout_s: float, connect_timeout_s: float) -> None:
+    def __init__(self, backend: str, *, collective_timeout_s: float, connect_timeout_s: float, host: str = "127.0.0.1") -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={backend!r}; expected 'gloo' or 'nccl'")
         self.backend = backend
+        self.host = host
+        """The address Gloo binds and advertises to peers: the one other groups can reach.
+        (Gloo's default is whatever the hostname resolves to, often 127.0.0.1, which breaks a
+        multi-host job unless GLOO_SOCKET_IFNAME is set.)"""
         self.collective_timeout_s = collective_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.spec: ColumnSpec | None = None
@@ -131,7 +135,10 @@ class FaultTolerantProcessGroup:
     def _create(self, store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
         timeout = datetime.timedelta(seconds=self.collective_timeout_s)
         if self.backend == "gloo":
-            return dist.ProcessGroupGloo(store, rank, size, timeout)
+            options = dist.ProcessGroupGloo._Options()
+            options._timeout = timeout
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=self.host)]
+            return dist.ProcessGroupGloo(store, rank, size, options)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         pg = dist.ProcessGroupNCCL(store, rank, size, options)
