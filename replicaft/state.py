@@ -6,11 +6,26 @@ without pickle. ``flatten`` walks a state dict and replaces every tensor by a re
 ``unflatten`` puts tensors back. Only plain types travel: None, bool, int, float, str, bytes,
 lists, tuples and dicts (any key type msgpack can carry). Anything else is refused with the
 path to the offending value, so a user learns at registration, not at the first heal.
+
+Sharded values (FSDP2 inside a replica group, replicaft.fsdp): a DTensor stands for its local
+shard. ``flatten`` puts ``value.to_local()`` in its place, read under ``no_grad`` so it is the
+stored tensor itself (no autograd node, no collective, safe on the quorum thread) and a
+template filled in place fills the parameter. So the heal moves the rank's own shard (rank r
+of a healer pulls rank r of a donor, which holds the same shard), the digest is per rank
+(equal across groups column by column), and each rank hands its own shard to a checkpoint.
+``unflatten`` gives plain tensors back: putting them into DTensors again is the owner's load
+function's job (replicaft.fsdp does it for the model and the optimizer). A DTensor with a
+``Partial`` placement (a reduction still pending) is refused: its local value is not state.
+The names are the same on every rank of a group, so a W > 1 checkpoint writer that hands them
+to DCP, which keeps one copy of same-named plain tensors as replicas, must make them per-rank
+for sharded state; today's does not, and replicaft.fsdp refuses checkpoints with W > 1 (its
+module docstring has the details).
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,12 +58,30 @@ class Flat:
     """Dotted path of each tensor, for error messages and manifests."""
 
 
+def _local_shard(value: torch.Tensor, path: str) -> torch.Tensor:
+    """A DTensor's local shard (the stored tensor, no copy); any other tensor as it is."""
+    # Looked up, not imported: importing torch.distributed.tensor costs about a second, and
+    # if nothing has imported it no DTensor can exist.
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is None or not isinstance(value, dtensor.DTensor):
+        return value
+    if any(p.is_partial() for p in value.placements):
+        raise StateError(
+            f"state {path}: a DTensor with placements {value.placements} holds a pending reduction, "
+            "not state; reduce it (full_tensor() or redistribute) before registering it"
+        )
+    with torch.no_grad():
+        return value.to_local().detach()
+
+
 def flatten(state: Mapping[str, Any]) -> Flat:
+    """``state`` as a skeleton plus its tensors in order; DTensors become their local shards."""
     tensors: list[torch.Tensor] = []
     names: list[str] = []
 
     def walk(value: Any, path: str) -> Any:
         if isinstance(value, torch.Tensor):
+            value = _local_shard(value, path)
             if str(value.dtype).removeprefix("torch.") not in DTYPES:
                 raise StateError(f"state {path}: tensors of dtype {value.dtype} cannot be transferred")
             tensors.append(value)
