@@ -167,6 +167,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
     # -- step hooks (Manager) ------------------------------------------------------------------
 
     def on_step_start(self) -> None:
+        self._callback_queued = False  # a backward that raised never ran its callback
         self._in_step = True
         self._buffer_backup = {n: b.detach().clone() for n, b in self.module.named_buffers()}
         self._buffer_average = None

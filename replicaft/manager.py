@@ -382,13 +382,16 @@ class Manager:
             # vetoes the donors' commit. It votes for itself separately (below).
             shared_ok = self._reduce_ok_flag(ok or plan.healing)
             ok = ok and shared_ok
-        if plan is not None and plan.healing and shared_ok and not caught_up and self._catchup is not None:
-            if not self._catchup.record(plan.max_step, [h.capture_step() for h in self._hooks]):
-                self._emit("heal_end", ok=False, error="recorded steps do not follow; restarting the heal")
-                self._catchup = None
         reason = "" if ok else str(self._error or ("catching up" if not caught_up else "fewer groups than min_replicas"))
         decision = self._vote(plan, ok, reason)
         reached(self._faults, "commit", self._step)
+        if plan is not None and plan.healing and shared_ok and not decision.commit and self._catchup is not None:
+            # Recorded after the vote: a rank whose own fetch is done still records a step
+            # its group could not commit (another rank was not ready), so every rank's records
+            # stay in line with the group's step.
+            if not self._catchup.record(plan.max_step, [h.capture_step() for h in self._hooks]):
+                self._emit("heal_end", ok=False, error="recorded steps do not follow; restarting the heal")
+                self._catchup = None
         if decision.commit and plan is not None and plan.healing:
             self._apply_catchup(plan)
         self._finish_step(plan, decision.commit, decision.reason)

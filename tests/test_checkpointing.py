@@ -7,6 +7,7 @@ tests kill groups with real signals and read the structured events and the direc
 from __future__ import annotations
 
 import os
+import random
 import signal
 from pathlib import Path
 
@@ -119,3 +120,35 @@ def test_sigterm_to_the_writer_saves_its_step_before_exit(tmp_path: Path) -> Non
     saved = [e for e in read_events(events) if e["event"] == "checkpoint" and e["replica_id"] == "g0" and e["ok"]]
     assert saved and saved[-1]["checkpoint_step"] == max(g0_steps), f"g0 committed up to {max(g0_steps)}; saved {saved}"
     assert groups["g1"].popen.poll() is None, "the other group just goes on"
+
+
+@pytest.mark.timeout(420)
+def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Path) -> None:
+    """Issue 7's acceptance run: five random SIGKILLs (each group restarted, as an orchestrator
+    would), then every group killed at once and resumed from disk; across all of it, and across
+    epoch boundaries, every sample trains in exactly one committed step."""
+    rng = random.Random(7)
+    lh = start_lighthouse(status=False)
+    args = ("--steps", "150", "--step-delay", "0.02", "--dataset-size", "500")
+    ids = ("g0", "g1", "g2")
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ids}
+    events = tmp_path / "events"
+    step = 5
+    for _ in range(5):
+        step += rng.randint(6, 12)
+        victim = rng.choice(ids)
+        wait_for_event(events, lambda e, s=step: e["event"] == "commit" and e["committed"] and e["step"] >= s, 120, f"step {step}")
+        groups[victim].kill()
+        groups[victim] = start_group(lh.grpc_address, victim, tmp_path, *args)
+    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= step, 180, "a checkpoint after the kills")
+    for g in groups.values():
+        g.kill()
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ids}
+    for rid in ids:
+        wait_for_event(events, lambda e, rid=rid: e["event"] == "resume" and e["replica_id"] == rid, 120, f"{rid} resumed from disk")
+    for rid, g in groups.items():
+        assert g.wait_exit(240) == 0, f"{rid}\n{g.output_tail()}"
+    positions = max(e["samples"][1] for e in read_events(events) if e["event"] == "commit" and e["committed"])
+    assert positions > 2 * 500, "the run should cross at least one epoch boundary"
+    assert_digests_agree(events, min_steps=140)
+    assert_samples_exactly_once(events, min_steps=150)

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 MANIFEST_WAIT_S = 10.0
-MANIFEST_GRACE_S = 0.25
+MANIFEST_GRACE_S = 1.0
 """Once one donor served its manifest, how long the others may still say "not yet"."""
 
 
