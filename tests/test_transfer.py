@@ -472,3 +472,13 @@ def connection_closed(sock: socket.socket) -> bool:
 def assert_server_still_serves(host: str, port: int, snapshot: Snapshot) -> None:
     manifest = fetch_manifest(Donor("guarded", f"{host}:{port}"), STEP, TOKEN, time.monotonic() + 10.0)
     assert manifest == snapshot.manifest
+
+
+def test_two_captures_of_the_same_state_have_identical_bytes_padding_included() -> None:
+    # Regression: alignment padding was left uninitialised, so donors holding the same state
+    # could publish different checksums and be dropped as disagreeing.
+    first = sample_snapshot()
+    garbage = torch.full((first.manifest.total_bytes,), 0xAB, dtype=torch.uint8)
+    second = Snapshot.capture(flatten(sample_state()), step=STEP, quorum_id=1, replica_id="other", chunk_bytes=CHUNK, out=garbage)
+    assert torch.equal(first.buffer, second.buffer)
+    assert first.manifest.checksums == second.manifest.checksums

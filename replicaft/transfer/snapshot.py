@@ -43,8 +43,12 @@ class Snapshot:
         offsets, total = layout([v.numel() for v in views])
         reuse = out is not None and out.dtype == torch.uint8 and out.numel() >= total
         buffer = out[:total] if reuse and out is not None else torch.empty(total, dtype=torch.uint8)
-        for view, offset in zip(views, offsets, strict=True):
+        ends = [*offsets[1:], total]
+        for view, offset, end in zip(views, offsets, ends, strict=True):
             buffer[offset : offset + view.numel()].copy_(view)
+            # The alignment padding is part of the checksummed bytes: left uninitialised, two
+            # donors of the same state would disagree (seen: "donors disagree" with equal digests).
+            buffer[offset + view.numel() : end].zero_()
         specs = tuple(
             TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, view.numel())
             for name, t, view, offset in zip(flat.names, flat.tensors, views, offsets, strict=True)
