@@ -43,7 +43,7 @@ class Snapshot:
         offsets, total = layout([v.numel() for v in views])
         reuse = out is not None and out.dtype == torch.uint8 and out.numel() >= total
         buffer = out[:total] if reuse and out is not None else torch.empty(total, dtype=torch.uint8)
-        ends = [*offsets[1:], total]
+        ends = [*offsets[1:], total] if offsets else []
         for view, offset, end in zip(views, offsets, ends, strict=True):
             buffer[offset : offset + view.numel()].copy_(view)
             # The alignment padding is part of the checksummed bytes: left uninitialised, two
