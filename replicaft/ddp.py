@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from replicaft.buffers import BufferAverager
 from replicaft.manager import ManagedWork, Manager, StepHooks
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -57,7 +58,6 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self.module = module
         self._manager = manager
         self._bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
-        self._broadcast_buffers = broadcast_buffers
         self._params = [p for p in reversed(list(module.parameters())) if p.requires_grad]
         self._buckets: list[_Bucket] = []
         self._bucket_of: dict[int, _Bucket] = {}
@@ -65,9 +65,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self._callback_queued = False
         self._sync = True
         self._in_step = False
-        self._buffer_backup: dict[str, torch.Tensor] = {}
-        self._buffer_average: torch.Tensor | None = None
-        self._buffer_work: ManagedWork | None = None
+        self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
         self._allocate_buckets()
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -153,43 +151,26 @@ class DistributedDataParallel(nn.Module, StepHooks):
         for bucket in self._buckets:
             if bucket.work is None:
                 bucket.work = self._manager.allreduce(bucket.buffer)
-        if self._broadcast_buffers and self._buffer_backup:
-            self._buffer_average = torch.cat(
-                [b.detach().reshape(-1).to(torch.float64) for _, b in self.module.named_buffers()]
-            )
-            self._buffer_work = self._manager.allreduce(self._buffer_average)
+        self._buffer_sync.start_average()
         for bucket in self._buckets:
             bucket.work.wait()
             bucket.ready = 0
-        if self._buffer_work is not None:
-            self._buffer_work.wait()
+        self._buffer_sync.wait()
 
     # -- step hooks (Manager) ------------------------------------------------------------------
 
     def on_step_start(self) -> None:
         self._callback_queued = False  # a backward that raised never ran its callback
         self._in_step = True
-        self._buffer_backup = {n: b.detach().clone() for n, b in self.module.named_buffers()}
-        self._buffer_average = None
-        self._buffer_work = None
+        self._buffer_sync.step_start()
 
     def on_commit(self) -> None:
         self._in_step = False
-        if self._buffer_average is not None and self._buffer_work is not None:
-            self._write_buffers(self._buffer_average)
-
-    def _write_buffers(self, average: torch.Tensor) -> None:
-        offset = 0
-        with torch.no_grad():
-            for _, b in self.module.named_buffers():
-                n = b.numel()
-                b.copy_(average[offset : offset + n].reshape(b.shape).to(b.dtype))
-                offset += n
+        self._buffer_sync.commit()
 
     def capture_step(self) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """This step's averaged gradients and buffers (copies), for a healer's later replay."""
-        average = self._buffer_average.clone() if self._buffer_average is not None and self._buffer_work is not None else None
-        return [b.buffer.clone() for b in self._buckets], average
+        return [b.buffer.clone() for b in self._buckets], self._buffer_sync.capture()
 
     def replay_prepare(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         self._attach_grads()
@@ -198,17 +179,14 @@ class DistributedDataParallel(nn.Module, StepHooks):
 
     def replay_apply(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         if record[1] is not None:
-            self._write_buffers(record[1])
+            self._buffer_sync.write(record[1])
 
     def restore_step(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         self.replay_prepare(record)
 
     def on_abort(self) -> None:
         self._in_step = False
-        with torch.no_grad():
-            for name, b in self.module.named_buffers():
-                if name in self._buffer_backup:
-                    b.copy_(self._buffer_backup[name])
+        self._buffer_sync.abort()
 
     # -- state (heal and checkpoint) -----------------------------------------------------------
 
@@ -217,10 +195,10 @@ class DistributedDataParallel(nn.Module, StepHooks):
         updates them concurrently with the quorum thread that snapshots this)."""
         state = dict(self.module.state_dict())
         if self._in_step:
-            state.update({k: v for k, v in self._buffer_backup.items() if k in state})
+            state.update({k: v for k, v in self._buffer_sync.backup.items() if k in state})
         return state
 
     def _load_state_dict(self, state: dict[str, Any]) -> None:
         self.module.load_state_dict(state)
         if self._in_step:
-            self._buffer_backup = {n: b.detach().clone() for n, b in self.module.named_buffers()}
+            self._buffer_sync.refresh_backup()

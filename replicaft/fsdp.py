@@ -71,6 +71,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from replicaft.buffers import BufferAverager
 from replicaft.ddp import DEFAULT_BUCKET_CAP_MB
 from replicaft.errors import GroupError, OptionsError, StateError
 from replicaft.manager import ManagedWork, Manager, StepHooks
@@ -126,7 +127,6 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         self.module = module
         self._manager = manager
         self._bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
-        self._broadcast_buffers = broadcast_buffers
         # Captured now, while the module is sharded: during forward its attributes are the
         # unsharded parameters, and these (the objects the optimizer holds) stay the shards.
         self._named_params = list(module.named_parameters())
@@ -146,9 +146,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         self._generation = manager.abandon_generation
         self._callback_queued = False
         self._in_step = False
-        self._buffer_backup: dict[str, torch.Tensor] = {}
-        self._buffer_average: torch.Tensor | None = None
-        self._buffer_work: ManagedWork | None = None
+        self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
         self._allocate_buckets()
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -248,16 +246,11 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
                     else:
                         slot.copy_(_local_grad(p))
                 self._launch(bucket)
-            if self._broadcast_buffers and self._buffer_backup:
-                self._buffer_average = torch.cat(
-                    [b.detach().reshape(-1).to(torch.float64) for _, b in self.module.named_buffers()]
-                )
-                self._buffer_work = self._manager.allreduce(self._buffer_average)
+            self._buffer_sync.start_average()
             for bucket in self._buckets:
                 if bucket.work is not None:
                     bucket.work.wait()
-            if self._buffer_work is not None:
-                self._buffer_work.wait()
+            self._buffer_sync.wait()
             self._write_grads()
         for bucket in self._buckets:
             bucket.ready.clear()
@@ -282,34 +275,19 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
             bucket.buffer.zero_()
             bucket.ready.clear()
             bucket.work = None
-        self._buffer_backup = {n: b.detach().clone() for n, b in self.module.named_buffers()}
-        self._buffer_average = None
-        self._buffer_work = None
+        self._buffer_sync.step_start()
 
     def on_commit(self) -> None:
         self._in_step = False
-        if self._buffer_average is not None and self._buffer_work is not None:
-            self._write_buffers(self._buffer_average)
+        self._buffer_sync.commit()
 
     def on_abort(self) -> None:
         self._in_step = False
-        with torch.no_grad():
-            for name, b in self.module.named_buffers():
-                if name in self._buffer_backup:
-                    b.copy_(self._buffer_backup[name])
-
-    def _write_buffers(self, average: torch.Tensor) -> None:
-        offset = 0
-        with torch.no_grad():
-            for _, b in self.module.named_buffers():
-                n = b.numel()
-                b.copy_(average[offset : offset + n].reshape(b.shape).to(b.dtype))
-                offset += n
+        self._buffer_sync.abort()
 
     def capture_step(self) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """This step's averaged gradient shards and buffers (copies), for a healer's replay."""
-        average = self._buffer_average.clone() if self._buffer_average is not None and self._buffer_work is not None else None
-        return [b.buffer.clone() for b in self._buckets], average
+        return [b.buffer.clone() for b in self._buckets], self._buffer_sync.capture()
 
     def replay_prepare(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         for bucket, grads in zip(self._buckets, record[0], strict=True):
@@ -318,7 +296,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
 
     def replay_apply(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         if record[1] is not None:
-            self._write_buffers(record[1])
+            self._buffer_sync.write(record[1])
 
     def restore_step(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         self.replay_prepare(record)
@@ -329,7 +307,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         """The sharded parameters (flatten takes their local shards) and persistent buffers,
         buffers as of the step's start while a step is in flight. Runs on the quorum thread."""
         state: dict[str, Any] = dict(self._named_params)
-        buffers = self._buffer_backup if self._in_step else dict(self.module.named_buffers())
+        buffers = self._buffer_sync.backup if self._in_step else dict(self.module.named_buffers())
         state.update({n: buffers[n] for n in self._persistent_buffers if n in buffers})
         return state
 
@@ -346,7 +324,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
             for name in self._persistent_buffers:
                 _copy_checked(buffers[name], state[name], name)
         if self._in_step:
-            self._buffer_backup = {n: b.detach().clone() for n, b in self.module.named_buffers()}
+            self._buffer_sync.refresh_backup()
 
 
 def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
