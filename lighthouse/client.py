@@ -114,6 +114,7 @@ class AsyncLighthouseClient:
         self._fatal: Exception | None = None
         self._channel: grpc.aio.Channel | None = None
         self._session_task: asyncio.Task[None] | None = None
+        self._call: grpc.aio.StreamStreamCall | None = None
         self._closing = False
 
     def record_progress(self, step: int) -> None:
@@ -126,7 +127,15 @@ class AsyncLighthouseClient:
         self._session_task = asyncio.create_task(self._run_session(), name=f"lighthouse-session-{self.replica_id}")
 
     async def close(self) -> None:
+        """Leave cleanly: the last heartbeat says so, and peers are told "member_left" (they
+        finish their collectives with us) instead of "member_lost" (they would abandon them)."""
         self._closing = True
+        call = self._call
+        if call is not None and self._registered.is_set():
+            try:
+                await asyncio.wait_for(call.write(protocol.encode(Heartbeat(self._step, self._progress, leaving=True))), 1.0)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError) as e:
+                logger.debug("could not announce leaving to the lighthouse: %s", e)
         if self._session_task is not None:
             self._session_task.cancel()
             try:
@@ -245,6 +254,7 @@ class AsyncLighthouseClient:
     async def _one_session(self) -> None:
         assert self._channel is not None
         call = self._channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata, wait_for_ready=True)
+        self._call = call
         heartbeats: asyncio.Task[None] | None = None
         try:
             await call.write(
@@ -280,7 +290,7 @@ class AsyncLighthouseClient:
             call.cancel()
 
     async def _heartbeat(self, call: grpc.aio.StreamStreamCall) -> None:
-        while True:
+        while not self._closing:
             await call.write(protocol.encode(Heartbeat(self._step, self._progress)))
             await asyncio.sleep(self.heartbeat_interval_s)
 

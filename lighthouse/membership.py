@@ -83,6 +83,8 @@ class Lost:
     session: int
     reason: str
     quorum_id: int
+    graceful: bool = False
+    """It left cleanly (announced in its last heartbeat) rather than failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,8 @@ class Membership:
     _next_session: int = 1
     _next_quorum_id: int = 1
     _current_sessions: frozenset[tuple[str, int]] = frozenset()
+    _reconnecting_since: float | None = None
+    """When the first member of a previous incarnation's quorum registered (restart only)."""
     _current_ids: tuple[str, ...] | None = None
     """``current.replica_ids``, kept because the view is rebuilt on every join."""
 
@@ -129,6 +133,8 @@ class Membership:
         if old is not None:
             lost = self._remove(old, "a new session registered under the same replica id")
         self._next_quorum_id = max(self._next_quorum_id, reg.last_quorum_id + 1)
+        if reg.last_quorum_id >= 0 and self._reconnecting_since is None and self.current is None:
+            self._reconnecting_since = now
         session = self._next_session
         self._next_session += 1
         self.members[reg.replica_id] = MemberState(
@@ -154,11 +160,11 @@ class Membership:
             m.step, m.progress, m.last_progress = hb.step, hb.progress, now
         return True
 
-    def close_session(self, replica_id: str, session: int, reason: str) -> list[Lost]:
+    def close_session(self, replica_id: str, session: int, reason: str, *, graceful: bool = False) -> list[Lost]:
         m = self.members.get(replica_id)
         if m is None or m.session != session:
             return []
-        return self._remove(m, reason)
+        return self._remove(m, reason, graceful=graceful)
 
     def is_session_live(self, replica_id: str, session: int) -> bool:
         m = self.members.get(replica_id)
@@ -211,6 +217,13 @@ class Membership:
     def decide(self, now: float, now_unix_s: float | None = None) -> Quorum | None:
         """Form a quorum if the rules allow; returns it (already recorded) or None."""
         decision = decide_quorum(self.view(), now, self.rules)
+        if decision.participants is not None and self._awaiting_reconnects(now):
+            decision = QuorumDecision(
+                None,
+                "this lighthouse restarted: waiting join_timeout "
+                f"{self.options.join_timeout_s:g}s for the members of the last quorum to reconnect "
+                "before forming the first one",
+            )
         self.last_decision = decision
         if decision.participants is None:
             return None
@@ -248,6 +261,22 @@ class Membership:
         )
         return quorum
 
+    def _awaiting_reconnects(self, now: float) -> bool:
+        """After a lighthouse restart the first quorum waits for stragglers to reconnect.
+
+        A member reporting a previous quorum id means this incarnation replaced another. Its
+        peers reconnect with backoff, and a first quorum formed without them could commit a
+        step some of them had already committed in the previous incarnation, making two
+        different histories of one step that nobody would heal. So the first quorum of a
+        restarted lighthouse forms only once join_timeout has passed since the first such
+        member registered (at a fresh start nobody reports an id, and nothing waits).
+        """
+        return (
+            self.current is None
+            and self._reconnecting_since is not None
+            and now - self._reconnecting_since < self.options.join_timeout_s
+        )
+
     def fence(self, req: FenceRequest) -> FenceResponse:
         """A group may commit only while its quorum is the current one and it is in it."""
         m = self.members.get(req.replica_id)
@@ -270,7 +299,7 @@ class Membership:
         if m is not None:
             m.last_progress = now
 
-    def _remove(self, m: MemberState, reason: str) -> list[Lost]:
+    def _remove(self, m: MemberState, reason: str, *, graceful: bool = False) -> list[Lost]:
         del self.members[m.replica_id]
         self._joins.pop(m.replica_id, None)
-        return [Lost(m.replica_id, m.session, reason, m.quorum_id)]
+        return [Lost(m.replica_id, m.session, reason, m.quorum_id, graceful)]

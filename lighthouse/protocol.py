@@ -42,8 +42,10 @@ MAX_DATA_BYTES = 16 * 1024
 MAX_WORLD_SIZE = 65536
 MAX_TIMEOUT_S = 24 * 3600.0
 
-NoticeKind = Literal["registered", "member_lost", "quorum_formed", "fenced"]
-NOTICE_KINDS: frozenset[str] = frozenset({"registered", "member_lost", "quorum_formed", "fenced"})
+NoticeKind = Literal["registered", "member_lost", "member_left", "quorum_formed", "fenced"]
+NOTICE_KINDS: frozenset[str] = frozenset({"registered", "member_lost", "member_left", "quorum_formed", "fenced"})
+"""``member_lost``: a member failed (survivors abandon in-flight collectives with it);
+``member_left``: a member shut down cleanly after finishing its step (nothing to abandon)."""
 
 
 def check_str(msg: str, name: str, value: Any, max_chars: int, allow_empty: bool = False) -> str:
@@ -163,6 +165,9 @@ class Heartbeat:
 
     step: int
     progress: int
+    leaving: bool = False
+    """The last heartbeat of a clean shutdown: the group finished its step and is leaving, so
+    its peers must not abandon the collectives they are finishing with it."""
 
     @classmethod
     def decode(cls, raw: bytes) -> Heartbeat:
@@ -171,6 +176,7 @@ class Heartbeat:
         return cls(
             step=check_int(m, "step", require(o, m, "step"), 0),
             progress=check_int(m, "progress", require(o, m, "progress"), 0),
+            leaving=check_bool(m, "leaving", o.get("leaving", False)),
         )
 
 

@@ -186,6 +186,14 @@ class LighthouseServer:
                 self.metrics.rejected_requests += 1
                 logger.warning("closing session of %s: %s", session.replica_id, e)
                 return
+            if hb.leaving:
+                self._handle_lost(
+                    self.membership.close_session(
+                        session.replica_id, session.serial, "left cleanly after its last step", graceful=True
+                    )
+                )
+                self._decide()
+                return
             if not self.membership.heartbeat(session.replica_id, session.serial, hb, time.monotonic()):
                 return
 
@@ -264,15 +272,19 @@ class LighthouseServer:
 
     def _handle_lost(self, lost: list[Lost]) -> None:
         for m in lost:
-            self.metrics.members_lost += 1
-            logger.warning("member %s lost (quorum %d): %s", m.replica_id, m.quorum_id, m.reason)
+            if m.graceful:
+                logger.info("member %s left (quorum %d)", m.replica_id, m.quorum_id)
+            else:
+                self.metrics.members_lost += 1
+                logger.warning("member %s lost (quorum %d): %s", m.replica_id, m.quorum_id, m.reason)
             waiter = self._waiters.pop(m.replica_id, None)
             if waiter is not None and not waiter.done():
                 waiter.set_exception(ProtocolError(f"replica {m.replica_id!r} was declared lost: {m.reason}"))
             own = self._sessions.get(m.replica_id)
-            if own is not None and own.serial == m.session:
+            if own is not None and own.serial == m.session and not m.graceful:
                 own.outbox.put_nowait(Notice("fenced", m.quorum_id, m.replica_id, m.reason, self.incarnation))
-            notice = Notice("member_lost", m.quorum_id, m.replica_id, m.reason, self.incarnation)
+            kind = "member_left" if m.graceful else "member_lost"
+            notice = Notice(kind, m.quorum_id, m.replica_id, m.reason, self.incarnation)
             for rid, s in self._sessions.items():
                 if rid != m.replica_id:
                     s.outbox.put_nowait(notice)

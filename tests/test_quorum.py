@@ -221,10 +221,21 @@ def test_lighthouse_restart_continues_quorum_ids_above_what_members_saw() -> Non
     assert new.current is None
     join(new, "a", 0.0)
     join(new, "b", 0.0)
-    resumed = new.decide(0.0)
+    # A restarted lighthouse gives the members of the last quorum join_timeout to reconnect.
+    assert new.decide(1.9) is None
+    assert new.last_decision is not None and "restarted" in new.last_decision.reason
+    resumed = new.decide(2.0)
     assert resumed is not None
     assert resumed.quorum_id == highest + 1
     assert resumed.incarnation == 2
+
+
+def test_fresh_lighthouse_forms_its_first_quorum_at_once() -> None:
+    fresh = Membership(MembershipOptions(), incarnation=1)
+    for rid in "ab":
+        register(fresh, rid, 0.0)
+        join(fresh, rid, 0.0)
+    assert fresh.decide(0.0) is not None
 
 
 # -- properties ---------------------------------------------------------------------------------
