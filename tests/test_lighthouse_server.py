@@ -8,6 +8,7 @@ with a deadline. Hostile calls go through grpc directly with raw bytes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import time
@@ -28,6 +29,8 @@ from conftest import (
 )
 
 from lighthouse import protocol
+from lighthouse.client import AsyncLighthouseClient
+from lighthouse.protocol import Notice
 
 MEMBER_SCRIPT = str(Path(__file__).with_name("lighthouse_member.py"))
 EVENT_TIMEOUT_S = 10.0
@@ -394,3 +397,33 @@ class TestTorchFree:
         _, modules = lighthouse.process.wait_for_json(lambda o: o["event"] == "modules", EVENT_TIMEOUT_S)
         assert modules["lighthouse"], "the probe did not run the server"
         assert modules["torch"] == []
+
+
+class TestCleanLeave:
+    def test_member_closing_cleanly_is_reported_as_left_not_lost(self) -> None:
+        """A group that finished its step and shuts down must not make its peers abandon the
+        collectives they are completing with it (that forked a step's history at job end)."""
+        lighthouse = start_lighthouse(status=False)
+
+        async def scenario() -> list[str]:
+            kinds: list[str] = []
+            got = asyncio.Event()
+
+            def on_notice(notice: Notice) -> None:
+                if notice.replica_id == "leaver":
+                    kinds.append(notice.kind)
+                    got.set()
+
+            stayer = AsyncLighthouseClient(lighthouse.grpc_address, "stayer", on_notice=on_notice)
+            leaver = AsyncLighthouseClient(lighthouse.grpc_address, "leaver")
+            await stayer.start()
+            await leaver.start()
+            await stayer.wait_registered(10)
+            await leaver.wait_registered(10)
+            await asyncio.gather(stayer.quorum(0, 10), leaver.quorum(0, 10))
+            await leaver.close()
+            await asyncio.wait_for(got.wait(), 10)
+            await stayer.close()
+            return kinds
+
+        assert asyncio.run(scenario()) == ["member_left"]
