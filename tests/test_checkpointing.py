@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -143,9 +144,19 @@ def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Pat
     wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= step, 180, "a checkpoint after the kills")
     for g in groups.values():
         g.kill()
+    restarted_at = time.time()
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ids}
+    # The first groups back find nobody ahead and resume from disk; a group that starts later
+    # finds them ahead and heals from them instead (it reads no checkpoint).
+    wait_for_event(events, lambda e: e["event"] == "resume" and e["ts"] > restarted_at, 120, "a resume from disk")
     for rid in ids:
-        wait_for_event(events, lambda e, rid=rid: e["event"] == "resume" and e["replica_id"] == rid, 120, f"{rid} resumed from disk")
+        wait_for_event(
+            events,
+            lambda e, rid=rid: e["replica_id"] == rid and e["ts"] > restarted_at
+            and (e["event"] == "resume" or (e["event"] == "heal_end" and e["ok"] and e.get("base_step", 0) > 0)),
+            120,
+            f"{rid} back from disk or from a peer",
+        )
     for rid, g in groups.items():
         assert g.wait_exit(240) == 0, f"{rid}\n{g.output_tail()}"
     positions = max(e["samples"][1] for e in read_events(events) if e["event"] == "commit" and e["committed"])
