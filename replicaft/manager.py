@@ -596,7 +596,7 @@ class Manager:
         if step is None:
             return
         every = self.options.digest_every_steps
-        if every and step % every == 0:
+        if every and step % every == 0 and self._events.path is not None:
             self._emit("committed", digest=digest(flatten(self.state_dict())))
         plan = self._plan
         quorum_id = plan.quorum_id if plan is not None else -1

@@ -69,7 +69,8 @@ class ManagerOptions:
     """Directory for the structured event log (``REPLICAFT_EVENTS_DIR``); None = no events."""
     digest_every_steps: int = 1
     """Emit a digest of the whole state every N committed steps (0 = never). Hashing costs about
-    a memory pass over the state; benchmarks of large models set 0."""
+    a memory pass over the state, so it is skipped when there is no event log to write it to;
+    benchmarks of large models set 0."""
     seed: int = 0
     """Base of the per-step RNG seed (see ``Manager.step_seed``)."""
     checkpoint_dir: str | None = None
