@@ -1,6 +1,6 @@
 """The command lines and environments of a run's processes. Pure: the runner starts what these describe.
 
-A group is ``examples/train_ddp.py``: one process when W = 1, or W ranks under torchrun
+A group is ``examples/train_ddp.py`` (or the scenario's ``script``): one process when W = 1, or W ranks under torchrun
 (``python -m torch.distributed.run --standalone``; its rendezvous stays on the namespace's
 own loopback). Everything replicaft needs arrives through ``REPLICAFT_*`` variables, the way
 an orchestrator would set them; the caller's own ``REPLICAFT_*`` variables never leak in
@@ -43,7 +43,10 @@ class GroupPlacement:
 def group_command(scenario: Scenario) -> list[str]:
     """The command line of one group (before any ``ip netns exec`` prefix)."""
     s = scenario
-    script = [str(EXAMPLE), "--steps", str(s.steps), "--width", str(s.width), "--step-delay", str(s.step_delay_s)]
+    if s.script is not None:
+        script = [s.script, *s.script_args]
+    else:
+        script = [str(EXAMPLE), "--steps", str(s.steps), "--width", str(s.width), "--step-delay", str(s.step_delay_s)]
     if s.ranks_per_group == 1:
         return [sys.executable, *script]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks_per_group),

@@ -148,7 +148,14 @@ class Scenario:
     step_delay_s: float = 0.0
     """Extra seconds of work per step (``--step-delay`` of the example): paces a demo."""
     width: int = 32
-    """Hidden width of the example model."""
+    """Hidden width of the example model (``examples/train_ddp.py`` only)."""
+    script: str | None = None
+    """The training script each rank runs, instead of ``examples/train_ddp.py``. In a TOML file
+    a relative path is relative to the file. It gets ``script_args`` and nothing else on its
+    command line (so they must make it train ``steps`` steps), and ``REPLICAFT_*`` variables;
+    ``width`` and ``step_delay_s`` do not apply."""
+    script_args: tuple[str, ...] = ()
+    """Arguments of ``script``."""
     faults: tuple[FaultSpec, ...] = ()
     restart_delay_s: float = 1.0
     """How long the supervisor waits before restarting a dead group or lighthouse, as an
@@ -170,6 +177,8 @@ class Scenario:
     """Invariant 4: every fault must be followed by a committed step within this many seconds."""
     loss_tolerance: float = 0.1
     """Invariant 5: allowed relative difference of the final loss from a fault-free run."""
+    loss_window: int = 100
+    """Invariant 5 compares the median loss of this many last steps, not one batch's loss."""
 
     @property
     def group_ids(self) -> tuple[str, ...]:
@@ -189,7 +198,7 @@ class Scenario:
     def __post_init__(self) -> None:
         if not self.name:
             raise ScenarioError("scenario name is empty; set name = \"...\"")
-        for name in ("groups", "ranks_per_group", "steps", "width"):
+        for name in ("groups", "ranks_per_group", "steps", "width", "loss_window"):
             if getattr(self, name) < 1:
                 raise ScenarioError(f"scenario {self.name!r}: {name}={getattr(self, name)}; it must be at least 1")
         for name in ("step_delay_s", "restart_delay_s", "loss_tolerance", "checkpoint_interval_steps", "resume_slack_steps"):
@@ -203,6 +212,12 @@ class Scenario:
                 f"scenario {self.name!r}: progress_timeout_s={self.progress_timeout_s} is not above "
                 f"heartbeat_timeout_s={self.heartbeat_timeout_s} (the lighthouse requires it); raise progress_timeout_s"
             )
+        if self.script is not None and not Path(self.script).is_file():
+            raise ScenarioError(f"scenario {self.name!r}: script={self.script!r} is not a file")
+        if not all(isinstance(a, str) for a in self.script_args):
+            raise ScenarioError(f"scenario {self.name!r}: script_args={list(self.script_args)!r}; give a list of strings")
+        if self.script_args and self.script is None:
+            raise ScenarioError(f"scenario {self.name!r}: script_args without script; name the script they are for")
         if self.checkpoint_interval_steps and self.ranks_per_group > 1:
             raise ScenarioError(
                 f"scenario {self.name!r}: checkpoint_interval_steps={self.checkpoint_interval_steps} with "
@@ -322,13 +337,18 @@ def _load_toml(path: Path) -> dict[str, Any]:
         raise ScenarioError(f"scenario file {path} is not valid TOML: {e}") from None
 
 
-def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>") -> Scenario:
+def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir: Path | None = None) -> Scenario:
     """Build a scenario from parsed TOML; unknown keys are errors (a typo must not be ignored).
 
     A ``[random_faults]`` table (``chaos/random_faults.py``) is expanded into faults appended
-    to the ``[[faults]]`` given by hand.
+    to the ``[[faults]]`` given by hand. A relative ``script`` is taken relative to ``base_dir``
+    (the TOML file's directory) when given.
     """
     data = dict(data)
+    if isinstance(data.get("script"), str) and base_dir is not None:
+        data["script"] = str((base_dir / data["script"]).resolve())
+    if isinstance(data.get("script_args"), list):
+        data["script_args"] = tuple(data["script_args"])
     raw_faults = list(data.pop("faults", []))
     raw_random = data.pop("random_faults", None)
     known = (set(Scenario.__dataclass_fields__) - {"faults"}) | {"random_faults"}
@@ -367,7 +387,7 @@ def load_scenario(name_or_path: str) -> Scenario:
             shipped = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
             raise ScenarioError(f"no scenario named {name_or_path!r}; shipped scenarios: {shipped}, or pass a .toml path")
     try:
-        return scenario_from_dict(_load_toml(path), source=str(path))
+        return scenario_from_dict(_load_toml(path), source=str(path), base_dir=path.parent)
     except ScenarioError as e:
         if str(path) in str(e):
             raise

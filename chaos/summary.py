@@ -36,7 +36,7 @@ class Reference:
 def reference_from(record: RunRecord, events: Sequence[Event]) -> Reference:
     all_commits = commits(events)
     steps = max((c.step for c in all_commits), default=0)
-    return Reference(goodput(all_commits).value, final_loss(events), str(record.out_dir), steps,
+    return Reference(goodput(all_commits).value, final_loss(events, record.scenario.loss_window), str(record.out_dir), steps,
                      steps >= record.scenario.steps)
 
 
@@ -60,6 +60,7 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
         target_steps=s.steps,
         reference_final_loss=baseline.final_loss if baseline else None,
         loss_tolerance=s.loss_tolerance,
+        loss_window=s.loss_window,
         epoch_starts=starts,
     )
     outcome_options = OutcomeOptions(

@@ -47,16 +47,14 @@ column with the gradients and written back on commit, restored on abort, exactly
 their buffers differ from each other, as in plain FSDP; each equals the same rank's in every
 other group.
 
-Persistent checkpoints with W > 1 are refused (``OptionsError`` at construction): the
-manager's checkpoint writer hands every rank's flattened state to ``dcp.save`` under the same
-names on every rank (``model.0.weight``), as plain tensors. DCP takes same-named plain tensors
-for replicas and writes one copy of each, picking the rank per tensor to spread the writes,
-so a saved checkpoint is a mixture of the ranks' shards (measured: 27 tensors from rank 0, 5
-from rank 1, a digest matching neither rank), and the reader loads every rank from group rank
-0's layout file. Making it work needs, in ``replicaft/checkpoint``: per-rank keys for sharded
-tensors (e.g. ``<name>@rank<r>``, with ``flatten`` marking which tensors are local shards) and
-each rank's own layout on load; or saving them as DTensors, which would also let a checkpoint
-load into another W. With W = 1 a shard is the whole tensor and checkpoints work.
+Persistent checkpoints. Every rank of the writing group saves its own shards: the snapshot
+keeps each local shard's DTensor layout (``replicaft.state.Sharding``) and the writer hands
+DCP DTensors again, so DCP records where each shard sits in the global tensor. (Handed plain
+tensors, DCP takes same-named tensors for replicas and keeps one rank's copy of each: the
+first version did that, and a checkpoint was a mixture of the ranks' shards.) A checkpoint
+loads into any W: a rank reads just its part of each global tensor into its shards; a
+moment the template lacks (a fresh optimizer) is read whole and cut to the rank's shard by
+:func:`shard_optimizer_state`'s hook.
 """
 
 from __future__ import annotations
@@ -69,11 +67,11 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from replicaft.buffers import BufferAverager
 from replicaft.ddp import DEFAULT_BUCKET_CAP_MB
-from replicaft.errors import GroupError, OptionsError, StateError
+from replicaft.errors import GroupError, StateError
 from replicaft.manager import ManagedWork, Manager, StepHooks
 
 
@@ -114,14 +112,6 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
             raise TypeError(
                 f"FaultTolerantFSDP needs the root module after fully_shard (an FSDPModule), got "
                 f"{type(module).__name__}; call fully_shard(module, mesh=...) on its blocks and then on it"
-            )
-        o = manager.options
-        if o.checkpoint_dir is not None and o.group_world_size > 1:
-            raise OptionsError(
-                f"checkpoint_dir={o.checkpoint_dir!r} with group_world_size={o.group_world_size}: persistent "
-                "checkpoints of sharded state are not supported yet (DCP would keep one rank's shard of each "
-                "tensor and mix the ranks' shards on load; see replicaft/fsdp.py); unset checkpoint_dir "
-                "(REPLICAFT_CHECKPOINT_DIR) or train with one rank per group"
             )
         super().__init__()
         self.module = module
@@ -328,13 +318,16 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
 
 
 def shard_optimizer_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Make ``optimizer`` turn loaded local shards back into DTensors; returns it.
+    """Make ``optimizer`` turn loaded plain moments back into DTensors; returns it.
 
     A heal or a checkpoint carries each moment of a sharded parameter as its local shard (a
-    plain tensor). ``Optimizer.load_state_dict`` would keep it plain, and the next step would
-    fail mixing DTensor parameters with plain moments. The hook installed here wraps every
-    loaded tensor shaped like its parameter's local shard into a DTensor with the parameter's
-    mesh and placements (no communication). Scalars such as ``step`` stay as they are.
+    plain tensor); a checkpoint loaded without a template for a moment (a fresh optimizer)
+    gives the whole global tensor. ``Optimizer.load_state_dict`` would keep either plain, and
+    the next step would fail mixing DTensor parameters with plain moments. The hook installed
+    here wraps a tensor shaped like its parameter's local shard into a DTensor with the
+    parameter's mesh and placements, and cuts one shaped like the whole parameter down to this
+    rank's shard (``distribute_tensor`` from local data: no communication). Scalars such as
+    ``step`` stay as they are.
     """
     optimizer.register_load_state_dict_post_hook(_wrap_loaded_state)
     return optimizer
@@ -348,10 +341,14 @@ def _wrap_loaded_state(optimizer: torch.optim.Optimizer) -> None:
             local_shape = _local(p).shape
             state = optimizer.state[p]
             for key, value in state.items():
-                if isinstance(value, torch.Tensor) and not isinstance(value, DTensor) and key != "step" and value.shape == local_shape:
+                if not isinstance(value, torch.Tensor) or isinstance(value, DTensor) or key == "step":
+                    continue
+                if value.shape == local_shape:
                     state[key] = DTensor.from_local(
                         value, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
                     )
+                elif value.shape == p.shape:
+                    state[key] = distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None)
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

@@ -13,12 +13,16 @@
   and the process exits with status 143; other groups just leave.
 
 W > 1: DCP then needs a process group spanning the group's ranks, taken from the default
-process group the script initialised inside its group (FSDP/HSDP scripts do); time-based
-intervals are refused for W > 1 because the ranks must agree on every save without talking.
+process group the script initialised inside its group (FSDP/HSDP scripts do); each rank
+writes its own shards (sharded state reaches DCP as DTensors, see replicaft.state), and a
+checkpoint loads into another W through DCP's resharding. Every rank must save the same
+steps without talking about it: time-based intervals are refused, and a save due while the
+previous one is still being written waits for it rather than being skipped.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import signal
 import threading
@@ -37,6 +41,9 @@ from replicaft.transfer.snapshot import Snapshot
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 143
+SAVE_TIMEOUT_S = 600.0
+"""W > 1: the writer group's collectives time out after this long, and a due save waits this
+long at most for the previous one (every rank must save the same steps)."""
 
 
 class Persistence:
@@ -72,7 +79,7 @@ class Persistence:
                     "checkpoint_interval_s cannot be used with W > 1 (the ranks must agree on every "
                     "save); use checkpoint_interval_steps"
                 )
-            process_group = dist.new_group(backend="gloo")
+            process_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
         self._reader = CheckpointReader(o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir)
         self._writer = CheckpointWriter(
             o.checkpoint_dir,
@@ -83,6 +90,7 @@ class Persistence:
             interval_s=o.checkpoint_interval_s,
             process_group=process_group,
             writer_id=f"{o.replica_id}/{o.group_rank}",
+            wait_when_busy_s=SAVE_TIMEOUT_S if process_group is not None else None,
         )
 
     def close(self) -> None:
@@ -99,7 +107,7 @@ class Persistence:
 
     def load_latest(self, template: dict[str, Any]) -> LoadedCheckpoint | None:
         assert self._reader is not None
-        return self._reader.load_latest_valid(template)
+        return self._reader.load_latest_valid(template, rank=self.options.group_rank)
 
     def after_commit(self, step: int, is_writer: bool, capture: Callable[[torch.Tensor | None], Snapshot]) -> None:
         """Called at the step boundary after a commit, with the committed state in place.

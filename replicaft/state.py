@@ -16,10 +16,12 @@ of a healer pulls rank r of a donor, which holds the same shard), the digest is 
 ``unflatten`` gives plain tensors back: putting them into DTensors again is the owner's load
 function's job (replicaft.fsdp does it for the model and the optimizer). A DTensor with a
 ``Partial`` placement (a reduction still pending) is refused: its local value is not state.
-The names are the same on every rank of a group, so a W > 1 checkpoint writer that hands them
-to DCP, which keeps one copy of same-named plain tensors as replicas, must make them per-rank
-for sharded state; today's does not, and replicaft.fsdp refuses checkpoints with W > 1 (its
-module docstring has the details).
+
+Next to each tensor ``flatten`` keeps its :class:`Sharding` (None for a plain tensor): the
+mesh, placements and global shape of the DTensor it came from. It never travels (a heal moves
+only local shards), but a checkpoint writer needs it: DCP keeps one copy of same-named *plain*
+tensors as replicas, so the shards must reach it as DTensors again, which is also what lets a
+checkpoint saved with one W load with another.
 """
 
 from __future__ import annotations
@@ -50,38 +52,63 @@ DTYPES: dict[str, torch.dtype] = {
 
 
 @dataclass(frozen=True, slots=True)
+class Sharding:
+    """Where a local shard sits in its DTensor: enough to wrap a copy of the shard as that
+    DTensor again (no communication). In-process only, never sent."""
+
+    mesh: Any
+    """The DTensor's ``DeviceMesh``."""
+    placements: tuple[Any, ...]
+    shape: torch.Size
+    """The global shape."""
+    stride: tuple[int, ...]
+
+    def wrap(self, local: torch.Tensor) -> torch.Tensor:
+        """A DTensor over ``local`` (shares its storage)."""
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(local, self.mesh, self.placements, run_check=False, shape=self.shape, stride=self.stride)
+
+
+@dataclass(frozen=True, slots=True)
 class Flat:
     skeleton: Any
     """The state with each tensor replaced by ``{"__tensor__": index}``; msgpack-encodable."""
     tensors: list[torch.Tensor]
     names: list[str]
     """Dotted path of each tensor, for error messages and manifests."""
+    shardings: list[Sharding | None] | None = None
+    """Per tensor, the DTensor it is the local shard of (None: a plain tensor); None when no
+    tensor is sharded."""
 
 
-def _local_shard(value: torch.Tensor, path: str) -> torch.Tensor:
-    """A DTensor's local shard (the stored tensor, no copy); any other tensor as it is."""
+def _local_shard(value: torch.Tensor, path: str) -> tuple[torch.Tensor, Sharding | None]:
+    """A DTensor's local shard (the stored tensor, no copy) and its sharding; any other tensor as it is."""
     # Looked up, not imported: importing torch.distributed.tensor costs about a second, and
     # if nothing has imported it no DTensor can exist.
     dtensor = sys.modules.get("torch.distributed.tensor")
     if dtensor is None or not isinstance(value, dtensor.DTensor):
-        return value
+        return value, None
     if any(p.is_partial() for p in value.placements):
         raise StateError(
             f"state {path}: a DTensor with placements {value.placements} holds a pending reduction, "
             "not state; reduce it (full_tensor() or redistribute) before registering it"
         )
     with torch.no_grad():
-        return value.to_local().detach()
+        local = value.to_local().detach()
+    return local, Sharding(value.device_mesh, tuple(value.placements), value.shape, value.stride())
 
 
 def flatten(state: Mapping[str, Any]) -> Flat:
     """``state`` as a skeleton plus its tensors in order; DTensors become their local shards."""
     tensors: list[torch.Tensor] = []
     names: list[str] = []
+    shardings: list[Sharding | None] = []
 
     def walk(value: Any, path: str) -> Any:
         if isinstance(value, torch.Tensor):
-            value = _local_shard(value, path)
+            value, sharding = _local_shard(value, path)
+            shardings.append(sharding)
             if str(value.dtype).removeprefix("torch.") not in DTYPES:
                 raise StateError(f"state {path}: tensors of dtype {value.dtype} cannot be transferred")
             tensors.append(value)
@@ -108,7 +135,7 @@ def flatten(state: Mapping[str, Any]) -> Flat:
         )
 
     skeleton = walk(dict(state), "state")
-    return Flat(skeleton, tensors, names)
+    return Flat(skeleton, tensors, names, shardings if any(s is not None for s in shardings) else None)
 
 
 def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:

@@ -17,6 +17,13 @@ def test_w1_group_is_the_script_and_w2_runs_under_torchrun() -> None:
     assert cmd[:7] == [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE)]
 
 
+def test_a_scenario_script_replaces_the_example_with_its_own_arguments(tmp_path: Path) -> None:
+    script = tmp_path / "mine.py"
+    script.write_text("")
+    s = scenario_from_dict({"name": "a", "script": "mine.py", "script_args": ["--steps", "9"]}, base_dir=tmp_path)
+    assert group_command(s) == [sys.executable, str(script), "--steps", "9"]
+
+
 def test_group_env_carries_placement_checkpoints_and_fault_points() -> None:
     s = scenario_from_dict({"name": "a", "checkpoint_interval_steps": 10, "collective_timeout_s": 7.0})
     plain = group_env(s, "g1", GroupPlacement(lighthouse="127.0.0.1:5", events_dir=Path("/ev")))

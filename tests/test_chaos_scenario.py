@@ -48,6 +48,20 @@ def test_invalid_fault_is_rejected_naming_the_field_and_the_fix(fault: dict[str,
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"script": "/nonexistent/train.py"}, "is not a file"),
+        ({"script_args": ["--steps", "3"]}, "script_args without script"),
+        ({"script": __file__, "script_args": ["--steps", 3]}, "list of strings"),
+        ({"loss_window": 0}, "loss_window=0"),
+    ],
+)
+def test_invalid_script_or_loss_window_is_rejected(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        scenario_from_dict({"name": "x", **fields})
+
+
 def test_two_self_armed_faults_on_one_group_are_rejected() -> None:
     with pytest.raises(ScenarioError, match="only one fault_point or kill_donor_mid_heal per target"):
         scenario({"kind": "fault_point", "target": "g2", "point": "commit", "at_step": 3},

@@ -357,6 +357,31 @@ def test_save_due_while_previous_still_writing_is_skipped_and_counted(
     assert writer.close(WAIT_S)
 
 
+def test_with_wait_when_busy_a_due_save_waits_for_the_previous_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """W > 1 mode: every rank must save the same steps, so a due save waits rather than skips;
+    a previous save stuck past the bound is reported and this one skipped."""
+    gate = threading.Event()
+    writer = CheckpointWriter(tmp_path, interval_steps=100, wait_when_busy_s=0.2,
+                              free_bytes=lambda d: 10**12 if gate.wait(WAIT_S) else 0)
+    capture = lambda: snapshot(small_state(0), 0)  # noqa: E731 - the contents do not matter here
+    writer.save_if_due(0, capture, now=0.0)
+    first = writer.save_if_due(100, capture, now=1.0)[1]
+    with caplog.at_level(logging.ERROR, logger="replicaft.checkpoint.writer"):
+        decision, _ = writer.save_if_due(200, capture, now=2.0)  # the first is held at the gate
+    assert decision.action == "skip" and "still being written after 0.2s" in caplog.text
+    gate.set()
+    assert first is not None and first.wait(WAIT_S).ok
+    writer.wait_when_busy_s = WAIT_S
+    gate.clear()
+    held = writer.save_if_due(300, capture, now=3.0)[1]
+    threading.Timer(0.1, gate.set).start()  # released while the next due save is waiting for it
+    decision, handle = writer.save_if_due(400, capture, now=4.0)
+    assert held is not None and held.done() and held.wait(0).ok
+    assert decision.action == "save" and handle is not None and handle.wait(WAIT_S).ok
+    assert writer.statistics().num_skipped == 1
+    assert writer.close(WAIT_S)
+
+
 # -- a group of two ranks --------------------------------------------------------------------
 
 RANK_CHILD = textwrap.dedent(
@@ -381,20 +406,96 @@ RANK_CHILD = textwrap.dedent(
 )
 
 
+def run_two_ranks(child: str, directory: Path, init_file: Path) -> list[dict[str, Any]]:
+    """Run ``child`` as ranks 0 and 1 of a group; their JSON reports, once both saved and exited."""
+    ranks = [spawn_python("-c", child, str(rank), str(directory), str(init_file), name=f"rank{rank}") for rank in (0, 1)]
+    reports = [rank.wait_for_json(lambda o: "status" in o, WAIT_S, what="the save result")[1] for rank in ranks]
+    assert all(rank.wait_exit(WAIT_S) == 0 for rank in ranks)
+    assert [r["status"] for r in reports] == ["published", "published"], reports
+    return reports
+
+
 @pytest.mark.slow
 def test_two_rank_group_writes_one_shard_per_rank_and_loads_in_one_process(tmp_path: Path) -> None:
     directory = tmp_path / "ckpt"
-    ranks = [
-        spawn_python("-c", RANK_CHILD, str(rank), str(directory), str(tmp_path / "init"), name=f"rank{rank}")
-        for rank in (0, 1)
-    ]
-    reports = [rank.wait_for_json(lambda o: "status" in o, WAIT_S, what="the save result")[1] for rank in ranks]
-    assert [r["status"] for r in reports] == ["published", "published"]
+    reports = run_two_ranks(RANK_CHILD, directory, tmp_path / "init")
     assert reports[0]["path"] == reports[1]["path"] == str(directory / step_dirname(10))
-    assert all(rank.wait_exit(WAIT_S) == 0 for rank in ranks)
 
     manifest = json.loads((directory / step_dirname(10) / MANIFEST_FILE).read_text())
     assert {"__0_0.distcp", "__1_0.distcp"} <= {f["name"] for f in manifest["files"]}
     assert manifest["metadata"]["group_world_size"] == 2
     loaded = CheckpointReader(directory).load_latest_valid()  # one process, no process group
     assert loaded is not None and digest(flatten(loaded.state)) == reports[0]["digest"] == manifest["metadata"]["digest"]
+
+
+SHARDED_RANK_CHILD = textwrap.dedent(
+    """
+    import json, sys, torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from replicaft.checkpoint import CheckpointReader, CheckpointWriter
+    from replicaft.fsdp import shard_optimizer_state
+    from replicaft.state import digest, flatten
+    from replicaft.transfer.snapshot import Snapshot
+
+    rank, directory, init_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    checkpoint_group = dist.new_group(backend="gloo")
+    mesh = init_device_mesh("cpu", (2,))
+
+    def build(seed):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.Linear(33, 8))  # 33 rows: uneven shards
+        fully_shard(model, mesh=mesh)
+        return model, shard_optimizer_state(torch.optim.AdamW(model.parameters(), lr=0.01))
+
+    def state(model, optimizer, own=None):
+        # "own": a plain tensor each rank holds its own value of, like FSDP's BatchNorm statistics.
+        return {"replicaft": {"step": 10}, "model": dict(model.named_parameters()), "optimizer": optimizer.state_dict(),
+                "own": own if own is not None else torch.full((3,), float(rank))}
+
+    def full(value):
+        if isinstance(value, dict):
+            return {k: full(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [full(v) for v in value]
+        return value.full_tensor() if hasattr(value, "full_tensor") else value
+
+    model, optimizer = build(0)
+    for _ in range(2):
+        model(torch.randn(4, 16)).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    saved = state(model, optimizer)
+    with CheckpointWriter(directory, process_group=checkpoint_group, writer_id=f"g0/{rank}") as writer:
+        result = writer.save_async(Snapshot.capture(flatten(saved), step=10, quorum_id=2, replica_id="g0"), 10).wait(60)
+
+    # W = 2 again, into a differently initialised model and a fresh optimizer (no moments yet).
+    model2, optimizer2 = build(1)
+    loaded = CheckpointReader(directory).load_latest_valid(state(model2, optimizer2, torch.zeros(3)), rank=rank)
+    optimizer2.load_state_dict(loaded.state["optimizer"])
+    restored = state(model2, optimizer2, loaded.state["own"])
+    print(json.dumps({
+        "rank": rank, "status": result.status,
+        "shard_digest": digest(flatten(saved)), "restored_digest": digest(flatten(restored)),
+        "moments_sharded": all(type(v).__name__ == "DTensor" for s in optimizer2.state.values()
+                               for k, v in s.items() if k != "step"),
+        "full_digest": digest(flatten(full(saved))),
+    }))
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow
+def test_sharded_two_rank_save_restores_each_rank_and_loads_whole_with_one_rank(tmp_path: Path) -> None:
+    directory = tmp_path / "ckpt"
+    reports = run_two_ranks(SHARDED_RANK_CHILD, directory, tmp_path / "init")
+    assert reports[0]["shard_digest"] != reports[1]["shard_digest"]  # the ranks really hold different shards
+    for r in reports:  # W = 2 -> W = 2: each rank gets exactly its own shards back, as DTensors
+        assert r["restored_digest"] == r["shard_digest"] and r["moments_sharded"], r
+    # W = 2 -> W = 1: one process with no template gets the whole tensors (both ranks' parts)
+    # and rank 0's own values.
+    loaded = CheckpointReader(directory).load_latest_valid()
+    assert loaded is not None and digest(flatten(loaded.state)) == reports[0]["full_digest"] != reports[1]["full_digest"]
+    assert loaded.state["own"].tolist() == [0.0, 0.0, 0.0]

@@ -13,6 +13,7 @@ digests of every committed step agree rank by rank across the groups.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -29,6 +30,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Shard
 
+from replicaft.checkpoint import CheckpointReader
+from replicaft.checkpoint.layout import MANIFEST_FILE
 from replicaft.errors import StateError
 from replicaft.fsdp import shard_optimizer_state
 from replicaft.state import flatten, unflatten
@@ -217,3 +220,44 @@ def test_heal_slower_than_a_step_replays_missed_steps_on_sharded_state(tmp_path:
     for rid, g in groups.items():
         assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
     assert_digests_agree(tmp_path, min_steps=35)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_sharded_group_killed_whole_resumes_each_rank_from_its_checkpoint_shards(tmp_path: Path) -> None:
+    """W = 2 persistent checkpoints through the manager: each rank saves its own shards, and
+    after the whole job died each rank resumes bitwise what it had saved (a fresh optimizer
+    included, whose moments are read whole and cut to the rank's shard)."""
+    lh = start_lighthouse(status=False)
+    ckpt = tmp_path / "ckpt"
+
+    def start() -> ManagedProcess:
+        env = group_env(lh.grpc_address, "g0", tmp_path)
+        env.update(REPLICAFT_CHECKPOINT_DIR=str(ckpt), REPLICAFT_CHECKPOINT_INTERVAL_STEPS="5")
+        return spawn_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "5",
+                            EXAMPLE, *ARGS, name="g0", env=env)
+
+    groups = {"g0": start()}
+    with stopped_at_exit(groups, tmp_path):
+        for rank in (0, 1):
+            wait_for_event(tmp_path, lambda e, rank=rank: e["event"] == "checkpoint" and e["ok"] and e["group_rank"] == rank
+                           and e["checkpoint_step"] >= 10, 120, f"rank {rank}: a checkpoint at step 10 or later")
+        for pid in worker_pids(tmp_path):
+            os.kill(pid, signal.SIGKILL)
+        groups["g0"].kill()
+        newest = next(i for i in CheckpointReader(ckpt).list() if i.valid)
+        manifest = json.loads((newest.path / MANIFEST_FILE).read_text())
+        assert manifest["metadata"]["group_world_size"] == 2
+        assert {"__0_0.distcp", "__1_0.distcp"} <= {f["name"] for f in manifest["files"]}
+
+        restarted_at = time.time()
+        groups["g0"] = start()
+        for rank in (0, 1):
+            resume = wait_for_event(tmp_path, lambda e, rank=rank: e["event"] == "resume" and e["group_rank"] == rank
+                                    and e["ts"] > restarted_at, 120, f"rank {rank} resumed")
+            assert resume["checkpoint_step"] == newest.step, (resume, newest)
+            saved = [e["digest"] for e in read_events(tmp_path) if e["event"] == "committed" and e["group_rank"] == rank
+                     and e["step"] == newest.step and e["ts"] < restarted_at]
+            assert saved and resume["digest"] == saved[-1], f"rank {rank}: resumed state differs from what it saved"
+            wait_for_event(tmp_path, lambda e, rank=rank: committed(e, "g0", rank) and e["ts"] > restarted_at
+                           and e["step"] >= newest.step + 3, 60, f"rank {rank} training on after the resume")

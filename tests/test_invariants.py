@@ -26,6 +26,7 @@ from chaos.invariants import (
     check_monotonic_steps,
     check_no_crash,
     check_no_hang,
+    final_loss,
 )
 from chaos.record import InjectedFault, ProcessExit
 
@@ -216,6 +217,19 @@ def test_final_loss(log: list[Event], reference: float | None, status: str) -> N
     assert verdict.status == status
     if status == "violated":
         assert offences(verdict) == [(5, None)]
+
+
+def test_final_loss_is_the_median_of_the_last_steps_so_one_spike_does_not_decide() -> None:
+    def log(losses: list[float]) -> list[Event]:
+        return [{"event": "committed", "step": i, "replica_id": g, "loss": loss, "ts": float(i)}
+                for i, loss in enumerate(losses) for g in ("g0", "g1")]
+
+    noisy_end = [0.4, 0.5, 0.3, 0.4, 0.9]  # the last batch alone is 2x the reference
+    assert final_loss(log(noisy_end), window=5) == pytest.approx(0.4)
+    options = CheckOptions(hang_bound_s=5.0, reference_final_loss=0.41, loss_tolerance=0.1, loss_window=5)
+    assert check_final_loss(log(noisy_end), options).status == "held"
+    assert check_final_loss(log([0.6, 0.7, 0.6, 0.7, 0.4]), options).status == "violated"
+    assert final_loss(log([9.0, 1.0, 2.0]), window=2) == pytest.approx(1.5)
 
 
 # -- harness: no crash -----------------------------------------------------------------------------

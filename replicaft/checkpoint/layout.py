@@ -47,3 +47,9 @@ def parse_step_dirname(name: str) -> int | None:
 
 def is_tmp_dirname(name: str) -> bool:
     return _TMP.fullmatch(name) is not None
+
+
+def dcp_key(name: str, own_rank: int | None) -> str:
+    """The DCP key of state tensor ``name``: the name itself, or, for a tensor each rank of a
+    sharded group holds its own value of (``own_rank``), the name and that rank."""
+    return name if own_rank is None else f"{name}@rank{own_rank}"

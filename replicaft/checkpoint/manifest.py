@@ -110,6 +110,9 @@ class SavedTensor:
     """The tensor's dotted path from :func:`replicaft.state.flatten`; also its DCP key."""
     dtype: str
     shape: tuple[int, ...]
+    """The global shape (a sharded tensor's, not one rank's shard)."""
+    own: bool = False
+    """Each rank of a sharded group saved its own value (see ``StateLayout.own_ranks``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +120,21 @@ class StateLayout:
     skeleton: Any
     """The state with each tensor replaced by ``{"__tensor__": index}`` into ``tensors``."""
     tensors: tuple[SavedTensor, ...]
+    own_ranks: int = 0
+    """0: every plain (unsharded) tensor is one value for the whole group (replicated state).
+    W > 0: the group's state was sharded over W ranks, and each rank saved its own value of
+    every plain tensor (``SavedTensor.own``: FSDP's BatchNorm statistics differ per rank)
+    under ``layout.dcp_key(name, rank)``."""
 
     def encode(self) -> bytes:
-        return msgpack.packb(
-            {
-                "version": FORMAT_VERSION,
-                "skeleton": self.skeleton,
-                "tensors": [[t.name, t.dtype, list(t.shape)] for t in self.tensors],
-            },
-            use_bin_type=True,
-        )
+        o: dict[str, Any] = {
+            "version": FORMAT_VERSION,
+            "skeleton": self.skeleton,
+            "tensors": [[t.name, t.dtype, list(t.shape), *([True] if t.own else [])] for t in self.tensors],
+        }
+        if self.own_ranks:
+            o["own_ranks"] = self.own_ranks
+        return msgpack.packb(o, use_bin_type=True)
 
     @classmethod
     def decode(cls, raw: bytes, where: str) -> StateLayout:
@@ -140,16 +148,20 @@ class StateLayout:
         for i, entry in enumerate(_field(o, "tensors", list, where)):
             ok = (
                 isinstance(entry, list)
-                and len(entry) == 3
+                and len(entry) in (3, 4)
                 and isinstance(entry[0], str)
                 and entry[1] in DTYPES
                 and isinstance(entry[2], list)
                 and all(isinstance(d, int) and d >= 0 for d in entry[2])
+                and (len(entry) == 3 or entry[3] is True)
             )
             if not ok:
-                raise CheckpointCorrupt(f"{where}: tensors[{i}] = {entry!r} is not [name, dtype, shape]")
-            tensors.append(SavedTensor(entry[0], entry[1], tuple(entry[2])))
-        return cls(o["skeleton"], tuple(tensors))
+                raise CheckpointCorrupt(f"{where}: tensors[{i}] = {entry!r} is not [name, dtype, shape(, own)]")
+            tensors.append(SavedTensor(entry[0], entry[1], tuple(entry[2]), len(entry) == 4))
+        own_ranks = o.get("own_ranks", 0)
+        if isinstance(own_ranks, bool) or not isinstance(own_ranks, int) or own_ranks < 0:
+            raise CheckpointCorrupt(f"{where}: own_ranks = {own_ranks!r} is not a rank count")
+        return cls(o["skeleton"], tuple(tensors), own_ranks)
 
 
 def _field(o: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:

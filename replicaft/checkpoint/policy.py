@@ -11,7 +11,9 @@ one thing an asynchronous checkpoint exists to avoid; queueing would hold one mo
 copy of the state per pending save (unbounded memory when the disk is slower than the
 interval) and write ever staler steps. Skipping costs one interval of recency, and a
 persistent checkpoint matters only when every replica group is gone. The writer counts and
-logs skips: a steady stream of them means the interval is shorter than a save takes.
+logs skips: a steady stream of them means the interval is shorter than a save takes. The
+one exception is a group of W > 1 ranks, whose ranks must all save the same steps without
+talking: there the writer waits for the previous save (``CheckpointWriter(wait_when_busy_s=)``).
 
 **Free space** is checked before a save starts, against an estimate from the snapshot plus a
 margin, so a full disk is refused up front with a clear message instead of failing halfway

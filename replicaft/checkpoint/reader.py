@@ -7,10 +7,12 @@ against ``manifest.json`` before a single byte is loaded; ``load_latest_valid`` 
 checkpoints newest first and skips damaged ones with a warning naming the file and the
 reason, so a run restarts from the newest state that is actually intact.
 
-Loading uses ``torch.distributed.checkpoint.load`` without a process group (``no_dist``):
-replicaft groups are data parallel, so every rank needs the whole state, and DCP reads it
-from however many shard files the writing group produced (a checkpoint written by a group of
-W ranks loads into any other W). Template tensors of the right name, dtype and shape are
+Loading uses ``torch.distributed.checkpoint.load`` without a process group (``no_dist``),
+from however many shard files the writing group produced: a checkpoint written by a group of
+W ranks loads into any other W. Replicated tensors are read whole; a template's DTensor
+(FSDP state) is filled with just this rank's part of the saved global tensor; a plain tensor
+each rank of a sharded group saved its own value of (``StateLayout.own_ranks``) is read from
+that rank's copy (``rank``), or rank 0's when the checkpoint had fewer ranks. Template tensors of the right name, dtype and shape are
 filled in place, DCP's usual contract, so a model on the GPU is restored without a host copy
 of it; tensors the template lacks (a fresh optimizer's moments) are allocated on the CPU.
 """
@@ -32,11 +34,12 @@ from replicaft.checkpoint.layout import (
     DCP_METADATA_FILE,
     MANIFEST_FILE,
     STATE_FILE,
+    dcp_key,
     parse_step_dirname,
 )
 from replicaft.checkpoint.manifest import CheckpointManifest, StateLayout
 from replicaft.errors import CheckpointCorrupt, StateError
-from replicaft.state import DTYPES, flatten, unflatten
+from replicaft.state import DTYPES, Sharding, flatten, unflatten
 
 logger = logging.getLogger(__name__)
 
@@ -134,7 +137,7 @@ def published(directory: Path) -> list[tuple[int, Path]]:
     return sorted(found, reverse=True)
 
 
-def load(path: str | Path, template: Mapping[str, Any] | None = None) -> LoadedCheckpoint:
+def load(path: str | Path, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint:
     """Verify, then load checkpoint directory ``path``.
 
     Tensors of ``template`` whose name, dtype and shape match the checkpoint are filled in
@@ -146,25 +149,28 @@ def load(path: str | Path, template: Mapping[str, Any] | None = None) -> LoadedC
     manifest = check(path)
     layout = StateLayout.decode((path / STATE_FILE).read_bytes(), f"{path.name}/{STATE_FILE}")
     targets = _template_tensors(template)
-    tensors = []
+    tensors, to_load = [], {}
     for saved in layout.tensors:
         dtype, shape = DTYPES[saved.dtype], torch.Size(saved.shape)
-        t = targets.get(saved.name)
-        if t is None:
-            t = torch.empty(shape, dtype=dtype)
-        elif t.dtype != dtype or t.shape != shape:
+        local, sharding = targets.get(saved.name, (None, None))
+        if local is None:
+            local = torch.empty(shape, dtype=dtype)
+        # A shard is loaded through its DTensor (same storage): DCP reads just this rank's
+        # part of the global tensor, whatever W the checkpoint was saved with.
+        target = sharding.wrap(local) if sharding is not None else local
+        if target.dtype != dtype or target.shape != shape:
             raise StateError(
                 f"{path.name}: tensor {saved.name} was saved as {saved.dtype}{list(shape)} but the template "
-                f"has {str(t.dtype).removeprefix('torch.')}{list(t.shape)}; load with the model and optimizer "
-                "configuration the checkpoint was written with"
+                f"has {str(target.dtype).removeprefix('torch.')}{list(target.shape)}; load with the model and "
+                "optimizer configuration the checkpoint was written with"
             )
-        tensors.append(t)
+        tensors.append(local)
+        # Sharded groups saved each rank's own value of the plain tensors; a rank the
+        # checkpoint had no counterpart of (loading into a larger W) takes rank 0's.
+        own = (rank if rank < layout.own_ranks else 0) if saved.own else None
+        to_load[dcp_key(saved.name, own)] = target
     try:
-        dcp.load(
-            {saved.name: t for saved, t in zip(layout.tensors, tensors, strict=True)},
-            storage_reader=dcp.FileSystemReader(str(path)),
-            no_dist=True,
-        )
+        dcp.load(to_load, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
     except Exception as e:  # DCP wraps storage errors in several types
         raise CheckpointCorrupt(f"{path.name}: DCP could not load the tensors ({type(e).__name__}: {e})") from e
     try:
@@ -176,11 +182,13 @@ def load(path: str | Path, template: Mapping[str, Any] | None = None) -> LoadedC
     return LoadedCheckpoint(manifest.step, state, path)
 
 
-def _template_tensors(template: Mapping[str, Any] | None) -> dict[str, torch.Tensor]:
+def _template_tensors(template: Mapping[str, Any] | None) -> dict[str, tuple[torch.Tensor, Sharding | None]]:
+    """Each template tensor by name: the tensor (a DTensor's local shard) and its sharding."""
     if template is None:
         return {}
     flat = flatten(template)
-    return dict(zip(flat.names, flat.tensors, strict=True))
+    shardings = flat.shardings or [None] * len(flat.tensors)
+    return {name: (t, sh) for name, t, sh in zip(flat.names, flat.tensors, shardings, strict=True)}
 
 
 class CheckpointReader:
@@ -217,11 +225,11 @@ class CheckpointReader:
         return verify(path)
 
     @staticmethod
-    def load(path: str | Path, template: Mapping[str, Any] | None = None) -> LoadedCheckpoint:
+    def load(path: str | Path, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint:
         """Load one given checkpoint (e.g. to go back to a milestone); see :func:`load`."""
-        return load(path, template)
+        return load(path, template, rank=rank)
 
-    def load_latest_valid(self, template: Mapping[str, Any] | None = None) -> LoadedCheckpoint | None:
+    def load_latest_valid(self, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint | None:
         """Load the newest checkpoint that verifies, from ``directory`` then tier 2; None if none does.
 
         Call at startup only when no peer can donate (peers are always fresher). Damaged
@@ -235,7 +243,7 @@ class CheckpointReader:
         candidates.sort(key=lambda c: (-c[0], c[1]))
         for i, (step, _, path) in enumerate(candidates):
             try:
-                loaded = load(path, template)
+                loaded = load(path, template, rank=rank)
             except CheckpointCorrupt as e:
                 following = (
                     f"trying step {candidates[i + 1][0]} ({_label(candidates[i + 1][2])})"

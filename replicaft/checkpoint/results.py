@@ -10,7 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 SaveStatus = Literal["published", "refused", "failed"]
 
@@ -34,6 +34,23 @@ class SaveResult:
     @property
     def ok(self) -> bool:
         return self.status == "published"
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain values (msgpack), for group rank 0 to tell the other ranks (no pickle)."""
+        return {
+            "step": self.step, "status": self.status, "reason": self.reason,
+            "path": str(self.path) if self.path is not None else None, "num_bytes": self.num_bytes,
+            "seconds": self.seconds, "tier2_path": str(self.tier2_path) if self.tier2_path is not None else None,
+            "tier2_error": self.tier2_error, "deleted_steps": list(self.deleted_steps),
+        }
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> SaveResult:
+        return cls(
+            d["step"], d["status"], d["reason"], Path(d["path"]) if d["path"] is not None else None, d["num_bytes"],
+            d["seconds"], Path(d["tier2_path"]) if d["tier2_path"] is not None else None, d["tier2_error"],
+            tuple(d["deleted_steps"]),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -48,6 +48,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -61,7 +62,13 @@ from replicaft.checkpoint.durable import (
     remove_partial,
     write_durably,
 )
-from replicaft.checkpoint.layout import MANIFEST_FILE, STATE_FILE, step_dirname, tmp_dirname
+from replicaft.checkpoint.layout import (
+    MANIFEST_FILE,
+    STATE_FILE,
+    dcp_key,
+    step_dirname,
+    tmp_dirname,
+)
 from replicaft.checkpoint.manifest import CheckpointManifest, SavedTensor, StateLayout
 from replicaft.checkpoint.policy import (
     SaveDecision,
@@ -120,6 +127,12 @@ class CheckpointWriter:
 
     ``free_bytes`` reports the free bytes of a directory; it defaults to
     ``shutil.disk_usage`` and is a seam for filesystems that misreport it and for tests.
+
+    ``wait_when_busy_s``: a save due while the previous one is still being written is skipped
+    (policy.py says why), unless this is given: then ``save_if_due`` waits up to this long
+    for the previous save first. Groups of W > 1 ranks need it: every rank must take the same
+    decision, and whether "the previous save" has finished yet differs between ranks by the
+    moments their threads take to return from the same collective save.
     """
 
     def __init__(
@@ -135,6 +148,7 @@ class CheckpointWriter:
         process_group: dist.ProcessGroup | None = None,
         writer_id: str = "-",
         free_bytes: Callable[[Path], int] = disk_free_bytes,
+        wait_when_busy_s: float | None = None,
     ) -> None:
         check_retention_options(keep_last, milestone_every)
         check_interval_options(interval_steps, interval_s)
@@ -154,6 +168,8 @@ class CheckpointWriter:
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
         self._world_size = dist.get_world_size(process_group) if process_group is not None else 1
         self._free_bytes = free_bytes
+        self.wait_when_busy_s = wait_when_busy_s
+        self._last_handle: SaveHandle | None = None
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -185,6 +201,15 @@ class CheckpointWriter:
             self._baseline = (step, now)
             return SaveDecision("not_due", f"step {step} is the first step seen; intervals count from here"), None
         last_step, last_time = self._baseline
+        previous = self._last_handle
+        if self.wait_when_busy_s is not None and previous is not None and not previous.done():
+            probe = should_save(step=step, now=now, last_saved_step=last_step, last_saved_time=last_time,
+                                interval_steps=self.interval_steps, interval_s=self.interval_s, save_in_progress=False)
+            if probe.action == "save":
+                try:
+                    previous.wait(self.wait_when_busy_s)
+                except TimeoutError as e:
+                    self._log(logging.ERROR, step, "%s; the save due now is skipped", e)
         decision = should_save(
             step=step,
             now=now,
@@ -206,7 +231,8 @@ class CheckpointWriter:
                 "or give %s more bandwidth)", decision.reason, skipped, self.directory,
             )
             return decision, None
-        return decision, self.save_async(capture(), step, metadata)
+        self._last_handle = self.save_async(capture(), step, metadata)
+        return decision, self._last_handle
 
     def save_async(self, snapshot: Snapshot, step: int, metadata: Mapping[str, Any] | None = None) -> SaveHandle:
         """Queue a save of ``snapshot`` as the checkpoint of ``step``; return at once.
@@ -297,24 +323,32 @@ class CheckpointWriter:
     def _save(self, job: _Job) -> SaveResult:
         started = time.monotonic()
         leader = self._rank == 0
+        snapshot = job.snapshot
+        shardings = snapshot.shardings or (None,) * len(snapshot.manifest.tensors)
+        sharded = snapshot.shardings is not None
+        own_ranks = self._world_size if sharded and self._world_size > 1 else 0
         layout = StateLayout(
-            job.snapshot.manifest.skeleton,
-            tuple(SavedTensor(t.name, t.dtype, t.shape) for t in job.snapshot.manifest.tensors),
+            snapshot.manifest.skeleton,
+            tuple(SavedTensor(t.name, t.dtype, tuple(sh.shape) if sh is not None else t.shape, bool(own_ranks) and sh is None)
+                  for t, sh in zip(snapshot.manifest.tensors, shardings, strict=True)),
+            own_ranks,
         )
+        # Replicated tensors are written once; every rank writes its shards and own values.
+        shard_factor = self._world_size if sharded else 1
         estimated = estimate_checkpoint_bytes(
-            num_tensor_bytes=job.snapshot.manifest.total_bytes,
+            num_tensor_bytes=snapshot.manifest.total_bytes * shard_factor,
             num_tensors=len(layout.tensors),
             num_skeleton_bytes=len(layout.encode()),
         )
-        prepared = self._agree(self._prepare(job, estimated) if leader else None)
-        assert prepared is not None  # rank 0 always sends one
+        prepared = self._agree_prepared(self._prepare(job, estimated) if leader else None)
         if prepared.refusal is not None:
             return prepared.refusal
         assert prepared.tmp is not None
-        tensors = tensors_from_buffer(job.snapshot.buffer, job.snapshot.manifest)
+        tensors = tensors_from_buffer(snapshot.buffer, snapshot.manifest)
         try:
             dcp.save(
-                {spec.name: t for spec, t in zip(layout.tensors, tensors, strict=True)},
+                {dcp_key(spec.name, self._rank if spec.own else None): sh.wrap(t) if sh is not None else t
+                 for spec, t, sh in zip(layout.tensors, tensors, shardings, strict=True)},
                 storage_writer=dcp.FileSystemWriter(str(prepared.tmp), single_file_per_rank=True, sync_files=True),
                 process_group=self._pg,
                 no_dist=self._pg is None,
@@ -324,9 +358,7 @@ class CheckpointWriter:
         # OSError (ENOSPC, EIO), CheckpointCorrupt, and torch's RuntimeErrors from torch.save.
         except (Exception, dcp.CheckpointException) as e:
             result = self._fail(job, prepared.tmp, e, estimated, started) if leader else None
-        result = self._agree(result)
-        assert result is not None
-        return result
+        return self._agree_result(result)
 
     def _prepare(self, job: _Job, estimated: int) -> _Prepared:
         """Rank 0: clean leftovers once, check free space, create the temporary directory."""
@@ -356,7 +388,9 @@ class CheckpointWriter:
         step = job.step
         write_durably(tmp / STATE_FILE, layout.encode())
         saved = dcp.FileSystemReader(str(tmp)).read_metadata().state_dict_metadata
-        missing = [t.name for t in layout.tensors if t.name not in saved]
+        expected = [dcp_key(t.name, rank if t.own else None) for t in layout.tensors
+                    for rank in range(layout.own_ranks if t.own else 1)]
+        missing = [key for key in expected if key not in saved]
         if missing:
             raise CheckpointCorrupt(f"{tmp.name}: DCP metadata lacks {len(missing)} tensors, e.g. {missing[:3]}")
         files = tuple(checksum_and_fsync(p) for p in sorted(tmp.iterdir()) if p.is_file())
@@ -455,13 +489,36 @@ class CheckpointWriter:
             "digest": state_digest,
         }
 
-    def _agree(self, value: Any) -> Any:
-        """Group rank 0's ``value`` on every rank of the group (identity without a group)."""
+    def _agree_prepared(self, prepared: _Prepared | None) -> _Prepared:
+        """Group rank 0's go/no-go on every rank (rank 0 passes it, the others None)."""
         if self._pg is None:
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self._pg, 0), group=self._pg)
-        return box[0]
+            assert prepared is not None
+            return prepared
+        wire = None
+        if prepared is not None:
+            refusal = prepared.refusal.to_wire() if prepared.refusal is not None else None
+            wire = {"tmp": str(prepared.tmp) if prepared.tmp is not None else None, "refusal": refusal}
+        d = self._agree(wire)
+        return _Prepared(Path(d["tmp"]) if d["tmp"] is not None else None,
+                         SaveResult.from_wire(d["refusal"]) if d["refusal"] is not None else None)
+
+    def _agree_result(self, result: SaveResult | None) -> SaveResult:
+        """Group rank 0's result on every rank (rank 0 passes it, the others None)."""
+        if self._pg is None:
+            assert result is not None
+            return result
+        return SaveResult.from_wire(self._agree(result.to_wire() if result is not None else None))
+
+    def _agree(self, value: dict[str, Any] | None) -> dict[str, Any]:
+        """Broadcast rank 0's ``value`` in the group as msgpack bytes (never pickle)."""
+        assert self._pg is not None
+        src = dist.get_global_rank(self._pg, 0)
+        payload = msgpack.packb(value, use_bin_type=True) if value is not None else b""
+        size = torch.tensor([len(payload)], dtype=torch.int64)
+        dist.broadcast(size, src=src, group=self._pg)
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if value is not None else torch.empty(int(size), dtype=torch.uint8)
+        dist.broadcast(data, src=src, group=self._pg)
+        return msgpack.unpackb(data.numpy().tobytes(), raw=False)
 
     def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from replicaft.errors import StateError
-from replicaft.state import DTYPES, Flat, tensor_bytes
+from replicaft.state import DTYPES, Flat, Sharding, tensor_bytes
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
 
 
@@ -21,6 +21,8 @@ class Snapshot:
     buffer: torch.Tensor
     """uint8, CPU, ``manifest.total_bytes`` long."""
     manifest: Manifest
+    shardings: tuple[Sharding | None, ...] | None = None
+    """From :attr:`Flat.shardings`: for a checkpoint writer, never served."""
 
     @classmethod
     def capture(
@@ -63,7 +65,7 @@ class Snapshot:
             chunk_bytes=chunk_bytes,
             checksums=tuple(chunk_checksums(memoryview(buffer.numpy()), chunk_bytes)) if with_checksums else (),
         )
-        return cls(buffer, manifest)
+        return cls(buffer, manifest, tuple(flat.shardings) if flat.shardings is not None else None)
 
 
 def tensors_from_buffer(buffer: torch.Tensor, manifest: Manifest) -> list[torch.Tensor]:
