@@ -218,7 +218,7 @@ class Scenario:
             raise ScenarioError(f"scenario {self.name!r}: script_args={list(self.script_args)!r}; give a list of strings")
         if self.script_args and self.script is None:
             raise ScenarioError(f"scenario {self.name!r}: script_args without script; name the script they are for")
-        if self.checkpoint_interval_steps and self.ranks_per_group > 1:
+        if self.checkpoint_interval_steps and self.ranks_per_group > 1 and self.script is None:
             raise ScenarioError(
                 f"scenario {self.name!r}: checkpoint_interval_steps={self.checkpoint_interval_steps} with "
                 f"ranks_per_group={self.ranks_per_group}: W > 1 checkpoints need torch.distributed initialised "

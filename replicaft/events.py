@@ -18,6 +18,11 @@ event              fields
 ``heal_start``     ``donors``, ``max_step``
 ``heal_end``       ``ok``, ``num_bytes``, ``seconds``, ``bytes_by_donor``, ``replayed_steps``,
                    ``base_step``, or ``error``
+``checkpoint_start`` ``checkpoint_step``, ``background_copy_bytes`` (copied behind the next
+                   step; 0: the whole snapshot was copied at the step boundary)
+``checkpoint``     ``checkpoint_step``, ``ok``, ``status`` (published/refused/failed),
+                   ``reason``, ``path``, ``num_bytes``
+``resume``         ``checkpoint_step``, ``path``, ``digest`` (loaded from disk)
 ``fenced``         ``reason``
 ``stop``           ``reason``
 =================  ==========================================================================

@@ -243,6 +243,7 @@ class Manager:
         return {name: fn() for name, (fn, _) in self._states.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._persistence.settle()  # a checkpoint copy still reading the state ends first
         missing = set(self._states) - set(state)
         if missing:
             raise StateError(f"state to load lacks {sorted(missing)}; registered: {sorted(self._states)}")
@@ -368,6 +369,7 @@ class Manager:
         """
         plan = self.wait_quorum()
         if self._resume_pending:
+            self._persistence.settle()
             self._resume_from_disk()
         caught_up = plan is None or not plan.healing or self._catchup_ready(plan)
         ok = (
@@ -384,6 +386,9 @@ class Manager:
             ok = ok and shared_ok
         reason = "" if ok else str(self._error or ("catching up" if not caught_up else "fewer groups than min_replicas"))
         decision = self._vote(plan, ok, reason)
+        # A checkpoint copy may still be running behind this step: it must end before
+        # anything below writes the state (a heal's catch-up, the hooks, the optimizer).
+        self._persistence.settle()
         reached(self._faults, "commit", self._step)
         if plan is not None and plan.healing and shared_ok and not decision.commit and self._catchup is not None:
             # Recorded after the vote: a rank whose own fetch is done still records a step
@@ -604,6 +609,8 @@ class Manager:
             step,
             is_writer=plan is not None and plan.replica_rank == 0,
             capture=snapshot_capture(self.state_dict, step, quorum_id, self.options.replica_id),
+            state=self.state_dict,
+            quorum_id=quorum_id,
         )
 
     def _resume_from_disk(self) -> None:

@@ -36,7 +36,7 @@ from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheck
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.state import flatten
-from replicaft.transfer.snapshot import Snapshot
+from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +56,9 @@ class Persistence:
         self._previous_sigterm: Any = None
         self._spare: torch.Tensor | None = None
         self._in_flight: Snapshot | None = None
+        self._capture: BackgroundCapture | None = None
+        self._copy_now: frozenset[str] = frozenset()
+        """Tensors a background copy saw written mid-step: copied at once from then on."""
 
     @property
     def enabled(self) -> bool:
@@ -94,6 +97,7 @@ class Persistence:
         )
 
     def close(self) -> None:
+        self.settle()
         if self._writer is not None:
             self._writer.close(timeout_s=self.options.preemption_grace_s)
             self._report()
@@ -109,26 +113,49 @@ class Persistence:
         assert self._reader is not None
         return self._reader.load_latest_valid(template, rank=self.options.group_rank)
 
-    def after_commit(self, step: int, is_writer: bool, capture: Callable[[torch.Tensor | None], Snapshot]) -> None:
+    def after_commit(self, step: int, is_writer: bool, capture: Callable[[torch.Tensor | None], Snapshot],
+                     state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
         """Called at the step boundary after a commit, with the committed state in place.
 
-        Saves reuse the previous save's host buffer once that save has finished (a fresh
-        buffer's page faults cost about as much as the copy), so a steady-state save blocks
-        training only for one memory copy of the state.
+        A due save copies the state to a host snapshot, reusing the previous save's buffer once
+        that save has finished (a fresh buffer's page faults cost about as much as the copy).
+        With W = 1 the copy runs on a thread through the next step's forward and backward
+        (:class:`BackgroundCapture`); :meth:`settle` must run before the state is written
+        again. With W > 1 it is taken here, at once: every rank of the group must hand the
+        writer the same steps, and a background copy can be refused on one rank alone.
         """
-        if self._writer is not None and is_writer:
-            def capture_into_spare() -> Snapshot:
-                spare, self._spare = self._spare, None
-                snapshot = capture(spare)
-                self._in_flight = snapshot
-                return snapshot
-
-            decision, _ = self._writer.save_if_due(step, capture_into_spare)
-            if decision.save:
-                self._emit("checkpoint_start", checkpoint_step=step)
+        if self._writer is not None and is_writer and self._writer.decide(step).save:
+            spare, self._spare = self._spare, None
+            deferred = 0
+            if self.options.group_world_size > 1:
+                self._in_flight = capture(spare)
+                self._writer.save_async(self._in_flight, step)
+            else:
+                self._capture = BackgroundCapture(flatten(state()), step=step, quorum_id=quorum_id,
+                                                  replica_id=self.options.replica_id, out=spare, copy_now=self._copy_now)
+                deferred = self._capture.deferred_bytes
+            self._emit("checkpoint_start", checkpoint_step=step, background_copy_bytes=deferred)
         self._report()
 
-    def emergency_save(self, step: int, capture: Callable[[], Snapshot]) -> None:
+    def settle(self) -> None:
+        """Before anything writes the state: finish a background copy and queue its save."""
+        capture, self._capture = self._capture, None
+        if capture is None or self._writer is None:
+            return
+        snapshot, why = capture.finish(timeout_s=SAVE_TIMEOUT_S)
+        if snapshot is None:
+            self._copy_now |= capture.changed
+            if not why.startswith("the background copy of the state did not finish"):
+                self._spare = capture.buffer
+            logger.warning("[%s] checkpoint not saved: %s; those tensors are copied at once from now on",
+                           self.options.replica_id, why)
+            self._emit("checkpoint", checkpoint_step=capture.step, ok=False, status="failed", reason=why, path=None, num_bytes=0)
+            return
+        self._in_flight = snapshot
+        self._writer.save_async(snapshot, snapshot.manifest.step)
+
+    def emergency_save(self, step: int, capture: Callable[[torch.Tensor | None], Snapshot]) -> None:
+        self.settle()
         if self._writer is None:
             return
         handle = self._writer.save_async(capture(None), step, {"reason": "preemption"})

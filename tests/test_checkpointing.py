@@ -57,11 +57,16 @@ def flip_a_byte(checkpoint: Path) -> Path:
     return shard
 
 
-@pytest.mark.parametrize("corrupt_newest", [False, True], ids=["newest", "newest_corrupt"])
+@pytest.mark.parametrize(
+    ("corrupt_newest", "width"),
+    [(False, 64), (True, 64), (False, 600)],
+    # width 600: tensors over 1 MiB, which the writer copies behind the next step (BackgroundCapture)
+    ids=["newest", "newest_corrupt", "newest_copied_in_background"],
+)
 @pytest.mark.timeout(240)
-def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corrupt_newest: bool) -> None:
+def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corrupt_newest: bool, width: int) -> None:
     lh = start_lighthouse(status=False)
-    args = ("--steps", "60", "--step-delay", "0.02")
+    args = ("--steps", "60", "--step-delay", "0.02", "--width", str(width))
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     events = tmp_path / "events"
     wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL, 120, "two checkpoints")
@@ -86,6 +91,9 @@ def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corru
         assert resume["digest"] == committed_digest(events, expected.step), "resumed state differs from what was saved"
     for rid, g in groups.items():
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
+    starts = [e for e in read_events(events) if e["event"] == "checkpoint_start"]
+    assert starts and all((e["background_copy_bytes"] > 0) == (width > 64) for e in starts), starts
+    assert not [e for e in read_events(events) if e["event"] == "checkpoint" and not e["ok"]]
     assert not [e for e in read_events(events)[before:] if e["event"] == "heal_start" and e["max_step"] > 0]
     assert_digests_agree(events, min_steps=55)
     assert_samples_exactly_once(events, min_steps=60)

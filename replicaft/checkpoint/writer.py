@@ -192,14 +192,26 @@ class CheckpointWriter:
         """Start a save of the state after committed step ``step`` if an interval has elapsed.
 
         ``capture`` takes the host snapshot and is called only when a save starts (it is the
-        only part that blocks training). Intervals count from the first step this is called
-        with. A save due while the previous one is still being written is skipped, counted
-        and logged (policy.py says why). ``now`` is ``time.monotonic()`` unless given.
+        only part that blocks training). See :meth:`decide`.
+        """
+        decision = self.decide(step, now=now)
+        if decision.action != "save":
+            return decision, None
+        return decision, self.save_async(capture(), step, metadata)
+
+    def decide(self, step: int, *, now: float | None = None) -> SaveDecision:
+        """Whether a save of the state after committed step ``step`` starts now.
+
+        Intervals count from the first step this is called with. A save due while the
+        previous one is still being written is skipped, counted and logged (policy.py says
+        why), unless ``wait_when_busy_s`` is set. On "save", the caller must follow with
+        :meth:`save_async` for this step (:meth:`save_if_due` does both); ``now`` is
+        ``time.monotonic()`` unless given.
         """
         now = time.monotonic() if now is None else now
         if self._baseline is None:
             self._baseline = (step, now)
-            return SaveDecision("not_due", f"step {step} is the first step seen; intervals count from here"), None
+            return SaveDecision("not_due", f"step {step} is the first step seen; intervals count from here")
         last_step, last_time = self._baseline
         previous = self._last_handle
         if self.wait_when_busy_s is not None and previous is not None and not previous.done():
@@ -220,7 +232,7 @@ class CheckpointWriter:
             save_in_progress=self.statistics().num_pending > 0,
         )
         if decision.action == "not_due":
-            return decision, None
+            return decision
         self._baseline = (step, now)
         if decision.action == "skip":
             with self._lock:
@@ -230,9 +242,7 @@ class CheckpointWriter:
                 logging.WARNING, step, "%s (%d skipped so far; if this repeats, raise interval_steps/interval_s "
                 "or give %s more bandwidth)", decision.reason, skipped, self.directory,
             )
-            return decision, None
-        self._last_handle = self.save_async(capture(), step, metadata)
-        return decision, self._last_handle
+        return decision
 
     def save_async(self, snapshot: Snapshot, step: int, metadata: Mapping[str, Any] | None = None) -> SaveHandle:
         """Queue a save of ``snapshot`` as the checkpoint of ``step``; return at once.
@@ -258,7 +268,8 @@ class CheckpointWriter:
             self._thread = threading.Thread(target=self._work, name="replicaft-checkpoint", daemon=True)
             self._thread.start()
         self._jobs.put(_Job(snapshot, step, extra, future))
-        return SaveHandle(step, future)
+        self._last_handle = SaveHandle(step, future)
+        return self._last_handle
 
     def pop_finished(self) -> list[SaveResult]:
         """Results of saves finished since the last call, oldest first (for events and logs)."""

@@ -7,6 +7,8 @@ never waits for a transfer; the same buffer can feed a persistent checkpoint wri
 from __future__ import annotations
 
 import math
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -41,19 +43,116 @@ class Snapshot:
         snapshot served to healers needs them. ``out`` (uint8, large enough) is reused instead of
         a fresh allocation: a fresh buffer costs a page fault per 4 KiB, about half the copy's
         time (measured), and nothing may still be reading ``out``."""
-        views = [tensor_bytes(t) for t in flat.tensors]
-        offsets, total = layout([v.numel() for v in views])
-        reuse = out is not None and out.dtype == torch.uint8 and out.numel() >= total
-        buffer = out[:total] if reuse and out is not None else torch.empty(total, dtype=torch.uint8)
-        ends = [*offsets[1:], total] if offsets else []
-        for view, offset, end in zip(views, offsets, ends, strict=True):
-            buffer[offset : offset + view.numel()].copy_(view)
+        plan = _CopyPlan(flat, out)
+        plan.copy(range(len(flat.tensors)))
+        return plan.snapshot(step=step, quorum_id=quorum_id, replica_id=replica_id, chunk_bytes=chunk_bytes,
+                             with_checksums=with_checksums)
+
+
+class BackgroundCapture:
+    """A checkpoint snapshot copied on a thread while the training step goes on.
+
+    Why it is safe: after a committed step the state changes again only when the next step
+    commits (the optimizer steps after ``should_commit``), so a copy started at the step
+    boundary may run through forward and backward, provided :meth:`finish` is called before
+    anything writes the state. Two things can still write it earlier: a module's forward
+    updating a buffer (BatchNorm statistics) and user code. So tensors smaller than
+    ``copy_now_bytes`` (buffers, counters) and those named in ``copy_now`` are copied at once,
+    and :meth:`finish` compares every deferred tensor's version counter (bumped by every
+    in-place write, ``.data`` aside) with its value at the start: if one moved, the snapshot
+    is refused, never a torn one saved. Checksums are not taken: the checkpoint writer
+    checksums its files.
+    """
+
+    def __init__(
+        self,
+        flat: Flat,
+        *,
+        step: int,
+        quorum_id: int,
+        replica_id: str,
+        out: torch.Tensor | None = None,
+        copy_now: frozenset[str] = frozenset(),
+        copy_now_bytes: int = 1 << 20,
+    ) -> None:
+        self.step = step
+        self._plan = _CopyPlan(flat, out)
+        self._flat = flat
+        self._header = {"step": step, "quorum_id": quorum_id, "replica_id": replica_id}
+        now, later = [], []
+        for i, (name, t) in enumerate(zip(flat.names, flat.tensors, strict=True)):
+            version = _version(t)
+            deferrable = version is not None and name not in copy_now and t.numel() * t.element_size() >= copy_now_bytes
+            (later if deferrable else now).append(i)
+        self._plan.copy(now)
+        self._versions = {i: _version(flat.tensors[i]) for i in later}
+        self.deferred_bytes = sum(self._plan.sizes[i] for i in later)
+        """Bytes the thread copies (the rest were copied before the constructor returned)."""
+        self._error: BaseException | None = None
+        self.changed: frozenset[str] = frozenset()
+        """After :meth:`finish`: deferred tensors written while they were being copied."""
+        self._thread = threading.Thread(target=self._copy, args=(later,), name="replicaft-capture", daemon=True)
+        self._thread.start()
+
+    def _copy(self, indices: list[int]) -> None:
+        try:
+            self._plan.copy(indices)
+        except BaseException as e:  # reported by finish(), on the training thread
+            self._error = e
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        return self._plan.buffer
+
+    def finish(self, timeout_s: float) -> tuple[Snapshot | None, str]:
+        """Wait for the copy; the snapshot, or None and why not (then ``buffer`` may be reused).
+
+        Call before the state is written again. Blocks only for the part of the copy that
+        has not overlapped the step yet.
+        """
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return None, f"the background copy of the state did not finish within {timeout_s:g}s"
+        if self._error is not None:
+            return None, f"the background copy of the state failed: {type(self._error).__name__}: {self._error}"
+        self.changed = frozenset(self._flat.names[i] for i, v in self._versions.items() if _version(self._flat.tensors[i]) != v)
+        if self.changed:
+            return None, f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})"
+        return self._plan.snapshot(**self._header, chunk_bytes=CHUNK_BYTES, with_checksums=False), ""
+
+
+def _version(t: torch.Tensor) -> int | None:
+    """The tensor's in-place write counter; None for tensors without one (inference mode)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+class _CopyPlan:
+    """Where each tensor of ``flat`` goes in one uint8 buffer, and the copies into it."""
+
+    def __init__(self, flat: Flat, out: torch.Tensor | None) -> None:
+        self.flat = flat
+        self.sizes = [t.numel() * t.element_size() for t in flat.tensors]
+        self.offsets, self.total = layout(self.sizes)
+        reuse = out is not None and out.dtype == torch.uint8 and out.numel() >= self.total
+        self.buffer = out[: self.total] if reuse and out is not None else torch.empty(self.total, dtype=torch.uint8)
+        self.ends = [*self.offsets[1:], self.total] if self.offsets else []
+
+    def copy(self, indices: Iterable[int]) -> None:
+        for i in indices:
+            offset, size = self.offsets[i], self.sizes[i]
+            self.buffer[offset : offset + size].copy_(tensor_bytes(self.flat.tensors[i]))
             # The alignment padding is part of the checksummed bytes: left uninitialised, two
             # donors of the same state would disagree (seen: "donors disagree" with equal digests).
-            buffer[offset + view.numel() : end].zero_()
+            self.buffer[offset + size : self.ends[i]].zero_()
+
+    def snapshot(self, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int, with_checksums: bool) -> Snapshot:
+        flat = self.flat
         specs = tuple(
-            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, view.numel())
-            for name, t, view, offset in zip(flat.names, flat.tensors, views, offsets, strict=True)
+            TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, size)
+            for name, t, offset, size in zip(flat.names, flat.tensors, self.offsets, self.sizes, strict=True)
         )
         manifest = Manifest(
             step=step,
@@ -61,11 +160,11 @@ class Snapshot:
             replica_id=replica_id,
             skeleton=flat.skeleton,
             tensors=specs,
-            total_bytes=total,
+            total_bytes=self.total,
             chunk_bytes=chunk_bytes,
-            checksums=tuple(chunk_checksums(memoryview(buffer.numpy()), chunk_bytes)) if with_checksums else (),
+            checksums=tuple(chunk_checksums(memoryview(self.buffer.numpy()), chunk_bytes)) if with_checksums else (),
         )
-        return cls(buffer, manifest, tuple(flat.shardings) if flat.shardings is not None else None)
+        return Snapshot(self.buffer, manifest, tuple(flat.shardings) if flat.shardings is not None else None)
 
 
 def tensors_from_buffer(buffer: torch.Tensor, manifest: Manifest) -> list[torch.Tensor]:
