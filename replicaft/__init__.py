@@ -5,6 +5,7 @@ heal, commit) and the step protocol.
 """
 
 from replicaft.ddp import DistributedDataParallel as DistributedDataParallel
+from replicaft.errors import GroupBroken as GroupBroken
 from replicaft.errors import GroupError as GroupError
 from replicaft.errors import HealError as HealError
 from replicaft.errors import OptionsError as OptionsError
@@ -17,6 +18,7 @@ from replicaft.options import ManagerOptions as ManagerOptions
 
 __all__ = [
     "DistributedDataParallel",
+    "GroupBroken",
     "GroupError",
     "HealError",
     "Manager",

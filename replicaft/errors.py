@@ -29,6 +29,11 @@ class StepMismatch(GroupError):
     """A rank called the group's manager with a step other than its peers'."""
 
 
+class GroupBroken(GroupError):
+    """A rank of this replica group is gone: the group cannot commit again and must be
+    restarted whole (by torchrun or the orchestrator), then heals from its peers."""
+
+
 class StateError(ReplicaftError, ValueError):
     """Training state cannot be captured, sent or applied (unsupported type, shape mismatch)."""
 

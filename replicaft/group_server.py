@@ -9,7 +9,10 @@ into one lighthouse request and one commit decision:
 * ``Vote``: collects one vote per rank, asks the lighthouse's fence when all are ok, and
   answers all ranks with the same decision (commit.py).
 * ``Watch``: streams lighthouse notices to ranks > 0 so they abandon in-flight collectives as
-  fast as rank 0 does.
+  fast as rank 0 does. The stream is also how the server learns that a rank died: its
+  connection closes, and the pending quorum and vote fail at once with ``GroupBroken``
+  (as does every later call), instead of waiting out their deadlines for a rank that will
+  never ask. A group that lost a rank cannot commit again; it must be restarted whole.
 
 It runs on its own event loop thread so a training thread holding the GIL in long C++ calls
 does not starve the lighthouse session; state is touched only on that loop.
@@ -32,7 +35,7 @@ from lighthouse.options import TOKEN_METADATA_KEY, token_problem
 from lighthouse.protocol import Notice, Quorum
 from replicaft import group_protocol as gp
 from replicaft.commit import CommitDecision, Vote, check_votes, decide_commit
-from replicaft.errors import GroupError, StepMismatch
+from replicaft.errors import GroupBroken, GroupError, StepMismatch
 from replicaft.options import ManagerOptions
 
 logger = logging.getLogger(__name__)
@@ -72,6 +75,12 @@ class GroupServer:
         self._quorum_round: _QuorumRound | None = None
         self._vote_round: _VoteRound | None = None
         self._watchers: list[asyncio.Queue[Notice | None]] = []
+        self._open_quorums: list[_QuorumRound] = []
+        self._open_votes: list[_VoteRound] = []
+        """Rounds not answered yet, including those waiting on the lighthouse."""
+        self._stopping = False
+        self._broken: str | None = None
+        """Why the group cannot commit again (a rank's connection closed), once it happened."""
 
     def start(self) -> str:
         self._loop = asyncio.new_event_loop()
@@ -122,6 +131,7 @@ class GroupServer:
         return f"{host}:{port}"
 
     async def _stop(self) -> None:
+        self._stopping = True
         for w in self._watchers:
             w.put_nowait(None)
         if self._server is not None:
@@ -145,6 +155,8 @@ class GroupServer:
             req = gp.GroupQuorumRequest.decode(raw)
         except ProtocolError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if self._broken is not None:
+            await context.abort(grpc.StatusCode.ABORTED, self._broken)
         r = self._quorum_round
         if r is not None and r.step != req.step:
             message = (
@@ -158,6 +170,7 @@ class GroupServer:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, message)
         if r is None:
             r = self._quorum_round = _QuorumRound(req.step)
+            self._open_quorums = [*(q for q in self._open_quorums if not q.result.done()), r]
         r.requests[req.group_rank] = req
         if len(r.requests) == self.options.group_world_size:
             self._quorum_round = None
@@ -174,6 +187,8 @@ class GroupServer:
             )
         except StepMismatch as e:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except GroupBroken as e:
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
         except LighthouseError as e:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(e).__name__}: {e}")
         raise AssertionError("unreachable")
@@ -188,9 +203,11 @@ class GroupServer:
                 commit_failures=max(q.commit_failures for q in r.requests.values()),
                 data={"ranks": ranks},
             )
-            r.result.set_result(lp.encode(quorum))
+            if not r.result.done():
+                r.result.set_result(lp.encode(quorum))
         except Exception as e:
-            r.result.set_exception(e)
+            if not r.result.done():
+                r.result.set_exception(e)
 
     async def _vote(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)
@@ -198,12 +215,15 @@ class GroupServer:
             req = gp.VoteRequest.decode(raw)
         except ProtocolError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if self._broken is not None:
+            return lp.encode(gp.VoteResponse(False, self._broken))
         r = self._vote_round
         if r is None or r.step != req.step or req.group_rank in r.votes:
             if r is not None and not r.result.done():
                 r.result.set_result(CommitDecision(False, f"rank {req.group_rank} voted for step {req.step} "
                                                    f"before ranks {sorted(r.votes)} finished step {r.step}"))
             r = self._vote_round = _VoteRound(req.step)
+            self._open_votes = [*(v for v in self._open_votes if not v.result.done()), r]
         r.votes[req.group_rank] = Vote(req.group_rank, req.step, req.quorum_id, req.ok, req.reason)
         if len(r.votes) == self.options.group_world_size:
             self._vote_round = None
@@ -220,7 +240,8 @@ class GroupServer:
         assert self.lighthouse is not None
         local = check_votes(list(r.votes.values()), self.options.group_world_size)
         if not local.commit:
-            r.result.set_result(local)
+            if not r.result.done():
+                r.result.set_result(local)
             return
         vote = next(iter(r.votes.values()))
         fence = await self.lighthouse.fence(vote.quorum_id, vote.step, timeout_s)
@@ -229,6 +250,10 @@ class GroupServer:
 
     async def _watch(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         await self._authenticate(context)
+        try:
+            req = gp.WatchRequest.decode(raw)
+        except ProtocolError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         outbox: asyncio.Queue[Notice | None] = asyncio.Queue()
         self._watchers.append(outbox)
         try:
@@ -236,6 +261,23 @@ class GroupServer:
                 yield lp.encode(notice)
         finally:
             self._watchers.remove(outbox)
+            if not self._stopping:
+                self._rank_gone(req.group_rank)
+
+    def _rank_gone(self, rank: int) -> None:
+        """Rank ``rank``'s notice stream closed while the server runs: the rank exited or died."""
+        if self._broken is not None:
+            return
+        self._broken = (f"rank {rank} of group {self.options.replica_id!r} is gone (its connection to the group "
+                        "manager closed); the group cannot commit again and must be restarted whole")
+        logger.warning("[%s] %s", self.options.replica_id, self._broken)
+        self._quorum_round = self._vote_round = None
+        for q in self._open_quorums:
+            if not q.result.done():
+                q.result.set_exception(GroupBroken(self._broken))
+        for v in self._open_votes:
+            if not v.result.done():
+                v.result.set_result(CommitDecision(False, self._broken))
 
 
 class GroupClient:
@@ -282,6 +324,8 @@ class GroupClient:
             code, details = e.code(), e.details()
             if code == grpc.StatusCode.FAILED_PRECONDITION:
                 raise StepMismatch(details) from None
+            if code == grpc.StatusCode.ABORTED:
+                raise GroupBroken(details) from None
             if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 raise GroupError(f"group manager at {self.address}: {code.name}: {details}") from None
             raise GroupError(f"group manager at {self.address} refused {method}: {code.name}: {details}") from None

@@ -43,7 +43,7 @@ from lighthouse.errors import QuorumTimeout
 from lighthouse.plan import StepPlan, plan_step
 from lighthouse.protocol import Notice
 from replicaft.catchup import CatchUp
-from replicaft.errors import GroupError, HealError, StateError
+from replicaft.errors import GroupBroken, GroupError, HealError, StateError
 from replicaft.events import EventLog
 from replicaft.faults import parse_fault_points, reached, slow_serve_hook
 from replicaft.group_protocol import VoteResponse
@@ -136,6 +136,7 @@ class Manager:
         self._step = 0
         self._commit_failures = 0
         self._quorum_failures = 0
+        self._broken: GroupBroken | None = None
         self._abandon_generation = 0
         self._error: Exception | None = None
         self._abort = threading.Event()
@@ -318,6 +319,10 @@ class Manager:
         deadline = time.monotonic() + self.options.quorum_timeout_s + self.options.connect_timeout_s + 5.0
         while not _wait_future(future, POLL_S):
             self._tick()
+            if self._persistence.preempted.is_set():
+                # SIGTERM: this step will not commit; start_quorum leaves at the boundary.
+                self.report_error(GroupError("preempted (SIGTERM) while waiting for the quorum"))
+                return None
             if time.monotonic() > deadline:
                 self.report_error(GroupError("the quorum thread did not answer in time"))
                 return None
@@ -326,6 +331,9 @@ class Manager:
             self._quorum_failures = 0
             if any(self._plan.member(rid) is not None for rid in self._lost_before_plan):
                 self._abort.set()
+        except GroupBroken as e:
+            self._broken = e  # raised at the end of the step, where the loop can take it
+            self.report_error(e)
         except (QuorumTimeout, GroupError) as e:
             self._quorum_failures += 1
             self.report_error(e)
@@ -400,6 +408,9 @@ class Manager:
         if decision.commit and plan is not None and plan.healing:
             self._apply_catchup(plan)
         self._finish_step(plan, decision.commit, decision.reason)
+        if self._broken is not None:
+            self._emit("stop", reason=str(self._broken))
+            raise self._broken
         return decision.commit
 
     # -- step internals --------------------------------------------------------------------------

@@ -242,13 +242,18 @@ def test_two_rank_groups_one_rank_killed_takes_its_group_down_others_continue(tm
     start = wait_for_event(tmp_path, lambda e: e["event"] == "start" and e["replica_id"] == "g1" and e["group_rank"] == 1, 1, "g1/1 start")
     os.kill(start["pid"], signal.SIGKILL)
     killed_at = time.time()
+    # g1's rank 0 learns at once that its peer is gone (the peer's connection to it closed),
+    # ends its step and leaves: it does not wait out a quorum or vote deadline (heartbeat 30 s here).
+    stop = wait_for_event(tmp_path, lambda e: e["event"] == "stop" and e["replica_id"] == "g1" and e["group_rank"] == 0
+                          and e["ts"] > killed_at, 10, "g1 rank 0 stopping")
+    assert "rank 1 of group 'g1' is gone" in stop["reason"], stop
     assert groups["g1"].wait_exit(60) != 0
     for rank in (0, 1):
         wait_for_event(
             tmp_path,
             lambda e, rank=rank: e["event"] == "commit" and e["replica_id"] == "g0" and e["group_rank"] == rank
             and e["committed"] and e["num_contributors"] == 1 and e["ts"] > killed_at,
-            30,
+            10,
             f"g0 rank {rank} committing alone",
         )
     assert groups["g0"].wait_exit(120) == 0, groups["g0"].output_tail()
