@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, str] = {
     "checkpoint": "benchmarks.checkpoint",
     "heal": "benchmarks.heal",
     "lighthouse": "benchmarks.lighthouse",
+    "recovery": "benchmarks.recovery",
     "step_overhead": "benchmarks.step_overhead",
 }
 """name -> module exposing ``run(*, quick: bool) -> BenchmarkResult``."""

@@ -23,6 +23,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -140,8 +141,9 @@ class ChildProcesses:
         if self._logs is not None:
             self._logs.cleanup()
 
-    async def start_python(self, name: str, *args: str) -> Child:
-        """Start ``python <args>`` from the repository root with this interpreter."""
+    async def start_python(self, name: str, *args: str, env: Mapping[str, str] | None = None) -> Child:
+        """Start ``python <args>`` from the repository root with this interpreter (and ``env``
+        instead of this process's environment, if given)."""
         assert self._logs is not None, "use ChildProcesses as `async with`"
         stderr_path = Path(self._logs.name) / f"{name}.stderr"
         with stderr_path.open("wb") as stderr:
@@ -153,6 +155,7 @@ class ChildProcesses:
                 stderr=stderr,
                 limit=LINE_LIMIT_BYTES,
                 preexec_fn=_die_with_parent,
+                env=dict(env) if env is not None else None,
             )
         child = Child(name, process, stderr_path)
         self._children.append(child)
