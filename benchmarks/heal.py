@@ -46,7 +46,7 @@ FANIN_GBPS = 0.05
 FANIN_SUBNET = "10.77.0"
 TARGETS = {"vs_raw_1donor": 0.70, "vs_torchft_1donor": 2.0, "fanin_speedup_2": 1.6, "fanin_speedup_3": 2.2}
 
-LOOPBACK_MODES = ("raw", "raw_fresh", "replicaft_1", "replicaft_2", "torchft_http", "torchft_pg")
+LOOPBACK_MODES = ("raw", "raw_fresh", "replicaft_1", "replicaft_2", "replicaft_1_fresh", "torchft_http", "torchft_pg")
 
 
 def _worker(role: str, *args: str) -> tuple[str, ...]:
@@ -91,8 +91,10 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int) -> dict[str, list
                 if mode in ("raw", "raw_fresh"):
                     done = await _transfer(raw_recv, {"address": raw_address, "fresh": mode == "raw_fresh"})
                 elif mode.startswith("replicaft_"):
-                    k = int(mode.rpartition("_")[2])
-                    done = await _transfer(healer, {"donors": donor_addresses[:k], "step": 7})
+                    k = int(mode.split("_")[1])
+                    in_place = not mode.endswith("_fresh")
+                    done = await _transfer(healer, {"donors": donor_addresses[:k], "step": 7, "in_place": in_place,
+                                                    "bytes": num_bytes})
                 elif mode == "torchft_http":
                     done = await _transfer(http_recv, {"address": http_address})
                 else:
@@ -261,14 +263,15 @@ def run(*, quick: bool) -> BenchmarkResult:
     notes = [
         f"GB/s = state bytes / median seconds over {repeats} interleaved repeat(s) after {warmup} discarded warm-up "
         "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
-        "from manifest request to CRC-verified buffer; raw socket = plain TCP recv_into a preallocated, "
-        "pre-faulted buffer (raw_socket_fresh_* allocates a torch.empty buffer per transfer, as fetch_state "
-        "does); torchft 0.2.0 HTTPTransport (num_chunks=0) and PGTransport (Gloo, 2 ranks, no in-place state "
+        "from manifest request to CRC-verified tensors, received in place into the healer's own state of the "
+        "same shape (allocated once, as a healer's model and optimizer are; heal_gbps_*_fresh: into new memory, "
+        "as for a tensor the healer does not have yet); raw socket = plain TCP recv_into a preallocated, "
+        "pre-faulted buffer (raw_socket_fresh_* allocates a torch.empty buffer per transfer); torchft 0.2.0 HTTPTransport (num_chunks=0) and PGTransport (Gloo, 2 ranks, no in-place state "
         "dict); each *_vs_torchft figure repeats the heal figure to carry its ratio to torchft_best; "
         "params.receiver_breakdown has each receiver's median seconds, CPU seconds and minor page faults (for "
-        "replicaft also recv_s and crc_s, summed over its donor threads): fetch_state's one flat buffer is a "
-        "fresh mmap per heal (one fault per 4 KiB page), while torchft's per-tensor buffers of up to 32 MiB "
-        "(the 100 MiB case) may be recycled from the allocator's heap between repeats, without faults"
+        "replicaft also recv_s and crc_s, summed over its donor threads): new memory costs one fault per 4 KiB "
+        "page, while torchft's per-tensor buffers of up to 32 MiB (the 100 MiB case) may be recycled from the "
+        "allocator's heap between repeats, without faults"
     ]
 
     for label, num_bytes in sizes.items():
@@ -286,6 +289,8 @@ def run(*, quick: bool) -> BenchmarkResult:
             compared[figure] = f"raw_socket_gbps_{label}"
             figures[f"{figure}_vs_torchft"] = figures[figure]
             compared[f"{figure}_vs_torchft"] = f"torchft_best_gbps_{label}"
+        figures[f"heal_gbps_{label}_1donor_fresh"] = _gbps(num_bytes, runs["replicaft_1_fresh"])
+        compared[f"heal_gbps_{label}_1donor_fresh"] = f"raw_socket_fresh_gbps_{label}"
 
     why_not = _namespaces_unavailable()
     if why_not is None:

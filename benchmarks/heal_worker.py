@@ -9,9 +9,12 @@ seconds and the minor page faults it caused, all measured in the receiving proce
 * ``donor``: builds the state, captures a replicaft ``Snapshot``, drops the state and
   serves the snapshot with a ``StateServer`` bound to ``--host``.
 * ``healer``: ``{"donors": [[replica_id, address], ...], "step": S}`` -> ``fetch_state``
-  timed from the call (manifests first) to the verified buffer, plus a breakdown of where
+  timed from the call (manifests first) to the verified tensors, plus a breakdown of where
   the healer's time went (seconds inside ``recv_exact_into`` and inside the CRC check,
-  summed over the donor threads).
+  summed over the donor threads). With ``"in_place": true, "bytes": N`` it receives into
+  a state of its own of the donor's shape (allocated and written once, before the first
+  such command, as a healer's model and optimizer are), as replicaft's manager does;
+  without, into new memory.
 * ``raw-send`` / ``raw-recv``: a plain TCP socket; the sender answers an 8-byte request
   with ``sendall`` of its whole buffer, the receiver ``recv_into``'s a preallocated buffer
   (written once before the first transfer, so its pages exist), or with ``"fresh": true``
@@ -154,14 +157,25 @@ def healer(args: argparse.Namespace) -> None:
     # The client module imported these by name; wrapping its references times the stripe
     # receive and the stripe CRC check without touching replicaft.
     client.recv_exact_into = timer.wrap("recv_s", client.recv_exact_into)
-    client.bad_chunks = timer.wrap("crc_s", client.bad_chunks)
+    client.chunk_ok = timer.wrap("crc_s", client.chunk_ok)
+    from replicaft.state import flatten
+
     emit("ready")
+    own: dict[str, Any] | None = None
     for cmd in commands():
         donors = [client.Donor(rid, address) for rid, address in cmd["donors"]]
+        into = None
+        if cmd.get("in_place"):
+            if own is None:  # the healer's own model and optimizer state: allocated once, pages written
+                flat = flatten(make_state(cmd["bytes"]))
+                own = dict(zip(flat.names, flat.tensors, strict=True))
+            into = own
         timer.seconds.clear()
         with Measured() as m:
-            result = client.fetch_state(donors, cmd["step"], token=None, timeout_s=TIMEOUT_S)
+            result = client.fetch_state(donors, cmd["step"], token=None, timeout_s=TIMEOUT_S, into=into)
         num_bytes = result.manifest.total_bytes
+        if into is not None and result.in_place_bytes < num_bytes * 0.99:
+            raise RuntimeError(f"only {result.in_place_bytes} of {num_bytes} bytes were received in place")
         del result
         emit("done", num_bytes=num_bytes, **m.fields, **{k: round(v, 6) for k, v in timer.seconds.items()})
 

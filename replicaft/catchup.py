@@ -16,6 +16,12 @@ transfer takes longer than a step; replaying costs one optimizer step per missed
 one gradient copy per missed step in memory (bounded by ``max_records``; beyond it the
 catch-up restarts from a newer base).
 
+In place: the fetch receives large tensors straight into the healer's own (transfer/placement.py),
+which only its optimizer step writes, and that runs only on commit, which a healer does not do
+before the heal is applied. Anything else writing them (a module updating a large buffer in
+forward, user code) bumps their version counter; ``written_meanwhile`` catches it and the
+heal is redone with those tensors received into new memory.
+
 Safety: a recorded step is replayed only if the donors committed it, which the healer checks
 when applying: ``base + len(records)`` must equal the quorum's ``max_step``; otherwise (the
 donors aborted a step the healer recorded, e.g. they were fenced) the catch-up is discarded
@@ -27,6 +33,8 @@ from __future__ import annotations
 import concurrent.futures
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from replicaft.transfer.client import HealResult
 
@@ -40,6 +48,15 @@ class CatchUp:
     base_step: int
     future: concurrent.futures.Future[HealResult]
     records: list[list[Any]] = field(default_factory=list)
+    targets: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The healer's own tensors the fetch may receive into in place, by manifest name."""
+    versions: dict[str, int] = field(default_factory=dict)
+    """Their version counters when the fetch started."""
+
+    def written_meanwhile(self, in_place: frozenset[str]) -> list[str]:
+        """Tensors received in place that the healer's own steps wrote while the fetch ran:
+        their received bytes may have been overwritten, so the heal must not be applied."""
+        return sorted(n for n in in_place if self.targets[n]._version != self.versions[n])
 
     @property
     def fetched(self) -> bool:

@@ -16,7 +16,8 @@ event              fields
                    ``loss`` (from the training script)
 ``committed``      the state after committed step ``step``: ``digest``
 ``heal_start``     ``donors``, ``max_step``
-``heal_end``       ``ok``, ``num_bytes``, ``seconds``, ``bytes_by_donor``, ``replayed_steps``,
+``heal_end``       ``ok``, ``num_bytes``, ``in_place_bytes`` (received straight into this
+                   rank's own tensors), ``seconds``, ``bytes_by_donor``, ``replayed_steps``,
                    ``base_step``, or ``error``
 ``checkpoint_start`` ``checkpoint_step``, ``background_copy_bytes`` (copied behind the next
                    step; 0: the whole snapshot was copied at the step boundary)

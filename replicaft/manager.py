@@ -59,11 +59,13 @@ from replicaft.process_group import (
 from replicaft.state import digest, flatten, unflatten
 from replicaft.transfer.client import Donor, HealResult, fetch_state
 from replicaft.transfer.server import StateServer
-from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
+from replicaft.transfer.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
 
 GROUP_ADDRESS_KEY = "replicaft/group_manager_address"
+IN_PLACE_MIN_BYTES = 1 << 20
+"""Tensors at least this large are healed in place (``Manager._heal_targets``)."""
 POLL_S = 0.02
 
 StateDictFn = Callable[[], dict[str, Any]]
@@ -137,6 +139,10 @@ class Manager:
         self._commit_failures = 0
         self._quorum_failures = 0
         self._broken: GroupBroken | None = None
+        self._torn = False
+        """A heal has written into this rank's tensors in place and none has completed since:
+        the state is not a valid one (see catchup.py)."""
+        self._not_in_place: set[str] = set()
         self._abandon_generation = 0
         self._error: Exception | None = None
         self._abort = threading.Event()
@@ -438,8 +444,18 @@ class Manager:
             self._configure_column(plan)
         if plan.healing:
             if self._catchup is None:
-                self._catchup = CatchUp(plan.max_step, self._heal_pool.submit(self._fetch, plan))
+                targets = self._heal_targets()
+                self._torn = self._torn or bool(targets)
+                versions = {n: t._version for n, t in targets.items()}
+                self._catchup = CatchUp(plan.max_step, self._heal_pool.submit(self._fetch, plan, targets),
+                                        targets=targets, versions=versions)
                 reached(self._faults, "heal", self._step)
+        elif self._torn:
+            raise GroupBroken(
+                f"group {self.options.replica_id!r} is at step {plan.max_step} with no group ahead of it, but a heal "
+                "that failed may have written part of its state in place; restart the group: it will heal "
+                "from a peer or resume from the newest checkpoint"
+            )
         else:
             self._catchup = None
             self._serve_healers(plan)
@@ -473,7 +489,17 @@ class Manager:
             raise GroupError(f"quorum member {owner.replica_id!r} published no store for group rank {r}") from None
         self._pg.configure(ColumnSpec(store, f"{plan.store_prefix}/{r}", plan.replica_rank, plan.num_replicas, plan.quorum_id))
 
-    def _fetch(self, plan: StepPlan) -> HealResult:
+    def _heal_targets(self) -> dict[str, torch.Tensor]:
+        """This rank's own tensors a heal may receive into in place (see catchup.py): the large
+        ones (small ones, such as BatchNorm statistics, are written by forward and cost
+        nothing to place elsewhere), minus any seen written during an earlier fetch."""
+        flat = flatten(self.state_dict())
+        return {
+            name: t for name, t in zip(flat.names, flat.tensors, strict=True)
+            if name not in self._not_in_place and t.numel() * t.element_size() >= IN_PLACE_MIN_BYTES
+        }
+
+    def _fetch(self, plan: StepPlan, targets: dict[str, torch.Tensor]) -> HealResult:
         r = self.options.group_rank
         donors = []
         for rid in plan.donors:
@@ -490,6 +516,7 @@ class Manager:
             token=self.options.token,
             timeout_s=self.options.heal_timeout_s,
             healer_index=plan.healers.index(self.options.replica_id),
+            into=targets,
         )
 
     def _serve_healers(self, plan: StepPlan) -> None:
@@ -522,6 +549,13 @@ class Manager:
             self._emit("heal_end", ok=False, error=f"{type(e).__name__}: {e}")
             self.report_error(e if isinstance(e, HealError) else HealError(f"heal failed: {e}"))
             return False
+        written = cu.written_meanwhile(cu.future.result().in_place)
+        if written:
+            self._catchup = None
+            self._not_in_place |= set(written)
+            self._emit("heal_end", ok=False, error=f"this group's own steps wrote {written[:3]} while they were being "
+                       "received in place; healing again with them received into new memory")
+            return False
         if not cu.leads_to(plan.max_step):
             self._catchup = None
             self._emit("heal_end", ok=False, error=f"base {cu.base_step} + {len(cu.records)} recorded steps != {plan.max_step}")
@@ -539,7 +573,8 @@ class Manager:
         assert cu is not None
         result = cu.future.result()
         current = [h.capture_step() for h in self._hooks]
-        self.load_state_dict(unflatten(result.manifest.skeleton, tensors_from_buffer(result.buffer, result.manifest)))
+        self.load_state_dict(unflatten(result.manifest.skeleton, result.tensors))
+        self._torn = False
         for record in cu.records:
             for h, r in zip(self._hooks, record, strict=True):
                 h.replay_prepare(r)
@@ -553,6 +588,7 @@ class Manager:
             "heal_end",
             ok=True,
             num_bytes=result.manifest.total_bytes,
+            in_place_bytes=result.in_place_bytes,
             seconds=result.seconds,
             bytes_by_donor=result.bytes_by_donor,
             refetched_stripes=result.refetched_stripes,

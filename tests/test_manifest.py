@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
 from typing import Any
 
@@ -18,8 +19,8 @@ from replicaft.transfer.manifest import (
     MAX_TENSORS,
     Manifest,
     TensorSpec,
-    bad_chunks,
     chunk_checksums,
+    chunk_ok,
     chunk_stripes,
     layout,
 )
@@ -82,26 +83,23 @@ def test_chunk_checksums_one_crc_per_chunk_last_one_partial(length: int, chunk_b
     assert len(crcs) == num_chunks
 
 
-def test_bad_chunks_finds_only_the_corrupted_chunk_in_range() -> None:
+def test_chunk_ok_checks_a_chunk_spread_over_pieces_and_finds_one_flipped_bit() -> None:
     data = bytes(i % 251 for i in range(1000))
     manifest = manifest_for(data, chunk_bytes=100)
+    view = memoryview(data)
+    assert chunk_ok([view[200:300]], manifest.checksums[2])
+    assert chunk_ok([view[200:230], view[230:231], view[231:300]], manifest.checksums[2])  # split across tensors
     corrupted = bytearray(data)
     corrupted[250] ^= 0x01
-    corrupted[999] ^= 0x80
-    view = memoryview(corrupted)
-    assert bad_chunks(memoryview(data), manifest, 0, 1000) == []
-    assert bad_chunks(view, manifest, 0, 1000) == [2, 9]
-    assert bad_chunks(view, manifest, 0, 200) == []
-    assert bad_chunks(view, manifest, 200, 300) == [2]
-    assert bad_chunks(view, manifest, 900, 1000) == [9]
+    assert not chunk_ok([memoryview(corrupted)[200:250], memoryview(corrupted)[250:300]], manifest.checksums[2])
+    assert not chunk_ok([view[200:299]], manifest.checksums[2])  # one byte short
 
 
-def test_bad_chunks_checks_a_short_last_chunk_up_to_the_end() -> None:
-    data = bytes(range(250))
-    manifest = manifest_for(data, chunk_bytes=100)
-    corrupted = bytearray(data)
-    corrupted[-1] ^= 0xFF
-    assert bad_chunks(memoryview(corrupted), manifest, 200, 250) == [2]
+def test_manifest_with_overlapping_or_unordered_tensors_is_rejected() -> None:
+    good = manifest_for(bytes(256), chunk_bytes=100)
+    overlapping = dataclasses.replace(good, tensors=(TensorSpec("a", "uint8", (128,), 0, 128), TensorSpec("b", "uint8", (128,), 64, 128)))
+    with pytest.raises(ProtocolError, match=r"tensors\[1\] \(b\) at offset 64 overlaps"):
+        Manifest.decode(overlapping.encode())
 
 
 # -- stripes --------------------------------------------------------------------------------

@@ -276,11 +276,32 @@ def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_pat
     )
     assert heal["ok"], heal
     assert heal["replayed_steps"] >= 1, f"the slowed transfer did not outlast a step: {heal}"
+    assert heal["in_place_bytes"] >= 1024 * 1024 * 4, f"the 1024x1024 weight was not received in place: {heal}"
     assert len(heal["bytes_by_donor"]) == 2, f"expected a heal striped over both donors: {heal}"
     for rid, g in groups.items():
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
     assert_digests_agree(tmp_path, min_steps=40)
     assert_samples_exactly_once(tmp_path, min_steps=45)
+
+
+@pytest.mark.timeout(120)
+def test_only_donor_dies_mid_heal_healer_with_partly_written_state_stops_instead_of_training(tmp_path: Path) -> None:
+    # width 600: tensors over 1 MiB, received in place into the healer's own. When its only
+    # donor dies mid-transfer, nobody is ahead any more and the healer's state is partly
+    # overwritten: it must stop and be restarted, never train on as if that were a state.
+    lh = start_lighthouse(status=False)
+    args = ("--steps", "100000", "--width", "600")
+    g0 = start_group(lh.grpc_address, "g0", tmp_path, *args, fault_points="slow_serve@1")
+    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["step"] >= 5, 90, "g0 at step 5")
+    g1 = start_group(lh.grpc_address, "g1", tmp_path, *args)
+    wait_for_event(tmp_path, lambda e: e["event"] == "heal_start" and e["replica_id"] == "g1", 90, "g1 healing from g0")
+    g0.kill()
+    killed_at = time.time()
+    stop = wait_for_event(tmp_path, lambda e: e["event"] == "stop" and e["replica_id"] == "g1", 60, "g1 stopping")
+    assert "part of its state in place" in stop["reason"], stop
+    assert g1.wait_exit(30) != 0
+    alone = [e for e in commits(tmp_path, "g1") if e["ts"] > killed_at]
+    assert not alone, f"g1 committed on partly healed state: {alone[:3]}"
 
 
 @pytest.mark.timeout(240)

@@ -25,8 +25,9 @@ from transfer_donor import build_snapshot
 from lighthouse.errors import ProtocolError
 from replicaft.errors import HealError, StateError
 from replicaft.state import flatten, unflatten
-from replicaft.transfer.client import Donor, fetch_manifest, fetch_state
+from replicaft.transfer.client import Donor, HealResult, fetch_manifest, fetch_state
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec
+from replicaft.transfer.placement import Placement
 from replicaft.transfer.server import RangeHook, StateServer
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 from replicaft.transfer.wire import MAX_FRAME_BYTES, WIRE_VERSION, recv_frame, send_frame
@@ -83,9 +84,12 @@ def flip_one_byte(start: int, stop: int, data: memoryview) -> memoryview:
     return memoryview(altered)
 
 
-def assert_same_buffer(result_buffer: torch.Tensor, snapshot: Snapshot) -> None:
-    assert result_buffer.dtype == torch.uint8
-    assert torch.equal(result_buffer, snapshot.buffer)
+def assert_same_state(result: HealResult, snapshot: Snapshot) -> None:
+    """The healed tensors are bitwise the donor's (dtype, shape and bytes)."""
+    expected = tensors_from_buffer(snapshot.buffer, snapshot.manifest)
+    assert len(result.tensors) == len(expected)
+    for got, want in zip(result.tensors, expected, strict=True):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
 
 
 # -- snapshot -------------------------------------------------------------------------------
@@ -139,13 +143,13 @@ def test_two_donor_striped_fetch_is_bitwise_equal_and_uses_both_donors() -> None
     snapshot = sample_snapshot()
     with donors(("a", snapshot, None), ("b", sample_snapshot(replica_id="b"), None)) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
-    assert_same_buffer(result.buffer, snapshot)
+    assert_same_state(result, snapshot)
     assert result.manifest.same_state_as(snapshot.manifest)
     assert set(result.bytes_by_donor) == {"a", "b"}
     assert all(n > 0 for n in result.bytes_by_donor.values())
     assert sum(result.bytes_by_donor.values()) == snapshot.manifest.total_bytes
     assert result.refetched_stripes == 0
-    restored = unflatten(result.manifest.skeleton, tensors_from_buffer(result.buffer, result.manifest))
+    restored = unflatten(result.manifest.skeleton, result.tensors)
     assert torch.equal(restored["model"]["w"], sample_state()["model"]["w"])
     assert restored["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)
 
@@ -155,7 +159,7 @@ def test_fetch_with_matching_token_succeeds_for_any_healer_index() -> None:
     with donors(("a", snapshot, None), ("b", snapshot, None), ("c", snapshot, None), token=TOKEN) as ds:
         for healer_index in range(3):
             result = fetch_state(ds, STEP, token=TOKEN, timeout_s=DEADLINE_S, healer_index=healer_index)
-            assert_same_buffer(result.buffer, snapshot)
+            assert_same_state(result, snapshot)
             assert set(result.bytes_by_donor) == {"a", "b", "c"}
 
 
@@ -170,9 +174,37 @@ def test_byte_flipped_by_one_donor_is_detected_and_refetched_from_the_other() ->
     snapshot = sample_snapshot()
     with donors(("good", snapshot, None), ("flipper", snapshot, flip_one_byte)) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
-    assert_same_buffer(result.buffer, snapshot)
+    assert_same_state(result, snapshot)
     assert result.refetched_stripes > 0
     assert result.bytes_by_donor == {"good": snapshot.manifest.total_bytes}
+
+
+def test_fetch_into_own_tensors_receives_in_place_and_new_memory_for_the_rest() -> None:
+    """A healer's existing tensors of the right name, dtype and shape receive their bytes in
+    place (no new memory, nothing to copy when applied); the rest land in new memory."""
+    snapshot = sample_snapshot()
+    mine = flatten(sample_state(seed=1))  # same structure, other values
+    into = dict(zip(mine.names, mine.tensors, strict=True))
+    into["state.buffers.mask"] = torch.zeros(334, dtype=torch.bool)  # another shape: not in place
+    with donors(("a", snapshot, None), ("b", sample_snapshot(replica_id="b"), flip_one_byte)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, into=into)
+    assert_same_state(result, snapshot)
+    assert result.refetched_stripes > 0  # b's bad stripes were refetched from a, in place too
+    assert "state.buffers.mask" not in result.in_place and "state.model.w" in result.in_place
+    for name, tensor in zip(result.manifest.tensors, result.tensors, strict=True):
+        assert (tensor is into[name.name]) == (name.name in result.in_place)
+    assert torch.equal(into["state.model.w"], sample_state()["model"]["w"])
+
+
+def test_placement_splits_a_range_at_tensor_boundaries_padding_included() -> None:
+    snapshot = sample_snapshot()
+    flat = flatten(sample_state(seed=1))
+    placement = Placement(snapshot.manifest, {"state.model.b": flat.tensors[flat.names.index("state.model.b")]})
+    b = next(t for t in snapshot.manifest.tensors if t.name == "state.model.b")
+    pieces = placement.pieces(b.offset - 10, b.offset + b.num_bytes + 10)
+    assert [len(p) for p in pieces] == [10, b.num_bytes, 10]
+    assert sum(len(p) for p in placement.pieces(0, snapshot.manifest.total_bytes)) == snapshot.manifest.total_bytes
+    assert placement.scratch.numel() == snapshot.manifest.total_bytes - b.num_bytes
 
 
 def test_byte_flipped_by_the_only_donor_fails_with_heal_error() -> None:
@@ -195,7 +227,7 @@ def test_donor_stopped_between_manifest_and_ranges_is_replaced_by_the_other() ->
     with serving(snapshot) as (_, alive), serving(snapshot, fault_hook=stop_and_drop_the_connection) as (dying, address):
         servers.append(dying)
         result = fetch_state([Donor("alive", alive), Donor("dying", address)], STEP, token=None, timeout_s=DEADLINE_S)
-    assert_same_buffer(result.buffer, snapshot)
+    assert_same_state(result, snapshot)
     assert result.refetched_stripes >= 1
     assert result.bytes_by_donor == {"alive": snapshot.manifest.total_bytes}
 
@@ -224,7 +256,7 @@ def test_donor_killed_mid_transfer_healer_completes_from_the_other() -> None:
         process.kill()
         result = future.result(timeout=60.0)
     assert process.popen.returncode < 0
-    assert_same_buffer(result.buffer, snapshot)
+    assert_same_state(result, snapshot)
     assert result.refetched_stripes >= 1
     assert result.bytes_by_donor == {"in-process": snapshot.manifest.total_bytes}
     assert 0 < mid_send["sent"] < mid_send["stop"] - mid_send["start"]
@@ -252,7 +284,7 @@ def test_minority_donor_with_other_bytes_is_not_used() -> None:
     snapshot = sample_snapshot(seed=0)
     with donors(("a", snapshot, None), ("odd", sample_snapshot(seed=1), None), ("b", snapshot, None)) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
-    assert_same_buffer(result.buffer, snapshot)
+    assert_same_state(result, snapshot)
     assert set(result.bytes_by_donor) == {"a", "b"}
 
 
@@ -260,7 +292,7 @@ def test_donor_serving_another_step_is_skipped() -> None:
     snapshot = sample_snapshot()
     with donors(("behind", sample_snapshot(step=STEP - 1), None), ("current", snapshot, None), ("empty", None, None)) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
-    assert_same_buffer(result.buffer, snapshot)
+    assert_same_state(result, snapshot)
     assert set(result.bytes_by_donor) == {"current"}
 
 
@@ -284,7 +316,7 @@ def test_fetch_over_ipv6_loopback_uses_a_bracketed_address() -> None:
         result = fetch_state([Donor("v6", address)], STEP, token=None, timeout_s=DEADLINE_S)
     finally:
         server.stop()
-    assert_same_buffer(result.buffer, snapshot)
+    assert_same_state(result, snapshot)
 
 
 def test_no_donors_fails_with_heal_error() -> None:
@@ -300,11 +332,11 @@ def test_unreachable_donors_fail_with_heal_error() -> None:
             fetch_state([Donor("x", address)], STEP, token=None, timeout_s=2.0)
 
 
-def test_empty_state_fetches_as_an_empty_buffer() -> None:
+def test_empty_state_fetches_as_no_tensors() -> None:
     snapshot = Snapshot.capture(flatten({"step": 3}), step=STEP, quorum_id=1, replica_id="a", chunk_bytes=CHUNK)
     with donors(("a", snapshot, None)) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
-    assert result.buffer.numel() == 0
+    assert result.tensors == [] and result.num_bytes == 0
     assert unflatten(result.manifest.skeleton, []) == {"step": 3}
 
 

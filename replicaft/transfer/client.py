@@ -2,12 +2,15 @@
 
 1. Ask every donor for its manifest (in parallel). Donors whose manifest disagrees with the
    majority (another step, other bytes) are not used: the state must be bitwise one state.
-2. Allocate one buffer and deal chunk-aligned stripes across the donors (manifest.py).
+2. Place every byte (placement.py): into the caller's own tensors where they match, else
+   into one new buffer; deal chunk-aligned stripes across the donors (manifest.py).
 3. One connection per donor pulls its stripes; each stripe's chunks are checked against the
    manifest's CRCs on arrival. A donor that dies or sends a bad stripe is dropped and its
    stripes go to the others; a stripe that fails on every donor fails the heal.
-4. Only a buffer whose every chunk verified is returned; the caller applies it. A failure
-   raises HealError and leaves the caller's state untouched (it retries at the next quorum).
+4. Only when every chunk verified are the tensors returned; the caller applies them. A
+   failure raises HealError (the caller retries at the next quorum); tensors given as
+   ``into`` may then hold partly received bytes, which is why the caller must regard them as
+   invalid until a heal succeeds.
 """
 
 from __future__ import annotations
@@ -18,21 +21,22 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 import torch
 
 from lighthouse.errors import ProtocolError
-from replicaft.errors import HealError
+from replicaft.errors import HealError, StateError
 from replicaft.transfer.manifest import (
     MAX_MANIFEST_BYTES,
     ByteStripe,
     Manifest,
-    bad_chunks,
+    chunk_ok,
     chunk_stripes,
 )
+from replicaft.transfer.placement import Placement
 from replicaft.transfer.server import NOT_SERVED, NotServed
 from replicaft.transfer.wire import WIRE_VERSION, recv_exact_into, recv_frame, send_frame
 
@@ -53,10 +57,21 @@ class Donor:
 @dataclass(frozen=True, slots=True)
 class HealResult:
     manifest: Manifest
-    buffer: torch.Tensor
+    tensors: list[torch.Tensor]
+    """One per manifest tensor, verified: the caller's own (received in place) or new."""
+    in_place: frozenset[str]
+    """Manifest names received into the caller's tensors."""
     seconds: float
     bytes_by_donor: dict[str, int]
     refetched_stripes: int
+
+    @property
+    def num_bytes(self) -> int:
+        return self.manifest.total_bytes
+
+    @property
+    def in_place_bytes(self) -> int:
+        return sum(s.num_bytes for s in self.manifest.tensors if s.name in self.in_place)
 
 
 def _connect(address: str, deadline: float) -> socket.socket:
@@ -161,21 +176,23 @@ class _Board:
             self.cond.notify_all()
 
 
-def _receive_verified(sock: socket.socket, view: memoryview, manifest: Manifest, start: int, stop: int, donor: str) -> None:
+def _receive_verified(sock: socket.socket, placement: Placement, start: int, stop: int, donor: str) -> None:
     """Receive [start, stop) chunk by chunk, checking each chunk's CRC while the next arrives.
 
     zlib.crc32 releases the GIL, so on a multi-core host the check of chunk i overlaps the
     receive of chunk i+1 instead of idling the socket for a whole stripe (measured: the CRC
     runs at ~2 GB/s here, a third of the healer's time when done after the stripe).
     """
+    manifest = placement.manifest
     c = manifest.chunk_bytes
-    pending: list[concurrent.futures.Future[list[int]]] = []
+    pending: list[tuple[int, concurrent.futures.Future[bool]]] = []
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicaft-crc") as verifier:
         for chunk_start in range(start, stop, c):
-            chunk_stop = min(chunk_start + c, stop)
-            recv_exact_into(sock, view[chunk_start:chunk_stop])
-            pending.append(verifier.submit(bad_chunks, view, manifest, chunk_start, chunk_stop))
-        bad = [i for f in pending for i in f.result()]
+            pieces = placement.pieces(chunk_start, min(chunk_start + c, stop))
+            for piece in pieces:
+                recv_exact_into(sock, piece)
+            pending.append((chunk_start // c, verifier.submit(chunk_ok, pieces, manifest.checksums[chunk_start // c])))
+        bad = [i for i, f in pending if not f.result()]
     if bad:
         raise ProtocolError(f"chunks {bad} from donor {donor} fail their checksum")
 
@@ -187,8 +204,13 @@ def fetch_state(
     token: str | None,
     timeout_s: float,
     healer_index: int = 0,
+    into: Mapping[str, torch.Tensor] | None = None,
 ) -> HealResult:
-    """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure."""
+    """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
+
+    ``into``: the caller's tensors by manifest name (``state.model.weight``), received into
+    in place where name, dtype and shape match (see placement.py for what that obliges).
+    """
     if not donors:
         raise HealError(f"no donor to heal step {step} from")
     started = time.monotonic()
@@ -224,8 +246,10 @@ def fetch_state(
         if len(usable) < len(manifests):
             logger.error("heal: donors disagree on the state of step %d; using %s", step, usable)
         manifest = manifests[usable[0]]
-        buffer = torch.empty(manifest.total_bytes, dtype=torch.uint8)
-        view = memoryview(buffer.numpy())
+        try:
+            placement = Placement(manifest, into)
+        except StateError as e:
+            raise HealError(f"the manifest of step {step} from {usable[0]} is unusable: {e}") from None
         board = _Board(chunk_stripes(manifest, usable, healer_index), usable)
         received: dict[str, int] = Counter()
 
@@ -241,7 +265,7 @@ def fetch_state(
                         n = _request(sock, {"op": "range", "step": step, "start": s.start, "stop": s.stop}, token, f"range from {rid}")
                         if n != s.stop - s.start:
                             raise ProtocolError(f"donor {rid} announced {n} bytes for a {s.stop - s.start}-byte range")
-                        _receive_verified(sock, view, manifest, s.start, s.stop, rid)
+                        _receive_verified(sock, placement, s.start, s.stop, rid)
                     except (OSError, ProtocolError) as e:
                         logger.warning("heal: stripe %d..%d from %s failed: %s", s.start, s.stop, rid, e)
                         board.finish(task, False, rid, str(e))
@@ -261,4 +285,5 @@ def fetch_state(
             f"heal of step {step} incomplete after {time.monotonic() - started:.1f}s "
             f"(timeout {timeout_s:g}s): {sum(received.values())} of {manifest.total_bytes} bytes"
         )
-    return HealResult(manifest, buffer, time.monotonic() - started, dict(received), board.refetched)
+    return HealResult(manifest, placement.tensors(), frozenset(placement.in_place), time.monotonic() - started,
+                      dict(received), board.refetched)

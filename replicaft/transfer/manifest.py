@@ -111,6 +111,9 @@ class Manifest:
             )
             if spec.offset + spec.num_bytes > total:
                 raise ProtocolError(f"Manifest.tensors[{i}] ({spec.name}) ends past total_bytes={total}")
+            if specs and spec.offset < specs[-1].offset + specs[-1].num_bytes:
+                raise ProtocolError(f"Manifest.tensors[{i}] ({spec.name}) at offset {spec.offset} overlaps or "
+                                    f"precedes the tensor before it; tensors must be in ascending byte order")
             specs.append(spec)
         return cls(
             step=check_int(m, "step", require(o, m, "step"), 0),
@@ -138,14 +141,12 @@ def chunk_checksums(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> list[
     return [zlib.crc32(buffer[i : i + chunk_bytes]) for i in range(0, len(buffer), chunk_bytes)]
 
 
-def bad_chunks(buffer: memoryview, manifest: Manifest, start: int, stop: int) -> list[int]:
-    """Indices of chunks in the chunk-aligned byte range [start, stop) whose CRC does not match."""
-    c = manifest.chunk_bytes
-    return [
-        i
-        for i in range(start // c, -(-stop // c))
-        if zlib.crc32(buffer[i * c : min((i + 1) * c, manifest.total_bytes)]) != manifest.checksums[i]
-    ]
+def chunk_ok(pieces: Sequence[memoryview], expected: int) -> bool:
+    """Whether the bytes of one chunk, spread over ``pieces`` in order, have CRC ``expected``."""
+    crc = 0
+    for piece in pieces:
+        crc = zlib.crc32(piece, crc)
+    return crc == expected
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,22 +168,27 @@ class _CopyPlan:
 
 
 def tensors_from_buffer(buffer: torch.Tensor, manifest: Manifest) -> list[torch.Tensor]:
-    """Views of ``buffer`` shaped as the manifest's tensors (no copy).
+    """Views of ``buffer`` shaped as the manifest's tensors (no copy)."""
+    out = []
+    for spec in manifest.tensors:
+        raw = buffer[spec.offset : spec.offset + spec.num_bytes]
+        out.append(raw.view(spec_dtype(spec)).reshape(spec.shape))
+    return out
+
+
+def spec_dtype(spec: TensorSpec) -> torch.dtype:
+    """The dtype of a manifest tensor, once its dtype, shape, size and offset agree.
 
     The manifest came off the wire: a spec whose dtype, shape and byte count disagree raises
     StateError naming the tensor rather than a torch error from inside ``view``.
     """
-    out = []
-    for spec in manifest.tensors:
-        dtype = DTYPES.get(spec.dtype)
-        if dtype is None:
-            raise StateError(f"manifest tensor {spec.name} has unknown dtype {spec.dtype!r}; known: {sorted(DTYPES)}")
-        expected = math.prod(spec.shape) * dtype.itemsize
-        if spec.num_bytes != expected or spec.offset % dtype.itemsize:
-            raise StateError(
-                f"manifest tensor {spec.name}: {spec.num_bytes} bytes at offset {spec.offset} cannot hold "
-                f"{spec.dtype} of shape {list(spec.shape)} ({expected} bytes at a multiple of {dtype.itemsize})"
-            )
-        raw = buffer[spec.offset : spec.offset + spec.num_bytes]
-        out.append(raw.view(dtype).reshape(spec.shape))
-    return out
+    dtype = DTYPES.get(spec.dtype)
+    if dtype is None:
+        raise StateError(f"manifest tensor {spec.name} has unknown dtype {spec.dtype!r}; known: {sorted(DTYPES)}")
+    expected = math.prod(spec.shape) * dtype.itemsize
+    if spec.num_bytes != expected or spec.offset % dtype.itemsize:
+        raise StateError(
+            f"manifest tensor {spec.name}: {spec.num_bytes} bytes at offset {spec.offset} cannot hold "
+            f"{spec.dtype} of shape {list(spec.shape)} ({expected} bytes at a multiple of {dtype.itemsize})"
+        )
+    return dtype

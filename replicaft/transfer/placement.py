@@ -1,0 +1,108 @@
+"""Where a healer puts each byte it receives: into its own tensors where it can, else new memory.
+
+A snapshot is one byte range (manifest.py): tensors at aligned offsets with padding between
+them. The healer receives stripes of that range; a :class:`Placement` maps every byte of it
+to a destination. A tensor the healer already holds with the same name, dtype and shape
+(contiguous, on the CPU) receives its bytes in place: its pages exist, so the receive costs no
+page faults (a fresh buffer pays one per 4 KiB, about as much as the copy), and applying it
+later is no copy at all. Every other tensor, and the padding the chunk checksums also cover,
+goes to one new buffer.
+
+In place means the healer's tensors hold partly received bytes while the heal runs and, if it
+fails, afterwards: the caller must treat its state as invalid from the first byte on until a
+heal completes (replicaft.manager does), and must not hand over tensors that its own step
+writes while the transfer runs (the manager passes only large ones and checks their version
+counters before applying).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping
+
+import torch
+
+from replicaft.transfer.manifest import Manifest
+from replicaft.transfer.snapshot import spec_dtype
+
+
+class Placement:
+    def __init__(self, manifest: Manifest, into: Mapping[str, torch.Tensor] | None = None) -> None:
+        into = into or {}
+        self.manifest = manifest
+        self._dtypes = [spec_dtype(spec) for spec in manifest.tensors]  # StateError for a bad spec
+        self.in_place: dict[str, torch.Tensor] = {}
+        """Manifest name -> the caller's tensor that receives it in place."""
+        starts: list[int] = []
+        targets: list[memoryview | None] = []  # None: the scratch buffer, at the same relative position
+        scratch_bytes = 0
+        scratch_at: list[int] = []
+        position = 0
+        for spec in manifest.tensors:
+            target = into.get(spec.name)
+            if target is not None and _fits(target, spec.dtype, spec.shape):
+                if spec.offset > position:
+                    starts.append(position)
+                    targets.append(None)
+                    scratch_at.append(scratch_bytes)
+                    scratch_bytes += spec.offset - position
+                starts.append(spec.offset)
+                targets.append(memoryview(target.detach().reshape(-1).view(torch.uint8).numpy()))
+                scratch_at.append(-1)
+                self.in_place[spec.name] = target
+                position = spec.offset + spec.num_bytes
+        if position < manifest.total_bytes or not starts:
+            starts.append(position)
+            targets.append(None)
+            scratch_at.append(scratch_bytes)
+            scratch_bytes += manifest.total_bytes - position
+        self.scratch = torch.empty(scratch_bytes, dtype=torch.uint8)
+        scratch_view = memoryview(self.scratch.numpy())
+        ends = [*starts[1:], manifest.total_bytes]
+        self._starts = starts
+        self._views = [
+            view if view is not None else scratch_view[at : at + end - start]
+            for view, at, start, end in zip(targets, scratch_at, starts, ends, strict=True)
+        ]
+        self._scratch_at = dict(zip(starts, scratch_at, strict=True))
+
+    @property
+    def in_place_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.in_place.values())
+
+    def pieces(self, start: int, stop: int) -> list[memoryview]:
+        """Writable views that together are bytes [start, stop) of the snapshot, in order."""
+        out = []
+        i = bisect.bisect_right(self._starts, start) - 1
+        while start < stop:
+            segment_start, view = self._starts[i], self._views[i]
+            piece_stop = min(stop, segment_start + len(view))
+            out.append(view[start - segment_start : piece_stop - segment_start])
+            start = piece_stop
+            i += 1
+        return out
+
+    def tensors(self) -> list[torch.Tensor]:
+        """One tensor per manifest tensor, in order: the caller's own, or a view of the scratch."""
+        out = []
+        for spec, dtype in zip(self.manifest.tensors, self._dtypes, strict=True):
+            own = self.in_place.get(spec.name)
+            if own is not None:
+                out.append(own)
+                continue
+            i = bisect.bisect_right(self._starts, spec.offset) - 1
+            at = self._scratch_at[self._starts[i]] + spec.offset - self._starts[i]
+            raw = self.scratch[at : at + spec.num_bytes]
+            out.append(raw.view(dtype).reshape(spec.shape))
+        return out
+
+
+def _fits(target: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> bool:
+    return (
+        target.device.type == "cpu"
+        and target.is_contiguous()
+        and str(target.dtype).removeprefix("torch.") == dtype
+        and tuple(target.shape) == shape
+        and math.prod(shape) > 0
+    )

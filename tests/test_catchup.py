@@ -1,0 +1,25 @@
+"""The non-blocking heal's bookkeeping (replicaft/catchup.py): pure, no processes."""
+
+from __future__ import annotations
+
+import concurrent.futures
+
+import torch
+
+from replicaft.catchup import CatchUp
+
+
+def test_a_tensor_written_while_it_was_received_in_place_is_named() -> None:
+    weight, moment = torch.zeros(10), torch.zeros(10)
+    targets = {"state.model.w": weight, "state.optimizer.m": moment}
+    cu = CatchUp(3, concurrent.futures.Future(), targets=targets, versions={n: t._version for n, t in targets.items()})
+    weight.add_(1.0)  # e.g. a module updating a large buffer in its forward
+    assert cu.written_meanwhile(frozenset(targets)) == ["state.model.w"]
+    assert cu.written_meanwhile(frozenset({"state.optimizer.m"})) == []  # received elsewhere: no matter
+
+
+def test_recorded_steps_must_lead_from_the_base_to_the_donors_step() -> None:
+    cu = CatchUp(10, concurrent.futures.Future())
+    assert cu.record(10, ["step 10"]) and cu.record(11, ["step 11"])
+    assert not cu.record(13, ["a step the donors did not commit after 11"])
+    assert cu.leads_to(12) and not cu.leads_to(13)
