@@ -1,20 +1,25 @@
 """Recovery: how long a restarted group takes to commit again, and what serving it costs a donor.
 
-Each run starts a lighthouse and one donor group (``examples/train_ddp.py``, W = 1, AdamW,
-its hidden layer ``width`` wide: ~width² parameters, three times that in state with the
-moments) on loopback. Once the donor has committed ``WARM_STEPS`` steps alone, a second
-group starts as a fresh process, as an orchestrator's restart would: it imports torch,
-builds the model, joins the quorum, heals the whole state from the donor (non-blocking: it
-takes part in the steps with zero gradients meanwhile) and commits.
+Each run starts a lighthouse and one donor group (``benchmarks/recovery_worker.py``: square
+linear layers, AdamW, W = 1) on loopback. Once the donor has committed ``WARM_STEPS`` steps
+alone, a second group starts as a fresh process, as an orchestrator's restart would: it
+imports torch, builds the model, joins the quorum, heals the whole state from the donor
+(non-blocking: it takes part in the steps with zero gradients meanwhile) and commits. The
+donor and the healer are pinned to a core each (this machine has two), as they would be on
+separate hosts: otherwise the healer's own steps and receive land on the donor's core and
+the donor's step time measures the co-location, not the serving.
 
 * ``restart_to_commit_s_<size>``: from just before the restarted process is spawned to its
   first committed step (its own ``commit`` event). Interpreter and torch start-up are in it,
-  as they are in any real restart; ``params`` splits it into launch (spawn to the ``start``
-  event), join (to the first quorum), heal (the transfer) and the rest.
+  as they are in any real restart (``import torch`` alone takes ~1.9 s here, ``import
+  replicaft`` with torch.distributed ~2.8 s); ``params`` splits it into launch (spawn to the
+  ``start`` event), join (to the first quorum), heal (the transfer) and the rest.
 * ``donor_step_ratio_during_heal``: the donor's median step time over the steps that ended
   while the 1 GB heal ran (from the healer's ``heal_start`` to its ``heal_end``, plus the step
-  that was running when it ended), divided by its median step time before the restart; the
-  worst such step is in ``params``.
+  that was running when it ended), divided by its median step time over the next
+  ``AFTER_STEPS`` steps both groups commit after the heal: the same quorum and all-reduce,
+  without the serving (its step time alone, before the restart, is in ``params`` too). The
+  worst step during the heal is in ``params``.
 
 Sizes follow the issue's: a 100 MB model (300 MB of state) and a 500 MB one (1.5 GB); the
 donor ratio is taken from a run with 1 GB of state. The per-step state digest is off
@@ -37,10 +42,13 @@ from benchmarks.processes import ChildProcesses
 from benchmarks.results import BenchmarkResult
 from chaos.event_tail import EventTail
 
-RESTART_WIDTHS = {"100mb": 5000, "500mb": 11180}
-"""label -> hidden width: width² float32 parameters are the model's size."""
-DONOR_WIDTH_1GB_STATE = 9130
+MODELS = {"100mb": (2560, 4), "500mb": (4096, 8)}
+"""label -> (width, layers) of recovery_worker.py: width² × layers float32 parameters."""
+MODEL_1GB_STATE = (4096, 5)
+"""~84M parameters: 1 GB of state with AdamW's moments."""
 WARM_STEPS = 3
+AFTER_STEPS = 5
+"""Steps both groups commit after the heal: the donor's steady step time with the same quorum."""
 START_TIMEOUT_S = 300.0
 RECOVERY_TIMEOUT_S = 300.0
 POLL_S = 0.05
@@ -67,33 +75,38 @@ def _group_env(lighthouse: str, replica_id: str, events: Path) -> dict[str, str]
     return env
 
 
-async def one_restart(width: int) -> dict[str, float]:
+async def one_restart(model: tuple[int, int]) -> dict[str, float]:
     """One donor, one restarted group; the recovery's figures in seconds."""
     with tempfile.TemporaryDirectory(prefix="replicaft-bench-recovery-") as tmp:
         events = Path(tmp)
         tail, seen = EventTail(events), []
-        script = ("examples/train_ddp.py", "--steps", "1000000", "--width", str(width))
+        width, layers = model
+
+        def script(cpu: int) -> tuple[str, ...]:
+            return ("-m", "benchmarks.recovery_worker", "--width", str(width), "--layers", str(layers), "--cpu", str(cpu))
+
         async with ChildProcesses() as children:
             lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0", "--log-level", "WARNING")
             address = (await lighthouse.expect_line("lighthouse serving gRPC at ", time.monotonic() + START_TIMEOUT_S)).strip()
-            await children.start_python("g0", *script, env=_group_env(address, "g0", events))
+            await children.start_python("g0", *script(0), env=_group_env(address, "g0", events))
             deadline = time.monotonic() + START_TIMEOUT_S
             await _wait_for(tail, seen, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"]
                             and e["step"] >= WARM_STEPS, deadline, f"{WARM_STEPS} donor steps")
             spawned = time.time()
-            await children.start_python("g1", *script, env=_group_env(address, "g1", events))
+            await children.start_python("g1", *script(1), env=_group_env(address, "g1", events))
             deadline = time.monotonic() + RECOVERY_TIMEOUT_S
             ofg1 = lambda e, kind: e["event"] == kind and e["replica_id"] == "g1"  # noqa: E731
             commit = await _wait_for(tail, seen, lambda e: ofg1(e, "commit") and e["committed"], deadline, "a g1 commit")
-            # One more donor step, so the step that was running when the heal ended is in the log.
-            await _wait_for(tail, seen, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["ts"] > commit["ts"],
-                            deadline, "a donor step after g1's commit")
+            # The donor's steady steps with both groups in the quorum, after the heal.
+            await _wait_for(tail, seen, lambda e: ofg1(e, "commit") and e["committed"] and e["step"] >= commit["step"] + AFTER_STEPS,
+                            deadline, f"{AFTER_STEPS} steps of both groups after the heal")
         start = next(e for e in seen if ofg1(e, "start"))
         quorum = next(e for e in seen if ofg1(e, "quorum"))
         heal_start = next(e for e in seen if ofg1(e, "heal_start"))
         heal_end = next(e for e in seen if ofg1(e, "heal_end") and e.get("ok"))
         donor = [e for e in seen if e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"]]
-        steady = [e["step_time_s"] for e in donor if e["ts"] < spawned]
+        alone = [e["step_time_s"] for e in donor if e["ts"] < spawned]
+        steady = [e["step_time_s"] for e in donor if e["step"] > commit["step"]]
         after_heal = min((e["ts"] for e in donor if e["ts"] >= heal_end["ts"]), default=heal_end["ts"])
         during = [e["step_time_s"] for e in donor if heal_start["ts"] <= e["ts"] <= after_heal]
         return {
@@ -102,6 +115,7 @@ async def one_restart(width: int) -> dict[str, float]:
             "join_s": quorum["ts"] - start["ts"],
             "heal_s": heal_end["seconds"],
             "heal_bytes": heal_end["num_bytes"],
+            "donor_step_alone_s": statistics.median(alone),
             "donor_step_s": statistics.median(steady),
             "donor_step_during_heal_s": statistics.median(during) if during else float("nan"),
             "donor_worst_step_during_heal_s": max(during) if during else float("nan"),
@@ -113,15 +127,15 @@ async def _run(quick: bool) -> BenchmarkResult:
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
     compared: dict[str, str] = {}
-    params: dict[str, Any] = {"repeats": repeats, "widths": RESTART_WIDTHS, "targets_s": TARGETS_S,
+    params: dict[str, Any] = {"repeats": repeats, "models_width_layers": MODELS, "targets_s": TARGETS_S,
                               "torchft_reference_s_not_same_run": TORCHFT_REFERENCE_S}
-    sizes = {"100mb": RESTART_WIDTHS["100mb"]} if quick else RESTART_WIDTHS
-    for label, width in sizes.items():
-        runs = [await one_restart(width) for _ in range(repeats)]
+    sizes = {"100mb": MODELS["100mb"]} if quick else MODELS
+    for label, model in sizes.items():
+        runs = [await one_restart(model) for _ in range(repeats)]
         figures[f"restart_to_commit_s_{label}"] = statistics.median(r["restart_to_commit_s"] for r in runs)
         params[f"breakdown_{label}"] = runs
     if not quick:
-        runs = [await one_restart(DONOR_WIDTH_1GB_STATE) for _ in range(repeats)]
+        runs = [await one_restart(MODEL_1GB_STATE) for _ in range(repeats)]
         during = statistics.median(r["donor_step_during_heal_s"] for r in runs)
         steady = statistics.median(r["donor_step_s"] for r in runs)
         figures["donor_step_during_heal_1gb_s"] = during
@@ -135,8 +149,10 @@ async def _run(quick: bool) -> BenchmarkResult:
         baselines=baselines,
         compared_to=compared,
         notes="restart_to_commit = spawn of a fresh group process (python + torch import included) to its first "
-        "committed step, healing the whole state from one donor over loopback; donor_step_ratio_during_heal = the "
-        "donor's median step time over the steps ending while a 1 GB heal ran / its steady median; torchft 0.2.0 "
+        "committed step, healing the whole state from one donor over loopback, donor and healer pinned to a core "
+        "each; donor_step_ratio_during_heal = the "
+        "donor's median step time over the steps ending while a 1 GB heal ran / its median over the steps both "
+        "groups commit after the heal; torchft 0.2.0 "
         "reference (issue's figures on this machine, not this run): 3.4 s (100 MB) and 12.0 s (500 MB)",
         params=params,
     )
