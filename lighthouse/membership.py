@@ -118,6 +118,8 @@ class Membership:
     """When the first member of a previous incarnation's quorum registered (restart only)."""
     _current_ids: tuple[str, ...] | None = None
     """``current.replica_ids``, kept because the view is rebuilt on every join."""
+    _survivors: int | None = None
+    """How many of ``current``'s members are still healthy; None: recount (membership changed)."""
 
     @property
     def rules(self) -> QuorumRules:
@@ -125,6 +127,21 @@ class Membership:
 
     def waiting_ids(self) -> list[str]:
         return sorted(self._joins)
+
+    def may_form_now(self) -> bool:
+        """Cheap: can the members waiting now form a quorum without waiting for a deadline?
+
+        Without a deadline a quorum forms only once every surviving member of the last quorum
+        (fast path) or every healthy member (no previous quorum) is waiting, so fewer waiters
+        than that cannot form one. The server asks this on every join, so a round of N joins
+        costs O(N) instead of N full decisions; decisions that a deadline makes possible (join
+        timeout, restart grace) are taken by the server's periodic tick.
+        """
+        if self._current_ids is None:
+            return len(self._joins) >= len(self.members)
+        if self._survivors is None:
+            self._survivors = sum(1 for rid in self._current_ids if rid in self.members)
+        return len(self._joins) >= self._survivors
 
     def register(self, reg: Register, now: float) -> tuple[int, list[Lost]]:
         """Open a session; returns its serial and the member it superseded, if any."""
@@ -137,6 +154,7 @@ class Membership:
             self._reconnecting_since = now
         session = self._next_session
         self._next_session += 1
+        self._survivors = None
         self.members[reg.replica_id] = MemberState(
             replica_id=reg.replica_id,
             session=session,
@@ -255,6 +273,7 @@ class Membership:
             self._resume_progress_clock(rid, now)
         self.current = quorum
         self._current_ids = quorum.replica_ids
+        self._survivors = None
         self._current_sessions = sessions
         self.history.append(
             QuorumRecord(quorum_id, decision.participants, quorum.created_unix_s, decision.path, decision.reason)
@@ -301,5 +320,6 @@ class Membership:
 
     def _remove(self, m: MemberState, reason: str, *, graceful: bool = False) -> list[Lost]:
         del self.members[m.replica_id]
+        self._survivors = None
         self._joins.pop(m.replica_id, None)
         return [Lost(m.replica_id, m.session, reason, m.quorum_id, graceful)]

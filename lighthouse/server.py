@@ -217,7 +217,8 @@ class LighthouseServer:
         self._waiters[req.replica_id] = waiter
         if self._round_started is None:
             self._round_started = now
-        self._decide()
+        if self.membership.may_form_now():
+            self._decide()
         try:
             return await asyncio.wait_for(asyncio.shield(waiter), req.timeout_s)
         except asyncio.TimeoutError:

@@ -8,10 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lighthouse.errors import OptionsError
 from lighthouse.membership import Membership, MembershipOptions
 from lighthouse.protocol import FenceRequest, Heartbeat, QuorumRequest, Register
+from lighthouse.quorum import decide_quorum
 
 OPTIONS = MembershipOptions(min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0)
 
@@ -310,3 +313,35 @@ class TestFence:
         register(m, "a")
         verdict = m.fence(FenceRequest("a", 1, 0))
         assert not verdict.ok and verdict.reason == "quorum 1 is not current (current: None)"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    members=st.sets(st.sampled_from("abcdefgh"), min_size=1),
+    previous=st.one_of(st.none(), st.sets(st.sampled_from("abcdefgh"), min_size=1)),
+    lost=st.sets(st.sampled_from("abcdefgh")),
+    waiting=st.lists(st.sampled_from("abcdefgh"), unique=True),
+    min_replicas=st.integers(1, 3),
+)
+def test_may_form_now_is_never_false_when_a_join_makes_a_quorum_without_a_deadline(
+    members: set[str], previous: set[str] | None, lost: set[str], waiting: list[str], min_replicas: int
+) -> None:
+    """The server skips the full decision on a join when ``may_form_now`` says no: that must
+    never hide a quorum the rules would form at once (deadline-driven ones come from the tick)."""
+    m = new_membership(MembershipOptions(min_replicas=min_replicas, join_timeout_s=2.0, heartbeat_timeout_s=1.0,
+                                         progress_timeout_s=5.0))
+    for rid in sorted(members | (previous or set())):
+        register(m, rid)
+    if previous is not None:
+        for rid in previous:
+            assert m.join(request(rid), 0.0)
+        if m.decide(0.0) is None:
+            return  # the rules did not form this previous quorum; nothing to check from here
+    for rid in lost:
+        if rid in m.members:
+            m.close_session(rid, m.members[rid].session, "killed")
+    for i, rid in enumerate(w for w in waiting if w in m.members):
+        m.join(request(rid), 1.0 + i * 0.01)
+        formed_at_once = decide_quorum(m.view(), 1.0 + i * 0.01, m.rules).participants is not None
+        if formed_at_once:
+            assert m.may_form_now(), (sorted(m.members), m.waiting_ids(), m.current)
