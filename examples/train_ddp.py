@@ -99,4 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except replicaft.GroupBroken as e:  # a rank of this group died, or a failed heal left no one to heal from
+        print(f"train_ddp: {e}", file=sys.stderr)
+        sys.exit(1)

@@ -374,4 +374,8 @@ def check_corpus(state: dict[str, Any], corpus: Corpus) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except replicaft.GroupBroken as e:  # a rank of this group died, or a failed heal left no one to heal from
+        print(f"train_gpt: {e}", file=sys.stderr)
+        sys.exit(1)

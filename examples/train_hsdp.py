@@ -125,4 +125,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except replicaft.GroupBroken as e:  # a rank of this group died, or a failed heal left no one to heal from
+        print(f"train_hsdp: {e}", file=sys.stderr)
+        sys.exit(1)
