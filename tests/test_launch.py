@@ -389,3 +389,16 @@ def test_group_failing_beyond_max_restarts_is_left_down_and_launcher_exits_1(tmp
     assert "[launcher] g0 exited with code 3; restart 1 of 1 in 0s" in log
     assert any("g0 exited with code 3; restarted 1 times already" in text for text in log), log
     assert [line.text for line in launcher.lines()].count("[g0/0] failing") == 2
+
+
+def test_the_launcher_and_the_error_types_do_not_import_torch() -> None:
+    # The supervisor only starts, watches and restarts processes: it must not pay torch's
+    # import (about two seconds here) nor hold its memory; ``replicaft`` imports it lazily.
+    process = spawn_python(
+        "-c",
+        "import sys, replicaft, replicaft.launch, replicaft.errors; from replicaft import GroupBroken, ManagerOptions;"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))",
+        name="import-launch",
+    )
+    assert process.wait_exit(60) == 0, process.output_tail()
+    assert process.lines()[-1].text == "[]"
