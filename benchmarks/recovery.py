@@ -40,7 +40,7 @@ from typing import Any
 
 from benchmarks.processes import ChildProcesses
 from benchmarks.results import BenchmarkResult
-from chaos.event_tail import EventTail
+from replicaft.events import EventTail
 
 MODELS = {"100mb": (2560, 4), "500mb": (4096, 8)}
 """label -> (width, layers) of recovery_worker.py: width² × layers float32 parameters."""

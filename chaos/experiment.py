@@ -14,12 +14,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from chaos.event_tail import read_events_dir
 from chaos.report import render_report
 from chaos.runner import Progress, Runner
 from chaos.scenario import Scenario
 from chaos.summary import Reference, build_summary, reference_from
 from chaos.timeline import commits
+from replicaft.events import read_events_dir
 
 logger = logging.getLogger(__name__)
 

@@ -44,13 +44,13 @@ from pathlib import Path
 
 from chaos.commands import REPO_ROOT, GroupPlacement, group_command, group_env, lighthouse_command
 from chaos.environment import RunEnvironment
-from chaos.event_tail import EventTail
 from chaos.injector import Injector
 from chaos.job_view import JobView
 from chaos.network import LIGHTHOUSE as LAB_LIGHTHOUSE
 from chaos.processes import Child, descendants, python_env
 from chaos.record import ALL_GROUPS, LIGHTHOUSE, ProcessExit, RunRecord
 from chaos.scenario import Scenario
+from replicaft.events import EventTail
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import functools
-import json
 import logging
 import os
 import re
@@ -50,6 +49,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, TextIO
 
 from replicaft.errors import OptionsError
+from replicaft.events import EventTail
 
 logger = logging.getLogger(__name__)
 
@@ -265,39 +265,6 @@ class EventProgress:
         elif kind == "quorum" and isinstance(ts, (int, float)) and isinstance(num_replicas, int) and ts >= self._quorum_ts:
             self._quorum_ts = ts
             self.num_replicas = num_replicas
-
-
-class EventTail:
-    """Reads the events appended to ``<directory>/*.jsonl`` since the previous call.
-
-    A rank writes one line per event but may be caught mid-line (or killed there); an
-    incomplete last line is kept for the next call and a line that is not JSON is skipped.
-    """
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, bytes] = {}
-
-    def read_new(self) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        for path in sorted(self.directory.glob("*.jsonl")):
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._offsets.get(path, 0))
-                    data = self._partial.pop(path, b"") + f.read()
-                    self._offsets[path] = f.tell()
-            except OSError:
-                continue
-            *lines, self._partial[path] = data.split(b"\n")
-            for line in lines:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(event, dict):
-                    events.append(event)
-        return events
 
 
 # -- child output -----------------------------------------------------------------------------
@@ -677,7 +644,7 @@ class Launcher:
                     return 1
                 logger.info("all %d groups finished", len(self._groups))
                 return 0
-            for event in tail.read_new():
+            for event in tail.poll():
                 progress.apply(event)
             if self.console.live or now >= next_status:
                 statuses = [GroupStatus(g.replica_id, g.state, g.num_restarts, progress.steps.get(g.replica_id))

@@ -24,7 +24,6 @@ import pytest
 from conftest import spawn_python
 
 from chaos.__main__ import main
-from chaos.event_tail import parse_line
 from chaos.metrics import goodput, recovery_seconds, rejoin_seconds
 from chaos.record import LIGHTHOUSE, InjectedFault
 from chaos.report import timeline_svg
@@ -223,19 +222,6 @@ def test_fault_points_are_armed_only_for_their_target() -> None:
 def test_unknown_scenario_exits_2_listing_the_shipped_ones(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["run", "no-such-scenario", "--out", str(tmp_path)]) == 2
     assert "smoke" in capsys.readouterr().err
-
-
-# -- event lines -----------------------------------------------------------------------------------
-
-def test_event_glued_to_a_truncated_line_is_recovered() -> None:
-    # A SIGKILLed rank left half a line; its restarted process appended its start event to it.
-    line = '{"ts":1.0,"event":"commit","st{"ts":2.0,"event":"start","step":0,"replica_id":"g1","group_rank":0,"pid":7}'
-    event = parse_line(line)
-    assert event is not None and event["event"] == "start" and event["pid"] == 7
-
-
-def test_garbage_line_is_skipped() -> None:
-    assert parse_line('{"ts":1.0,"ev') is None
 
 
 # -- figures ---------------------------------------------------------------------------------------

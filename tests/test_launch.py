@@ -25,7 +25,6 @@ from replicaft.errors import OptionsError
 from replicaft.launch import (
     Console,
     EventProgress,
-    EventTail,
     GroupStatus,
     LaunchOptions,
     ProcessInfo,
@@ -185,18 +184,6 @@ def test_event_progress_keeps_latest_commit_and_newest_quorum() -> None:
         progress.apply(event)
     assert progress.steps == {"g1": 1}
     assert progress.num_replicas == 2
-
-
-def test_event_tail_returns_only_new_complete_lines(tmp_path: Path) -> None:
-    tail = EventTail(tmp_path)
-    log = tmp_path / "g0-0.jsonl"
-    with open(log, "w") as f:
-        f.write('{"event": "start"}\nnot json\n{"event": "com')
-    assert tail.read_new() == [{"event": "start"}]
-    with open(log, "a") as f:
-        f.write('mit"}\n')
-    assert tail.read_new() == [{"event": "commit"}]
-    assert tail.read_new() == []
 
 
 def test_live_status_is_erased_before_any_other_line_and_drawn_again_later() -> None:
