@@ -8,9 +8,10 @@ never touches state. A group that exits 0 has finished training and stays down.
 Design:
 
 * The decisions are pure functions beside the shell that acts on them: :func:`parse_args`
-  (every argument check), :func:`decide_restart` (restart, done or give up),
-  :func:`render_status`, :func:`label_torchrun_line` and :func:`descendants`. The
-  :class:`Launcher` only starts, polls and signals processes and prints.
+  (every argument check), ``restart_policy.decide_restart`` (restart, done or give up),
+  ``job_status.render_status``, ``console.label_torchrun_line`` and
+  ``process_tree.descendants``. The :class:`Launcher` only starts, polls and signals
+  processes and prints.
 * Every child starts in a session of its own. Ctrl-C in a terminal then reaches only the
   launcher, which stops everything in order (SIGTERM, a grace period, SIGKILL) instead of
   racing torchrun's own signal forwarding.
@@ -29,7 +30,6 @@ Design:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
 import logging
 import os
@@ -42,14 +42,23 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NoReturn, TextIO
+from typing import NoReturn
 
+from replicaft.console import (
+    TORCHRUN_ROLE,
+    Console,
+    ConsoleLogHandler,
+    label_single_rank_line,
+    label_torchrun_line,
+)
 from replicaft.errors import OptionsError
 from replicaft.events import EventTail
+from replicaft.job_status import EventProgress, GroupState, GroupStatus, render_status
+from replicaft.process_tree import become_subreaper, read_process_table, running_below, send_signal
+from replicaft.restart_policy import decide_restart, describe_exit
 
 logger = logging.getLogger(__name__)
 
@@ -60,14 +69,9 @@ TICK_S = 0.1
 """How often the supervisor polls its children: restart latency is a tick plus the delay."""
 KILL_WAIT_S = 5.0
 """After SIGKILL only a process stuck in the kernel survives; we wait this long, then report it."""
-TORCHRUN_ROLE = "default"
-_TORCHRUN_RANK_LINE = re.compile(rf"^\[{TORCHRUN_ROLE}(\d+)\]:(.*)$")
 _LIGHTHOUSE_ADDRESS_LINE = re.compile(r"^lighthouse serving gRPC at (\S+)$")
 _REPLICA_PREFIX = re.compile(r"^[A-Za-z0-9_.-]+$")
 
-GroupState = Literal["running", "waiting", "done", "down"]
-"""running: its process is up; waiting: it died and restarts after the delay; done: it exited
-0; down: it failed more often than --max-restarts allows and stays down."""
 
 
 # -- arguments ------------------------------------------------------------------------------
@@ -180,247 +184,11 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
     )
 
 
-# -- restart policy -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RestartDecision:
-    action: Literal["done", "restart", "give_up"]
-    delay_s: float
-    reason: str
-
-
-def decide_restart(
-    exit_code: int, num_restarts: int, *, max_restarts: int, restart_delay_s: float, may_finish: bool = True
-) -> RestartDecision:
-    """What to do about a process that exited with ``exit_code`` after ``num_restarts`` restarts.
-
-    Exit 0 is "done" when ``may_finish`` (a group that finished training); the lighthouse
-    passes False, since a lighthouse exiting on its own is a failure while groups train.
-    Anything else restarts after the delay until ``max_restarts`` is used up, as Slurm's
-    requeue or a Kubernetes restart policy would; a crash loop then stops instead of spinning.
-    """
-    how = describe_exit(exit_code)
-    if exit_code == 0 and may_finish:
-        return RestartDecision("done", 0.0, how)
-    if num_restarts >= max_restarts:
-        return RestartDecision(
-            "give_up", 0.0, f"{how}; restarted {num_restarts} times already (--max-restarts {max_restarts}), leaving it down"
-        )
-    return RestartDecision(
-        "restart", restart_delay_s, f"{how}; restart {num_restarts + 1} of {max_restarts} in {restart_delay_s:g}s"
-    )
-
-
-def describe_exit(exit_code: int) -> str:
-    """``Popen.returncode`` in words: negative codes are the signal that killed the process."""
-    if exit_code < 0:
-        try:
-            return f"killed by {signal.Signals(-exit_code).name}"
-        except ValueError:
-            return f"killed by signal {-exit_code}"
-    return f"exited with code {exit_code}"
-
-
-# -- status -----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class GroupStatus:
-    replica_id: str
-    state: GroupState
-    num_restarts: int
-    step: int | None
-    """The step after its last commit, from its events; None before the first."""
-
-
-def render_status(groups: Sequence[GroupStatus], *, num_replicas: int | None, elapsed_s: float) -> str:
-    """One line: elapsed time, furthest step, last quorum size, groups per state, restarts."""
-    steps = [g.step for g in groups if g.step is not None]
-    counts = Counter(g.state for g in groups)
-    states = ", ".join(f"{counts[s]} {s}" for s in ("running", "waiting", "done", "down") if counts[s])
-    restarted = " ".join(f"{g.replica_id}:{g.num_restarts}" for g in groups if g.num_restarts)
-    return (
-        f"{elapsed_s:.0f}s | step {max(steps) if steps else '-'} | quorum {num_replicas if num_replicas is not None else '-'}"
-        f" | groups {states} | restarts {sum(g.num_restarts for g in groups)}"
-        + (f" ({restarted})" if restarted else "")
-    )
-
-
-class EventProgress:
-    """What the event logs have said so far: each group's step and the last quorum's size."""
-
-    def __init__(self) -> None:
-        self.steps: dict[str, int] = {}
-        self.num_replicas: int | None = None
-        self._quorum_ts = float("-inf")
-
-    def apply(self, event: Mapping[str, Any]) -> None:
-        """Fold one event in; events of other kinds, or missing the fields used, change nothing."""
-        kind, replica_id, step = event.get("event"), event.get("replica_id"), event.get("step")
-        ts, num_replicas = event.get("ts"), event.get("num_replicas")
-        if kind == "commit" and event.get("committed") and isinstance(replica_id, str) and isinstance(step, int):
-            # The latest commit, not the highest: a restarted group starts again from 0.
-            self.steps[replica_id] = step
-        elif kind == "quorum" and isinstance(ts, (int, float)) and isinstance(num_replicas, int) and ts >= self._quorum_ts:
-            self._quorum_ts = ts
-            self.num_replicas = num_replicas
-
-
-# -- child output -----------------------------------------------------------------------------
-
-
-def label_single_rank_line(replica_id: str, line: str) -> str:
-    """Prefix a line of a W=1 group (the script itself) with its group and rank 0."""
-    return f"[{replica_id}/0] {line}"
-
-
-def label_torchrun_line(replica_id: str, line: str) -> str:
-    """Prefix a line of torchrun's console with group and rank.
-
-    ``torchrun --tee 3`` prints each worker's lines as ``[default<local_rank>]:text``; lines
-    without that prefix are torchrun's own.
-    """
-    match = _TORCHRUN_RANK_LINE.match(line)
-    if match is None:
-        return f"[{replica_id}/torchrun] {line}"
-    return f"[{replica_id}/{match.group(1)}] {match.group(2)}"
-
-
-class Console:
-    """Serialises the lines of every child, the launcher's log and the status line.
-
-    Children's lines go to ``out``, the launcher's own to ``err``. With ``live`` (stderr is a
-    terminal) the status line is drawn in place at the bottom of ``err``: it is erased before
-    any other line is written and redrawn on the next :meth:`show_status`.
-    """
-
-    def __init__(self, out: TextIO, err: TextIO, *, live: bool) -> None:
-        self.out, self.err, self.live = out, err, live
-        self._lock = threading.Lock()
-        self._status_shown = False
-        self._status_text = ""
-
-    def write_line(self, text: str, *, to_err: bool = False) -> None:
-        with self._lock:
-            self._erase_status()
-            stream = self.err if to_err else self.out
-            stream.write(text + "\n")
-            stream.flush()
-
-    def show_status(self, text: str) -> None:
-        if not self.live:
-            self.write_line(f"[launcher] status: {text}", to_err=True)
-            return
-        try:
-            width = os.get_terminal_size(self.err.fileno()).columns - 1
-        except (OSError, ValueError):
-            width = 79
-        with self._lock:
-            if self._status_shown and text == self._status_text:
-                return
-            self.err.write("\r\x1b[K" + text[:width])  # a wrapped line could not be erased with \r
-            self.err.flush()
-            self._status_shown, self._status_text = True, text
-
-    def close(self) -> None:
-        with self._lock:
-            self._erase_status()
-
-    def _erase_status(self) -> None:
-        if self._status_shown:
-            self.err.write("\r\x1b[K")
-            self.err.flush()
-            self._status_shown = False
-
-
-class _ConsoleLogHandler(logging.Handler):
-    def __init__(self, console: Console) -> None:
-        super().__init__()
-        self.console = console
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.console.write_line(self.format(record), to_err=True)
-
-
-# -- processes --------------------------------------------------------------------------------
-
-
-PR_SET_CHILD_SUBREAPER = 36
-"""``<linux/prctl.h>``."""
-
-
-def become_subreaper() -> bool:
-    """Have the kernel re-parent orphaned descendants to this process instead of to init.
-
-    A rank orphaned by a dead torchrun (or a script's helper process orphaned by a dead rank)
-    then stays below the launcher, where :meth:`Launcher._processes_of` finds it and kills it.
-    Returns False where prctl is unavailable.
-    """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-@dataclass(frozen=True, slots=True)
-class ProcessInfo:
-    pid: int
-    ppid: int
-    zombie: bool
-    """Exited but not yet waited for: it runs no more, but only its parent can remove it."""
-
-
-def read_process_table() -> dict[int, ProcessInfo]:
-    """Every process in ``/proc``; one that exits while being read is left out."""
-    table = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces and ")"
-        table[int(entry.name)] = ProcessInfo(int(entry.name), int(fields[1]), fields[0] in ("Z", "X"))
-    return table
-
-
-def descendants(root_pid: int, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
-    """Every process below ``root_pid`` in ``table``, parents before children."""
-    children: dict[int, list[ProcessInfo]] = {}
-    for info in table.values():
-        children.setdefault(info.ppid, []).append(info)
-    found, frontier = [], [root_pid]
-    while frontier:
-        below = children.get(frontier.pop(0), [])
-        found += below
-        frontier += [info.pid for info in below]
-    return found
-
-
-def running_below(root_pids: Iterable[int], table: Mapping[int, ProcessInfo]) -> list[int]:
-    """The roots and everything below them that still runs (zombies excluded), roots first."""
-    found = [table[pid] for pid in root_pids if pid in table]
-    found += [info for pid in root_pids for info in descendants(pid, table)]
-    return list(dict.fromkeys(info.pid for info in found if not info.zombie))
-
-
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free right now; torchrun needs a number before it binds its store."""
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
-
-
-def send_signal(pids: Iterable[int], sig: signal.Signals) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 class Child:
@@ -716,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {e} (see {PROG} --help)", file=sys.stderr)
         return 2
     console = Console(sys.stdout, sys.stderr, live=sys.stderr.isatty())
-    handler = _ConsoleLogHandler(console)
+    handler = ConsoleLogHandler(console)
     handler.setFormatter(logging.Formatter("[launcher] %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     launcher = Launcher(options, console)

@@ -21,21 +21,12 @@ import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python
 from test_training import read_events
 
+from replicaft.console import Console, label_torchrun_line
 from replicaft.errors import OptionsError
-from replicaft.launch import (
-    Console,
-    EventProgress,
-    GroupStatus,
-    LaunchOptions,
-    ProcessInfo,
-    decide_restart,
-    descendants,
-    label_torchrun_line,
-    main,
-    parse_args,
-    render_status,
-    running_below,
-)
+from replicaft.job_status import EventProgress, GroupStatus, render_status
+from replicaft.launch import LaunchOptions, main, parse_args
+from replicaft.process_tree import ProcessInfo, descendants, running_below
+from replicaft.restart_policy import decide_restart
 
 EXAMPLE = str(REPO_ROOT / "examples" / "train_ddp.py")
 UNUSED_LIGHTHOUSE = "127.0.0.1:1"

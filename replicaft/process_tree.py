@@ -1,0 +1,83 @@
+"""The processes below the launcher, read from ``/proc``, and how to signal them all. Linux only.
+
+torchrun starts each rank in a session of its own, so no process group covers a W > 1 group:
+the launcher signals, one by one, every process below a group's root. It is a child
+subreaper, so ranks orphaned by a killed torchrun stay below it and are found too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+PR_SET_CHILD_SUBREAPER = 36
+"""``<linux/prctl.h>``."""
+
+
+def become_subreaper() -> bool:
+    """Have the kernel re-parent orphaned descendants to this process instead of to init.
+
+    A rank orphaned by a dead torchrun (or a script's helper process orphaned by a dead rank)
+    then stays below the launcher, where :meth:`Launcher._processes_of` finds it and kills it.
+    Returns False where prctl is unavailable.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    pid: int
+    ppid: int
+    zombie: bool
+    """Exited but not yet waited for: it runs no more, but only its parent can remove it."""
+
+
+def read_process_table() -> dict[int, ProcessInfo]:
+    """Every process in ``/proc``; one that exits while being read is left out."""
+    table = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # the command name may hold spaces and ")"
+        table[int(entry.name)] = ProcessInfo(int(entry.name), int(fields[1]), fields[0] in ("Z", "X"))
+    return table
+
+
+def descendants(root_pid: int, table: Mapping[int, ProcessInfo]) -> list[ProcessInfo]:
+    """Every process below ``root_pid`` in ``table``, parents before children."""
+    children: dict[int, list[ProcessInfo]] = {}
+    for info in table.values():
+        children.setdefault(info.ppid, []).append(info)
+    found, frontier = [], [root_pid]
+    while frontier:
+        below = children.get(frontier.pop(0), [])
+        found += below
+        frontier += [info.pid for info in below]
+    return found
+
+
+def running_below(root_pids: Iterable[int], table: Mapping[int, ProcessInfo]) -> list[int]:
+    """The roots and everything below them that still runs (zombies excluded), roots first."""
+    found = [table[pid] for pid in root_pids if pid in table]
+    found += [info for pid in root_pids for info in descendants(pid, table)]
+    return list(dict.fromkeys(info.pid for info in found if not info.zombie))
+
+
+def send_signal(pids: Iterable[int], sig: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
