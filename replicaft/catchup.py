@@ -13,8 +13,8 @@ step with them.
 
 Why replay rather than refetch a newer snapshot: a refetch races the donors forever when a
 transfer takes longer than a step; replaying costs one optimizer step per missed step and
-one gradient copy per missed step in memory (bounded by ``max_records``; beyond it the
-catch-up restarts from a newer base).
+one gradient copy per missed step in memory (bounded by ``MAX_RECORDS`` steps or
+``MAX_RECORD_BYTES``; beyond both the catch-up restarts from a newer base).
 
 In place: the fetch receives large tensors straight into the healer's own (transfer/placement.py),
 which only its optimizer step writes, and that runs only on commit, which a healer does not do
@@ -39,8 +39,11 @@ import torch
 from replicaft.transfer.client import HealResult
 
 MAX_RECORDS = 16
-"""Steps recorded before the catch-up gives up and restarts from a newer base (memory bound:
-one gradient copy per step)."""
+"""Steps the catch-up always may record (one gradient copy each)."""
+MAX_RECORD_BYTES = 1 << 30
+"""Beyond ``MAX_RECORDS`` steps, more are recorded while all records together stay within
+this many bytes; past both bounds the catch-up gives up and restarts from a newer base. A
+count alone made a heal of small state that outlasts 16 fast steps restart forever."""
 
 
 @dataclass
@@ -52,6 +55,7 @@ class CatchUp:
     """The healer's own tensors the fetch may receive into in place, by manifest name."""
     versions: dict[str, int] = field(default_factory=dict)
     """Their version counters when the fetch started."""
+    record_bytes: int = 0
 
     def written_meanwhile(self, in_place: frozenset[str]) -> list[str]:
         """Tensors received in place that the healer's own steps wrote while the fetch ran:
@@ -67,8 +71,24 @@ class CatchUp:
         return self.base_step + len(self.records) == max_step
 
     def record(self, max_step: int, captured: list[Any]) -> bool:
-        """Record the step the donors are taking at ``max_step``; False if it does not follow."""
-        if not self.leads_to(max_step) or len(self.records) >= MAX_RECORDS:
+        """Record the step the donors are taking at ``max_step``; False if it does not follow
+        or the records are full (see ``MAX_RECORDS``)."""
+        if not self.leads_to(max_step):
+            return False
+        size = _tensor_bytes(captured)
+        if len(self.records) >= MAX_RECORDS and self.record_bytes + size > MAX_RECORD_BYTES:
             return False
         self.records.append(captured)
+        self.record_bytes += size
         return True
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in a nest of lists, tuples and dicts (a hook's capture)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    return 0

@@ -24,7 +24,9 @@ from collections.abc import Callable
 from replicaft.errors import OptionsError
 
 POINTS = frozenset({"allreduce", "heal", "serve", "commit", "slow_serve"})
-SLOW_SERVE_S = 0.5
+SLOW_SERVE_S = 1.5
+"""Per range: long against a test job's step (tens of ms; a restarted rank's first step, with
+its lazy set-up, has taken over 0.5 s), so a slowed heal reliably outlasts a step or more."""
 
 
 def parse_fault_points(spec: str | None) -> frozenset[tuple[str, int]]:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import pytest
 import torch
 
+from replicaft import catchup
 from replicaft.catchup import CatchUp
 
 
@@ -23,3 +25,15 @@ def test_recorded_steps_must_lead_from_the_base_to_the_donors_step() -> None:
     assert cu.record(10, ["step 10"]) and cu.record(11, ["step 11"])
     assert not cu.record(13, ["a step the donors did not commit after 11"])
     assert cu.leads_to(12) and not cu.leads_to(13)
+
+
+def test_small_records_go_past_the_step_count_large_ones_stop_at_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catchup, "MAX_RECORD_BYTES", 1000)
+    small = CatchUp(0, concurrent.futures.Future())
+    for step in range(catchup.MAX_RECORDS + 5):  # 40 bytes a step: the byte budget allows more
+        assert small.record(step, [[torch.zeros(10)]])
+    large = CatchUp(0, concurrent.futures.Future())
+    for step in range(catchup.MAX_RECORDS):  # always allowed, whatever their size
+        assert large.record(step, [[torch.zeros(100)], {"buffers": (torch.zeros(5),)}])
+    assert large.record_bytes == catchup.MAX_RECORDS * 420
+    assert not large.record(catchup.MAX_RECORDS, [[torch.zeros(100)]])

@@ -200,11 +200,11 @@ def test_rank_killed_group_down_other_continues_restarted_group_heals_its_shards
 @pytest.mark.timeout(180)
 def test_heal_slower_than_a_step_replays_missed_steps_on_sharded_state(tmp_path: Path) -> None:
     # One rank per group (FSDP over a mesh of one), so the replay path is tested alone: g0's
-    # state server is slowed (slow_serve: 0.5 s per range) so that g1's heal after its restart
+    # state server is slowed (slow_serve: 1.5 s per range) so that g1's heal after its restart
     # outlasts several steps; g1 records them and replays them on its healed shards
     # (capture_step, replay_prepare, replay_apply). min_replicas=2 holds g0 until g1 is back.
     lh = start_lighthouse("--min-replicas", "2", status=False)
-    args = ("--steps", "40", "--norm", "batch")
+    args = ("--steps", "80", "--norm", "batch")  # the donor still trains when the slowed transfer ends
     faults = {"g0": "slow_serve@10", "g1": "allreduce@15"}
     groups = {
         rid: spawn_python(EXAMPLE, *args, name=rid, env=group_env(lh.grpc_address, rid, tmp_path, faults[rid]))
@@ -219,7 +219,7 @@ def test_heal_slower_than_a_step_replays_missed_steps_on_sharded_state(tmp_path:
     assert heal["replayed_steps"] >= 1, f"the slowed transfer did not outlast a step: {heal}"
     for rid, g in groups.items():
         assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
-    assert_digests_agree(tmp_path, min_steps=35)
+    assert_digests_agree(tmp_path, min_steps=75)
 
 
 @pytest.mark.slow
