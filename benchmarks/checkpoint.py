@@ -39,7 +39,7 @@ from torch import nn
 from benchmarks.results import BenchmarkResult
 from replicaft.checkpoint import CheckpointReader
 from replicaft.options import ManagerOptions
-from replicaft.persistence import Persistence, snapshot_capture
+from replicaft.persistence import Persistence
 from replicaft.state import flatten
 from replicaft.transfer.client import Donor, fetch_state
 from replicaft.transfer.server import StateServer
@@ -72,8 +72,7 @@ class Trainer:
     def train_step(self, *, save: bool) -> float:
         """One step in the manager's order; its seconds. ``save``: a save is due at its boundary."""
         started = time.perf_counter()
-        self.persistence.after_commit(self.step, is_writer=save, capture=snapshot_capture(self.state, self.step, 1, "bench"),
-                                      state=self.state, quorum_id=1)
+        self.persistence.after_commit(self.step, is_writer=save, state=self.state, quorum_id=1)
         self.optimizer.zero_grad()
         self.model(self.inputs).square().mean().backward()
         self.persistence.settle()
@@ -97,8 +96,8 @@ def _time(f: Callable[[], object]) -> float:
 def measure_async(trainer: Trainer, repeats: int) -> tuple[list[float], list[float], list[float], int]:
     """(plain step times, save step times, writer slowdowns, bytes copied in the background)."""
     plain, saving, slowdown = [], [], []
-    trainer.persistence.after_commit(trainer.step, is_writer=True, capture=snapshot_capture(trainer.state, 0, 1, "b"),
-                                     state=trainer.state, quorum_id=1)  # the writer's first call sets its baseline
+    # The writer's first call sets its baseline.
+    trainer.persistence.after_commit(trainer.step, is_writer=True, state=trainer.state, quorum_id=1)
     for r in range(repeats + 1):  # the first save allocates the host buffer; later ones reuse it
         plain += [trainer.train_step(save=False) for _ in range(3)]
         t = trainer.train_step(save=True)

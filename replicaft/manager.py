@@ -49,7 +49,7 @@ from replicaft.faults import parse_fault_points, reached, slow_serve_hook
 from replicaft.group_protocol import VoteResponse
 from replicaft.group_server import GroupClient, GroupServer
 from replicaft.options import ManagerOptions
-from replicaft.persistence import PREEMPTED_EXIT_CODE, Persistence, snapshot_capture
+from replicaft.persistence import PREEMPTED_EXIT_CODE, Persistence
 from replicaft.process_group import (
     CollectiveError,
     CollectiveHandle,
@@ -655,7 +655,6 @@ class Manager:
         self._persistence.after_commit(
             step,
             is_writer=plan is not None and plan.replica_rank == 0,
-            capture=snapshot_capture(self.state_dict, step, quorum_id, self.options.replica_id),
             state=self.state_dict,
             quorum_id=quorum_id,
         )
@@ -675,7 +674,7 @@ class Manager:
         plan = self._plan
         if plan is not None and plan.replica_rank == 0:
             self._persistence.emergency_save(
-                self._step, snapshot_capture(self.state_dict, self._step, plan.quorum_id, self.options.replica_id)
+                self._step, self.state_dict, plan.quorum_id
             )
         self._emit("stop", reason="preempted (SIGTERM)")
         raise SystemExit(PREEMPTED_EXIT_CODE)

@@ -113,8 +113,7 @@ class Persistence:
         assert self._reader is not None
         return self._reader.load_latest_valid(template, rank=self.options.group_rank)
 
-    def after_commit(self, step: int, is_writer: bool, capture: Callable[[torch.Tensor | None], Snapshot],
-                     state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
+    def after_commit(self, step: int, is_writer: bool, state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
         """Called at the step boundary after a commit, with the committed state in place.
 
         A due save copies the state to a host snapshot, reusing the previous save's buffer once
@@ -128,7 +127,7 @@ class Persistence:
             spare, self._spare = self._spare, None
             deferred = 0
             if self.options.group_world_size > 1:
-                self._in_flight = capture(spare)
+                self._in_flight = self._snapshot(state, step, quorum_id, spare)
                 self._writer.save_async(self._in_flight, step)
             else:
                 self._capture = BackgroundCapture(flatten(state()), step=step, quorum_id=quorum_id,
@@ -145,7 +144,7 @@ class Persistence:
         snapshot, why = capture.finish(timeout_s=SAVE_TIMEOUT_S)
         if snapshot is None:
             self._copy_now |= capture.changed
-            if not why.startswith("the background copy of the state did not finish"):
+            if not capture.running:  # a copy still running would write into a reused buffer
                 self._spare = capture.buffer
             logger.warning("[%s] checkpoint not saved: %s; those tensors are copied at once from now on",
                            self.options.replica_id, why)
@@ -154,16 +153,22 @@ class Persistence:
         self._in_flight = snapshot
         self._writer.save_async(snapshot, snapshot.manifest.step)
 
-    def emergency_save(self, step: int, capture: Callable[[torch.Tensor | None], Snapshot]) -> None:
+    def emergency_save(self, step: int, state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
         self.settle()
         if self._writer is None:
             return
-        handle = self._writer.save_async(capture(None), step, {"reason": "preemption"})
+        handle = self._writer.save_async(self._snapshot(state, step, quorum_id, None), step, {"reason": "preemption"})
         try:
             handle.wait(timeout_s=self.options.preemption_grace_s)
         except TimeoutError as e:
             logger.error("preemption save: %s", e)
         self._report()
+
+    def _snapshot(self, state: Callable[[], dict[str, Any]], step: int, quorum_id: int,
+                  out: torch.Tensor | None) -> Snapshot:
+        """A synchronous host copy of the state (no checksums: the writer checksums its files)."""
+        return Snapshot.capture(flatten(state()), step=step, quorum_id=quorum_id,
+                                replica_id=self.options.replica_id, with_checksums=False, out=out)
 
     def _report(self) -> None:
         if self._writer is None:
@@ -182,11 +187,3 @@ class Persistence:
                 num_bytes=r.num_bytes,
             )
 
-
-def snapshot_capture(
-    state_dict: Callable[[], dict[str, Any]], step: int, quorum_id: int, replica_id: str
-) -> Callable[[torch.Tensor | None], Snapshot]:
-    """A capture of the state for the checkpoint writer, into a reusable buffer if given."""
-    return lambda out: Snapshot.capture(
-        flatten(state_dict()), step=step, quorum_id=quorum_id, replica_id=replica_id, with_checksums=False, out=out
-    )

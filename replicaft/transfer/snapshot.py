@@ -77,7 +77,6 @@ class BackgroundCapture:
     ) -> None:
         self.step = step
         self._plan = _CopyPlan(flat, out)
-        self._flat = flat
         self._header = {"step": step, "quorum_id": quorum_id, "replica_id": replica_id}
         now, later = [], []
         for i, (name, t) in enumerate(zip(flat.names, flat.tensors, strict=True)):
@@ -104,6 +103,11 @@ class BackgroundCapture:
     def buffer(self) -> torch.Tensor:
         return self._plan.buffer
 
+    @property
+    def running(self) -> bool:
+        """The thread is still copying (after a :meth:`finish` that timed out)."""
+        return self._thread.is_alive()
+
     def finish(self, timeout_s: float) -> tuple[Snapshot | None, str]:
         """Wait for the copy; the snapshot, or None and why not (then ``buffer`` may be reused).
 
@@ -115,7 +119,8 @@ class BackgroundCapture:
             return None, f"the background copy of the state did not finish within {timeout_s:g}s"
         if self._error is not None:
             return None, f"the background copy of the state failed: {type(self._error).__name__}: {self._error}"
-        self.changed = frozenset(self._flat.names[i] for i, v in self._versions.items() if _version(self._flat.tensors[i]) != v)
+        flat = self._plan.flat
+        self.changed = frozenset(flat.names[i] for i, v in self._versions.items() if _version(flat.tensors[i]) != v)
         if self.changed:
             return None, f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})"
         return self._plan.snapshot(**self._header, chunk_bytes=CHUNK_BYTES, with_checksums=False), ""
