@@ -56,7 +56,7 @@ from replicaft.process_group import (
     ColumnSpec,
     FaultTolerantProcessGroup,
 )
-from replicaft.state import digest, flatten, unflatten
+from replicaft.state import SMALL_TENSOR_BYTES, digest, flatten, unflatten
 from replicaft.transfer.client import Donor, HealResult, fetch_state
 from replicaft.transfer.server import StateServer
 from replicaft.transfer.snapshot import Snapshot
@@ -64,8 +64,6 @@ from replicaft.transfer.snapshot import Snapshot
 logger = logging.getLogger(__name__)
 
 GROUP_ADDRESS_KEY = "replicaft/group_manager_address"
-IN_PLACE_MIN_BYTES = 1 << 20
-"""Tensors at least this large are healed in place (``Manager._heal_targets``)."""
 POLL_S = 0.02
 
 StateDictFn = Callable[[], dict[str, Any]]
@@ -496,7 +494,7 @@ class Manager:
         flat = flatten(self.state_dict())
         return {
             name: t for name, t in zip(flat.names, flat.tensors, strict=True)
-            if name not in self._not_in_place and t.numel() * t.element_size() >= IN_PLACE_MIN_BYTES
+            if name not in self._not_in_place and t.numel() * t.element_size() >= SMALL_TENSOR_BYTES
         }
 
     def _fetch(self, plan: StepPlan, targets: dict[str, torch.Tensor]) -> HealResult:

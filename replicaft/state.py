@@ -51,6 +51,12 @@ DTYPES: dict[str, torch.dtype] = {
 }
 
 
+SMALL_TENSOR_BYTES = 1 << 20
+"""State tensors smaller than this (BatchNorm statistics, counters) may be written outside the
+optimizer step, by a module's forward: copies behind a step and heals in place leave them out
+(they cost next to nothing to handle at once)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Sharding:
     """Where a local shard sits in its DTensor: enough to wrap a copy of the shard as that

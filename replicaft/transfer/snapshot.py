@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from replicaft.errors import StateError
-from replicaft.state import DTYPES, Flat, Sharding, tensor_bytes
+from replicaft.state import DTYPES, SMALL_TENSOR_BYTES, Flat, Sharding, tensor_bytes
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
 
 
@@ -73,7 +73,7 @@ class BackgroundCapture:
         replica_id: str,
         out: torch.Tensor | None = None,
         copy_now: frozenset[str] = frozenset(),
-        copy_now_bytes: int = 1 << 20,
+        copy_now_bytes: int = SMALL_TENSOR_BYTES,
     ) -> None:
         self.step = step
         self._plan = _CopyPlan(flat, out)
