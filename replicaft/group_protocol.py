@@ -58,6 +58,8 @@ class VoteRequest:
     ok: bool
     reason: str = ""
     timeout_s: float = 10.0
+    leaving: bool = False
+    """This rank was asked to stop (SIGTERM): the whole group leaves at this step's boundary."""
 
     @classmethod
     def decode(cls, raw: bytes) -> VoteRequest:
@@ -70,6 +72,7 @@ class VoteRequest:
             ok=check_bool(m, "ok", require(o, m, "ok")),
             reason=check_str(m, "reason", o.get("reason", ""), 4096, True),
             timeout_s=check_float(m, "timeout_s", o.get("timeout_s", 10.0), 0.0, MAX_TIMEOUT_S),
+            leaving=check_bool(m, "leaving", o.get("leaving", False)),
         )
 
 
@@ -77,6 +80,10 @@ class VoteRequest:
 class VoteResponse:
     commit: bool
     reason: str
+    leave: bool = False
+    """Some rank voted ``leaving``: every rank leaves at this boundary, so the ranks of a group
+    stop (and, for the writer group, save) at the same step even when SIGTERM reached them
+    on different sides of a step boundary."""
 
     @classmethod
     def decode(cls, raw: bytes) -> VoteResponse:
@@ -85,6 +92,7 @@ class VoteResponse:
         return cls(
             commit=check_bool(m, "commit", require(o, m, "commit")),
             reason=check_str(m, "reason", o.get("reason", ""), 16384, True),
+            leave=check_bool(m, "leave", o.get("leave", False)),
         )
 
 

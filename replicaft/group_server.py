@@ -7,7 +7,8 @@ into one lighthouse request and one commit decision:
   lighthouse carrying every rank's addresses, and answers all ranks with the same quorum.
   A rank on another step gets an error naming both steps (never "last rank wins").
 * ``Vote``: collects one vote per rank, asks the lighthouse's fence when all are ok, and
-  answers all ranks with the same decision (commit.py).
+  answers all ranks with the same decision (commit.py), and with whether any rank is
+  leaving (SIGTERM), so that all of them stop after the same step.
 * ``Watch``: streams lighthouse notices to ranks > 0 so they abandon in-flight collectives as
   fast as rank 0 does. The stream is also how the server learns that a rank died: its
   connection closes, and the pending quorum and vote fail at once with ``GroupBroken``
@@ -59,6 +60,7 @@ class _QuorumRound:
 class _VoteRound:
     step: int
     votes: dict[int, Vote] = field(default_factory=dict)
+    leaving: bool = False
     result: asyncio.Future[CommitDecision] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -225,6 +227,7 @@ class GroupServer:
             r = self._vote_round = _VoteRound(req.step)
             self._open_votes = [*(v for v in self._open_votes if not v.result.done()), r]
         r.votes[req.group_rank] = Vote(req.group_rank, req.step, req.quorum_id, req.ok, req.reason)
+        r.leaving |= req.leaving
         if len(r.votes) == self.options.group_world_size:
             self._vote_round = None
             asyncio.create_task(self._decide(r, req.timeout_s))
@@ -234,7 +237,7 @@ class GroupServer:
             if self._vote_round is r:
                 self._vote_round = None
             decision = CommitDecision(False, f"not every rank voted within {req.timeout_s:g}s")
-        return lp.encode(gp.VoteResponse(decision.commit, decision.reason))
+        return lp.encode(gp.VoteResponse(decision.commit, decision.reason, r.leaving))
 
     async def _decide(self, r: _VoteRound, timeout_s: float) -> None:
         assert self.lighthouse is not None
@@ -298,8 +301,8 @@ class GroupClient:
         raw = self._call(gp.QUORUM_METHOD, lp.encode(req), timeout_s + 2.0)
         return Quorum.decode(raw)
 
-    def vote(self, step: int, quorum_id: int, ok: bool, reason: str, timeout_s: float) -> gp.VoteResponse:
-        req = gp.VoteRequest(self.group_rank, step, quorum_id, ok, reason, timeout_s)
+    def vote(self, step: int, quorum_id: int, ok: bool, reason: str, timeout_s: float, *, leaving: bool = False) -> gp.VoteResponse:
+        req = gp.VoteRequest(self.group_rank, step, quorum_id, ok, reason, timeout_s, leaving)
         return gp.VoteResponse.decode(self._call(gp.VOTE_METHOD, lp.encode(req), timeout_s + 2.0))
 
     def watch(self, on_notice: Callable[[Notice], None]) -> None:

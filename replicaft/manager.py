@@ -137,6 +137,8 @@ class Manager:
         self._commit_failures = 0
         self._quorum_failures = 0
         self._broken: GroupBroken | None = None
+        self._leaving = False
+        """The group's last vote said a rank was asked to stop: leave at the next boundary."""
         self._torn = False
         """A heal has written into this rank's tensors in place and none has completed since:
         the state is not a valid one (see catchup.py)."""
@@ -300,7 +302,7 @@ class Manager:
     def start_quorum(self) -> None:
         """Begin a step: ask for a quorum in the background. Call from the training thread."""
         self._after_commit()
-        if self._persistence.preempted.is_set():
+        if self._leaving:
             self._leave_preempted()
         if self._plan_future is not None and not self._plan_future.done():
             raise GroupError("start_quorum() called twice in one step; call should_commit() in between")
@@ -398,6 +400,7 @@ class Manager:
             ok = ok and shared_ok
         reason = "" if ok else str(self._error or ("catching up" if not caught_up else "fewer groups than min_replicas"))
         decision = self._vote(plan, ok, reason)
+        self._leaving = decision.leave
         # A checkpoint copy may still be running behind this step: it must end before
         # anything below writes the state (a heal's catch-up, the hooks, the optimizer).
         self._persistence.settle()
@@ -609,12 +612,17 @@ class Manager:
         return ok
 
     def _vote(self, plan: StepPlan | None, ok: bool, reason: str) -> VoteResponse:
+        """The group's decision on this step, and whether the group leaves after it.
+
+        A rank that cannot reach its group's vote leaves on its own if it was asked to.
+        """
         assert self._group is not None
         quorum_id = plan.quorum_id if plan is not None else 0
+        leaving = self._persistence.preempted.is_set()
         try:
-            return self._group.vote(self._step, quorum_id, ok, reason, self.options.collective_timeout_s)
+            return self._group.vote(self._step, quorum_id, ok, reason, self.options.collective_timeout_s, leaving=leaving)
         except GroupError as e:
-            return VoteResponse(False, f"vote failed: {e}")
+            return VoteResponse(False, f"vote failed: {e}", leaving)
 
     def _finish_step(self, plan: StepPlan | None, commit: bool, reason: str) -> None:
         if commit:
@@ -668,7 +676,9 @@ class Manager:
         self.report_error(GroupError(f"resumed from checkpoint step {loaded.step} ({loaded.path}); this step only loaded"))
 
     def _leave_preempted(self) -> None:
-        """SIGTERM arrived: the writer group saves what it has; every group then exits."""
+        """SIGTERM reached a rank of this group, and the group's vote on the last step said so
+        to every rank: all ranks are at the same step boundary. The writer group saves what it
+        has (every rank its shards); every group then exits."""
         plan = self._plan
         if plan is not None and plan.replica_rank == 0:
             self._persistence.emergency_save(

@@ -8,9 +8,12 @@
   at step 0 (every group died, or the job is new) does it load the newest *valid* checkpoint;
   that first step is then not committed, so every group enters the next quorum at the loaded
   step (groups that loaded an older checkpoint heal from the ones ahead).
-* **Preemption**: SIGTERM is noted by a handler and acted on at the next step boundary, where
-  the state is consistent: the writer group saves at once (bounded by ``preemption_grace_s``)
-  and the process exits with status 143; other groups just leave.
+* **Preemption**: SIGTERM is noted by a handler, carried in the rank's vote on the current
+  step, and acted on at the step boundary after it, where the state is consistent: a vote
+  tells every rank of the group that one of them is leaving, so all ranks of a W > 1 group
+  stop after the same step even when the signal reached them on either side of a boundary.
+  The writer group saves at once (bounded by ``preemption_grace_s``) and the process exits
+  with status 143; other groups just leave.
 
 W > 1: DCP then needs a process group spanning the group's ranks, taken from the default
 process group the script initialised inside its group (FSDP/HSDP scripts do); each rank

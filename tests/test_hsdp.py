@@ -261,3 +261,34 @@ def test_sharded_group_killed_whole_resumes_each_rank_from_its_checkpoint_shards
             assert saved and resume["digest"] == saved[-1], f"rank {rank}: resumed state differs from what it saved"
             wait_for_event(tmp_path, lambda e, rank=rank: committed(e, "g0", rank) and e["ts"] > restarted_at
                            and e["step"] >= newest.step + 3, 60, f"rank {rank} training on after the resume")
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_to_one_rank_of_the_writer_group_stops_both_ranks_after_one_step_and_saves_it(tmp_path: Path) -> None:
+    """Preemption of a W = 2 writer group where the signal reaches one rank only (the extreme
+    case of two ranks seeing it on either side of a step boundary): the group's vote carries
+    it to the other rank, both leave after the same step, and both write their shards of that
+    step's emergency checkpoint."""
+    lh = start_lighthouse(status=False)
+    ckpt = tmp_path / "ckpt"
+    env = group_env(lh.grpc_address, "g0", tmp_path)
+    env.update(REPLICAFT_CHECKPOINT_DIR=str(ckpt), REPLICAFT_CHECKPOINT_INTERVAL_STEPS="100000")
+    groups = {"g0": spawn_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "5",
+                                 EXAMPLE, *ARGS, name="g0", env=env)}
+    with stopped_at_exit(groups, tmp_path):
+        wait_for_event(tmp_path, lambda e: committed(e, "g0", 1) and e["step"] >= 5, 90, "rank 1 at step 5")
+        start = wait_for_event(tmp_path, lambda e: e["event"] == "start" and e["group_rank"] == 1, 1, "rank 1 start")
+        os.kill(start["pid"], signal.SIGTERM)
+        stops = [wait_for_event(tmp_path, lambda e, rank=rank: e["event"] == "stop" and e["group_rank"] == rank, 60, f"rank {rank} stops")
+                 for rank in (0, 1)]
+        assert all("SIGTERM" in s["reason"] for s in stops), stops
+        groups["g0"].wait_exit(60)
+    events = read_events(tmp_path)
+    last = {rank: max(e["step"] for e in events if committed(e, "g0", rank)) for rank in (0, 1)}
+    assert last[0] == last[1], f"the ranks left after different steps: {last}"
+    saved = [e for e in events if e["event"] == "checkpoint" and e["ok"]]
+    assert {e["group_rank"] for e in saved} == {0, 1} and {e["checkpoint_step"] for e in saved} == {last[0]}, saved
+    (newest,) = [i for i in CheckpointReader(ckpt).list() if i.valid]
+    manifest = json.loads((newest.path / MANIFEST_FILE).read_text())
+    assert manifest["metadata"]["reason"] == "preemption"
+    assert {"__0_0.distcp", "__1_0.distcp"} <= {f["name"] for f in manifest["files"]}

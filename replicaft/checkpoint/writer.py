@@ -39,8 +39,10 @@ import concurrent.futures
 import importlib.metadata
 import json
 import logging
+import os
 import queue
 import shutil
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -84,6 +86,14 @@ from replicaft.checkpoint.tier2 import copy_verified
 from replicaft.errors import CheckpointCorrupt, OptionsError
 from replicaft.state import Flat, digest
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
+
+WRITER_NICENESS = 19
+"""The writer thread's CPU niceness (Linux; the lowest priority). Training threads outrank it,
+so serialising, checksumming and copying to tier 2 take the CPU time training leaves idle
+instead of slowing its steps: measured on 2 cores at 1 GB, the step a save starts at was
+~400 ms slower with the writer at the training's priority and ~100 ms slower at 19, and the
+save took about 1.5x as long. A preemption save runs after training has stopped, so it
+loses nothing by it."""
 
 logger = logging.getLogger(__name__)
 
@@ -311,6 +321,7 @@ class CheckpointWriter:
     # -- writer thread ---------------------------------------------------------------------
 
     def _work(self) -> None:
+        _lower_thread_priority(WRITER_NICENESS)
         while (job := self._jobs.get()) is not None:
             try:
                 result = self._save(job)
@@ -533,3 +544,17 @@ class CheckpointWriter:
 
     def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)
+
+
+def _lower_thread_priority(niceness: int) -> None:
+    """Make the calling thread (and threads it starts) yield the CPU to training threads.
+
+    Linux keeps a niceness per thread; elsewhere ``setpriority`` would renice the whole
+    process, so it is left alone there.
+    """
+    if sys.platform != "linux":
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
+    except OSError as e:
+        logger.warning("checkpoint writer runs at the training's CPU priority: setpriority failed: %s", e)
