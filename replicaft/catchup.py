@@ -13,8 +13,12 @@ step with them.
 
 Why replay rather than refetch a newer snapshot: a refetch races the donors forever when a
 transfer takes longer than a step; replaying costs one optimizer step per missed step and
-one gradient copy per missed step in memory (bounded by ``MAX_RECORDS`` steps or
-``MAX_RECORD_BYTES``; beyond both the catch-up restarts from a newer base).
+one gradient copy per missed step in memory, bounded by ``ManagerOptions.heal_replay_steps``
+steps or ``heal_replay_bytes`` bytes (whichever allows more). Beyond both the catch-up restarts
+from a newer base, and that next catch-up **holds the donors**: the healer vetoes every step
+(the donors abort it, without counting it as a failure) until its fetch has arrived, so it
+needs no records at all. That is torchft's blocking heal, as a fallback for state too large,
+or links too slow, for replay; it guarantees the heal ends.
 
 In place: the fetch receives large tensors straight into the healer's own (transfer/placement.py),
 which only its optimizer step writes, and that runs only on commit, which a healer does not do
@@ -32,18 +36,13 @@ from __future__ import annotations
 
 import concurrent.futures
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from replicaft.transfer.client import HealResult
 
-MAX_RECORDS = 16
-"""Steps the catch-up always may record (one gradient copy each)."""
-MAX_RECORD_BYTES = 1 << 30
-"""Beyond ``MAX_RECORDS`` steps, more are recorded while all records together stay within
-this many bytes; past both bounds the catch-up gives up and restarts from a newer base. A
-count alone made a heal of small state that outlasts 16 fast steps restart forever."""
+Recorded = Literal["recorded", "does not follow", "full"]
 
 
 @dataclass
@@ -56,6 +55,14 @@ class CatchUp:
     versions: dict[str, int] = field(default_factory=dict)
     """Their version counters when the fetch started."""
     record_bytes: int = 0
+    max_records: int = 16
+    """Steps that may always be recorded (one gradient copy each)."""
+    max_record_bytes: int = 1 << 30
+    """Beyond ``max_records`` steps, more are recorded while all records together stay within
+    this many bytes: a count alone made a heal of small state that outlasts 16 fast steps
+    restart forever."""
+    hold: bool = False
+    """The donors are held (every step vetoed) until the fetch has arrived: nothing is recorded."""
 
     def written_meanwhile(self, in_place: frozenset[str]) -> list[str]:
         """Tensors received in place that the healer's own steps wrote while the fetch ran:
@@ -70,17 +77,17 @@ class CatchUp:
         """Whether base + recorded steps reach the donors' current step exactly."""
         return self.base_step + len(self.records) == max_step
 
-    def record(self, max_step: int, captured: list[Any]) -> bool:
-        """Record the step the donors are taking at ``max_step``; False if it does not follow
-        or the records are full (see ``MAX_RECORDS``)."""
+    def record(self, max_step: int, captured: list[Any]) -> Recorded:
+        """Record the step the donors are taking at ``max_step``, unless it does not follow the
+        records or they are full; either way the catch-up must then restart."""
         if not self.leads_to(max_step):
-            return False
+            return "does not follow"
         size = _tensor_bytes(captured)
-        if len(self.records) >= MAX_RECORDS and self.record_bytes + size > MAX_RECORD_BYTES:
-            return False
+        if len(self.records) >= self.max_records and self.record_bytes + size > self.max_record_bytes:
+            return "full"
         self.records.append(captured)
         self.record_bytes += size
-        return True
+        return "recorded"
 
 
 def _tensor_bytes(value: Any) -> int:

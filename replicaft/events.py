@@ -15,7 +15,7 @@ event              fields
                    ``samples`` ([start, stop) of the global order, from the data sampler),
                    ``loss`` (from the training script)
 ``committed``      the state after committed step ``step``: ``digest``
-``heal_start``     ``donors``, ``max_step``
+``heal_start``     ``donors``, ``max_step``, ``hold`` (this attempt holds the donors, catchup.py)
 ``heal_end``       ``ok``, ``num_bytes``, ``in_place_bytes`` (received straight into this
                    rank's own tensors), ``seconds``, ``bytes_by_donor``, ``replayed_steps``,
                    ``base_step``, or ``error``

@@ -65,6 +65,9 @@ logger = logging.getLogger(__name__)
 
 GROUP_ADDRESS_KEY = "replicaft/group_manager_address"
 POLL_S = 0.02
+HOLD_FLAG = 1.0 / 1024
+"""A holding healer's share of the ok-flag sum: exact in float32 and, for fewer than 1024
+holding ranks, summing to less than one failure (see ``Manager._reduce_ok_flag``)."""
 
 StateDictFn = Callable[[], dict[str, Any]]
 LoadStateDictFn = Callable[[dict[str, Any]], None]
@@ -138,6 +141,8 @@ class Manager:
         self._quorum_failures = 0
         self._broken: GroupBroken | None = None
         self._leaving = False
+        self._hold_next_heal = False
+        """The last catch-up outran its replay bounds: the next one holds the donors (catchup.py)."""
         """The group's last vote said a rank was asked to stop: leave at the next boundary."""
         self._torn = False
         """A heal has written into this rank's tensors in place and none has completed since:
@@ -392,15 +397,26 @@ class Manager:
             and plan.num_replicas >= self.options.min_replicas
             and caught_up
         )
-        shared_ok = False
+        catching_up = plan is not None and plan.healing and not caught_up and self._error is None
+        holding = catching_up and self._catchup is not None and self._catchup.hold
+        shared_ok = held = False
         if plan is not None and not self._pg.broken:
             # A healer contributed zeros, so nothing it does taints anyone's update: it never
-            # vetoes the donors' commit. It votes for itself separately (below).
-            shared_ok = self._reduce_ok_flag(ok or plan.healing)
+            # vetoes the donors' commit (it votes for itself separately, below), unless it
+            # holds them until its fetch has arrived (catchup.py).
+            shared_ok, held = self._reduce_ok_flag(ok or (plan.healing and not holding), hold=holding)
             ok = ok and shared_ok
-        reason = "" if ok else str(self._error or ("catching up" if not caught_up else "fewer groups than min_replicas"))
+        reason = "" if ok else str(
+            self._error
+            or ("catching up" if not caught_up else "held: a healer is receiving its base state" if held
+                else "fewer groups than min_replicas")
+        )
         decision = self._vote(plan, ok, reason)
         self._leaving = decision.leave
+        # A step a healer did not commit because it is still catching up, or one a donor did not
+        # commit because a healer held it, is no failure: counted as one, it would make the
+        # lighthouse form a new quorum id, and every group rebuild its process group, each step.
+        expected = held or (catching_up and shared_ok)
         # A checkpoint copy may still be running behind this step: it must end before
         # anything below writes the state (a heal's catch-up, the hooks, the optimizer).
         self._persistence.settle()
@@ -409,12 +425,15 @@ class Manager:
             # Recorded after the vote: a rank whose own fetch is done still records a step
             # its group could not commit (another rank was not ready), so every rank's records
             # stay in line with the group's step.
-            if not self._catchup.record(plan.max_step, [h.capture_step() for h in self._hooks]):
-                self._emit("heal_end", ok=False, error="recorded steps do not follow; restarting the heal")
+            recorded = self._catchup.record(plan.max_step, [h.capture_step() for h in self._hooks])
+            if recorded != "recorded":
+                self._hold_next_heal = recorded == "full"
+                self._emit("heal_end", ok=False, error=f"recorded steps {recorded}; restarting the heal"
+                           + (" holding the donors" if self._hold_next_heal else ""))
                 self._catchup = None
         if decision.commit and plan is not None and plan.healing:
             self._apply_catchup(plan)
-        self._finish_step(plan, decision.commit, decision.reason)
+        self._finish_step(plan, decision.commit, decision.reason, failed=not decision.commit and not expected)
         if self._broken is not None:
             self._emit("stop", reason=str(self._broken))
             raise self._broken
@@ -449,7 +468,9 @@ class Manager:
                 self._torn = self._torn or bool(targets)
                 versions = {n: t._version for n, t in targets.items()}
                 self._catchup = CatchUp(plan.max_step, self._heal_pool.submit(self._fetch, plan, targets),
-                                        targets=targets, versions=versions)
+                                        targets=targets, versions=versions, hold=self._hold_next_heal,
+                                        max_records=self.options.heal_replay_steps,
+                                        max_record_bytes=self.options.heal_replay_bytes)
                 reached(self._faults, "heal", self._step)
         elif self._torn:
             raise GroupBroken(
@@ -510,7 +531,8 @@ class Manager:
                 donors.append(Donor(rid, member.data["ranks"][r]["state"]))
             except (KeyError, IndexError, TypeError):
                 logger.warning("donor %s published no state server for group rank %d", rid, r)
-        self._emit("heal_start", quorum_id=plan.quorum_id, donors=list(plan.donors), max_step=plan.max_step)
+        self._emit("heal_start", quorum_id=plan.quorum_id, donors=list(plan.donors), max_step=plan.max_step,
+                   hold=self._hold_next_heal)
         return fetch_state(
             donors,
             plan.max_step,
@@ -575,7 +597,7 @@ class Manager:
         result = cu.future.result()
         current = [h.capture_step() for h in self._hooks]
         self.load_state_dict(unflatten(result.manifest.skeleton, result.tensors))
-        self._torn = False
+        self._torn = self._hold_next_heal = False
         for record in cu.records:
             for h, r in zip(self._hooks, record, strict=True):
                 h.replay_prepare(r)
@@ -597,19 +619,25 @@ class Manager:
             base_step=cu.base_step,
         )
 
-    def _reduce_ok_flag(self, ok: bool) -> bool:
-        flag = torch.tensor([0.0 if ok else 1.0], device=self._device)
+    def _reduce_ok_flag(self, ok: bool, *, hold: bool = False) -> tuple[bool, bool]:
+        """(every rank of this column is ok, a healer held the step).
+
+        Each rank adds 0 (ok), 1 (its step failed) or ``HOLD_FLAG`` (a healer holding the
+        donors): a sum of 1 or more counts failures, a sum strictly between 0 and 1 is holds only.
+        """
+        flag = torch.tensor([0.0 if ok else HOLD_FLAG if hold else 1.0], device=self._device)
         try:
             self._pg.allreduce(flag, op="ok-flag allreduce").wait(
                 time.monotonic() + self.options.collective_timeout_s, self._abort, self._tick
             )
         except CollectiveError as e:
             self.report_error(e, abandoned=True)
-            return False
-        if flag.item() != 0.0:
-            self.report_error(GroupError(f"{int(flag.item())} participant rank(s) of this column reported a failed step"))
-            return False
-        return ok
+            return False, False
+        total = flag.item()
+        if total >= 1.0:
+            self.report_error(GroupError(f"{int(total)} participant rank(s) of this column reported a failed step"))
+            return False, False
+        return ok and total == 0.0, total > 0.0
 
     def _vote(self, plan: StepPlan | None, ok: bool, reason: str) -> VoteResponse:
         """The group's decision on this step, and whether the group leaves after it.
@@ -624,7 +652,7 @@ class Manager:
         except GroupError as e:
             return VoteResponse(False, f"vote failed: {e}", leaving)
 
-    def _finish_step(self, plan: StepPlan | None, commit: bool, reason: str) -> None:
+    def _finish_step(self, plan: StepPlan | None, commit: bool, reason: str, *, failed: bool) -> None:
         if commit:
             assert plan is not None
             for h in self._hooks:
@@ -635,7 +663,7 @@ class Manager:
         else:
             for h in self._hooks:
                 h.on_abort()
-            self._commit_failures += 1
+            self._commit_failures += failed
         self._emit(
             "commit",
             quorum_id=plan.quorum_id if plan else -1,

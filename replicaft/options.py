@@ -61,6 +61,13 @@ class ManagerOptions:
     collective_timeout_s: float = 10.0
     quorum_timeout_s: float = 60.0
     heal_timeout_s: float = 30.0
+    heal_replay_steps: int = 16
+    """A non-blocking heal records the steps it misses, to replay them once its fetch has
+    arrived: this many always, and more while ``heal_replay_bytes`` allows. Past both, it
+    restarts, and the next heal holds the donors until its fetch has arrived (catchup.py)."""
+    heal_replay_bytes: int = 1 << 30
+    """Bytes of recorded steps (mostly one averaged gradient each) a heal may keep beyond
+    ``heal_replay_steps``."""
     connect_timeout_s: float = 10.0
     """Rendezvous of a new column process group, and reaching the group's manager server."""
     max_quorum_failures: int = 3
@@ -125,6 +132,11 @@ class ManagerOptions:
                     "so a group would give up on the quorum while a failed step or heal is still "
                     f"being resolved; set quorum_timeout_s above {getattr(self, f)}"
                 )
+        if self.heal_replay_steps < 0 or self.heal_replay_bytes < 0:
+            raise OptionsError(
+                f"heal_replay_steps={self.heal_replay_steps}, heal_replay_bytes={self.heal_replay_bytes}; "
+                "they must be >= 0 (0 and 0: every heal holds the donors from its second attempt)"
+            )
         if self.max_quorum_failures < 1:
             raise OptionsError(f"max_quorum_failures={self.max_quorum_failures}; it must be at least 1")
         parse_fault_points(self.fault_points)

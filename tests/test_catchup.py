@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 
-import pytest
 import torch
 
-from replicaft import catchup
 from replicaft.catchup import CatchUp
 
 
@@ -22,18 +20,17 @@ def test_a_tensor_written_while_it_was_received_in_place_is_named() -> None:
 
 def test_recorded_steps_must_lead_from_the_base_to_the_donors_step() -> None:
     cu = CatchUp(10, concurrent.futures.Future())
-    assert cu.record(10, ["step 10"]) and cu.record(11, ["step 11"])
-    assert not cu.record(13, ["a step the donors did not commit after 11"])
+    assert cu.record(10, ["step 10"]) == "recorded" and cu.record(11, ["step 11"]) == "recorded"
+    assert cu.record(13, ["a step the donors did not commit after 11"]) == "does not follow"
     assert cu.leads_to(12) and not cu.leads_to(13)
 
 
-def test_small_records_go_past_the_step_count_large_ones_stop_at_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(catchup, "MAX_RECORD_BYTES", 1000)
-    small = CatchUp(0, concurrent.futures.Future())
-    for step in range(catchup.MAX_RECORDS + 5):  # 40 bytes a step: the byte budget allows more
-        assert small.record(step, [[torch.zeros(10)]])
-    large = CatchUp(0, concurrent.futures.Future())
-    for step in range(catchup.MAX_RECORDS):  # always allowed, whatever their size
-        assert large.record(step, [[torch.zeros(100)], {"buffers": (torch.zeros(5),)}])
-    assert large.record_bytes == catchup.MAX_RECORDS * 420
-    assert not large.record(catchup.MAX_RECORDS, [[torch.zeros(100)]])
+def test_small_records_go_past_the_step_count_large_ones_stop_at_it() -> None:
+    small = CatchUp(0, concurrent.futures.Future(), max_records=16, max_record_bytes=1000)
+    for step in range(16 + 5):  # 40 bytes a step: the byte budget allows more
+        assert small.record(step, [[torch.zeros(10)]]) == "recorded"
+    large = CatchUp(0, concurrent.futures.Future(), max_records=16, max_record_bytes=1000)
+    for step in range(16):  # always allowed, whatever their size
+        assert large.record(step, [[torch.zeros(100)], {"buffers": (torch.zeros(5),)}]) == "recorded"
+    assert large.record_bytes == 16 * 420
+    assert large.record(16, [[torch.zeros(100)]]) == "full"

@@ -97,13 +97,16 @@ def assert_samples_exactly_once(directory: Path, min_steps: int = 1) -> None:
         position = stop
 
 
-def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None) -> ManagedProcess:
+def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None,
+                **options: str) -> ManagedProcess:
+    """``options``: more ``REPLICAFT_*`` variables, e.g. ``REPLICAFT_HEAL_REPLAY_STEPS="1"``."""
     env = dict(os.environ)
     env.update(
         REPLICAFT_LIGHTHOUSE=lighthouse,
         REPLICAFT_REPLICA_ID=replica_id,
         REPLICAFT_EVENTS_DIR=str(events),
         REPLICAFT_COLLECTIVE_TIMEOUT_S="10",
+        **options,
     )
     if fault_points:
         env["REPLICAFT_FAULT_POINTS"] = fault_points
@@ -283,6 +286,33 @@ def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_pat
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
     assert_digests_agree(tmp_path, min_steps=85)
     assert_samples_exactly_once(tmp_path, min_steps=90)
+
+
+@pytest.mark.timeout(240)
+def test_heal_outrunning_its_replay_bounds_holds_the_donors_on_its_next_attempt_and_ends(tmp_path: Path) -> None:
+    # The restarted g1 may record only one missed step (REPLICAFT_HEAL_REPLAY_*), and g0's
+    # slowed state server makes the transfer outlast several: the first catch-up runs out of
+    # records and restarts, and the second holds g0 (g0 aborts its steps, without counting
+    # them as failures, so the quorum id stays the same) until g1 has its state.
+    lh = start_lighthouse("--min-replicas", "2", status=False)
+    args = ("--steps", "60", "--width", "1024")
+    faults = {"g0": "slow_serve@10", "g1": "allreduce@15"}
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid]) for rid in ("g0", "g1")}
+    assert groups["g1"].wait_exit(150) == -signal.SIGKILL
+    groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args,
+                               REPLICAFT_HEAL_REPLAY_STEPS="1", REPLICAFT_HEAL_REPLAY_BYTES="0")
+    hold = wait_for_event(tmp_path, lambda e: e["event"] == "heal_start" and e["replica_id"] == "g1" and e["hold"], 120,
+                          "g1 holding the donors")
+    heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e["ok"]
+                          and e["ts"] > hold["ts"], 120, "g1 healed")
+    assert heal["replayed_steps"] == 0 and heal["base_step"] == hold["max_step"], (hold, heal)
+    for rid, g in groups.items():
+        assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
+    held = [e for e in read_events(tmp_path) if e["event"] == "commit" and e["replica_id"] == "g0" and "held" in e["reason"]]
+    assert len(held) >= 2, "g0 was not held while g1 received its state"
+    assert len({e["quorum_id"] for e in held}) == 1, f"held steps counted as failures (a new quorum each): {held}"
+    assert_digests_agree(tmp_path, min_steps=55)
+    assert_samples_exactly_once(tmp_path, min_steps=60)
 
 
 @pytest.mark.timeout(120)
