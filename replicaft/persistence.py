@@ -30,16 +30,18 @@ import logging
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
-from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheckpoint
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.state import flatten
 from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+
+if TYPE_CHECKING:
+    from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheckpoint
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,10 @@ class Persistence:
                     "save); use checkpoint_interval_steps"
                 )
             process_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
+        # Imported here: DCP pulls in DTensor and sympy, about a second of every start-up,
+        # which a job without checkpoints (or a restarted group about to heal) need not pay.
+        from replicaft.checkpoint import CheckpointReader, CheckpointWriter
+
         self._reader = CheckpointReader(o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir)
         self._writer = CheckpointWriter(
             o.checkpoint_dir,
