@@ -8,13 +8,13 @@ collective. torchft answers the second question with a 5 s heartbeat expiry.
 What runs where. The lighthouse is the real server, ``python -m lighthouse`` in its own
 process (a fresh one per measurement, generous join/heartbeat/progress timeouts so no
 deadline fires by accident). Quorum members are coroutines, each an
-:class:`AsyncLighthouseClient` with its own session (heartbeating at the client's default
-0.1 s), spread over ``min(N, 2)`` client processes. gRPC makes the clients of one process
-share a connection (lighthouse_workers.OWN_CONNECTION says why and how the raw calls below
-avoid it). Two, not one: a single
-Python process cannot issue 256 calls and decode 256 answers at once without being the
-bottleneck itself; more than two would only add processes competing for this machine's two
-cores. Failure notices use one OS process per member, since only a real SIGKILL closes the
+:class:`AsyncLighthouseClient` with its own session (heartbeating when its stream has been
+quiet for the client's default 0.25 s), spread over ``min(N, 2)`` client processes. gRPC
+makes the clients of one process share a connection (lighthouse_workers.OWN_CONNECTION
+says why and how the raw streams below avoid it). Two, not one: a single Python process
+cannot issue 256 requests and decode 256 answers at once without being the bottleneck
+itself; more than two would only add processes competing for this machine's two cores.
+Failure notices use one OS process per member, since only a real SIGKILL closes the
 connection the way a crashed group does.
 
 What a quorum figure brackets. The benchmark releases all client processes at once; each
@@ -24,28 +24,36 @@ member takes ``time.monotonic()`` just before it asks and just after it has its 
     latest "has its answer"  -  latest "asked"
 
 that is, from the moment the last member asks (the one every other member waits for) until
-every member holds the answer. Three ways of asking are measured, interleaved round by round
+every member holds the answer. Four ways of asking are measured, interleaved round by round
 with the same members and processes:
 
-* ``quorum_ms_*``: ``AsyncLighthouseClient.quorum()``, which decodes and validates the
-  N-member answer. That costs about 5 µs per member per answer, so in this simulation the
-  N answers arriving at one process cost O(N²) decoding, serialised on one core (256
-  members: ~1.2 ms per answer, ~150 ms per process per round). On a real cluster each
-  group decodes one answer, on its own machine. Compared with one gRPC round trip
-  (``grpc_echo_ms_*``: a trivial grpc.aio echo server, generic handler, 100-byte payload,
-  sequential calls), so the ratio reads "this many RPC round trips".
-* ``quorum_wire_ms_*``: the same request, pre-encoded, as one raw RPC per member on a
-  connection per member, reply not decoded: the lighthouse's latency as seen from the
-  members' sockets, with as many connections as a real job would open.
-* ``grpc_barrier_ms_*`` (baseline of the line above): the same raw calls to a trivial
-  grpc.aio server that answers all N once the N-th has arrived. It is the floor for this
-  fan-in/fan-out on this machine with grpc.aio, so ``quorum_wire / grpc_barrier`` is what the
-  lighthouse adds (rules, validation, sessions and heartbeats) over gRPC alone.
+* ``quorum_ms_*``: ``AsyncLighthouseClient.quorum()``, the call the managers make: the
+  request and its answer travel on the member's session stream, and the answer is decoded
+  and validated (every column; each member's opaque ``data`` map, empty here, is checked
+  for type and size and decoded only when the caller builds that member, as ``plan_step``
+  does once per step). That costs ~80 µs per 256-member answer, so in this simulation
+  the N answers arriving at one process still cost O(N²), serialised on one core (~10 ms
+  per process per round at 256); on a real cluster each group decodes one answer, on its
+  own machine. Compared with one gRPC round trip (``grpc_echo_ms_*``: a trivial grpc.aio
+  echo server, generic handler, 100-byte payload, sequential unary calls), so the ratio
+  reads "this many RPC round trips".
+* ``quorum_wire_ms_*``: the same request, pre-encoded, written on a raw session stream per
+  member (one connection each), to a second lighthouse process of its own (a raw session
+  registers a member, so it cannot share the first one's membership); only the reply's
+  envelope is decoded: the lighthouse's latency as seen from the members' sockets, with as
+  many connections as a real job would open.
+* ``grpc_barrier_ms_*`` (baseline of the line above): the same raw streams, to a trivial
+  grpc.aio server that answers every stream once the N-th message has arrived. It is the
+  floor for this fan-in/fan-out on this machine with grpc.aio streams, so ``quorum_wire /
+  grpc_barrier`` is what the lighthouse adds (rules, validation, sessions) over gRPC alone.
+* ``grpc_unary_barrier_ms_*`` (baseline, no ratio): the same barrier as one unary call per
+  member, the way quorums travelled before protocol version 2. It shows why they moved onto
+  the session stream: grpc.aio costs far more per new call than per stream message.
 
-``lighthouse_cpu_ms_per_round_N`` is the lighthouse process's CPU during its rounds divided
-by their number (its heartbeat handling included), against the barrier server's CPU per
-barrier round: when the per-round CPU approaches the round's latency, the server is the
-bottleneck (it runs one event loop, so one core at most).
+``lighthouse_cpu_ms_per_round_N`` is the CPU of the lighthouse a mode talks to during its
+rounds divided by their number (heartbeat handling included), against the barrier server's
+CPU per stream barrier round: when the per-round CPU approaches the round's latency, the
+server is the bottleneck (it runs one event loop, so one core at most).
 
 The failure-notice figure is the time from the benchmark's SIGKILL of one member to each
 surviving member's ``on_notice`` callback receiving ``member_lost`` for it, one process per
@@ -64,14 +72,15 @@ from typing import Literal
 from benchmarks.processes import Child, ChildProcesses
 from benchmarks.results import BenchmarkResult
 
-RoundMode = Literal["client", "wire", "barrier"]
+RoundMode = Literal["client", "wire", "barrier", "unary_barrier"]
 """How a member asks: ``client``, through ``AsyncLighthouseClient.quorum`` (which decodes and
-validates the answer); ``wire``, the same QuorumRequest, pre-encoded, as one raw RPC whose
-reply is not decoded; ``barrier``, a raw call to the echo server's ``Barrier`` instead of
-the lighthouse. The two raw modes differ only in the server."""
+validates the answer); ``wire``, the same QuorumRequest, pre-encoded, on a raw session
+stream, the quorum in the reply not decoded; ``barrier``, a message on a raw stream to the
+echo server's ``Barrier`` instead of the lighthouse; ``unary_barrier``, one unary call per
+member to the same barrier. ``wire`` and ``barrier`` differ only in the server."""
 
 QUORUM_SIZES = (2, 8, 64, 256)
-MODES: tuple[RoundMode, ...] = ("client", "wire", "barrier")
+MODES: tuple[RoundMode, ...] = ("client", "wire", "barrier", "unary_barrier")
 MAX_CLIENT_PROCESSES = 2
 LIGHTHOUSE_FLAGS = (
     "--port", "0",
@@ -124,8 +133,8 @@ class QuorumSamples:
     latency_ms: dict[RoundMode, list[float]]
     server_cpu_s: dict[RoundMode, float]
     """CPU (user + system) of the server a mode talks to, summed over that mode's rounds:
-    the lighthouse for ``client`` and ``wire`` (its heartbeat handling included, as it is
-    part of its load), the barrier server for ``barrier``."""
+    the lighthouse of ``client`` or of ``wire`` (its heartbeat handling included, as it is
+    part of its load), the barrier server for the barriers."""
 
     def cpu_ms_per_round(self, *modes: RoundMode) -> float:
         return 1e3 * sum(self.server_cpu_s[m] for m in modes) / sum(len(self.latency_ms[m]) for m in modes)
@@ -152,10 +161,12 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             figures[f"quorum_wire_ms_p{q}_{n}"] = percentile(samples.latency_ms["wire"], q)
             baselines[f"grpc_barrier_ms_p{q}_{n}"] = percentile(samples.latency_ms["barrier"], q)
             compared_to[f"quorum_wire_ms_p{q}_{n}"] = f"grpc_barrier_ms_p{q}_{n}"
+            baselines[f"grpc_unary_barrier_ms_p{q}_{n}"] = percentile(samples.latency_ms["unary_barrier"], q)
     for n, samples in quorum.items():
         figures[f"lighthouse_cpu_ms_per_round_{n}"] = samples.cpu_ms_per_round("client", "wire")
         baselines[f"grpc_barrier_cpu_ms_per_round_{n}"] = samples.cpu_ms_per_round("barrier")
-        compared_to[f"lighthouse_cpu_ms_per_round_{n}"] = f"grpc_barrier_cpu_ms_per_round_{n}"
+        if baselines[f"grpc_barrier_cpu_ms_per_round_{n}"] > 0:  # CPU is counted in 10 ms ticks
+            compared_to[f"lighthouse_cpu_ms_per_round_{n}"] = f"grpc_barrier_cpu_ms_per_round_{n}"
     figures["notice_ms_p50"] = percentile(notice_ms, 50)
     figures["notice_ms_max"] = max(notice_ms)
 
@@ -169,13 +180,17 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "Lighthouse: a real `python -m lighthouse` process. Members: "
             f"AsyncLighthouseClient coroutines in min(N, {MAX_CLIENT_PROCESSES}) client "
             "processes (N/2 each), a session each, all asking at once. quorum_ms: last member "
-            "asks -> every member holds the decoded answer (includes the simulation's O(N^2) "
-            "answer decoding in 2 processes), against one sequential gRPC echo round trip. "
-            "quorum_wire_ms: the same request as raw RPCs, one connection per member, reply "
-            "not decoded, against grpc_barrier_ms: the same raw calls to a trivial grpc.aio "
-            "server answering all N when the N-th arrives (gRPC's floor for this fan-in/fan-out). "
-            "notice_ms: SIGKILL of one member (own process) -> member_lost in each survivor's "
-            "on_notice (own processes)."
+            "asks -> every member holds the decoded, validated answer, asked and answered on its "
+            "session stream as managers do (includes the simulation's O(N^2) answer decoding in "
+            "2 processes; members' opaque data maps, empty here, are decoded when a member is "
+            "built, by plan_step), against one sequential gRPC echo round trip. quorum_wire_ms: "
+            "the same request on raw session streams to a second lighthouse, one connection per "
+            "member, quorum in the reply not decoded, against grpc_barrier_ms: the same raw "
+            "streams to a trivial grpc.aio server answering all N when the N-th message arrives "
+            "(gRPC's floor for this fan-in/fan-out). grpc_unary_barrier_ms: that barrier as one "
+            "unary call per member (how quorums travelled before protocol 2). notice_ms: SIGKILL "
+            "of one member (own process) -> member_lost in each survivor's on_notice (own "
+            "processes)."
         ),
         params={
             "quick": quick,
@@ -211,24 +226,25 @@ async def measure_echo(num_calls: int) -> list[float]:
         return (await client.expect_event("samples", deadline + ROUND_S))["ms"]
 
 
-async def _start_lighthouse(children: ChildProcesses) -> tuple[Child, str]:
-    lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", *LIGHTHOUSE_FLAGS)
+async def _start_lighthouse(children: ChildProcesses, name: str = "lighthouse") -> tuple[Child, str]:
+    lighthouse = await children.start_python(name, "-m", "lighthouse", *LIGHTHOUSE_FLAGS)
     address = await lighthouse.expect_line("lighthouse serving gRPC at ", time.monotonic() + STARTUP_S)
     return lighthouse, address
 
 
 async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
-    """Rounds of ``num_members`` against a fresh lighthouse and barrier (see the module doc)."""
+    """Rounds of ``num_members`` against fresh lighthouses and barrier (see the module doc)."""
     replica_ids = [f"m{i:03d}" for i in range(num_members)]
     num_processes = min(num_members, MAX_CLIENT_PROCESSES)
     async with ChildProcesses() as children:
         lighthouse, address = await _start_lighthouse(children)
+        wire_lighthouse, wire_address = await _start_lighthouse(children, "wire-lighthouse")
         barrier = await children.start_python("barrier-server", *WORKERS, "echo-server")
         barrier_address = (await barrier.expect_event("serving", time.monotonic() + STARTUP_S))["address"]
         members = [
             await children.start_python(
                 f"members-{k}", *WORKERS, "quorum-members", "--address", address,
-                "--barrier-address", barrier_address, "--ids", ",".join(replica_ids[k::num_processes]),
+                "--wire-address", wire_address, "--barrier-address", barrier_address, "--ids", ",".join(replica_ids[k::num_processes]),
             )
             for k in range(num_processes)
         ]
@@ -242,7 +258,7 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
         async def one_round(mode: RoundMode, record: bool) -> None:
             nonlocal step
             step += 1
-            server = barrier if mode == "barrier" else lighthouse
+            server = {"client": lighthouse, "wire": wire_lighthouse}.get(mode, barrier)
             cpu_start = server.cpu_seconds()
             for m in members:
                 m.send_line(f"go {step} {mode} {num_members}")
@@ -265,7 +281,7 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
                 await one_round(mode, record=False)
         for i in range(plan.rounds[num_members]):
             # Rotate which way of asking goes first, so none always follows another.
-            for mode in MODES[i % 3:] + MODES[:i % 3]:
+            for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
                 await one_round(mode, record=True)
     return samples
 

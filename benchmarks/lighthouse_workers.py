@@ -2,16 +2,20 @@
 
 ``python -m benchmarks.lighthouse_workers ROLE ...`` where ROLE is one of
 
-* ``echo-server``: a trivial grpc.aio server with two generic unary methods and no other
-  work. ``Echo`` returns the request: one gRPC round trip through the same library, loop
-  and loopback as a lighthouse call. ``Barrier`` holds each call until N calls (N is the
-  request body) are waiting, then answers them all: the fan-in/fan-out pattern of a
-  fast-path quorum with no membership, rules or validation, i.e. what gRPC alone costs.
+* ``echo-server``: a trivial grpc.aio server with generic methods and no other work.
+  ``Echo`` (unary) returns the request: one gRPC round trip through the same library, loop
+  and loopback as a lighthouse call. ``Barrier`` (stream) holds each message until N
+  messages (N is the body) have arrived on any of its streams, then answers each on its
+  own stream: the fan-in/fan-out of a fast-path quorum as the lighthouse serves it (a
+  reader task and an outbox per stream), with no membership, rules or validation, i.e. what
+  gRPC alone costs. ``UnaryBarrier`` does the same with one unary call per member, as the
+  lighthouse served quorums before protocol version 2.
 * ``echo-client``: sequential ``Echo`` calls; reports every round-trip time.
 * ``quorum-members``: many lighthouse members as coroutines of one process, each with its
-  own :class:`AsyncLighthouseClient` (session, heartbeats) on its own connection. On each
-  ``go STEP MODE SIZE`` line from stdin, every member asks at once (MODE: see
-  ``benchmarks.lighthouse.RoundMode``; SIZE: the barrier's N) and
+  own :class:`AsyncLighthouseClient` (session, heartbeats; the clients of one process share
+  a connection), plus a raw session stream to a second lighthouse and raw channels to the
+  barrier server, one connection each. On each ``go STEP MODE SIZE`` line every member asks
+  at once (MODE: one of ``benchmarks.lighthouse.RoundMode``; SIZE: the barrier's N) and
   the process reports when its first and last requests left and answers came back.
 * ``notice-member``: one member in its own process that reports every notice it receives.
 
@@ -30,16 +34,26 @@ import asyncio
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 
 from lighthouse import AsyncLighthouseClient, Quorum
-from lighthouse.protocol import QUORUM_METHOD, Notice, QuorumRequest, encode
+from lighthouse.protocol import (
+    SESSION_METHOD,
+    Notice,
+    QuorumAnswer,
+    QuorumFailed,
+    QuorumRequest,
+    Register,
+    decode_session_reply,
+    encode,
+)
 
 ECHO_METHOD = "/bench.Echo/Echo"
 BARRIER_METHOD = "/bench.Echo/Barrier"
+UNARY_BARRIER_METHOD = "/bench.Echo/UnaryBarrier"
 ECHO_PAYLOAD = bytes(100)
 """About the size of an encoded QuorumRequest, so the baseline moves the same bytes up."""
 OWN_CONNECTION = [("grpc.use_local_subchannel_pool", 1)]
@@ -74,28 +88,48 @@ async def _echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
 
 
 class _Barrier:
-    """Answer calls in groups: the call that makes N waiting releases all N."""
+    """Answer in groups: the message (or unary call) that makes N waiting releases all N."""
 
     def __init__(self) -> None:
-        self._waiting: dict[bytes, list[asyncio.Future[bytes]]] = {}
+        self._waiting: dict[bytes, list[Callable[[bytes], None]]] = {}
 
-    async def answer(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    def arrive(self, request: bytes, answer: Callable[[bytes], None]) -> None:
         group = self._waiting.setdefault(request, [])
         group.append(answer)
         if len(group) == int(request):
             del self._waiting[request]
-            for waiter in group:
-                waiter.set_result(request)
+            for release in group:
+                release(request)
+
+    async def unary(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        answer: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self.arrive(request, answer.set_result)
         return await answer
+
+    async def stream(self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> None:
+        outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+
+        async def read() -> None:
+            while (request := await context.read()) is not grpc.aio.EOF:
+                self.arrive(request, outbox.put_nowait)
+
+        reader = asyncio.create_task(read())
+        reader.add_done_callback(lambda _: outbox.put_nowait(None))
+        try:
+            while (reply := await outbox.get()) is not None:
+                await context.write(reply)
+        finally:
+            reader.cancel()
 
 
 async def echo_server() -> None:
+    barrier = _Barrier()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((
         grpc.method_handlers_generic_handler("bench.Echo", {
             "Echo": grpc.unary_unary_rpc_method_handler(_echo),
-            "Barrier": grpc.unary_unary_rpc_method_handler(_Barrier().answer),
+            "Barrier": grpc.stream_stream_rpc_method_handler(barrier.stream),
+            "UnaryBarrier": grpc.unary_unary_rpc_method_handler(barrier.unary),
         }),
     ))
     port = server.add_insecure_port("127.0.0.1:0")
@@ -121,17 +155,17 @@ async def echo_client(address: str, num_calls: int, num_warmup: int) -> None:
     _emit("samples", ms=samples_ms)
 
 
-async def quorum_members(address: str, barrier_address: str, replica_ids: list[str]) -> None:
+async def quorum_members(address: str, wire_address: str, barrier_address: str, replica_ids: list[str]) -> None:
     """Register every member, report ``ready``, then run one round per ``go`` command.
 
-    Each member also opens two plain channels, to the lighthouse and to the barrier server,
-    each on a connection of its own (:data:`OWN_CONNECTION`), as a real deployment (one
-    manager per group, one host each) would have. The clients' own channels cannot be
-    given that option, so their sessions and ``client``-mode calls share one connection
-    per process.
+    Besides its client, each member opens a raw session stream to the ``wire`` lighthouse and
+    plain channels to the barrier server, each on a connection of its own
+    (:data:`OWN_CONNECTION`), as a real deployment (one manager per group, one host each)
+    would have. The clients' own channels cannot be given that option, so their sessions
+    share one connection per process.
     """
     clients = [AsyncLighthouseClient(address, rid) for rid in replica_ids]
-    wire_channels = [grpc.aio.insecure_channel(address, options=OWN_CONNECTION) for _ in replica_ids]
+    wire_channels = [grpc.aio.insecure_channel(wire_address, options=OWN_CONNECTION) for _ in replica_ids]
     barrier_channels = [grpc.aio.insecure_channel(barrier_address, options=OWN_CONNECTION) for _ in replica_ids]
     channels = wire_channels + barrier_channels
     try:
@@ -139,8 +173,10 @@ async def quorum_members(address: str, barrier_address: str, replica_ids: list[s
             await client.start()
         await asyncio.gather(*(c.wait_registered(WAIT_S) for c in clients))
         await asyncio.wait_for(asyncio.gather(*(ch.channel_ready() for ch in channels)), WAIT_S)
-        wire_calls = [ch.unary_unary(QUORUM_METHOD) for ch in wire_channels]
-        barrier_calls = [ch.unary_unary(BARRIER_METHOD) for ch in barrier_channels]
+        sessions = [ch.stream_stream(SESSION_METHOD)() for ch in wire_channels]
+        await asyncio.wait_for(asyncio.gather(*(_register(s, rid) for s, rid in zip(sessions, replica_ids, strict=True))), WAIT_S)
+        barrier_streams = [ch.stream_stream(BARRIER_METHOD)() for ch in barrier_channels]
+        unary_barriers = [ch.unary_unary(UNARY_BARRIER_METHOD) for ch in barrier_channels]
         _emit("ready", members=len(clients))
         async for line in _stdin_lines():
             _, step_text, mode, size_text = line.split()
@@ -149,20 +185,45 @@ async def quorum_members(address: str, barrier_address: str, replica_ids: list[s
                 times, answered = await _client_round(clients, step)
             elif mode == "wire":
                 bodies = [
-                    encode(QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=WAIT_S))
+                    encode(QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=WAIT_S, ask=step))
                     for rid in replica_ids
                 ]
-                times, raw = await _raw_round(wire_calls, bodies)
-                answered = len(Quorum.decode(raw).participants)
+                times, raw = await _stream_round(sessions, bodies, _answer_to(step))
+                answered = len(Quorum.decode(raw).replica_ids)
+            elif mode == "barrier":
+                times, raw = await _stream_round(barrier_streams, [str(size).encode()] * len(barrier_streams), bytes)
+                answered = int(raw)
             else:
-                times, raw = await _raw_round(barrier_calls, [str(size).encode()] * len(barrier_calls))
+                times, raw = await _unary_round(unary_barriers, str(size).encode())
                 answered = int(raw)
             sends, recvs = [t[0] for t in times], [t[1] for t in times]
             _emit("round", step=step, mode=mode, size=answered, first_send=min(sends), last_send=max(sends),
                   first_recv=min(recvs), last_recv=max(recvs))
+        for stream in [*sessions, *barrier_streams]:
+            stream.cancel()
     finally:
         await asyncio.gather(*(c.close() for c in clients))
         await asyncio.gather(*(ch.close() for ch in channels))
+
+
+async def _register(session: grpc.aio.StreamStreamCall, replica_id: str) -> None:
+    await session.write(encode(Register(replica_id, "", 1, 0)))
+    registered = decode_session_reply(await session.read())
+    if not isinstance(registered, Notice) or registered.kind != "registered":
+        raise RuntimeError(f"{replica_id}: expected a 'registered' notice, got {registered!r}")
+
+
+def _answer_to(ask: int) -> Callable[[bytes], bytes | None]:
+    """The encoded quorum if ``raw`` answers request ``ask``, else None (a notice): only the
+    envelope is decoded, and the quorum inside only after the clock stopped."""
+
+    def answer(raw: bytes) -> bytes | None:
+        reply = decode_session_reply(raw)
+        if isinstance(reply, QuorumFailed):
+            raise RuntimeError(f"quorum request {ask} failed: {reply.code}: {reply.reason}")
+        return reply.quorum if isinstance(reply, QuorumAnswer) and reply.ask == ask else None
+
+    return answer
 
 
 async def _client_round(clients: list[AsyncLighthouseClient], step: int) -> tuple[list[tuple[float, float]], int]:
@@ -172,23 +233,35 @@ async def _client_round(clients: list[AsyncLighthouseClient], step: int) -> tupl
         return start, time.monotonic(), quorum
 
     answers = await asyncio.gather(*(ask(c) for c in clients))
-    return [(a[0], a[1]) for a in answers], len(answers[0][2].participants)
+    return [(a[0], a[1]) for a in answers], len(answers[0][2].replica_ids)
 
 
-async def _raw_round(
-    calls: list[grpc.aio.UnaryUnaryMultiCallable], bodies: list[bytes]
+async def _stream_round(
+    streams: list[grpc.aio.StreamStreamCall], bodies: list[bytes], answer: Callable[[bytes], bytes | None]
 ) -> tuple[list[tuple[float, float]], bytes]:
-    """Every member makes its call at once; returns (asked, answered) times and one reply.
+    """Every member writes its message at once and reads until ``answer`` accepts a reply;
+    returns (asked, answered) times and one accepted reply."""
 
-    The reply is checked by the caller after the clock stopped: decoding all of them would
-    put back the O(N^2) client work this mode exists to leave out.
-    """
-    async def ask(call: grpc.aio.UnaryUnaryMultiCallable, body: bytes) -> tuple[float, float, bytes]:
+    async def ask(stream: grpc.aio.StreamStreamCall, body: bytes) -> tuple[float, float, bytes]:
+        start = time.monotonic()
+        await stream.write(body)
+        while (accepted := answer(await asyncio.wait_for(stream.read(), WAIT_S))) is None:
+            pass
+        return start, time.monotonic(), accepted
+
+    answers = await asyncio.gather(*(ask(s, b) for s, b in zip(streams, bodies, strict=True)))
+    return [(a[0], a[1]) for a in answers], answers[0][2]
+
+
+async def _unary_round(
+    calls: list[grpc.aio.UnaryUnaryMultiCallable], body: bytes
+) -> tuple[list[tuple[float, float]], bytes]:
+    async def ask(call: grpc.aio.UnaryUnaryMultiCallable) -> tuple[float, float, bytes]:
         start = time.monotonic()
         raw = await call(body, timeout=WAIT_S + 1, wait_for_ready=True)
         return start, time.monotonic(), raw
 
-    answers = await asyncio.gather(*(ask(c, b) for c, b in zip(calls, bodies, strict=True)))
+    answers = await asyncio.gather(*(ask(c) for c in calls))
     return [(a[0], a[1]) for a in answers], answers[0][2]
 
 
@@ -218,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     ec.add_argument("--warmup", type=int, default=50)
     qm = roles.add_parser("quorum-members")
     qm.add_argument("--address", required=True)
+    qm.add_argument("--wire-address", required=True)
     qm.add_argument("--barrier-address", required=True)
     qm.add_argument("--ids", required=True, help="comma-separated replica ids")
     nm = roles.add_parser("notice-member")
@@ -229,7 +303,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.role == "echo-client":
         asyncio.run(echo_client(args.address, args.calls, args.warmup))
     elif args.role == "quorum-members":
-        asyncio.run(quorum_members(args.address, args.barrier_address, args.ids.split(",")))
+        asyncio.run(quorum_members(args.address, args.wire_address, args.barrier_address, args.ids.split(",")))
     else:
         asyncio.run(notice_member(args.address, args.id))
 

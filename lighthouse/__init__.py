@@ -1,7 +1,7 @@
 """replicaft's quorum service and its client. Torch-free: importing it never imports torch."""
 
+from lighthouse.blocking_client import LighthouseClient as LighthouseClient
 from lighthouse.client import AsyncLighthouseClient as AsyncLighthouseClient
-from lighthouse.client import LighthouseClient as LighthouseClient
 from lighthouse.errors import LighthouseError as LighthouseError
 from lighthouse.errors import LighthouseUnavailable as LighthouseUnavailable
 from lighthouse.errors import OptionsError as OptionsError

@@ -253,18 +253,12 @@ class Membership:
             self._next_quorum_id += 1
         else:
             quorum_id = self.current.quorum_id
-        quorum = Quorum(
-            quorum_id=quorum_id,
-            incarnation=self.incarnation,
-            created_unix_s=time.time() if now_unix_s is None else now_unix_s,
-            participants=tuple(
-                Member(
-                    replica_id=j.request.replica_id,
-                    address=j.request.address,
-                    step=j.request.step,
-                    world_size=j.request.world_size,
-                    data=j.request.data,
-                )
+        quorum = Quorum.of(
+            quorum_id,
+            self.incarnation,
+            time.time() if now_unix_s is None else now_unix_s,
+            (
+                Member(j.request.replica_id, j.request.address, j.request.step, j.request.world_size, j.request.data)
                 for j in joins
             ),
         )

@@ -202,11 +202,11 @@ class TestHostileCalls:
             (quorum, encode_raw(valid_quorum_request(step="7")), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.step", "str"]),
             (quorum, encode_raw(valid_quorum_request(world_size=0)), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.world_size", "0"]),
             (quorum, encode_raw(valid_quorum_request(replica_id="x" * 500)), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.replica_id", "500"]),
-            (fence, encode_raw({"v": 1, "replica_id": "a", "quorum_id": -3, "step": 0}), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["FenceRequest.quorum_id", "-3"]),
+            (fence, encode_raw({"v": protocol.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": -3, "step": 0}), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["FenceRequest.quorum_id", "-3"]),
             (quorum, encode_raw(valid_quorum_request(v=99)), self.TOKEN, grpc.StatusCode.FAILED_PRECONDITION, ["version 99", f"version {protocol.PROTOCOL_VERSION}"]),
             (quorum, encode_raw(valid_quorum_request()), None, grpc.StatusCode.UNAUTHENTICATED, ["missing x-replicaft-token"]),
             (quorum, encode_raw(valid_quorum_request()), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong x-replicaft-token"]),
-            (fence, encode_raw({"v": 1, "replica_id": "a", "quorum_id": 1, "step": 0}), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong"]),
+            (fence, encode_raw({"v": protocol.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": 1, "step": 0}), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong"]),
         ]
         with grpc.insecure_channel(lighthouse.grpc_address) as channel:
             for method, body, token, code, substrings in cases:
@@ -217,7 +217,7 @@ class TestHostileCalls:
 
             session = channel.stream_stream(protocol.SESSION_METHOD)
             responses = session(
-                iter([encode_raw({"v": 1, "replica_id": "intruder", "address": "", "world_size": True, "step": 0})]),
+                iter([encode_raw({"v": protocol.PROTOCOL_VERSION, "replica_id": "intruder", "address": "", "world_size": True, "step": 0})]),
                 timeout=5.0,
                 metadata=(("x-replicaft-token", self.TOKEN),),
             )
@@ -427,3 +427,118 @@ class TestCleanLeave:
             return kinds
 
         assert asyncio.run(scenario()) == ["member_left"]
+
+
+async def open_raw_session(channel: grpc.aio.Channel, replica_id: str) -> grpc.aio.StreamStreamCall:
+    """A session stream driven by hand, as a peer not using our client would: registered."""
+    call = channel.stream_stream(protocol.SESSION_METHOD)(timeout=EVENT_TIMEOUT_S)
+    await call.write(protocol.encode(protocol.Register(replica_id, "", 1, 0)))
+    registered = protocol.decode_session_reply(await call.read())
+    assert isinstance(registered, Notice) and registered.kind == "registered", registered
+    return call
+
+
+async def next_reply(call: grpc.aio.StreamStreamCall) -> protocol.QuorumAnswer | protocol.QuorumFailed:
+    """The next quorum reply on ``call``, skipping notices."""
+    while True:
+        reply = protocol.decode_session_reply(await asyncio.wait_for(call.read(), EVENT_TIMEOUT_S))
+        if not isinstance(reply, Notice):
+            return reply
+
+
+class TestQuorumOnSession:
+    def test_answers_wrap_the_same_quorum_bytes_and_carry_the_request_number(self) -> None:
+        lighthouse = start_lighthouse(status=False)
+
+        async def scenario() -> None:
+            async with grpc.aio.insecure_channel(lighthouse.grpc_address) as channel:
+                a, b = await open_raw_session(channel, "a"), await open_raw_session(channel, "b")
+                # Alone, "a" is not a majority of two: its first request fails with the reason.
+                await a.write(protocol.encode(protocol.QuorumRequest("a", 3, "", 1, 0.2, ask=1)))
+                failed = await next_reply(a)
+                assert isinstance(failed, protocol.QuorumFailed) and (failed.ask, failed.code) == (1, "timeout")
+                assert "no quorum with 'a' formed within 0.2s" in failed.reason and "not a majority" in failed.reason
+                await a.write(protocol.encode(protocol.QuorumRequest("a", 3, "", 1, 5.0, ask=2)))
+                await b.write(protocol.encode(protocol.QuorumRequest("b", 1, "h:1", 1, 5.0, ask=7)))
+                answer_a, answer_b = await next_reply(a), await next_reply(b)
+                assert isinstance(answer_a, protocol.QuorumAnswer) and isinstance(answer_b, protocol.QuorumAnswer)
+                assert (answer_a.ask, answer_b.ask) == (2, 7)
+                assert answer_a.quorum == answer_b.quorum
+                quorum = protocol.Quorum.decode(answer_a.quorum)
+                assert (quorum.replica_ids, quorum.steps, quorum.addresses) == (("a", "b"), (3, 1), ("", "h:1"))
+                a.cancel()
+                b.cancel()
+
+        asyncio.run(scenario())
+
+    @pytest.mark.parametrize(
+        ("message", "code", "expected"),
+        [
+            (encode_raw({"v": protocol.PROTOCOL_VERSION, "t": "quorum", **valid_quorum_request(step="7"), "ask": 1}),
+             grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.step is str '7'; expected an integer"),
+            (protocol.encode(protocol.QuorumRequest("a", 0, "", 1, 1.0, ask=1)),
+             grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.replica_id is 'a' on the session of 'intruder'"),
+            (protocol.encode(protocol.QuorumRequest("intruder", 0, "", 1, 1.0)),
+             grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.ask is 0 on a session stream"),
+            (encode_raw({"v": protocol.PROTOCOL_VERSION, "t": "vote"}),
+             grpc.StatusCode.INVALID_ARGUMENT, "SessionRequest.t is 'vote'; expected one of ['heartbeat', 'quorum']"),
+            (encode_raw({"v": 1, "t": "heartbeat", "step": 0, "progress": 0}),
+             grpc.StatusCode.FAILED_PRECONDITION, f"speaks protocol version 1; this side speaks version {protocol.PROTOCOL_VERSION}"),
+        ],
+        ids=["bad-field", "other-replica", "unnumbered", "unknown-type", "old-version"],
+    )
+    def test_malformed_session_message_ends_that_session_naming_the_field_while_members_keep_working(
+        self, message: bytes, code: grpc.StatusCode, expected: str
+    ) -> None:
+        lighthouse = start_lighthouse(status=False)
+        members = start_group(lighthouse, ["a", "b"])
+
+        async def attack() -> grpc.aio.AioRpcError:
+            async with grpc.aio.insecure_channel(lighthouse.grpc_address) as channel:
+                call = await open_raw_session(channel, "intruder")
+                await call.write(message)
+                with pytest.raises(grpc.aio.AioRpcError) as raised:
+                    while True:
+                        await asyncio.wait_for(call.read(), EVENT_TIMEOUT_S)
+                return raised.value
+
+        error = asyncio.run(attack())
+        assert error.code() == code and expected in (error.details() or ""), (error.code(), error.details())
+        for member in members.values():
+            wait_notice(member, "member_lost", "intruder")
+            wait_quorum(member, ["a", "b"], after=member.mark())
+
+    def test_client_asks_again_on_its_new_session_after_being_fenced(self) -> None:
+        """A quorum request in flight when the session is replaced is asked again on the next
+        session, not lost: the caller only sees a later quorum."""
+        lighthouse = start_lighthouse("--min-replicas", "2", status=False)
+
+        async def scenario() -> tuple[tuple[str, ...], int]:
+            fenced = asyncio.Event()
+
+            def on_notice(notice: Notice) -> None:
+                if notice.kind == "fenced":
+                    fenced.set()
+
+            a = AsyncLighthouseClient(lighthouse.grpc_address, "a", on_notice=on_notice)
+            b = AsyncLighthouseClient(lighthouse.grpc_address, "b")
+            await a.start()
+            try:
+                await a.wait_registered(EVENT_TIMEOUT_S)
+                # min_replicas=2: "a" cannot be answered until "b" asks too.
+                asking = asyncio.create_task(a.quorum(0, 3 * EVENT_TIMEOUT_S))
+                async with grpc.aio.insecure_channel(lighthouse.grpc_address) as channel:
+                    usurper = await open_raw_session(channel, "a")
+                    await asyncio.wait_for(fenced.wait(), EVENT_TIMEOUT_S)
+                    usurper.cancel()
+                await b.start()
+                await b.wait_registered(EVENT_TIMEOUT_S)
+                await b.quorum(0, EVENT_TIMEOUT_S)
+                quorum = await asyncio.wait_for(asking, EVENT_TIMEOUT_S)
+                return quorum.replica_ids, a.session_epoch
+            finally:
+                await a.close()
+                await b.close()
+
+        replica_ids, session_epoch = asyncio.run(scenario())
+        assert replica_ids == ("a", "b") and session_epoch == 2

@@ -12,12 +12,7 @@ from lighthouse.protocol import Member, Quorum
 
 def quorum(steps: dict[str, int], *, quorum_id: int = 5, incarnation: int = 9) -> Quorum:
     """A quorum whose participants are given in the order of ``steps`` (not sorted)."""
-    return Quorum(
-        quorum_id=quorum_id,
-        incarnation=incarnation,
-        created_unix_s=0.0,
-        participants=tuple(Member(rid, f"host-{rid}", step, 1) for rid, step in steps.items()),
-    )
+    return Quorum.of(quorum_id, incarnation, 0.0, (Member(rid, f"host-{rid}", step, 1) for rid, step in steps.items()))
 
 
 class TestPlanStep:

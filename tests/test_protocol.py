@@ -7,6 +7,7 @@ would send them.
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import msgpack
@@ -25,8 +26,12 @@ from lighthouse.protocol import (
     Member,
     Notice,
     Quorum,
+    QuorumAnswer,
+    QuorumFailed,
     QuorumRequest,
     Register,
+    decode_session_reply,
+    decode_session_request,
     encode,
 )
 
@@ -45,7 +50,8 @@ VALID: dict[type, dict[str, Any]] = {
     },
     Quorum: {
         "quorum_id": 1, "incarnation": 2, "created_unix_s": 1700000000.5,
-        "participants": [{"replica_id": "g1", "address": "a:1", "step": 3, "world_size": 1, "data": {}}],
+        "replica_ids": ["g1", "g2"], "addresses": ["a:1", ""], "steps": [3, 0], "world_sizes": [1, 2],
+        "data": [pack({}), pack({"store": "h:2"})],
     },
     FenceRequest: {"replica_id": "g1", "quorum_id": 1, "step": 3},
     FenceResponse: {"ok": True, "reason": ""},
@@ -70,9 +76,9 @@ ROUND_TRIPS = [
     Notice("registered", incarnation=9, replica_id="g1"),
     Notice("member_lost", 3, "g2", "session stream closed", 9),
     Notice("fenced", -1, "g1", "no heartbeat", 9),
-    QuorumRequest("g1", 5, "h:1", 4, 2.5, True, 3, {"store": "h:2", "ranks": [1, 2], "blob": b"\x00\xff"}),
-    Quorum(3, 9, 1700000000.25, (Member("a", "h:1", 5, 2, {"k": "v"}), Member("b", "", 0, 1))),
-    Quorum(4, 9, 0.0, ()),
+    QuorumRequest("g1", 5, "h:1", 4, 2.5, True, 3, {"store": "h:2", "ranks": [1, 2], "blob": b"\x00\xff"}, ask=12),
+    Quorum.of(3, 9, 1700000000.25, (Member("a", "h:1", 5, 2, {"k": "v"}), Member("b", "", 0, 1))),
+    Quorum.of(4, 9, 0.0, ()),
     FenceRequest("g1", 3, 7),
     FenceResponse(False, "quorum 3 is not current"),
 ]
@@ -137,8 +143,12 @@ FIELD_ERRORS = [
     (QuorumRequest, "address", None, "is missing"),
     (Quorum, "quorum_id", -1, "is -1; expected 0 <= quorum_id"),
     (Quorum, "created_unix_s", 1e13, "expected 0.0 <= created_unix_s"),
-    (Quorum, "participants", {"a": 1}, "is dict; expected a list"),
-    (Quorum, "participants", None, "is missing"),
+    (Quorum, "replica_ids", {"a": 1}, "is dict; expected a list"),
+    (Quorum, "replica_ids", ["g1", "g1"], "lists 'g1' more than once"),
+    (Quorum, "replica_ids", None, "is missing"),
+    (Quorum, "steps", [3], "has 1 elements; expected 2, one per member"),
+    (Quorum, "data", None, "is missing"),
+    (QuorumRequest, "ask", -1, "is -1; expected 0 <= ask"),
     (FenceRequest, "quorum_id", "1", "is str '1'; expected an integer"),
     (FenceRequest, "replica_id", None, "is missing"),
     (FenceResponse, "ok", 1, "is int 1; expected a boolean"),
@@ -159,29 +169,102 @@ def test_bad_field_rejected_naming_message_and_field(cls: type, name: str, value
 
 
 @pytest.mark.parametrize(
-    ("participant", "expected"),
+    ("column", "value", "expected"),
     [
-        ("not a map", "Quorum.participants[0] is str; expected a map"),
-        ({"address": "", "step": 0, "world_size": 1}, "Quorum.participants[0].replica_id is missing"),
-        ({"replica_id": "a", "address": "", "step": -4, "world_size": 1}, "Quorum.participants[0].step is -4"),
-        ({"replica_id": "a", "address": "", "step": 0, "world_size": 1, "data": {b"k": 2}},
-         "Quorum.participants[0].data has a key b'k'; keys must be strings"),
+        ("replica_ids", ["g1", 7], "Quorum.replica_ids[1] is int 7; expected a string"),
+        ("replica_ids", ["", "g2"], "Quorum.replica_ids[0] is empty; expected a non-empty string"),
+        ("replica_ids", ["g1", "x" * 129], "Quorum.replica_ids[1] is 129 characters long; the limit is 128"),
+        ("addresses", ["a:1", None], "Quorum.addresses[1] is NoneType None; expected a string"),
+        ("steps", [3, -4], "Quorum.steps[1] is -4; expected 0 <= steps[1]"),
+        ("steps", [True, 0], "Quorum.steps[0] is bool True; expected an integer"),
+        ("world_sizes", [1, 0], "Quorum.world_sizes[1] is 0; expected 1 <= world_sizes[1] <= 65536"),
+        ("data", [b"", {}], "Quorum.data[1] is dict; expected bytes (msgpack bin)"),
+        ("data", [b"", b"x" * (MAX_DATA_BYTES + 1)], f"Quorum.data[1] is {MAX_DATA_BYTES + 1} bytes; the limit is"),
     ],
 )
-def test_bad_quorum_participant_rejected_naming_its_index(participant: Any, expected: str) -> None:
+def test_bad_quorum_column_element_rejected_naming_its_index(column: str, value: Any, expected: str) -> None:
+    with pytest.raises(ProtocolError, match="^" + re.escape(expected)):
+        Quorum.decode(raw(Quorum, **{column: value}))
+
+
+def test_quorum_participants_are_its_columns_as_members() -> None:
+    q = Quorum.decode(raw(Quorum))
+    assert q.participants == (Member("g1", "a:1", 3, 1, {}), Member("g2", "", 0, 2, {"store": "h:2"}))
+    assert q.member("g2") == q.participants[1] and q.member("g3") is None
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"\xc1", "Quorum.data[1] is not valid msgpack"),
+        (pack([1, 2]), "Quorum.data[1] is list; expected a map"),
+        (pack({b"k": 2}), "Quorum.data[1] has a key b'k'; keys must be strings"),
+        (pack({3: "x"}), "Quorum.data[1] is not valid msgpack .*int is not allowed for map key"),
+    ],
+)
+def test_bad_member_data_rejected_naming_its_index_when_the_member_is_built(data: bytes, expected: str) -> None:
+    q = Quorum.decode(raw(Quorum, data=[pack({}), data]))
+    assert q.member("g1") == Member("g1", "a:1", 3, 1, {})
+    for build in (lambda: q.participants, lambda: q.member("g2")):
+        with pytest.raises(ProtocolError, match="^" + expected.replace("[", r"\[").replace("]", r"\]")):
+            build()
+
+
+SESSION_REQUESTS = [Heartbeat(7, 1234, leaving=True), QuorumRequest("g1", 5, "h:1", 4, 2.5, ask=3)]
+SESSION_REPLIES = [
+    Notice("member_lost", 3, "g2", "session stream closed", 9),
+    QuorumAnswer(4, encode(Quorum.of(3, 9, 1.0, (Member("a", "h:1", 5, 2),)))),
+    QuorumFailed(5, "timeout", "no quorum within 1s"),
+]
+
+
+@pytest.mark.parametrize("message", SESSION_REQUESTS, ids=lambda m: type(m).__name__)
+def test_session_request_decoded_by_its_type_tag(message: Any) -> None:
+    assert decode_session_request(encode(message)) == message
+
+
+@pytest.mark.parametrize("message", SESSION_REPLIES, ids=lambda m: type(m).__name__)
+def test_session_reply_decoded_by_its_type_tag(message: Any) -> None:
+    assert decode_session_reply(encode(message)) == message
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"step": 1, "progress": 2}, "SessionRequest.t is None; expected one of ['heartbeat', 'quorum']"),
+        ({"t": "fence", "step": 1}, "SessionRequest.t is 'fence'"),
+        ({"t": "heartbeat", "step": -1, "progress": 2}, "Heartbeat.step is -1"),
+        ({"t": "quorum", "replica_id": "g1", "step": 1}, "QuorumRequest.address is missing"),
+    ],
+)
+def test_bad_session_request_rejected_naming_the_field(body: dict[str, Any], expected: str) -> None:
     with pytest.raises(ProtocolError, match="^" + expected.replace("[", r"\[").replace("]", r"\]")):
-        Quorum.decode(raw(Quorum, participants=[participant]))
+        decode_session_request(pack({"v": PROTOCOL_VERSION, **body}))
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({"t": "answer", "ask": 1, "quorum": "not bytes"}, "QuorumAnswer.quorum is str; expected bytes"),
+        ({"t": "answer", "ask": 0, "quorum": b""}, "QuorumAnswer.ask is 0; expected 1 <= ask"),
+        ({"t": "quorum_failed", "ask": 1, "code": "exploded", "reason": ""}, "QuorumFailed.code is 'exploded'"),
+        ({"t": "quorum_failed", "ask": 1, "code": "timeout"}, "QuorumFailed.reason is missing"),
+        ({"t": "hello"}, "SessionReply.t is 'hello'; expected one of ['notice', 'answer', 'quorum_failed']"),
+    ],
+)
+def test_bad_session_reply_rejected_naming_the_field(body: dict[str, Any], expected: str) -> None:
+    with pytest.raises(ProtocolError, match="^" + expected.replace("[", r"\[").replace("]", r"\]")):
+        decode_session_reply(pack({"v": PROTOCOL_VERSION, **body}))
 
 
 def test_integer_map_key_anywhere_rejected() -> None:
     # msgpack's strict_map_key refuses it at any depth, before any field is looked at.
-    body = {"v": PROTOCOL_VERSION, **VALID[Quorum]}
-    body["participants"] = [{**body["participants"][0], "data": {3: "x"}}]
-    with pytest.raises(ProtocolError, match="^Quorum is not valid msgpack .*int is not allowed for map key"):
-        Quorum.decode(pack(body))
+    body = {"v": PROTOCOL_VERSION, **VALID[QuorumRequest], "data": {"ranks": [{3: "x"}]}}
+    with pytest.raises(ProtocolError, match="^QuorumRequest is not valid msgpack .*int is not allowed for map key"):
+        QuorumRequest.decode(pack(body))
 
 
-@pytest.mark.parametrize("version", [0, 2, 99, "1", None])
+@pytest.mark.parametrize("version", [0, 1, 99, "2", None])
 def test_other_protocol_version_rejected_naming_both_versions(version: Any) -> None:
     body = {"v": version, **VALID[QuorumRequest]}
     if version is None:
@@ -235,3 +318,9 @@ def test_arbitrary_bytes_never_raise_anything_but_protocol_error(data: bytes) ->
 
 def test_protocol_errors_are_value_errors() -> None:
     assert issubclass(ProtocolError, ValueError) and issubclass(VersionMismatch, ProtocolError)
+
+
+@pytest.mark.parametrize("kind", [["member_lost"], {"k": 1}, 3])
+def test_unhashable_or_non_string_kind_rejected_as_not_a_string(kind: Any) -> None:
+    with pytest.raises(ProtocolError, match=r"^Notice\.kind is .*; expected a string"):
+        Notice.decode(raw(Notice, kind=kind))
