@@ -39,10 +39,8 @@ import concurrent.futures
 import importlib.metadata
 import json
 import logging
-import os
 import queue
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -85,6 +83,7 @@ from replicaft.checkpoint.retention import check_retention_options, decide_reten
 from replicaft.checkpoint.tier2 import copy_verified
 from replicaft.errors import CheckpointCorrupt, OptionsError
 from replicaft.state import Flat, digest
+from replicaft.threads import lower_thread_priority
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 
 WRITER_NICENESS = 19
@@ -321,7 +320,7 @@ class CheckpointWriter:
     # -- writer thread ---------------------------------------------------------------------
 
     def _work(self) -> None:
-        _lower_thread_priority(WRITER_NICENESS)
+        lower_thread_priority(WRITER_NICENESS, "the checkpoint writer")
         while (job := self._jobs.get()) is not None:
             try:
                 result = self._save(job)
@@ -545,16 +544,3 @@ class CheckpointWriter:
     def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)
 
-
-def _lower_thread_priority(niceness: int) -> None:
-    """Make the calling thread (and threads it starts) yield the CPU to training threads.
-
-    Linux keeps a niceness per thread; elsewhere ``setpriority`` would renice the whole
-    process, so it is left alone there.
-    """
-    if sys.platform != "linux":
-        return
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
-    except OSError as e:
-        logger.warning("checkpoint writer runs at the training's CPU priority: setpriority failed: %s", e)

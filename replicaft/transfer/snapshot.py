@@ -6,6 +6,7 @@ never waits for a transfer; the same buffer can feed a persistent checkpoint wri
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Iterable
@@ -167,9 +168,17 @@ class _CopyPlan:
             tensors=specs,
             total_bytes=self.total,
             chunk_bytes=chunk_bytes,
-            checksums=tuple(chunk_checksums(memoryview(self.buffer.numpy()), chunk_bytes)) if with_checksums else (),
+            checksums=(),
         )
-        return Snapshot(self.buffer, manifest, tuple(flat.shardings) if flat.shardings is not None else None)
+        snapshot = Snapshot(self.buffer, manifest, tuple(flat.shardings) if flat.shardings is not None else None)
+        return checksummed(snapshot) if with_checksums else snapshot
+
+
+def checksummed(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with the per-chunk checksums a healer verifies (a pass over its bytes)."""
+    m = snapshot.manifest
+    checksums = tuple(chunk_checksums(memoryview(snapshot.buffer.numpy()), m.chunk_bytes))
+    return dataclasses.replace(snapshot, manifest=dataclasses.replace(m, checksums=checksums))
 
 
 def tensors_from_buffer(buffer: torch.Tensor, manifest: Manifest) -> list[torch.Tensor]:
