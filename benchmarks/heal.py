@@ -3,7 +3,7 @@
 **Loopback.** For each state size (100 MiB and 1 GiB of float32 in four tensors), one
 invocation starts, on 127.0.0.1: two replicaft donor processes each serving an identical
 ``Snapshot`` from a ``StateServer``; a healer process that times ``fetch_state`` from the
-call (manifests first) to the CRC-verified buffer, from one donor and from two; a raw TCP
+call (manifests first) to the verified buffer, from one donor and from two; a raw TCP
 sender/receiver pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer;
 also a variant that allocates the buffer per transfer, as every other receiver here does);
 torchft 0.2.0's ``HTTPTransport`` (defaults, ``num_chunks=0``) between two processes; and
@@ -244,8 +244,8 @@ def _gbps(num_bytes: int, runs: list[dict[str, Any]]) -> float:
 
 
 def _breakdown(runs: list[dict[str, Any]]) -> dict[str, float]:
-    """Medians over repeats of a receiver's wall, CPU, page faults (and the healer's recv/CRC split)."""
-    keys = ("seconds", "cpu_s", "minor_faults", "recv_s", "crc_s")
+    """Medians over repeats of a receiver's wall, CPU, page faults (and the healer's receive/verify split)."""
+    keys = ("seconds", "cpu_s", "minor_faults", "recv_s", "verify_s")
     return {k: round(statistics.median(r[k] for r in runs), 4) for k in keys if k in runs[0]}
 
 
@@ -263,13 +263,13 @@ def run(*, quick: bool) -> BenchmarkResult:
     notes = [
         f"GB/s = state bytes / median seconds over {repeats} interleaved repeat(s) after {warmup} discarded warm-up "
         "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
-        "from manifest request to CRC-verified tensors, received in place into the healer's own state of the "
+        "from manifest request to verified tensors (chunk digests: replicaft.transfer.checksum), received in place into the healer's own state of the "
         "same shape (allocated once, as a healer's model and optimizer are; heal_gbps_*_fresh: into new memory, "
         "as for a tensor the healer does not have yet); raw socket = plain TCP recv_into a preallocated, "
         "pre-faulted buffer (raw_socket_fresh_* allocates a torch.empty buffer per transfer); torchft 0.2.0 HTTPTransport (num_chunks=0) and PGTransport (Gloo, 2 ranks, no in-place state "
         "dict); each *_vs_torchft figure repeats the heal figure to carry its ratio to torchft_best; "
         "params.receiver_breakdown has each receiver's median seconds, CPU seconds and minor page faults (for "
-        "replicaft also recv_s and crc_s, summed over its donor threads): new memory costs one fault per 4 KiB "
+        "replicaft also recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 KiB "
         "page, while torchft's per-tensor buffers of up to 32 MiB (the 100 MiB case) may be recycled from the "
         "allocator's heap between repeats, without faults"
     ]

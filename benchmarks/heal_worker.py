@@ -10,7 +10,7 @@ seconds and the minor page faults it caused, all measured in the receiving proce
   serves the snapshot with a ``StateServer`` bound to ``--host``.
 * ``healer``: ``{"donors": [[replica_id, address], ...], "step": S}`` -> ``fetch_state``
   timed from the call (manifests first) to the verified tensors, plus a breakdown of where
-  the healer's time went (seconds inside ``recv_exact_into`` and inside the CRC check,
+  the healer's time went (seconds inside ``recv_exact_into`` and inside the chunk check,
   summed over the donor threads). With ``"in_place": true, "bytes": N`` it receives into
   a state of its own of the donor's shape (allocated and written once, before the first
   such command, as a healer's model and optimizer are), as replicaft's manager does;
@@ -155,9 +155,9 @@ def healer(args: argparse.Namespace) -> None:
 
     timer = _Timer()
     # The client module imported these by name; wrapping its references times the stripe
-    # receive and the stripe CRC check without touching replicaft.
+    # receive and the chunk check without touching replicaft.
     client.recv_exact_into = timer.wrap("recv_s", client.recv_exact_into)
-    client.chunk_ok = timer.wrap("crc_s", client.chunk_ok)
+    client.chunk_ok = timer.wrap("verify_s", client.chunk_ok)
     from replicaft.state import flatten
 
     emit("ready")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from typing import Any
 
 import msgpack
@@ -12,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lighthouse.errors import ProtocolError
+from replicaft.transfer.checksum import ALGORITHM, digest
 from replicaft.transfer.manifest import (
     ALIGN_BYTES,
     MANIFEST_VERSION,
@@ -40,7 +40,7 @@ def manifest_for(buffer: bytes, chunk_bytes: int, tensors: tuple[TensorSpec, ...
 
 
 def sized_manifest(total_bytes: int, chunk_bytes: int) -> Manifest:
-    return Manifest(5, 2, "g1", None, (), total_bytes, chunk_bytes, (0,) * -(-total_bytes // chunk_bytes))
+    return Manifest(5, 2, "g1", None, (), total_bytes, chunk_bytes, (bytes(16),) * -(-total_bytes // chunk_bytes))
 
 
 # -- layout and checksums -------------------------------------------------------------------
@@ -76,11 +76,11 @@ def test_layout_offsets_aligned_and_disjoint(sizes: list[int]) -> None:
     ("length", "chunk_bytes", "num_chunks"),
     [(0, 4, 0), (1, 4, 1), (4, 4, 1), (5, 4, 2), (12, 4, 3), (13, 4, 4), (10, 100, 1)],
 )
-def test_chunk_checksums_one_crc_per_chunk_last_one_partial(length: int, chunk_bytes: int, num_chunks: int) -> None:
+def test_chunk_checksums_one_digest_per_chunk_last_one_partial(length: int, chunk_bytes: int, num_chunks: int) -> None:
     data = bytes(range(length))
-    crcs = chunk_checksums(memoryview(data), chunk_bytes)
-    assert crcs == [zlib.crc32(data[i : i + chunk_bytes]) for i in range(0, length, chunk_bytes)]
-    assert len(crcs) == num_chunks
+    digests = chunk_checksums(memoryview(data), chunk_bytes)
+    assert digests == [digest([memoryview(data[i : i + chunk_bytes])]) for i in range(0, length, chunk_bytes)]
+    assert len(digests) == num_chunks
 
 
 def test_chunk_ok_checks_a_chunk_spread_over_pieces_and_finds_one_flipped_bit() -> None:
@@ -173,7 +173,7 @@ def test_manifest_with_any_ids_decodes_to_itself(step: int, quorum_id: int, repl
 def test_same_state_as_ignores_who_serves_it_but_not_the_bytes() -> None:
     manifest = good_manifest()
     other_donor = Manifest(**{**_fields(manifest), "replica_id": "g7", "quorum_id": 9})
-    other_bytes = Manifest(**{**_fields(manifest), "checksums": (0,) + manifest.checksums[1:]})
+    other_bytes = Manifest(**{**_fields(manifest), "checksums": (bytes(16),) + manifest.checksums[1:]})
     other_step = Manifest(**{**_fields(manifest), "step": 6})
     assert manifest.same_state_as(other_donor)
     assert not manifest.same_state_as(other_bytes)
@@ -214,7 +214,8 @@ def with_tensor(index: int, entry: Any) -> bytes:
         pytest.param(b"", "Manifest is not valid msgpack", id="empty"),
         pytest.param(msgpack.packb([1, 2]), "Manifest must be a msgpack map, got list", id="not_a_map"),
         pytest.param(with_change(v=_DELETE), f"Manifest.v is None; this side reads version {MANIFEST_VERSION}", id="no_version"),
-        pytest.param(with_change(v=2), f"Manifest.v is 2; this side reads version {MANIFEST_VERSION}", id="newer_version"),
+        pytest.param(with_change(v=1), f"Manifest.v is 1; this side reads version {MANIFEST_VERSION}", id="older_version"),
+        pytest.param(with_change(v=3), f"Manifest.v is 3; this side reads version {MANIFEST_VERSION}", id="newer_version"),
         pytest.param(with_change(v="1"), "Manifest.v is '1'", id="version_as_string"),
         pytest.param(with_change(step=_DELETE), "Manifest.step is missing", id="no_step"),
         pytest.param(with_change(step=-1), "Manifest.step is -1", id="negative_step"),
@@ -228,10 +229,15 @@ def with_tensor(index: int, entry: Any) -> bytes:
         pytest.param(with_change(total_bytes=2**63), "Manifest.total_bytes is 9223372036854775808", id="huge_total"),
         pytest.param(with_change(chunk_bytes=0), "Manifest.chunk_bytes is 0", id="zero_chunk"),
         pytest.param(with_change(tensors={"a": 1}), f"Manifest.tensors must be a list of at most {MAX_TENSORS} entries", id="tensors_not_list"),
-        pytest.param(with_change(checksums=[1]), "Manifest.checksums must list one CRC per 200-byte chunk of 512 bytes", id="too_few_crcs"),
-        pytest.param(with_change(checksums=[0] * 4), "Manifest.checksums must list one CRC", id="too_many_crcs"),
-        pytest.param(with_change(checksums=[0, 0, -1]), "Manifest.checksums[] is -1", id="negative_crc"),
-        pytest.param(with_change(checksums=[0, 0, 2**32]), "Manifest.checksums[] is 4294967296", id="crc_past_32_bits"),
+        pytest.param(with_change(checksums=[bytes(16)]), "Manifest.checksums must list one digest per 200-byte chunk of 512 bytes",
+                     id="too_few_digests"),
+        pytest.param(with_change(checksums=[bytes(16)] * 4), "Manifest.checksums must list one digest", id="too_many_digests"),
+        pytest.param(with_change(checksums=[bytes(16), bytes(16), 7]), "Manifest.checksums[2] is 7; expected 16 bytes", id="crc_as_digest"),
+        pytest.param(with_change(checksums=[bytes(16), bytes(15), bytes(16)]), "Manifest.checksums[1] is b'", id="short_digest"),
+        pytest.param(with_change(checksum=_DELETE), "Manifest.checksum is missing", id="no_algorithm"),
+        pytest.param(with_change(checksum="crc32"), f"Manifest.checksum is 'crc32'; this side verifies chunks with {ALGORITHM!r} only",
+                     id="unknown_algorithm"),
+        pytest.param(with_change(checksum=32), "Manifest.checksum is int", id="algorithm_not_str"),
         pytest.param(with_tensor(0, ["w", "float32", [4, 8], 0]), "Manifest.tensors[0] is malformed", id="short_entry"),
         pytest.param(with_tensor(1, ["s", "int64", 8, 128, 8]), "Manifest.tensors[1] is malformed", id="shape_not_list"),
         pytest.param(with_tensor(0, "w"), "Manifest.tensors[0] is malformed", id="entry_not_list"),

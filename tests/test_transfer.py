@@ -7,6 +7,7 @@ while a healer is part-way through receiving a range from it.
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import struct
 import threading
@@ -213,7 +214,85 @@ def test_byte_flipped_by_the_only_donor_fails_with_heal_error() -> None:
             fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
     message = str(raised.value)
     assert "heal of step 5 failed" in message and "failed on every donor" in message
-    assert "fail their checksum" in message
+    assert "fails its checksum" in message
+
+
+def flip_in_the_first_chunk(start: int, stop: int, data: memoryview) -> memoryview:
+    altered = bytearray(data)
+    altered[CHUNK // 3] ^= 0x01
+    return memoryview(altered)
+
+
+def test_flipped_byte_in_the_first_chunk_fails_the_stripe_though_later_chunks_are_good() -> None:
+    """Each chunk is checked as it arrives: the bad first chunk fails the stripe (and so the
+    heal, with one donor) by its own index, whatever follows it."""
+    snapshot = sample_snapshot()
+    assert snapshot.manifest.num_chunks > 3
+    with donors(("flipper", snapshot, flip_in_the_first_chunk)) as ds:
+        with pytest.raises(HealError, match=r"chunk 0 \(bytes 0\.\.65536\) from donor flipper fails its checksum"):
+            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+
+
+def test_flipped_byte_in_an_early_chunk_received_in_place_is_refetched_and_overwritten() -> None:
+    snapshot = sample_snapshot()
+    mine = flatten(sample_state(seed=1))
+    into = dict(zip(mine.names, mine.tensors, strict=True))
+    with donors(("flipper", snapshot, flip_in_the_first_chunk), ("good", sample_snapshot(replica_id="good"), None)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, into=into)
+    assert_same_state(result, snapshot)
+    assert result.refetched_stripes >= 1
+    assert result.bytes_by_donor == {"good": snapshot.manifest.total_bytes}
+
+
+def test_manifest_naming_an_unknown_checksum_algorithm_is_refused_by_name() -> None:
+    snapshot = sample_snapshot()
+    older = Snapshot(snapshot.buffer, dataclasses.replace(snapshot.manifest, checksum="crc32"))
+    with donors(("older", older, None)) as ds:
+        with pytest.raises(ProtocolError, match="Manifest.checksum is 'crc32'; this side verifies chunks with 'rowsum64-512'"):
+            fetch_manifest(ds[0], STEP, None, time.monotonic() + DEADLINE_S)
+        with pytest.raises(HealError, match=r"no donor of \['older'\] served the manifest of step 5 \(.*'crc32'"):
+            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+
+
+def test_next_range_is_requested_before_the_current_one_is_read() -> None:
+    """A donor that answers a range only once the next request is in still serves the heal:
+    the healer never leaves the connection idle waiting for its own next request."""
+    snapshot = sample_snapshot()
+    data = memoryview(snapshot.buffer.numpy())
+    requests_seen_first: list[int] = []
+
+    def answer(conn: socket.socket, request: dict[str, Any]) -> None:
+        if request["op"] == "manifest":
+            body = snapshot.manifest.encode()
+            send_frame(conn, {"ok": True, "num_bytes": len(body)})
+            conn.sendall(body)
+        else:
+            send_frame(conn, {"ok": True, "num_bytes": request["stop"] - request["start"]})
+            conn.sendall(data[request["start"] : request["stop"]])
+
+    def serve(listener: socket.socket) -> None:
+        for _ in range(2):  # the manifest connection, then the range connection
+            conn, _ = listener.accept()
+            with conn:
+                conn.settimeout(DEADLINE_S)
+                waiting = [recv_frame(conn, "request")]
+                if waiting[0]["op"] == "range":
+                    waiting.append(recv_frame(conn, "request"))  # blocks unless it was sent ahead
+                    requests_seen_first.append(len(waiting))
+                while True:
+                    for request in waiting:
+                        answer(conn, request)
+                    try:
+                        waiting = [recv_frame(conn, "request")]
+                    except ConnectionError:
+                        break
+
+    with socket.create_server(("127.0.0.1", 0)) as listener, ThreadPoolExecutor(1) as pool:
+        served = pool.submit(serve, listener)
+        result = fetch_state([Donor("d", f"127.0.0.1:{listener.getsockname()[1]}")], STEP, token=None, timeout_s=DEADLINE_S)
+        served.result(timeout=DEADLINE_S)
+    assert_same_state(result, snapshot)
+    assert requests_seen_first == [2]
 
 
 def test_donor_stopped_between_manifest_and_ranges_is_replaced_by_the_other() -> None:
@@ -426,7 +505,9 @@ def guarded_server() -> Iterator[tuple[str, int, Snapshot]]:
         pytest.param(b"\x00\x00\x00\x04\xc1\xc1\xc1\xc1", "state request frame is not valid msgpack", id="garbage_bytes"),
         pytest.param(frame([1, 2, 3]), "state request frame must be a msgpack map, got list", id="not_a_map"),
         pytest.param(frame({1: 2}), "state request frame is not valid msgpack", id="int_keys"),
-        pytest.param(request(v=2), "StateRequest speaks version 2; this server speaks 1", id="wrong_version"),
+        pytest.param(request(v=1), "StateRequest speaks version 1; this server speaks 2. Run the same replicaft version on donors "
+                     "and healers", id="older_version"),
+        pytest.param(request(v=3), "StateRequest speaks version 3; this server speaks 2", id="newer_version"),
         pytest.param(without("v"), "StateRequest speaks version None", id="missing_version"),
         pytest.param(request(token="guess"), "StateRequest: wrong token", id="wrong_token"),
         pytest.param(request(token=TOKEN + "x"), "StateRequest: wrong token", id="token_with_suffix"),

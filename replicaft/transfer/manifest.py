@@ -2,14 +2,14 @@
 
 A snapshot is one flat byte buffer holding every tensor of the training state at an aligned
 offset. The manifest describes it (names, dtypes, shapes, offsets, the msgpack skeleton of
-the non-tensor state) and carries a CRC-32 per fixed-size chunk, so a healer can fetch
-chunk-aligned stripes from several donors at once and verify each stripe on arrival, before
-anything is applied. Pure: no sockets, no torch.
+the non-tensor state) and carries a digest per fixed-size chunk (checksum.py; the manifest
+names the algorithm), so a healer can fetch chunk-aligned stripes from several donors at
+once and verify each stripe on arrival, before anything is applied. Pure: no sockets, no
+torch.
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +19,11 @@ import msgpack
 from lighthouse.errors import ProtocolError
 from lighthouse.plan import assign_stripes
 from lighthouse.protocol import MAX_ID_CHARS, check_int, check_str, require
+from replicaft.transfer.checksum import ALGORITHM as CHECKSUM_ALGORITHM
+from replicaft.transfer.checksum import DIGEST_BYTES, digest
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+"""2: 16-byte chunk digests of the algorithm the manifest names (checksum.py); 1 carried CRC-32s."""
 CHUNK_BYTES = 4 * 1024 * 1024
 ALIGN_BYTES = 64
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
@@ -45,7 +48,10 @@ class Manifest:
     tensors: tuple[TensorSpec, ...]
     total_bytes: int
     chunk_bytes: int
-    checksums: tuple[int, ...]
+    checksums: tuple[bytes, ...]
+    """One ``checksum.digest`` per chunk, in order."""
+    checksum: str = CHECKSUM_ALGORITHM
+    """The algorithm of ``checksums``: a manifest naming another one does not decode."""
 
     @property
     def num_chunks(self) -> int:
@@ -71,6 +77,7 @@ class Manifest:
                 "tensors": [[t.name, t.dtype, list(t.shape), t.offset, t.num_bytes] for t in self.tensors],
                 "total_bytes": self.total_bytes,
                 "chunk_bytes": self.chunk_bytes,
+                "checksum": self.checksum,
                 "checksums": list(self.checksums),
             },
             use_bin_type=True,
@@ -92,11 +99,20 @@ class Manifest:
         total = check_int(m, "total_bytes", require(o, m, "total_bytes"), 0)
         chunk = check_int(m, "chunk_bytes", require(o, m, "chunk_bytes"), 1)
         raw_tensors = require(o, m, "tensors")
+        algorithm = check_str(m, "checksum", require(o, m, "checksum"), 64)
+        if algorithm != CHECKSUM_ALGORITHM:
+            raise ProtocolError(
+                f"Manifest.checksum is {algorithm!r}; this side verifies chunks with {CHECKSUM_ALGORITHM!r} only. "
+                "Run the same replicaft version on donors and healers"
+            )
         checksums = require(o, m, "checksums")
         if not isinstance(raw_tensors, list) or len(raw_tensors) > MAX_TENSORS:
             raise ProtocolError(f"Manifest.tensors must be a list of at most {MAX_TENSORS} entries")
         if not isinstance(checksums, list) or len(checksums) != -(-total // chunk):
-            raise ProtocolError(f"Manifest.checksums must list one CRC per {chunk}-byte chunk of {total} bytes")
+            raise ProtocolError(f"Manifest.checksums must list one digest per {chunk}-byte chunk of {total} bytes")
+        for i, c in enumerate(checksums):
+            if not (isinstance(c, bytes) and len(c) == DIGEST_BYTES):
+                raise ProtocolError(f"Manifest.checksums[{i}] is {c!r:.80}; expected {DIGEST_BYTES} bytes")
         specs = []
         for i, t in enumerate(raw_tensors):
             if not (isinstance(t, list) and len(t) == 5 and isinstance(t[2], list)):
@@ -123,7 +139,8 @@ class Manifest:
             tensors=tuple(specs),
             total_bytes=total,
             chunk_bytes=chunk,
-            checksums=tuple(check_int(m, "checksums[]", c, 0, 2**32 - 1) for c in checksums),
+            checksums=tuple(checksums),
+            checksum=algorithm,
         )
 
 
@@ -137,16 +154,14 @@ def layout(sizes: Sequence[int]) -> tuple[list[int], int]:
     return offsets, position
 
 
-def chunk_checksums(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> list[int]:
-    return [zlib.crc32(buffer[i : i + chunk_bytes]) for i in range(0, len(buffer), chunk_bytes)]
+def chunk_checksums(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
+    """The digest of every ``chunk_bytes`` of ``buffer`` (the last chunk may be shorter)."""
+    return [digest([buffer[i : i + chunk_bytes]]) for i in range(0, len(buffer), chunk_bytes)]
 
 
-def chunk_ok(pieces: Sequence[memoryview], expected: int) -> bool:
-    """Whether the bytes of one chunk, spread over ``pieces`` in order, have CRC ``expected``."""
-    crc = 0
-    for piece in pieces:
-        crc = zlib.crc32(piece, crc)
-    return crc == expected
+def chunk_ok(pieces: Sequence[memoryview], expected: bytes) -> bool:
+    """Whether the bytes of one chunk, spread over ``pieces`` in order, have digest ``expected``."""
+    return digest(pieces) == expected
 
 
 @dataclass(frozen=True, slots=True)

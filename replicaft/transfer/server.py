@@ -130,7 +130,8 @@ class StateServer:
     def _answer(self, conn: socket.socket, request: dict) -> None:
         m = "StateRequest"
         if request.get("v") != WIRE_VERSION:
-            raise ProtocolError(f"{m} speaks version {request.get('v')!r}; this server speaks {WIRE_VERSION}")
+            raise ProtocolError(f"{m} speaks version {request.get('v')!r}; this server speaks {WIRE_VERSION}. "
+                                "Run the same replicaft version on donors and healers")
         if self._token is not None:
             given = request.get("token")
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._token.encode()):

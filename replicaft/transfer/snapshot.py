@@ -40,7 +40,7 @@ class Snapshot:
         out: torch.Tensor | None = None,
     ) -> Snapshot:
         """Copy the state into one host buffer. ``with_checksums=False`` skips the per-chunk
-        CRCs (a pass over the bytes): a checkpoint writer checksums its files itself, and only a
+        digests (a pass over the bytes): a checkpoint writer checksums its files itself, and only a
         snapshot served to healers needs them. ``out`` (uint8, large enough) is reused instead of
         a fresh allocation: a fresh buffer costs a page fault per 4 KiB, about half the copy's
         time (measured), and nothing may still be reading ``out``."""

@@ -16,7 +16,8 @@ import msgpack
 
 from lighthouse.errors import ProtocolError
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+"""2: manifests carry named 16-byte chunk digests (manifest.MANIFEST_VERSION 2); 1 carried CRC-32s."""
 MAX_FRAME_BYTES = 64 * 1024
 _LENGTH = struct.Struct(">I")
 
