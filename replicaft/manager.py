@@ -56,10 +56,10 @@ from replicaft.process_group import (
     ColumnSpec,
     FaultTolerantProcessGroup,
 )
-from replicaft.serving import SnapshotPublisher
 from replicaft.state import SMALL_TENSOR_BYTES, digest, flatten, unflatten
 from replicaft.transfer.client import Donor, HealResult, fetch_state
 from replicaft.transfer.server import StateServer
+from replicaft.transfer.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -175,7 +175,6 @@ class Manager:
         self._persistence = Persistence(options, self._emit)
         self._store: dist.TCPStore | None = None
         self._state_server: StateServer | None = None
-        self._publisher: SnapshotPublisher | None = None
         self._group_server: GroupServer | None = None
         self._group: GroupClient | None = None
         self._rank_data: dict[str, str] = {}
@@ -188,8 +187,6 @@ class Manager:
         self._store = dist.TCPStore(o.host, 0, is_master=True, wait_for_workers=False)
         self._state_server = StateServer(o.host, o.token, fault_hook=slow_serve_hook(self._faults, self.current_step))
         state_address = self._state_server.start()
-        self._publisher = SnapshotPublisher(self._state_server, o.replica_id,
-                                            on_published=lambda step: reached(self._faults, "serve", self._step))
         self._rank_data = {"store": f"{o.host}:{self._store.port}", "state": state_address}
         if o.group_rank == 0:
             self._group_server = GroupServer(o, self._on_notice)
@@ -222,8 +219,6 @@ class Manager:
             self._group.close()
         if self._group_server is not None:
             self._group_server.stop()
-        if self._publisher is not None:
-            self._publisher.close()
         if self._state_server is not None:
             self._state_server.stop()
         self._pg.shutdown()
@@ -260,7 +255,7 @@ class Manager:
         return {name: fn() for name, (fn, _) in self._states.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._settle_copies()
+        self._persistence.settle()  # a checkpoint copy still reading the state ends first
         missing = set(self._states) - set(state)
         if missing:
             raise StateError(f"state to load lacks {sorted(missing)}; registered: {sorted(self._states)}")
@@ -422,9 +417,9 @@ class Manager:
         # commit because a healer held it, is no failure: counted as one, it would make the
         # lighthouse form a new quorum id, and every group rebuild its process group, each step.
         expected = held or (catching_up and shared_ok)
-        # Copies of the state may still be running behind this step: they must end before
+        # A checkpoint copy may still be running behind this step: it must end before
         # anything below writes the state (a heal's catch-up, the hooks, the optimizer).
-        self._settle_copies()
+        self._persistence.settle()
         reached(self._faults, "commit", self._step)
         if plan is not None and plan.healing and shared_ok and not decision.commit and self._catchup is not None:
             # Recorded after the vote: a rank whose own fetch is done still records a step
@@ -548,7 +543,8 @@ class Manager:
         )
 
     def _serve_healers(self, plan: StepPlan) -> None:
-        """Publish the snapshot healers need (serving.py); keep serving the bases of heals in progress."""
+        """Publish the snapshot healers need; keep serving the bases of heals in progress."""
+        assert self._state_server is not None
         r = self.options.group_rank
         keep: set[int] = set()
         for rid in plan.healers:
@@ -556,9 +552,13 @@ class Manager:
             ranks = member.data.get("ranks") if member is not None else None
             base = ranks[r].get("heal_base") if isinstance(ranks, list) and len(ranks) > r and isinstance(ranks[r], dict) else None
             keep.add(base if isinstance(base, int) else plan.max_step)
-        if plan.max_step in keep and not self._publisher.serves(plan.max_step):
-            self._publisher.prepare(flatten(self.state_dict()), plan.max_step, plan.quorum_id)
-        self._publisher.retain(keep)
+        if plan.max_step in keep and plan.max_step not in self._state_server.published_steps:
+            flat = flatten(self.state_dict())
+            self._state_server.publish(
+                Snapshot.capture(flat, step=plan.max_step, quorum_id=plan.quorum_id, replica_id=self.options.replica_id)
+            )
+            reached(self._faults, "serve", self._step)
+        self._state_server.retain(keep)
 
     def _catchup_ready(self, plan: StepPlan) -> bool:
         """Non-blocking: has the background fetch arrived, verified, and do records lead on?"""
@@ -618,12 +618,6 @@ class Manager:
             replayed_steps=len(cu.records),
             base_step=cu.base_step,
         )
-
-    def _settle_copies(self) -> None:
-        """End the background copies of the state (checkpoint, snapshot for healers) before it is written."""
-        self._persistence.settle()
-        if self._publisher is not None:
-            self._publisher.settle(self.options.collective_timeout_s)
 
     def _reduce_ok_flag(self, ok: bool, *, hold: bool = False) -> tuple[bool, bool]:
         """(every rank of this column is ok, a healer held the step).
