@@ -7,6 +7,7 @@ naming them, never a torn snapshot.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from replicaft.state import digest, flatten, unflatten
@@ -62,3 +63,17 @@ def test_a_deferred_tensor_written_during_the_copy_refuses_the_snapshot_naming_i
     s["optimizer"]["exp_avg"].mul_(0.5)
     snapshot, _ = capture.finish(timeout_s=60)
     assert snapshot is not None and digest(flatten(restored(snapshot))) == before
+
+
+def test_pieces_copied_by_both_threads_make_the_same_snapshot(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pieces that do not divide the tensors: every piece boundary and the padding after each
+    # tensor's last piece must come out as in a synchronous copy.
+    monkeypatch.setattr(BackgroundCapture, "PIECE_BYTES", 1000)
+    s = state()
+    s["model"]["odd"] = torch.randn(BIG // 4 + 3)  # 12 bytes past 1 MiB: 52 bytes of padding follow it
+    expected = Snapshot.capture(flatten(s), step=4, quorum_id=2, replica_id="g0", with_checksums=False)
+    dirty = torch.full_like(expected.buffer, 0xFF)  # a reused buffer: padding must be zeroed again
+    capture = BackgroundCapture(flatten(s), step=4, quorum_id=2, replica_id="g0", out=dirty)
+    snapshot, why = capture.finish(timeout_s=60)  # the training thread copies what is left
+    assert snapshot is not None, why
+    assert torch.equal(snapshot.buffer, expected.buffer) and not capture.running

@@ -16,7 +16,11 @@ import torch
 
 from replicaft.errors import StateError
 from replicaft.state import DTYPES, SMALL_TENSOR_BYTES, Flat, Sharding, tensor_bytes
+from replicaft.threads import lower_thread_priority
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
+
+CAPTURE_NICENESS = 19
+"""The background copy's CPU niceness (see BackgroundCapture)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +67,16 @@ class BackgroundCapture:
     in-place write, ``.data`` aside) with its value at the start: if one moved, the snapshot
     is refused, never a torn one saved. Checksums are not taken: the checkpoint writer
     checksums its files.
+
+    The copy thread runs at the lowest CPU priority and copies in ``PIECE_BYTES`` pieces:
+    during forward and backward it takes only CPU time the step leaves idle, and whatever
+    is left at :meth:`finish` is copied by the training thread and the copy thread together.
+    Measured on 2 cores at 1 GB: a copy at the step's priority made forward and backward
+    ~180 ms slower, while the copy alone takes ~100 ms; with this, the save's step was
+    6-180 ms slower than a plain one over two benchmark runs (a synchronous DCP save: 2.5 s).
     """
+
+    PIECE_BYTES = 8 * 1024 * 1024
 
     def __init__(
         self,
@@ -87,18 +100,36 @@ class BackgroundCapture:
         self._plan.copy(now)
         self._versions = {i: _version(flat.tensors[i]) for i in later}
         self.deferred_bytes = sum(self._plan.sizes[i] for i in later)
-        """Bytes the thread copies (the rest were copied before the constructor returned)."""
+        """Bytes copied behind the step (the rest were copied before the constructor returned)."""
+        self._pieces = [(i, lo, min(lo + step_bytes, self._plan.sizes[i]))
+                        for i in later
+                        # A device or strided tensor is copied to host whole by tensor_bytes: one piece.
+                        for step_bytes in [self.PIECE_BYTES if _host_contiguous(flat.tensors[i]) else max(self._plan.sizes[i], 1)]
+                        for lo in range(0, self._plan.sizes[i], step_bytes)]
+        self._next_piece = 0
+        self._lock = threading.Lock()
         self._error: BaseException | None = None
         self.changed: frozenset[str] = frozenset()
         """After :meth:`finish`: deferred tensors written while they were being copied."""
-        self._thread = threading.Thread(target=self._copy, args=(later,), name="replicaft-capture", daemon=True)
+        self._thread = threading.Thread(target=self._copy_behind, name="replicaft-capture", daemon=True)
         self._thread.start()
 
-    def _copy(self, indices: list[int]) -> None:
-        try:
-            self._plan.copy(indices)
-        except BaseException as e:  # reported by finish(), on the training thread
-            self._error = e
+    def _copy_behind(self) -> None:
+        lower_thread_priority(CAPTURE_NICENESS, "the background state copy")
+        self._copy_pieces()
+
+    def _copy_pieces(self) -> None:
+        """Copy pieces until none is left; run by the copy thread and, in finish, the training thread."""
+        while True:
+            with self._lock:
+                if self._next_piece == len(self._pieces) or self._error is not None:
+                    return
+                piece = self._pieces[self._next_piece]
+                self._next_piece += 1
+            try:
+                self._plan.copy_piece(*piece)
+            except BaseException as e:  # reported by finish(), on the training thread
+                self._error = e
 
     @property
     def buffer(self) -> torch.Tensor:
@@ -110,11 +141,12 @@ class BackgroundCapture:
         return self._thread.is_alive()
 
     def finish(self, timeout_s: float) -> tuple[Snapshot | None, str]:
-        """Wait for the copy; the snapshot, or None and why not (then ``buffer`` may be reused).
+        """Finish the copy; the snapshot, or None and why not (then ``buffer`` may be reused).
 
         Call before the state is written again. Blocks only for the part of the copy that
-        has not overlapped the step yet.
+        has not overlapped the step yet, which this thread then helps copy.
         """
+        self._copy_pieces()
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             return None, f"the background copy of the state did not finish within {timeout_s:g}s"
@@ -125,6 +157,10 @@ class BackgroundCapture:
         if self.changed:
             return None, f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})"
         return self._plan.snapshot(**self._header, chunk_bytes=CHUNK_BYTES, with_checksums=False), ""
+
+
+def _host_contiguous(t: torch.Tensor) -> bool:
+    return t.device.type == "cpu" and t.is_contiguous()
 
 
 def _version(t: torch.Tensor) -> int | None:
@@ -148,11 +184,16 @@ class _CopyPlan:
 
     def copy(self, indices: Iterable[int]) -> None:
         for i in indices:
-            offset, size = self.offsets[i], self.sizes[i]
-            self.buffer[offset : offset + size].copy_(tensor_bytes(self.flat.tensors[i]))
+            self.copy_piece(i, 0, self.sizes[i])
+
+    def copy_piece(self, i: int, lo: int, hi: int) -> None:
+        """Bytes ``[lo, hi)`` of tensor ``i``; the piece ending the tensor also zeroes its padding."""
+        offset = self.offsets[i]
+        self.buffer[offset + lo : offset + hi].copy_(tensor_bytes(self.flat.tensors[i])[lo:hi])
+        if hi == self.sizes[i]:
             # The alignment padding is part of the checksummed bytes: left uninitialised, two
             # donors of the same state would disagree (seen: "donors disagree" with equal digests).
-            self.buffer[offset + size : self.ends[i]].zero_()
+            self.buffer[offset + hi : self.ends[i]].zero_()
 
     def snapshot(self, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int, with_checksums: bool) -> Snapshot:
         flat = self.flat
