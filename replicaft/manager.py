@@ -141,9 +141,9 @@ class Manager:
         self._quorum_failures = 0
         self._broken: GroupBroken | None = None
         self._leaving = False
+        """The group's last vote said a rank was asked to stop: leave at the next boundary."""
         self._hold_next_heal = False
         """The last catch-up outran its replay bounds: the next one holds the donors (catchup.py)."""
-        """The group's last vote said a rank was asked to stop: leave at the next boundary."""
         self._torn = False
         """A heal has written into this rank's tensors in place and none has completed since:
         the state is not a valid one (see catchup.py)."""

@@ -101,11 +101,7 @@ class BackgroundCapture:
         self._versions = {i: _version(flat.tensors[i]) for i in later}
         self.deferred_bytes = sum(self._plan.sizes[i] for i in later)
         """Bytes copied behind the step (the rest were copied before the constructor returned)."""
-        self._pieces = [(i, lo, min(lo + step_bytes, self._plan.sizes[i]))
-                        for i in later
-                        # A device or strided tensor is copied to host whole by tensor_bytes: one piece.
-                        for step_bytes in [self.PIECE_BYTES if _host_contiguous(flat.tensors[i]) else max(self._plan.sizes[i], 1)]
-                        for lo in range(0, self._plan.sizes[i], step_bytes)]
+        self._pieces = [piece for i in later for piece in self._pieces_of(i)]
         self._next_piece = 0
         self._lock = threading.Lock()
         self._error: BaseException | None = None
@@ -113,6 +109,14 @@ class BackgroundCapture:
         """After :meth:`finish`: deferred tensors written while they were being copied."""
         self._thread = threading.Thread(target=self._copy_behind, name="replicaft-capture", daemon=True)
         self._thread.start()
+
+    def _pieces_of(self, i: int) -> list[tuple[int, int, int]]:
+        """``(i, lo, hi)`` byte ranges of tensor ``i``: one for a device or strided tensor, which
+        ``tensor_bytes`` copies to host whole on every call."""
+        size = self._plan.sizes[i]
+        t = self._plan.flat.tensors[i]
+        step = self.PIECE_BYTES if t.device.type == "cpu" and t.is_contiguous() else max(size, 1)
+        return [(i, lo, min(lo + step, size)) for lo in range(0, size, step)]
 
     def _copy_behind(self) -> None:
         lower_thread_priority(CAPTURE_NICENESS, "the background state copy")
@@ -157,10 +161,6 @@ class BackgroundCapture:
         if self.changed:
             return None, f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})"
         return self._plan.snapshot(**self._header, chunk_bytes=CHUNK_BYTES, with_checksums=False), ""
-
-
-def _host_contiguous(t: torch.Tensor) -> bool:
-    return t.device.type == "cpu" and t.is_contiguous()
 
 
 def _version(t: torch.Tensor) -> int | None:
