@@ -75,6 +75,8 @@ class MemberState:
     last_progress: float
     quorum_id: int = -1
     """The last quorum that included this member during this session."""
+    newcomer: bool = False
+    """Never in a quorum, in this session or before it (quorum.py's majority guard)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +167,7 @@ class Membership:
             registered_at=now,
             last_heartbeat=now,
             last_progress=now,
+            newcomer=reg.last_quorum_id < 0,
         )
         return session, lost
 
@@ -230,6 +233,7 @@ class Membership:
             healthy=frozenset(self.members),
             waiting={rid: j.waiting for rid, j in self._joins.items()},
             previous=previous,
+            newcomers=frozenset(rid for rid, m in self.members.items() if m.newcomer),
         )
 
     def decide(self, now: float, now_unix_s: float | None = None) -> Quorum | None:
@@ -264,6 +268,7 @@ class Membership:
         )
         for rid in decision.participants:
             self.members[rid].quorum_id = quorum_id
+            self.members[rid].newcomer = False
             self._resume_progress_clock(rid, now)
         self.current = quorum
         self._current_ids = quorum.replica_ids

@@ -13,7 +13,10 @@ The rules, in order (torchft's, study §2.3, with its faults fixed):
    means a live session, fresh heartbeats and a training loop that progresses; a member
    that is hung while heartbeating is dropped by the progress deadline (membership.py) and
    so stops counting. torchft counts any heartbeating process, so two groups with one hung
-   can never form a quorum again; here the survivor forms one after the deadline.
+   can never form a quorum again; here the survivor forms one after the deadline. Newcomers
+   (processes never in a quorum, e.g. a restarted group still building its model) count
+   only once they wait: they hold no committed state a minority could diverge from, and
+   counting them stalled the survivor of a two-group job for the newcomer's whole start-up.
 4. Fast path: when every surviving member of the previous quorum is waiting, form at once,
    admitting every joiner already waiting at that moment (the step boundary).
 5. Slow path: when every healthy member is waiting, form at once; otherwise wait for
@@ -43,6 +46,8 @@ class QuorumView:
     waiting: Mapping[str, Waiting]
     previous: tuple[str, ...] | None
     """Members of the last quorum formed in this lighthouse incarnation, if any."""
+    newcomers: frozenset[str] = frozenset()
+    """Healthy members never in a quorum: the majority guard counts them once they wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,11 +88,12 @@ def decide_quorum(view: QuorumView, now: float, rules: QuorumRules) -> QuorumDec
         return QuorumDecision(
             None, f"{len(candidates)} waiting is below min_replicas={rules.min_replicas} {counts}"
         )
-    if len(candidates) <= len(view.healthy) // 2:
+    voters = view.healthy - (view.newcomers - waiting.keys())
+    if len(candidates) <= len(voters) // 2:
         return QuorumDecision(
             None,
-            f"{len(candidates)} waiting is not a majority of {len(view.healthy)} healthy "
-            f"members {counts}",
+            f"{len(candidates)} waiting is not a majority of {len(voters)} healthy "
+            f"members{' (newcomers not waiting aside)' if len(voters) < len(view.healthy) else ''} {counts}",
         )
 
     if view.previous is not None:

@@ -1,8 +1,10 @@
 """Non-blocking heal: fetch a donor snapshot in the background, replay the steps missed meanwhile.
 
 A healer joins the quorum at once as a zero-contributing participant and fetches the donors'
-snapshot of step ``b`` (the base) on a background thread. Donors serve that snapshot from host
-memory and keep stepping: nobody waits for the transfer. Until it has arrived and verified,
+snapshot of step ``b`` (the base) on a background thread. Donors serve that snapshot from their
+live state, keep a host copy of what is still unsent when they step (transfer/live.py), and
+keep stepping: nobody waits for the transfer beyond a bounded wait at the step's end
+(``Manager``'s ``HEAL_WAIT_FRACTION``). Until it has arrived and verified,
 every step the healer takes part in is *recorded* instead of committed: the averaged
 gradient it received, the averaged buffers, and the data it consumed (each hook's
 ``capture_step``). When the fetch is done, the group applies base state ``b`` and replays the

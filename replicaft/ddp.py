@@ -173,16 +173,21 @@ class DistributedDataParallel(nn.Module, StepHooks):
         return [b.buffer.clone() for b in self._buckets], self._buffer_sync.capture()
 
     def replay_prepare(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
-        self._attach_grads()
-        for bucket, grads in zip(self._buckets, record[0], strict=True):
-            bucket.buffer.copy_(grads)
+        """Point the gradients at the record's (no copy: the buckets keep this step's)."""
+        self._point_grads(record[0])
 
     def replay_apply(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         if record[1] is not None:
             self._buffer_sync.write(record[1])
 
-    def restore_step(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
-        self.replay_prepare(record)
+    def end_replay(self) -> None:
+        self._point_grads([b.buffer for b in self._buckets])
+
+    def _point_grads(self, flats: list[torch.Tensor]) -> None:
+        """Make every gradient a view of its slot in ``flats`` (one flat tensor per bucket)."""
+        for bucket, flat in zip(self._buckets, flats, strict=True):
+            for p, offset in zip(bucket.params, bucket.offsets, strict=True):
+                p.grad = flat[offset : offset + p.numel()].view_as(p)
 
     def on_abort(self) -> None:
         self._in_step = False

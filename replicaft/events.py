@@ -19,6 +19,9 @@ event              fields
 ``heal_end``       ``ok``, ``num_bytes``, ``in_place_bytes`` (received straight into this
                    rank's own tensors), ``seconds``, ``bytes_by_donor``, ``replayed_steps``,
                    ``base_step``, or ``error``
+``serve_end``      a donor stopped serving its live state (transfer/live.py): ``served_step``,
+                   ``readers`` (healers expected), ``waited_s`` (for them to be sent the
+                   rest), ``kept_bytes`` (copied for them), ``ok``, ``error`` (withdrawn)
 ``checkpoint_start`` ``checkpoint_step``, ``background_copy_bytes`` (copied behind the next
                    step; 0: the whole snapshot was copied at the step boundary)
 ``checkpoint``     ``checkpoint_step``, ``ok``, ``status`` (published/refused/failed),

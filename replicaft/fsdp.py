@@ -136,6 +136,8 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         self._generation = manager.abandon_generation
         self._callback_queued = False
         self._in_step = False
+        self._replay_saved: list[torch.Tensor] | None = None
+        """This step's own gradient shards while a healer replays earlier steps into the buckets."""
         self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
         self._allocate_buckets()
         for p in self._params:
@@ -280,6 +282,8 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         return [b.buffer.clone() for b in self._buckets], self._buffer_sync.capture()
 
     def replay_prepare(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
+        if self._replay_saved is None:  # the first replay: keep this step's own gradients
+            self._replay_saved = [b.buffer.clone() for b in self._buckets]
         for bucket, grads in zip(self._buckets, record[0], strict=True):
             bucket.buffer.copy_(grads)
         self._write_grads()
@@ -288,8 +292,13 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         if record[1] is not None:
             self._buffer_sync.write(record[1])
 
-    def restore_step(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
-        self.replay_prepare(record)
+    def end_replay(self) -> None:
+        saved, self._replay_saved = self._replay_saved, None
+        if saved is None:
+            return
+        for bucket, grads in zip(self._buckets, saved, strict=True):
+            bucket.buffer.copy_(grads)
+        self._write_grads()
 
     # -- state (heal and checkpoint) -----------------------------------------------------------
 

@@ -58,13 +58,18 @@ from replicaft.process_group import (
 )
 from replicaft.state import SMALL_TENSOR_BYTES, digest, flatten, unflatten
 from replicaft.transfer.client import Donor, HealResult, fetch_state
+from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.server import StateServer
-from replicaft.transfer.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
 
 GROUP_ADDRESS_KEY = "replicaft/group_manager_address"
 POLL_S = 0.02
+HEAL_WAIT_FRACTION = 1.0
+"""At the end of a step during a heal, a donor waits for its healers to be sent the rest of its
+live snapshot (live.py), and a healer for its fetch to arrive, at most this fraction of the
+step's time so far: a transfer about to end then ends without a copy on the donor, or a
+recorded step and its replay on the healer, and a donor's step stays within 1.5x its own."""
 HOLD_FLAG = 1.0 / 1024
 """A holding healer's share of the ok-flag sum: exact in float32 and, for fewer than 1024
 holding ranks, summing to less than one failure (see ``Manager._reduce_ok_flag``)."""
@@ -80,8 +85,8 @@ class StepHooks:
     methods serve the non-blocking heal (catchup.py): ``capture_step`` returns what this step
     did to the hook's state (e.g. the averaged gradients), ``replay_prepare`` and then
     ``replay_apply`` redo a captured step on healed state (prepare sets inputs such as
-    gradients for every hook before any applies), and ``restore_step`` puts back the current
-    step's capture after a replay.
+    gradients for every hook before any applies), and ``end_replay`` puts back the current
+    step's inputs after the replays.
     """
 
     def on_step_start(self) -> None: ...
@@ -92,7 +97,7 @@ class StepHooks:
 
     def replay_prepare(self, record: Any) -> None: ...
     def replay_apply(self, record: Any) -> None: ...
-    def restore_step(self, record: Any) -> None: ...
+    def end_replay(self) -> None: ...
 
 
 class ManagedWork:
@@ -148,6 +153,11 @@ class Manager:
         """A heal has written into this rank's tensors in place and none has completed since:
         the state is not a valid one (see catchup.py)."""
         self._not_in_place: set[str] = set()
+        self._serving: LiveSnapshot | None = None
+        """The snapshot this step serves to healers from the live state, until sealed (donors)."""
+        self._withdrawn: int | None = None
+        """The step of the last snapshot withdrawn because the state changed while it was
+        served; healers whose base it is start over (``_run_quorum``)."""
         self._abandon_generation = 0
         self._error: Exception | None = None
         self._abort = threading.Event()
@@ -311,6 +321,7 @@ class Manager:
             self._leave_preempted()
         if self._plan_future is not None and not self._plan_future.done():
             raise GroupError("start_quorum() called twice in one step; call should_commit() in between")
+        self._seal_served()  # a step that never reached should_commit (its loop raised)
         self._error = None
         self._abort.clear()
         self._lost_before_plan = []
@@ -387,6 +398,10 @@ class Manager:
         "ok" flag all-reduce and the group vote, each under its own deadline.
         """
         plan = self.wait_quorum()
+        self._seal_served()
+        cu = self._catchup
+        if plan is not None and plan.healing and cu is not None and not cu.hold and not cu.fetched:
+            _wait_future(cu.future, HEAL_WAIT_FRACTION * (time.monotonic() - self._step_started))
         if self._resume_pending:
             self._persistence.settle()
             self._resume_from_disk()
@@ -447,6 +462,8 @@ class Manager:
         rank_data = dict(self._rank_data)
         if self._catchup is not None:
             rank_data["heal_base"] = self._catchup.base_step
+        if self._withdrawn is not None:
+            rank_data["withdrawn"] = self._withdrawn
         quorum = self._group.quorum(step, self.options.quorum_timeout_s, commit_failures=commit_failures, rank_data=rank_data)
         plan = plan_step(quorum, self.options.replica_id)
         if self._first_quorum:
@@ -463,6 +480,10 @@ class Manager:
         if reconfigured:
             self._configure_column(plan)
         if plan.healing:
+            if self._catchup is not None and self._base_withdrawn(plan, self._catchup.base_step):
+                self._catchup = None
+                self._emit("heal_end", ok=False, error="a donor withdrew the snapshot this heal fetched: its state "
+                           "changed while it was served; healing again from the current step")
             if self._catchup is None:
                 targets = self._heal_targets()
                 self._torn = self._torn or bool(targets)
@@ -540,25 +561,61 @@ class Manager:
             timeout_s=self.options.heal_timeout_s,
             healer_index=plan.healers.index(self.options.replica_id),
             into=targets,
+            reader=self.options.replica_id,
         )
 
     def _serve_healers(self, plan: StepPlan) -> None:
-        """Publish the snapshot healers need; keep serving the bases of heals in progress."""
+        """Publish the snapshot healers need; keep serving the bases of heals in progress.
+
+        The snapshot is served from the live state (live.py): healers get the manifest at
+        once, and ``_seal_served`` keeps what they still need before the optimizer steps.
+        """
         assert self._state_server is not None
         r = self.options.group_rank
-        keep: set[int] = set()
+        bases: dict[str, int] = {}
         for rid in plan.healers:
-            member = plan.member(rid)
-            ranks = member.data.get("ranks") if member is not None else None
-            base = ranks[r].get("heal_base") if isinstance(ranks, list) and len(ranks) > r and isinstance(ranks[r], dict) else None
-            keep.add(base if isinstance(base, int) else plan.max_step)
-        if plan.max_step in keep and plan.max_step not in self._state_server.published_steps:
-            flat = flatten(self.state_dict())
-            self._state_server.publish(
-                Snapshot.capture(flat, step=plan.max_step, quorum_id=plan.quorum_id, replica_id=self.options.replica_id)
-            )
+            ranks = _rank_entries(plan, rid)
+            base = ranks[r].get("heal_base") if len(ranks) > r else None
+            bases[rid] = base if isinstance(base, int) else plan.max_step
+        if plan.max_step in bases.values() and plan.max_step not in self._state_server.published_steps:
+            readers = frozenset(rid for rid, base in bases.items() if base == plan.max_step)
+            self._serving = LiveSnapshot(flatten(self.state_dict()), step=plan.max_step, quorum_id=plan.quorum_id,
+                                         replica_id=self.options.replica_id, readers=readers)
+            self._state_server.publish(self._serving)
             reached(self._faults, "serve", self._step)
-        self._state_server.retain(keep)
+        self._state_server.retain(set(bases.values()))
+
+    def _seal_served(self) -> None:
+        """Stop serving this step's snapshot from the live state, before anything writes it.
+
+        The healers get up to ``HEAL_WAIT_FRACTION`` of the step's time so far to be sent
+        what they have not been sent yet; the rest is copied (live.py). If the state changed
+        while it was served (user code writing it in place during forward or backward), what
+        went out may mix two states: it is withdrawn, this step fails, and healers fetching it
+        are told through the next quorum (``withdrawn``), before any could apply it at a
+        commit (a failed step commits nowhere).
+        """
+        served, self._serving = self._serving, None
+        if served is None:
+            return
+        assert self._state_server is not None
+        why = served.seal(HEAL_WAIT_FRACTION * (time.monotonic() - self._step_started))
+        self._emit("serve_end", served_step=served.step, readers=sorted(served.readers), waited_s=served.waited_s,
+                   kept_bytes=served.kept_bytes, ok=not why, error=why or None)
+        if not why:
+            if self._withdrawn == served.step:
+                self._withdrawn = None  # served again, whole this time
+            return
+        self._withdrawn = served.step
+        self._state_server.retain(self._state_server.published_steps - {served.step})
+        self.report_error(StateError(f"snapshot of step {served.step} withdrawn from healers: {why}"))
+
+    def _base_withdrawn(self, plan: StepPlan, base: int) -> bool:
+        r = self.options.group_rank
+        return any(
+            len(ranks) > r and ranks[r].get("withdrawn") == base
+            for ranks in (_rank_entries(plan, rid) for rid in plan.donors)
+        )
 
     def _catchup_ready(self, plan: StepPlan) -> bool:
         """Non-blocking: has the background fetch arrived, verified, and do records lead on?"""
@@ -595,7 +652,6 @@ class Manager:
         cu = self._catchup
         assert cu is not None
         result = cu.future.result()
-        current = [h.capture_step() for h in self._hooks]
         self.load_state_dict(unflatten(result.manifest.skeleton, result.tensors))
         self._torn = self._hold_next_heal = False
         for record in cu.records:
@@ -604,8 +660,9 @@ class Manager:
             for h, r in zip(self._hooks, record, strict=True):
                 h.replay_apply(r)
             self._step += 1
-        for h, c in zip(self._hooks, current, strict=True):
-            h.restore_step(c)
+        if cu.records:
+            for h in self._hooks:
+                h.end_replay()
         self._catchup = None
         self._emit(
             "heal_end",
@@ -743,6 +800,16 @@ class Manager:
         o = self.options
         q = self._plan.quorum_id if self._plan else "-"
         logger.log(level, f"[{o.replica_id}/{o.group_rank} step=%d quorum=%s] {msg}", self._step, q, *args)
+
+
+def _rank_entries(plan: StepPlan, replica_id: str) -> list[dict[str, Any]]:
+    """A quorum member's per-rank data (what each rank put in ``rank_data``), ``[]`` if absent
+    or malformed: it came over the wire and is only read for hints."""
+    member = plan.member(replica_id)
+    ranks = member.data.get("ranks") if member is not None else None
+    if not isinstance(ranks, list):
+        return []
+    return [entry if isinstance(entry, dict) else {} for entry in ranks]
 
 
 def _wait_future(future: concurrent.futures.Future[Any], timeout_s: float) -> bool:

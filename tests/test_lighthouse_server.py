@@ -453,11 +453,11 @@ class TestQuorumOnSession:
         async def scenario() -> None:
             async with grpc.aio.insecure_channel(lighthouse.grpc_address) as channel:
                 a, b = await open_raw_session(channel, "a"), await open_raw_session(channel, "b")
-                # Alone, "a" is not a majority of two: its first request fails with the reason.
+                # Alone, "a" waits for "b" to join the first quorum: its first request fails with the reason.
                 await a.write(protocol.encode(protocol.QuorumRequest("a", 3, "", 1, 0.2, ask=1)))
                 failed = await next_reply(a)
                 assert isinstance(failed, protocol.QuorumFailed) and (failed.ask, failed.code) == (1, "timeout")
-                assert "no quorum with 'a' formed within 0.2s" in failed.reason and "not a majority" in failed.reason
+                assert "no quorum with 'a' formed within 0.2s" in failed.reason and "waiting for ['b'] to join" in failed.reason
                 await a.write(protocol.encode(protocol.QuorumRequest("a", 3, "", 1, 5.0, ask=2)))
                 await b.write(protocol.encode(protocol.QuorumRequest("b", 1, "h:1", 1, 5.0, ask=7)))
                 answer_a, answer_b = await next_reply(a), await next_reply(b)

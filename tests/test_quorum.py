@@ -23,6 +23,7 @@ def view(
     healthy: str,
     waiting: dict[str, float | tuple[float, bool]],
     previous: str | None = None,
+    newcomers: str = "",
 ) -> QuorumView:
     """``view("abc", {"a": 0.0, "b": (1.0, True)}, previous="ab")``: one letter per member;
     a waiting value is the time it joined, or (time, shrink_only)."""
@@ -34,6 +35,7 @@ def view(
         healthy=frozenset(healthy),
         waiting=waits,
         previous=None if previous is None else tuple(previous),
+        newcomers=frozenset(newcomers),
     )
 
 
@@ -79,6 +81,15 @@ CASES = [
          view("ab", {"a": 0.0}, previous="ab"), 100.0, None, "none", "not a majority of 2"),
     Case("majority_guard_blocks_fast_path_outnumbered_by_registered_joiners",
          view("abcde", {"a": 0.0, "b": 0.0}, previous="ab"), 100.0, None, "none", "not a majority of 5"),
+    Case("newcomer_not_waiting_does_not_block_the_fast_path",
+         view("ab", {"a": 0.0}, previous="a", newcomers="b"), 0.0, "a", "fast", "every surviving member"),
+    Case("newcomers_not_waiting_are_waited_for_on_the_first_quorum",
+         view("ab", {"a": 0.0}, newcomers="ab"), 1.0, None, "none", "waiting for ['b'] to join"),
+    Case("newcomers_not_waiting_are_left_after_join_timeout_on_the_first_quorum",
+         view("ab", {"a": 0.0}, newcomers="ab"), 100.0, "a", "slow", "join timeout"),
+    Case("newcomers_that_wait_count_for_the_majority",
+         view("abcde", {"c": 0.0, "d": 0.0}, previous="ab", newcomers="cde"), 100.0, None, "none",
+         "not a majority of 4 healthy"),
     Case("majority_of_healthy_forms_after_join_timeout",
          view("abcd", {"a": 0.0, "b": 0.0, "c": 0.0}), 2.0, "abc", "slow", "join timeout 2s passed without ['d']"),
     # -- slow path and the join timeout ------------------------------------------------------
@@ -320,12 +331,14 @@ class World:
     def decide(self) -> None:
         m = self.membership
         healthy = set(m.members)
+        # Newcomers (never in a quorum) count for the majority only once they wait.
+        voters = {rid for rid in healthy if not m.members[rid].newcomer or rid in m.waiting_ids()}
         quorum = m.decide(self.now, now_unix_s=0.0)
         if quorum is None:
             return
         participants = set(quorum.replica_ids)
         assert participants <= healthy
-        assert len(participants) > len(healthy) / 2, (participants, healthy)
+        assert len(participants) > len(voters) / 2, (participants, voters)
         assert len(participants) >= self.options.min_replicas
         sessions = frozenset((rid, m.members[rid].session) for rid in participants)
         self.formed.append((self.incarnation, quorum.quorum_id, sessions))

@@ -27,9 +27,10 @@ from lighthouse.errors import ProtocolError
 from replicaft.errors import HealError, StateError
 from replicaft.state import flatten, unflatten
 from replicaft.transfer.client import Donor, HealResult, fetch_manifest, fetch_state
+from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec
 from replicaft.transfer.placement import Placement
-from replicaft.transfer.server import RangeHook, StateServer
+from replicaft.transfer.server import RangeHook, Served, StateServer
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 from replicaft.transfer.wire import MAX_FRAME_BYTES, WIRE_VERSION, recv_frame, send_frame
 
@@ -57,7 +58,7 @@ def sample_snapshot(seed: int = 0, step: int = STEP, replica_id: str = "donor") 
 
 @contextmanager
 def serving(
-    snapshot: Snapshot | None, *, token: str | None = None, fault_hook: RangeHook | None = None
+    snapshot: Served | None, *, token: str | None = None, fault_hook: RangeHook | None = None
 ) -> Iterator[tuple[StateServer, str]]:
     """A StateServer publishing ``snapshot``, and its address; stopped on exit."""
     server = StateServer("127.0.0.1", token, fault_hook=fault_hook)
@@ -595,3 +596,76 @@ def test_two_captures_of_the_same_state_have_identical_bytes_padding_included() 
     second = Snapshot.capture(flatten(sample_state()), step=STEP, quorum_id=1, replica_id="other", chunk_bytes=CHUNK, out=garbage)
     assert torch.equal(first.buffer, second.buffer)
     assert first.manifest.checksums == second.manifest.checksums
+
+
+# -- a donor's live snapshot (live.py) --------------------------------------------------------
+
+
+def big_state(seed: int = 0) -> dict[str, Any]:
+    """Large tensors served live across several chunks, small ones copied at once."""
+    generator = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(700_000, generator=generator), "b": torch.randn(5, generator=generator)},
+            "optimizer": {"exp_avg": torch.randn(400_003, generator=generator)}, "step": STEP}
+
+
+def live_snapshot(state: dict[str, Any], readers: frozenset[str] = frozenset({"h"})) -> LiveSnapshot:
+    return LiveSnapshot(flatten(state), step=STEP, quorum_id=1, replica_id="donor", readers=readers, chunk_bytes=CHUNK)
+
+
+def copy_of(state: dict[str, Any]) -> Snapshot:
+    return Snapshot.capture(flatten(state), step=STEP, quorum_id=1, replica_id="donor", chunk_bytes=CHUNK)
+
+
+def fetch_as(reader: str, address: str) -> HealResult:
+    return fetch_state([Donor("donor", address)], STEP, token=None, timeout_s=DEADLINE_S, reader=reader)
+
+
+def test_live_snapshot_has_the_manifest_of_a_copy_and_serves_its_bytes() -> None:
+    state = big_state()
+    live, copy = live_snapshot(state), copy_of(state)
+    assert live.manifest == copy.manifest and live.manifest.num_chunks > 3
+    with serving(live) as (_, address):
+        assert_same_state(fetch_as("h", address), copy)
+
+
+def test_seal_keeps_nothing_once_every_expected_healer_was_sent_everything_and_refuses_it_after() -> None:
+    state = big_state()
+    live = live_snapshot(state)
+    with serving(live) as (_, address):
+        fetch_as("h", address)
+        assert live.seal(wait_s=0.0) == "" and live.kept_bytes == 0
+        state["model"]["w"].add_(1.0)  # the donor's optimizer step
+        with pytest.raises(HealError, match="not kept"):
+            fetch_as("h", address)
+
+
+def test_seal_keeps_what_an_expected_healer_was_not_sent_and_serves_it_after_the_state_moves_on() -> None:
+    state = big_state()
+    copy = copy_of(state)
+    live = live_snapshot(state, readers=frozenset({"h1", "h2"}))
+    with serving(live) as (_, address):
+        assert_same_state(fetch_as("h1", address), copy)
+        assert live.seal(wait_s=0.0) == ""
+        assert live.kept_bytes == copy.manifest.total_bytes  # h2 was sent nothing
+        for t in (state["model"]["w"], state["optimizer"]["exp_avg"]):
+            t.mul_(-3.0)
+        assert_same_state(fetch_as("h2", address), copy)
+
+
+def test_seal_waits_for_a_transfer_under_way_instead_of_copying() -> None:
+    state = big_state()
+    copy = copy_of(state)
+    live = live_snapshot(state)
+    with serving(live) as (_, address), ThreadPoolExecutor(1) as pool:
+        healed = pool.submit(fetch_as, "h", address)
+        assert live.seal(wait_s=DEADLINE_S) == ""
+        assert live.kept_bytes == 0 and live.waited_s < DEADLINE_S
+        assert_same_state(healed.result(), copy)
+
+
+def test_seal_names_a_served_tensor_written_in_place_meanwhile() -> None:
+    state = big_state()
+    live = live_snapshot(state)
+    state["optimizer"]["exp_avg"].mul_(0.5)  # user code stepping during forward
+    why = live.seal(wait_s=0.0)
+    assert "changed while it was served" in why and "state.optimizer.exp_avg" in why

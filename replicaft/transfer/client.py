@@ -218,7 +218,8 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
             )
 
 
-def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: str | None, deadline: float) -> int:
+def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: str | None, deadline: float,
+          reader: str | None) -> int:
     """Fetch stripes from ``donor`` over one connection until the board has none for it.
 
     Returns the bytes received. The next stripe is requested before the current one is read
@@ -239,7 +240,8 @@ def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: s
                 if sock is None:
                     sock = _connect(donor.address, deadline)
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
-                _send_request(sock, {"op": "range", "step": step, "start": task.stripe.start, "stop": task.stripe.stop}, token)
+                _send_request(sock, {"op": "range", "step": step, "start": task.stripe.start, "stop": task.stripe.stop,
+                                     "reader": reader}, token)
             if not requested or sock is None:
                 return received
             s = requested[0].stripe
@@ -270,11 +272,14 @@ def fetch_state(
     timeout_s: float,
     healer_index: int = 0,
     into: Mapping[str, torch.Tensor] | None = None,
+    reader: str | None = None,
 ) -> HealResult:
     """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
 
     ``into``: the caller's tensors by manifest name (``state.model.weight``), received into
     in place where name, dtype and shape match (see placement.py for what that obliges).
+    ``reader``: the healer's replica id, sent with each range request: a donor serving its
+    live state (live.py) keeps a copy of only what its expected healers were not sent.
     """
     if not donors:
         raise HealError(f"no donor to heal step {step} from")
@@ -318,7 +323,7 @@ def fetch_state(
         except StateError as e:
             raise HealError(f"the manifest of step {step} from {usable[0]} is unusable: {e}") from None
         board = _Board(chunk_stripes(manifest, usable, healer_index), usable)
-        pulls = [pool.submit(_pull, by_id[rid], board, placement, step, token, deadline) for rid in usable]
+        pulls = [pool.submit(_pull, by_id[rid], board, placement, step, token, deadline, reader) for rid in usable]
         received = {rid: n for rid, f in zip(usable, pulls, strict=True) if (n := f.result())}
     if board.failed is not None:
         raise HealError(f"heal of step {step} failed: {board.failed}")

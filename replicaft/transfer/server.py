@@ -13,10 +13,13 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
+from typing import Protocol
+
+import torch
 
 from lighthouse.errors import ProtocolError
-from lighthouse.protocol import check_int, check_str, require
-from replicaft.transfer.snapshot import Snapshot
+from lighthouse.protocol import MAX_ID_CHARS, check_int, check_str, require
+from replicaft.transfer.manifest import Manifest
 from replicaft.transfer.wire import WIRE_VERSION, recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
@@ -27,6 +30,15 @@ SEND_CHUNK_BYTES = 8 * 1024 * 1024
 
 NOT_SERVED = "not_served"
 """Error code of a request for a step this server holds no snapshot of (yet)."""
+
+
+class Served(Protocol):
+    """What a server serves: a :class:`~replicaft.transfer.snapshot.Snapshot`, or a
+    :class:`~replicaft.transfer.live.LiveSnapshot` read from the live tensors."""
+
+    @property
+    def manifest(self) -> Manifest: ...
+    def read(self, start: int, stop: int, reader: str | None, bounce: torch.Tensor) -> memoryview: ...
 
 
 class NotServed(ProtocolError):
@@ -42,7 +54,7 @@ class StateServer:
         self._host = host
         self._token = token
         self._fault_hook = fault_hook
-        self._snapshots: dict[int, Snapshot] = {}
+        self._snapshots: dict[int, Served] = {}
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
@@ -73,7 +85,7 @@ class StateServer:
         if self._thread is not None:
             self._thread.join(5.0)
 
-    def publish(self, snapshot: Snapshot) -> None:
+    def publish(self, snapshot: Served) -> None:
         """Serve ``snapshot`` (alongside any other step still retained)."""
         with self._lock:
             self._snapshots[snapshot.manifest.step] = snapshot
@@ -100,6 +112,7 @@ class StateServer:
     def _serve(self, conn: socket.socket, peer: object) -> None:
         conn.settimeout(IDLE_TIMEOUT_S)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        bounce: torch.Tensor | None = None
         try:
             while True:
                 try:
@@ -110,8 +123,10 @@ class StateServer:
                     # An oversized or undecodable frame is answered like a bad request.
                     self._reject(conn, peer, e)
                     return
+                if bounce is None and request.get("op") == "range":
+                    bounce = torch.empty(SEND_CHUNK_BYTES, dtype=torch.uint8)
                 try:
-                    self._answer(conn, request)
+                    self._answer(conn, request, bounce)
                 except ProtocolError as e:
                     self._reject(conn, peer, e)
                     return
@@ -127,7 +142,7 @@ class StateServer:
             logger.warning("state server: rejected a request from %s: %s", peer, error)
         send_frame(conn, {"ok": False, "error": str(error), "code": NOT_SERVED if isinstance(error, NotServed) else "rejected"})
 
-    def _answer(self, conn: socket.socket, request: dict) -> None:
+    def _answer(self, conn: socket.socket, request: dict, bounce: torch.Tensor | None) -> None:
         m = "StateRequest"
         if request.get("v") != WIRE_VERSION:
             raise ProtocolError(f"{m} speaks version {request.get('v')!r}; this server speaks {WIRE_VERSION}. "
@@ -153,9 +168,20 @@ class StateServer:
         total = snapshot.manifest.total_bytes
         start = check_int(m, "start", require(request, m, "start"), 0, total)
         stop = check_int(m, "stop", require(request, m, "stop"), start, total)
-        send_frame(conn, {"ok": True, "num_bytes": stop - start})
-        data = memoryview(snapshot.buffer.numpy())[start:stop]
+        reader = request.get("reader")
+        if reader is not None:
+            reader = check_str(m, "reader", reader, MAX_ID_CHARS)
+        assert bounce is not None
         if self._fault_hook is not None:
-            data = self._fault_hook(start, stop, data)
-        for i in range(0, len(data), SEND_CHUNK_BYTES):
-            conn.sendall(data[i : i + SEND_CHUNK_BYTES])
+            data = self._fault_hook(start, stop, snapshot.read(start, stop, reader, torch.empty(stop - start, dtype=torch.uint8)))
+        else:
+            # The first piece is read before the reply, so bytes no longer served are refused
+            # with an error frame; the rest piece by piece, each read as it goes out.
+            data = snapshot.read(start, min(start + SEND_CHUNK_BYTES, stop), reader, bounce)
+        send_frame(conn, {"ok": True, "num_bytes": stop - start})
+        for i in range(start, stop, SEND_CHUNK_BYTES):
+            if self._fault_hook is not None:
+                piece = data[i - start : i - start + SEND_CHUNK_BYTES]
+            else:
+                piece = data if i == start else snapshot.read(i, min(i + SEND_CHUNK_BYTES, stop), reader, bounce)
+            conn.sendall(piece)

@@ -1,15 +1,17 @@
 """A host snapshot of the training state: one flat buffer plus its manifest.
 
-Donors serve heals from a snapshot rather than from live tensors, so their optimizer step
-never waits for a transfer; the same buffer can feed a persistent checkpoint writer.
+A persistent checkpoint is written from one (its writer never touches the live tensors), and
+a donor's live snapshot (live.py) keeps in one what its healers still need when its
+optimizer steps.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +19,7 @@ import torch
 from replicaft.errors import StateError
 from replicaft.state import DTYPES, SMALL_TENSOR_BYTES, Flat, Sharding, tensor_bytes
 from replicaft.threads import lower_thread_priority
+from replicaft.transfer.checksum import digest
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
 
 CAPTURE_NICENESS = 19
@@ -48,10 +51,15 @@ class Snapshot:
         snapshot served to healers needs them. ``out`` (uint8, large enough) is reused instead of
         a fresh allocation: a fresh buffer costs a page fault per 4 KiB, about half the copy's
         time (measured), and nothing may still be reading ``out``."""
-        plan = _CopyPlan(flat, out)
+        plan = CopyPlan(flat, out)
         plan.copy(range(len(flat.tensors)))
         return plan.snapshot(step=step, quorum_id=quorum_id, replica_id=replica_id, chunk_bytes=chunk_bytes,
                              with_checksums=with_checksums)
+
+    def read(self, start: int, stop: int, reader: str | None, bounce: torch.Tensor) -> memoryview:
+        """Bytes ``[start, stop)`` of the buffer, for a state server (``reader`` and ``bounce``
+        serve :class:`~replicaft.transfer.live.LiveSnapshot`; a snapshot needs neither)."""
+        return memoryview(self.buffer.numpy())[start:stop]
 
 
 class BackgroundCapture:
@@ -90,15 +98,15 @@ class BackgroundCapture:
         copy_now_bytes: int = SMALL_TENSOR_BYTES,
     ) -> None:
         self.step = step
-        self._plan = _CopyPlan(flat, out)
+        self._plan = CopyPlan(flat, out)
         self._header = {"step": step, "quorum_id": quorum_id, "replica_id": replica_id}
         now, later = [], []
         for i, (name, t) in enumerate(zip(flat.names, flat.tensors, strict=True)):
-            version = _version(t)
+            version = version_counter(t)
             deferrable = version is not None and name not in copy_now and t.numel() * t.element_size() >= copy_now_bytes
             (later if deferrable else now).append(i)
         self._plan.copy(now)
-        self._versions = {i: _version(flat.tensors[i]) for i in later}
+        self._versions = {i: version_counter(flat.tensors[i]) for i in later}
         self.deferred_bytes = sum(self._plan.sizes[i] for i in later)
         """Bytes copied behind the step (the rest were copied before the constructor returned)."""
         self._pieces = [piece for i in later for piece in self._pieces_of(i)]
@@ -157,13 +165,13 @@ class BackgroundCapture:
         if self._error is not None:
             return None, f"the background copy of the state failed: {type(self._error).__name__}: {self._error}"
         flat = self._plan.flat
-        self.changed = frozenset(flat.names[i] for i, v in self._versions.items() if _version(flat.tensors[i]) != v)
+        self.changed = frozenset(flat.names[i] for i, v in self._versions.items() if version_counter(flat.tensors[i]) != v)
         if self.changed:
             return None, f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})"
         return self._plan.snapshot(**self._header, chunk_bytes=CHUNK_BYTES, with_checksums=False), ""
 
 
-def _version(t: torch.Tensor) -> int | None:
+def version_counter(t: torch.Tensor) -> int | None:
     """The tensor's in-place write counter; None for tensors without one (inference mode)."""
     try:
         return t._version
@@ -171,7 +179,7 @@ def _version(t: torch.Tensor) -> int | None:
         return None
 
 
-class _CopyPlan:
+class CopyPlan:
     """Where each tensor of ``flat`` goes in one uint8 buffer, and the copies into it."""
 
     def __init__(self, flat: Flat, out: torch.Tensor | None) -> None:
@@ -195,24 +203,72 @@ class _CopyPlan:
             # donors of the same state would disagree (seen: "donors disagree" with equal digests).
             self.buffer[offset + hi : self.ends[i]].zero_()
 
-    def snapshot(self, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int, with_checksums: bool) -> Snapshot:
+    @property
+    def shardings(self) -> tuple[Sharding | None, ...] | None:
+        return tuple(self.flat.shardings) if self.flat.shardings is not None else None
+
+    def manifest(self, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int) -> Manifest:
+        """The manifest of the buffer, without checksums."""
         flat = self.flat
         specs = tuple(
             TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, size)
             for name, t, offset, size in zip(flat.names, flat.tensors, self.offsets, self.sizes, strict=True)
         )
-        manifest = Manifest(
-            step=step,
-            quorum_id=quorum_id,
-            replica_id=replica_id,
-            skeleton=flat.skeleton,
-            tensors=specs,
-            total_bytes=self.total,
-            chunk_bytes=chunk_bytes,
-            checksums=(),
-        )
-        snapshot = Snapshot(self.buffer, manifest, tuple(flat.shardings) if flat.shardings is not None else None)
+        return Manifest(step=step, quorum_id=quorum_id, replica_id=replica_id, skeleton=flat.skeleton, tensors=specs,
+                        total_bytes=self.total, chunk_bytes=chunk_bytes, checksums=())
+
+    def snapshot(self, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int, with_checksums: bool) -> Snapshot:
+        m = self.manifest(step=step, quorum_id=quorum_id, replica_id=replica_id, chunk_bytes=chunk_bytes)
+        snapshot = Snapshot(self.buffer, m, self.shardings)
         return checksummed(snapshot) if with_checksums else snapshot
+
+    def segments(self, is_live: Callable[[int], bool]) -> list[tuple[int, torch.Tensor]]:
+        """The buffer's bytes as they are or will be once copied: ``(offset, uint8 tensor)`` in
+        order, tensor ``i`` read from the tensor itself where ``is_live(i)`` and from the buffer
+        otherwise, each followed by its zero padding."""
+        out: list[tuple[int, torch.Tensor]] = []
+        for i, t in enumerate(self.flat.tensors):
+            start, size, end = self.offsets[i], self.sizes[i], self.ends[i]
+            out.append((start, tensor_bytes(t) if is_live(i) else self.buffer[start : start + size]))
+            if end > start + size:
+                out.append((start + size, torch.zeros(end - start - size, dtype=torch.uint8)))
+        return out
+
+    def live_checksums(self, is_live: Callable[[int], bool], chunk_bytes: int) -> list[bytes]:
+        """The chunk digests of the buffer as it will be once copied (see :meth:`segments`): the
+        same bytes :func:`checksummed` reads after a copy."""
+        checksums = []
+        pieces: list[memoryview] = []
+        filled = 0
+        for _, segment in self.segments(is_live):
+            view = memoryview(segment.numpy())
+            while len(view):
+                take = view[: chunk_bytes - filled]
+                pieces.append(take)
+                filled += len(take)
+                view = view[len(take):]
+                if filled == chunk_bytes:
+                    checksums.append(digest(pieces))
+                    pieces, filled = [], 0
+        if pieces:
+            checksums.append(digest(pieces))
+        return checksums
+
+    def fill(self, out: torch.Tensor, start: int, stop: int, is_live: Callable[[int], bool]) -> None:
+        """Write the buffer's bytes ``[start, stop)`` (see :meth:`segments`) into ``out``."""
+        first = max(bisect.bisect_right(self.offsets, start) - 1, 0)
+        last = bisect.bisect_left(self.offsets, stop)
+        for i in range(first, last):
+            lo, hi = self.offsets[i], self.ends[i]
+            if hi <= start:
+                continue
+            a, b = max(lo, start), min(hi, stop)
+            data_end = lo + self.sizes[i]
+            if a < data_end:
+                source = tensor_bytes(self.flat.tensors[i]) if is_live(i) else self.buffer[lo:data_end]
+                out[a - start : min(b, data_end) - start].copy_(source[a - lo : min(b, data_end) - lo])
+            if b > data_end:
+                out[max(a, data_end) - start : b - start].zero_()
 
 
 def checksummed(snapshot: Snapshot) -> Snapshot:
