@@ -2,7 +2,8 @@
 
 **Loopback.** For each state size (100 MiB and 1 GiB of float32 in four tensors), one
 invocation starts, on 127.0.0.1: two replicaft donor processes each serving an identical
-``Snapshot`` from a ``StateServer``; a healer process that times ``fetch_state`` from the
+state from a ``StateServer``, live as a donor's manager serves it (``LiveSnapshot``: sent
+straight from the tensors, no copy); a healer process that times ``fetch_state`` from the
 call (manifests first) to the verified buffer, from one donor and from two; a raw TCP
 sender/receiver pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer;
 also a variant that allocates the buffer per transfer, as every other receiver here does);

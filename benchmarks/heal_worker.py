@@ -6,8 +6,9 @@ close. Active roles (receivers) print ``ready``, then for every JSON command lin
 perform one transfer and print ``done`` with the seconds the transfer took, the process CPU
 seconds and the minor page faults it caused, all measured in the receiving process:
 
-* ``donor``: builds the state, captures a replicaft ``Snapshot``, drops the state and
-  serves the snapshot with a ``StateServer`` bound to ``--host``.
+* ``donor``: builds the state and serves it with a ``StateServer`` bound to ``--host`` as
+  a donor's manager does: a ``LiveSnapshot`` of the live tensors (transfer/live.py), never
+  sealed (the benchmark's heal fits in the donor's step).
 * ``healer``: ``{"donors": [[replica_id, address], ...], "step": S}`` -> ``fetch_state``
   timed from the call (manifests first) to the verified tensors, plus a breakdown of where
   the healer's time went (seconds inside ``recv_exact_into`` and inside the chunk check,
@@ -115,14 +116,13 @@ def state_bytes(state: Any) -> int:
 
 def donor(args: argparse.Namespace) -> None:
     from replicaft.state import flatten
+    from replicaft.transfer.live import LiveSnapshot
     from replicaft.transfer.server import StateServer
-    from replicaft.transfer.snapshot import Snapshot
 
     state = make_state(args.bytes)
     started = time.perf_counter()
-    snapshot = Snapshot.capture(flatten(state), step=STEP, quorum_id=1, replica_id=args.name)
+    snapshot = LiveSnapshot(flatten(state), step=STEP, quorum_id=1, replica_id=args.name, readers=frozenset())
     capture_s = time.perf_counter() - started
-    del state
     server = StateServer(args.host)
     address = server.start()
     server.publish(snapshot)

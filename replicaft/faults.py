@@ -12,6 +12,11 @@ snapshot), ``commit`` (after the vote, before the step is applied).
 One point slows instead of killing: ``slow_serve@N`` makes this rank's state server wait
 ``SLOW_SERVE_S`` before each range it serves once the rank has reached step N — a slow donor
 link, so a heal outlasts several steps (what the non-blocking heal must absorb).
+
+One writes: ``write_served@N`` makes a donor write its largest optimizer tensor in place right
+after publishing the first snapshot it serves at step N or later, as user code misusing the
+state during forward would: the snapshot served live must then be withdrawn (live.py), and
+no healer may apply it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections.abc import Callable
 
 from replicaft.errors import OptionsError
 
-POINTS = frozenset({"allreduce", "heal", "serve", "commit", "slow_serve"})
+POINTS = frozenset({"allreduce", "heal", "serve", "commit", "slow_serve", "write_served"})
 SLOW_SERVE_S = 1.5
 """Per range: long against a test job's step (tens of ms; a restarted rank's first step, with
 its lazy set-up, has taken over 0.5 s), so a slowed heal reliably outlasts a step or more."""
@@ -63,3 +68,9 @@ def slow_serve_hook(
         return data
 
     return hook
+
+
+def write_served_due(points: frozenset[tuple[str, int]], step: int) -> bool:
+    """Whether a snapshot served at ``step`` falls under a ``write_served`` point (the caller
+    disarms it after the first write)."""
+    return any(name == "write_served" and step >= at for name, at in points)

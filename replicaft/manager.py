@@ -45,7 +45,7 @@ from lighthouse.protocol import Notice
 from replicaft.catchup import CatchUp
 from replicaft.errors import GroupBroken, GroupError, HealError, StateError
 from replicaft.events import EventLog
-from replicaft.faults import parse_fault_points, reached, slow_serve_hook
+from replicaft.faults import parse_fault_points, reached, slow_serve_hook, write_served_due
 from replicaft.group_protocol import VoteResponse
 from replicaft.group_server import GroupClient, GroupServer
 from replicaft.options import ManagerOptions
@@ -56,7 +56,7 @@ from replicaft.process_group import (
     ColumnSpec,
     FaultTolerantProcessGroup,
 )
-from replicaft.state import SMALL_TENSOR_BYTES, digest, flatten, unflatten
+from replicaft.state import SMALL_TENSOR_BYTES, Flat, digest, flatten, unflatten
 from replicaft.transfer.client import Donor, HealResult, fetch_state
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.server import StateServer
@@ -583,6 +583,9 @@ class Manager:
                                          replica_id=self.options.replica_id, readers=readers)
             self._state_server.publish(self._serving)
             reached(self._faults, "serve", self._step)
+            if write_served_due(self._faults, self._step):
+                self._faults = frozenset(p for p in self._faults if p[0] != "write_served")
+                _write_largest_optimizer_tensor(flatten(self.state_dict()))
         self._state_server.retain(set(bases.values()))
 
     def _seal_served(self) -> None:
@@ -601,7 +604,7 @@ class Manager:
         assert self._state_server is not None
         why = served.seal(HEAL_WAIT_FRACTION * (time.monotonic() - self._step_started))
         self._emit("serve_end", served_step=served.step, readers=sorted(served.readers), waited_s=served.waited_s,
-                   kept_bytes=served.kept_bytes, ok=not why, error=why or None)
+                   kept_bytes=served.kept_bytes, shut=served.shut, ok=not why, error=why or None)
         if not why:
             if self._withdrawn == served.step:
                 self._withdrawn = None  # served again, whole this time
@@ -800,6 +803,15 @@ class Manager:
         o = self.options
         q = self._plan.quorum_id if self._plan else "-"
         logger.log(level, f"[{o.replica_id}/{o.group_rank} step=%d quorum=%s] {msg}", self._step, q, *args)
+
+
+def _write_largest_optimizer_tensor(flat: Flat) -> None:
+    """The ``write_served`` fault (faults.py): state written in place while it is served."""
+    candidates = [t for n, t in zip(flat.names, flat.tensors, strict=True)
+                  if n.startswith("state.optimizer") and t.is_floating_point()]
+    if candidates:
+        with torch.no_grad():
+            max(candidates, key=torch.Tensor.numel).add_(1.0)
 
 
 def _rank_entries(plan: StepPlan, replica_id: str) -> list[dict[str, Any]]:

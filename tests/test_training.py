@@ -203,6 +203,32 @@ def test_killed_group_restarts_heals_and_matches_donors(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(180)
+def test_state_written_while_served_is_withdrawn_and_never_applied_by_the_healer(tmp_path: Path) -> None:
+    # g0 writes its optimizer's largest moment in place right after publishing the live
+    # snapshot g1 heals from (write_served, as user code in forward would): g0's seal must
+    # withdraw it and fail that step, g1 must drop that heal at the next quorum, heal again
+    # from a snapshot served whole, and end bitwise equal to g0.
+    lh = start_lighthouse("--min-replicas", "2", status=False)
+    args = ("--steps", "40", "--width", "600")
+    g0 = start_group(lh.grpc_address, "g0", tmp_path, *args, fault_points="write_served@1")
+    g1 = start_group(lh.grpc_address, "g1", tmp_path, *args, fault_points="allreduce@6")
+    assert g1.wait_exit(90) == -signal.SIGKILL
+    g1 = start_group(lh.grpc_address, "g1", tmp_path, *args)
+    withdrawn = wait_for_event(tmp_path, lambda e: e["event"] == "serve_end" and e["replica_id"] == "g0" and not e["ok"],
+                               90, "g0 withdrawing the snapshot it served")
+    assert "changed while it was served" in withdrawn["error"] and "optimizer" in withdrawn["error"], withdrawn
+    heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("ok")
+                          and e["ts"] > withdrawn["ts"], 90, "g1's heal after the withdrawal")
+    assert heal["base_step"] >= withdrawn["served_step"], (heal, withdrawn)
+    dropped = [e for e in read_events(tmp_path) if e["event"] == "heal_end" and e["replica_id"] == "g1"
+               and not e["ok"] and e["ts"] < heal["ts"]]
+    assert dropped, "g1 applied nothing from the withdrawn snapshot, but never said it dropped that heal"
+    for rid, g in (("g0", g0), ("g1", g1)):
+        assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
+    assert_digests_agree(tmp_path, min_steps=30)
+
+
+@pytest.mark.timeout(180)
 def test_lighthouse_killed_and_restarted_no_group_crashes_no_step_lost(tmp_path: Path) -> None:
     lh = start_lighthouse(status=False)
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "40", "--step-delay", "0.02") for rid in ("g0", "g1", "g2")}
@@ -267,7 +293,7 @@ def test_two_rank_groups_one_rank_killed_takes_its_group_down_others_continue(tm
 def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_path: Path) -> None:
     # The donors' state servers are slowed (slow_serve: 1.5 s per range) so the transfer
     # outlasts several steps: the healer records the steps it takes part in meanwhile and
-    # replays them; the donors are not held (they serve from threads, from a snapshot).
+    # replays them; the donors are not held beyond their step (they serve their live state, then a copy of what is left).
     lh = start_lighthouse("--min-replicas", "3", status=False)
     # Enough steps that the donors are still training when the slowed transfer ends.
     args = ("--steps", "90", "--width", "1024")

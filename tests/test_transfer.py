@@ -26,6 +26,7 @@ from transfer_donor import build_snapshot
 from lighthouse.errors import ProtocolError
 from replicaft.errors import HealError, StateError
 from replicaft.state import flatten, unflatten
+from replicaft.transfer import live as live_module
 from replicaft.transfer.client import Donor, HealResult, fetch_manifest, fetch_state
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec
@@ -669,3 +670,40 @@ def test_seal_names_a_served_tensor_written_in_place_meanwhile() -> None:
     state["optimizer"]["exp_avg"].mul_(0.5)  # user code stepping during forward
     why = live.seal(wait_s=0.0)
     assert "changed while it was served" in why and "state.optimizer.exp_avg" in why
+
+
+def test_seal_shuts_a_stalled_healers_connection_instead_of_waiting_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(live_module, "LIVE_SEND_GRACE_S", 0.2)
+    state = {"w": torch.zeros(16 << 20)}  # 64 MiB: more than loopback buffers hold
+    live = live_snapshot(state)
+    with serving(live) as (_, address):
+        host, port = address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as stalled:
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            send_frame(stalled, {"v": WIRE_VERSION, "op": "range", "step": STEP, "start": 0,
+                                 "stop": live.manifest.total_bytes, "reader": "h"})
+            assert recv_frame(stalled, "reply")["ok"]
+            stalled.recv(1)  # the donor is sending; this healer reads no more
+            started = time.monotonic()
+            assert live.seal(wait_s=0.0) == ""
+            assert time.monotonic() - started < 5.0
+            assert 0 < live.kept_bytes <= live.manifest.total_bytes
+            stalled.settimeout(DEADLINE_S)
+            with pytest.raises((ConnectionError, OSError)):
+                while stalled.recv(1 << 20):
+                    pass
+                raise ConnectionError("closed")
+
+
+def test_a_fetch_under_way_when_the_donor_seals_completes_from_the_kept_copy() -> None:
+    state = {"w": torch.randn(16 << 20, generator=torch.Generator().manual_seed(3))}  # 64 MiB, 1024 chunks
+    copy = copy_of(state)
+    live = live_snapshot(state)
+    with serving(live) as (_, address), ThreadPoolExecutor(1) as pool:
+        healed = pool.submit(fetch_as, "h", address)
+        deadline = time.monotonic() + DEADLINE_S
+        while not any("h" in sent for sent in live._sent_to) and time.monotonic() < deadline:
+            time.sleep(0.001)  # polls for the first chunk sent, an observable event
+        assert live.seal(wait_s=0.0) == ""
+        state["w"].mul_(-1.0)  # the optimizer steps as soon as the seal returns
+        assert_same_state(healed.result(), copy)

@@ -69,7 +69,7 @@ def main() -> None:
     hook = None
     if args.stall_mid_send:
         # Send in small pieces so that "half-way" is several pieces into the range.
-        server_module.SEND_CHUNK_BYTES = SEND_PIECE_BYTES
+        server_module.SEND_PIECE_BYTES = SEND_PIECE_BYTES
 
         def hook(start: int, stop: int, data: memoryview) -> Any:
             return StallHalfWay(data, start, stop)

@@ -20,13 +20,12 @@ import torch
 from lighthouse.errors import ProtocolError
 from lighthouse.protocol import MAX_ID_CHARS, check_int, check_str, require
 from replicaft.transfer.manifest import Manifest
-from replicaft.transfer.wire import WIRE_VERSION, recv_frame, send_frame
+from replicaft.transfer.wire import SEND_PIECE_BYTES, WIRE_VERSION, recv_frame, send_frame
 
 logger = logging.getLogger(__name__)
 
 IDLE_TIMEOUT_S = 30.0
 """A connection idle this long is closed, so a stalled healer cannot pin a server thread."""
-SEND_CHUNK_BYTES = 8 * 1024 * 1024
 
 NOT_SERVED = "not_served"
 """Error code of a request for a step this server holds no snapshot of (yet)."""
@@ -38,7 +37,9 @@ class Served(Protocol):
 
     @property
     def manifest(self) -> Manifest: ...
-    def read(self, start: int, stop: int, reader: str | None, bounce: torch.Tensor) -> memoryview: ...
+    def check(self, start: int, stop: int) -> None: ...
+    def send(self, conn: socket.socket, start: int, stop: int, reader: str | None) -> None: ...
+    def read(self, start: int, stop: int, reader: str | None, out: torch.Tensor) -> memoryview: ...
 
 
 class NotServed(ProtocolError):
@@ -112,7 +113,6 @@ class StateServer:
     def _serve(self, conn: socket.socket, peer: object) -> None:
         conn.settimeout(IDLE_TIMEOUT_S)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        bounce: torch.Tensor | None = None
         try:
             while True:
                 try:
@@ -123,10 +123,8 @@ class StateServer:
                     # An oversized or undecodable frame is answered like a bad request.
                     self._reject(conn, peer, e)
                     return
-                if bounce is None and request.get("op") == "range":
-                    bounce = torch.empty(SEND_CHUNK_BYTES, dtype=torch.uint8)
                 try:
-                    self._answer(conn, request, bounce)
+                    self._answer(conn, request)
                 except ProtocolError as e:
                     self._reject(conn, peer, e)
                     return
@@ -142,7 +140,7 @@ class StateServer:
             logger.warning("state server: rejected a request from %s: %s", peer, error)
         send_frame(conn, {"ok": False, "error": str(error), "code": NOT_SERVED if isinstance(error, NotServed) else "rejected"})
 
-    def _answer(self, conn: socket.socket, request: dict, bounce: torch.Tensor | None) -> None:
+    def _answer(self, conn: socket.socket, request: dict) -> None:
         m = "StateRequest"
         if request.get("v") != WIRE_VERSION:
             raise ProtocolError(f"{m} speaks version {request.get('v')!r}; this server speaks {WIRE_VERSION}. "
@@ -171,17 +169,12 @@ class StateServer:
         reader = request.get("reader")
         if reader is not None:
             reader = check_str(m, "reader", reader, MAX_ID_CHARS)
-        assert bounce is not None
-        if self._fault_hook is not None:
-            data = self._fault_hook(start, stop, snapshot.read(start, stop, reader, torch.empty(stop - start, dtype=torch.uint8)))
-        else:
-            # The first piece is read before the reply, so bytes no longer served are refused
-            # with an error frame; the rest piece by piece, each read as it goes out.
-            data = snapshot.read(start, min(start + SEND_CHUNK_BYTES, stop), reader, bounce)
+        if self._fault_hook is None:
+            snapshot.check(start, stop)  # bytes no longer served are refused with an error frame
+            send_frame(conn, {"ok": True, "num_bytes": stop - start})
+            snapshot.send(conn, start, stop, reader)
+            return
+        data = self._fault_hook(start, stop, snapshot.read(start, stop, reader, torch.empty(stop - start, dtype=torch.uint8)))
         send_frame(conn, {"ok": True, "num_bytes": stop - start})
-        for i in range(start, stop, SEND_CHUNK_BYTES):
-            if self._fault_hook is not None:
-                piece = data[i - start : i - start + SEND_CHUNK_BYTES]
-            else:
-                piece = data if i == start else snapshot.read(i, min(i + SEND_CHUNK_BYTES, stop), reader, bounce)
-            conn.sendall(piece)
+        for i in range(0, len(data), SEND_PIECE_BYTES):
+            conn.sendall(data[i : i + SEND_PIECE_BYTES])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from replicaft.state import DTYPES, SMALL_TENSOR_BYTES, Flat, Sharding, tensor_b
 from replicaft.threads import lower_thread_priority
 from replicaft.transfer.checksum import digest
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
+from replicaft.transfer.wire import SEND_PIECE_BYTES
 
 CAPTURE_NICENESS = 19
 """The background copy's CPU niceness (see BackgroundCapture)."""
@@ -56,10 +58,19 @@ class Snapshot:
         return plan.snapshot(step=step, quorum_id=quorum_id, replica_id=replica_id, chunk_bytes=chunk_bytes,
                              with_checksums=with_checksums)
 
-    def read(self, start: int, stop: int, reader: str | None, bounce: torch.Tensor) -> memoryview:
-        """Bytes ``[start, stop)`` of the buffer, for a state server (``reader`` and ``bounce``
-        serve :class:`~replicaft.transfer.live.LiveSnapshot`; a snapshot needs neither)."""
+    def send(self, conn: socket.socket, start: int, stop: int, reader: str | None) -> None:
+        """Send bytes ``[start, stop)`` of the buffer on ``conn`` (for a state server)."""
+        data = memoryview(self.buffer.numpy())[start:stop]
+        for i in range(0, len(data), SEND_PIECE_BYTES):
+            conn.sendall(data[i : i + SEND_PIECE_BYTES])
+
+    def read(self, start: int, stop: int, reader: str | None, out: torch.Tensor) -> memoryview:
+        """Bytes ``[start, stop)`` of the buffer (``reader`` and ``out`` are for a
+        :class:`~replicaft.transfer.live.LiveSnapshot`; a snapshot needs neither)."""
         return memoryview(self.buffer.numpy())[start:stop]
+
+    def check(self, start: int, stop: int) -> None:
+        """A snapshot serves every byte of its buffer."""
 
 
 class BackgroundCapture:
@@ -222,16 +233,21 @@ class CopyPlan:
         snapshot = Snapshot(self.buffer, m, self.shardings)
         return checksummed(snapshot) if with_checksums else snapshot
 
-    def segments(self, is_live: Callable[[int], bool]) -> list[tuple[int, torch.Tensor]]:
-        """The buffer's bytes as they are or will be once copied: ``(offset, uint8 tensor)`` in
-        order, tensor ``i`` read from the tensor itself where ``is_live(i)`` and from the buffer
-        otherwise, each followed by its zero padding."""
-        out: list[tuple[int, torch.Tensor]] = []
-        for i, t in enumerate(self.flat.tensors):
-            start, size, end = self.offsets[i], self.sizes[i], self.ends[i]
-            out.append((start, tensor_bytes(t) if is_live(i) else self.buffer[start : start + size]))
-            if end > start + size:
-                out.append((start + size, torch.zeros(end - start - size, dtype=torch.uint8)))
+    def segments(self, is_live: Callable[[int], bool], start: int = 0, stop: int | None = None) -> list[torch.Tensor]:
+        """The buffer's bytes ``[start, stop)`` as they are, or will be once copied: uint8
+        tensors in order, tensor ``i``'s bytes read from the tensor itself where ``is_live(i)``
+        and from the buffer otherwise, each followed by its zero padding."""
+        stop = self.total if stop is None else stop
+        out: list[torch.Tensor] = []
+        first = max(bisect.bisect_right(self.offsets, start) - 1, 0)
+        for i in range(first, bisect.bisect_left(self.offsets, stop)):
+            lo, data_end, hi = self.offsets[i], self.offsets[i] + self.sizes[i], self.ends[i]
+            a, b = max(lo, start), min(hi, stop)
+            if a < min(b, data_end):
+                source = tensor_bytes(self.flat.tensors[i]) if is_live(i) else self.buffer[lo:data_end]
+                out.append(source[a - lo : min(b, data_end) - lo])
+            if b > max(a, data_end):
+                out.append(torch.zeros(b - max(a, data_end), dtype=torch.uint8))
         return out
 
     def live_checksums(self, is_live: Callable[[int], bool], chunk_bytes: int) -> list[bytes]:
@@ -240,7 +256,7 @@ class CopyPlan:
         checksums = []
         pieces: list[memoryview] = []
         filled = 0
-        for _, segment in self.segments(is_live):
+        for segment in self.segments(is_live):
             view = memoryview(segment.numpy())
             while len(view):
                 take = view[: chunk_bytes - filled]
@@ -256,19 +272,10 @@ class CopyPlan:
 
     def fill(self, out: torch.Tensor, start: int, stop: int, is_live: Callable[[int], bool]) -> None:
         """Write the buffer's bytes ``[start, stop)`` (see :meth:`segments`) into ``out``."""
-        first = max(bisect.bisect_right(self.offsets, start) - 1, 0)
-        last = bisect.bisect_left(self.offsets, stop)
-        for i in range(first, last):
-            lo, hi = self.offsets[i], self.ends[i]
-            if hi <= start:
-                continue
-            a, b = max(lo, start), min(hi, stop)
-            data_end = lo + self.sizes[i]
-            if a < data_end:
-                source = tensor_bytes(self.flat.tensors[i]) if is_live(i) else self.buffer[lo:data_end]
-                out[a - start : min(b, data_end) - start].copy_(source[a - lo : min(b, data_end) - lo])
-            if b > data_end:
-                out[max(a, data_end) - start : b - start].zero_()
+        position = 0
+        for segment in self.segments(is_live, start, stop):
+            out[position : position + len(segment)].copy_(segment)
+            position += len(segment)
 
 
 def checksummed(snapshot: Snapshot) -> Snapshot:

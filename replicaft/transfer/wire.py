@@ -19,6 +19,8 @@ from lighthouse.errors import ProtocolError
 WIRE_VERSION = 2
 """2: manifests carry named 16-byte chunk digests (manifest.MANIFEST_VERSION 2); 1 carried CRC-32s."""
 MAX_FRAME_BYTES = 64 * 1024
+SEND_PIECE_BYTES = 8 * 1024 * 1024
+"""The most one ``sendall`` of a range's bytes takes."""
 _LENGTH = struct.Struct(">I")
 
 
