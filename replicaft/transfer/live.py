@@ -107,11 +107,13 @@ class LiveSnapshot:
             if not live:
                 conn.sendall(self._sealed_bytes(a, b))
                 continue
+            sent = False
             try:
                 for segment in self._plan.segments(self._live.__contains__, a, b):
                     conn.sendall(memoryview(segment.numpy()))
+                sent = True
             finally:
-                self._sent(conn, a, b, reader)
+                self._sent(conn, a, b, reader if sent else None)
 
     def read(self, start: int, stop: int, reader: str | None, out: torch.Tensor) -> memoryview:
         """Bytes ``[start, stop)``, copied into ``out`` while live (for a state server's fault
@@ -122,13 +124,17 @@ class LiveSnapshot:
                 self._senders.add(out)
         if not live:
             return self._sealed_bytes(start, stop)
+        read = False
         try:
             self._plan.fill(out[: stop - start], start, stop, self._live.__contains__)
+            read = True
         finally:
-            self._sent(out, start, stop, reader)
+            self._sent(out, start, stop, reader if read else None)
         return memoryview(out[: stop - start].numpy())
 
     def _sent(self, sender: object, start: int, stop: int, reader: str | None) -> None:
+        """``sender`` stopped reading the live tensors; ``reader`` (None if the send failed)
+        was sent the chunks ``[start, stop)`` covers whole."""
         with self._cond:
             self._senders.discard(sender)
             if reader is not None:
