@@ -24,13 +24,18 @@ the donor's step time measures the co-location, not the serving.
 Sizes follow the issue's: a 100 MB model (300 MB of state) and a 500 MB one (1.5 GB); the
 donor ratio is taken from a run with 1 GB of state. The per-step state digest is off
 (``REPLICAFT_DIGEST_EVERY_STEPS=0``): hashing 1.5 GB each step would be most of the step.
-torchft 0.2.0 is not run here: the issue's figures for it on this machine (3.4 s and 12.0 s)
-are quoted in the notes as the reference, not measured in the same run.
+
+* ``torchft_restart_to_commit_s_<size>`` (baseline, same run, same pinning and model):
+  torchft 0.2.0 with its own lighthouse (CLI defaults), Manager, DDP and Optimizer wrappers
+  and default HTTP checkpoint transport, from the spawn of the restarted group to its first
+  committed step (``--impl torchft`` of the worker); the donor's worst step between the
+  spawn and that commit is in ``params``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import tempfile
@@ -38,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.processes import ChildProcesses
+from benchmarks.processes import Child, ChildProcesses
 from benchmarks.results import BenchmarkResult
 from replicaft.events import EventTail
 
@@ -52,7 +57,8 @@ AFTER_STEPS = 5
 START_TIMEOUT_S = 300.0
 RECOVERY_TIMEOUT_S = 300.0
 POLL_S = 0.05
-TORCHFT_REFERENCE_S = {"100mb": 3.4, "500mb": 12.0}
+TORCHFT_ISSUE_S = {"100mb": 3.4, "500mb": 12.0}
+"""torchft 0.2.0's restart-to-commit as the issue measured it on this machine (for reference)."""
 TARGETS_S = {"100mb": 2.5, "500mb": 6.0}
 
 
@@ -122,18 +128,66 @@ async def one_restart(model: tuple[int, int]) -> dict[str, float]:
         }
 
 
+async def _drain(child: Child, into: list[dict[str, Any]], deadline: float) -> None:
+    """Every JSON line ``child`` prints, appended to ``into`` (until cancelled), so its pipe
+    never fills while the benchmark waits on another child."""
+    while True:
+        into.append(json.loads(await child.next_line(deadline)))
+
+
+async def one_restart_torchft(model: tuple[int, int]) -> dict[str, float]:
+    """The same restart under torchft 0.2.0; its figures in seconds."""
+    width, layers = model
+
+    def script(cpu: int, replica_id: str, lighthouse: str) -> tuple[str, ...]:
+        return ("-m", "benchmarks.recovery_worker", "--width", str(width), "--layers", str(layers), "--cpu", str(cpu),
+                "--impl", "torchft", "--lighthouse", lighthouse, "--replica-id", replica_id)
+
+    async with ChildProcesses() as children:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        lighthouse = await children.start_python("torchft-lighthouse", "-m", "benchmarks.failover_worker", "--impl",
+                                                  "torchft-lighthouse")
+        address = str((await lighthouse.expect_event("lighthouse", deadline))["address"])
+        g0 = await children.start_python("g0", *script(0, "g0", address))
+        donor: list[dict[str, Any]] = []
+        drain = asyncio.create_task(_drain(g0, donor, deadline + RECOVERY_TIMEOUT_S))
+        try:
+            while not any(e["committed"] and e["step"] >= WARM_STEPS for e in donor):
+                if drain.done():
+                    drain.result()  # raises the donor's failure
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no {WARM_STEPS} torchft donor steps by the deadline")
+                await asyncio.sleep(POLL_S)
+            spawned = time.time()
+            g1 = await children.start_python("g1", *script(1, "g1", address))
+            deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+            first = await g1.expect_event("step", deadline, committed=True)
+        finally:
+            drain.cancel()
+    during = [e["step_time_s"] for e in donor if e["committed"] and spawned <= e["ts"] <= first["ts"]]
+    return {"restart_to_commit_s": first["ts"] - spawned,
+            "donor_worst_step_until_commit_s": max(during, default=float("nan"))}
+
+
 async def _run(quick: bool) -> BenchmarkResult:
     repeats = 1 if quick else 2
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
     compared: dict[str, str] = {}
     params: dict[str, Any] = {"repeats": repeats, "models_width_layers": MODELS, "targets_s": TARGETS_S,
-                              "torchft_reference_s_not_same_run": TORCHFT_REFERENCE_S}
+                              "torchft_issue_figures_s": TORCHFT_ISSUE_S}
     sizes = {"100mb": MODELS["100mb"]} if quick else MODELS
     for label, model in sizes.items():
-        runs = [await one_restart(model) for _ in range(repeats)]
-        figures[f"restart_to_commit_s_{label}"] = statistics.median(r["restart_to_commit_s"] for r in runs)
+        runs, torchft_runs = [], []
+        for _ in range(repeats):  # interleaved, so both see the same machine
+            runs.append(await one_restart(model))
+            torchft_runs.append(await one_restart_torchft(model))
+        figure = f"restart_to_commit_s_{label}"
+        figures[figure] = statistics.median(r["restart_to_commit_s"] for r in runs)
+        baselines[f"torchft_{figure}"] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
+        compared[figure] = f"torchft_{figure}"
         params[f"breakdown_{label}"] = runs
+        params[f"torchft_{label}"] = torchft_runs
     if not quick:
         runs = [await one_restart(MODEL_1GB_STATE) for _ in range(repeats)]
         during = statistics.median(r["donor_step_during_heal_s"] for r in runs)
@@ -152,8 +206,8 @@ async def _run(quick: bool) -> BenchmarkResult:
         "committed step, healing the whole state from one donor over loopback, donor and healer pinned to a core "
         "each; donor_step_ratio_during_heal = the "
         "donor's median step time over the steps ending while a 1 GB heal ran / its median over the steps both "
-        "groups commit after the heal; torchft 0.2.0 "
-        "reference (issue's figures on this machine, not this run): 3.4 s (100 MB) and 12.0 s (500 MB)",
+        "groups commit after the heal; torchft_* = torchft 0.2.0 restarted the same way in the same run "
+        "(its lighthouse, Manager, DDP, Optimizer, HTTP transport); ratio < 1: replicaft commits sooner",
         params=params,
     )
 

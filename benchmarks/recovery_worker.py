@@ -7,12 +7,22 @@ to prepare. ``--cpu`` pins the process (and torch's threads) to one core before 
 imported: the benchmark gives the donor and the healer a core each, as separate hosts would
 have, so the healer's own work does not land on the donor's core. Everything is reported
 through replicaft's event log (``REPLICAFT_EVENTS_DIR``).
+
+``--impl torchft`` runs the same loop under torchft 0.2.0 (its Manager, DDP and Optimizer
+wrappers, ProcessGroupGloo, its default HTTP checkpoint transport, ``init_sync``) against a
+torchft lighthouse at ``--lighthouse``, and reports each step on stdout as a JSON line
+(``{"event": "step", "ts", "step", "committed", "step_time_s"}``): torchft has no event log.
+Its timeouts are raised to 300 s so that a slow heal is measured rather than cut off.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import time
+from datetime import timedelta
+from typing import Any
 
 
 def main() -> None:
@@ -21,17 +31,30 @@ def main() -> None:
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--cpu", type=int, default=None, help="pin to this core")
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--impl", choices=["replicaft", "torchft"], default="replicaft")
+    p.add_argument("--lighthouse", help="torchft: http://host:port of its lighthouse")
+    p.add_argument("--replica-id", help="torchft: this group's replica id")
     args = p.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
+    (train_replicaft if args.impl == "replicaft" else train_torchft)(args)
+
+
+def build(args: argparse.Namespace) -> Any:
     import torch
     from torch import nn
 
-    import replicaft
-
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = nn.Sequential(*(nn.Linear(args.width, args.width, bias=False) for _ in range(args.layers)))
+    return nn.Sequential(*(nn.Linear(args.width, args.width, bias=False) for _ in range(args.layers)))
+
+
+def train_replicaft(args: argparse.Namespace) -> None:
+    import torch
+
+    import replicaft
+
+    model = build(args)
     options = replicaft.ManagerOptions.from_env()
     with replicaft.Manager(options) as manager:
         ddp = replicaft.DistributedDataParallel(manager, model)
@@ -41,6 +64,41 @@ def main() -> None:
             optimizer.zero_grad()
             ddp(inputs).square().mean().backward()
             optimizer.step()
+
+
+def train_torchft(args: argparse.Namespace) -> None:
+    import torch
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+
+    model = build(args)
+    inner = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    # torchft's Manager joins an existing group store; with W = 1 the group hosts its own.
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+
+    def state_dict() -> dict[str, Any]:
+        return {"model": model.state_dict(), "optim": inner.state_dict()}
+
+    def load_state_dict(state: dict[str, Any]) -> None:
+        model.load_state_dict(state["model"])
+        inner.load_state_dict(state["optim"])
+
+    long = timedelta(seconds=300)
+    manager = Manager(pg=ProcessGroupGloo(timeout=long), load_state_dict=load_state_dict, state_dict=state_dict,
+                      min_replica_size=1, timeout=long, quorum_timeout=long, connect_timeout=long,
+                      replica_id=args.replica_id, lighthouse_addr=args.lighthouse, store_addr="127.0.0.1",
+                      store_port=store.port, rank=0, world_size=1, hostname="127.0.0.1")
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = Optimizer(manager, inner)
+    inputs = torch.randn(args.batch, args.width)
+    while True:
+        started = time.monotonic()
+        optimizer.zero_grad()
+        ddp(inputs).square().mean().backward()
+        before = manager.current_step()
+        optimizer.step()
+        step = manager.current_step()
+        print(json.dumps({"event": "step", "ts": time.time(), "step": step, "committed": step > before,
+                          "step_time_s": time.monotonic() - started}), flush=True)
 
 
 if __name__ == "__main__":
