@@ -410,7 +410,8 @@ def run_two_ranks(child: str, directory: Path, init_file: Path) -> list[dict[str
     """Run ``child`` as ranks 0 and 1 of a group; their JSON reports, once both saved and exited."""
     ranks = [spawn_python("-c", child, str(rank), str(directory), str(init_file), name=f"rank{rank}") for rank in (0, 1)]
     reports = [rank.wait_for_json(lambda o: "status" in o, WAIT_S, what="the save result")[1] for rank in ranks]
-    assert all(rank.wait_exit(WAIT_S) == 0 for rank in ranks)
+    codes = [rank.wait_exit(WAIT_S) for rank in ranks]
+    assert codes == [0, 0], f"exit codes {codes}\n" + "\n".join(rank.output_tail() for rank in ranks)
     assert [r["status"] for r in reports] == ["published", "published"], reports
     return reports
 
