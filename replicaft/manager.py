@@ -69,7 +69,8 @@ HEAL_WAIT_FRACTION = 1.0
 """At the end of a step during a heal, a donor waits for its healers to be sent the rest of its
 live snapshot (live.py), and a healer for its fetch to arrive, at most this fraction of the
 step's time so far: a transfer about to end then ends without a copy on the donor, or a
-recorded step and its replay on the healer, and a donor's step stays within 1.5x its own."""
+recorded step and its replay on the healer, while a donor is held at most as long again as
+its step took (the issue's bound: no longer than its own forward and backward)."""
 HOLD_FLAG = 1.0 / 1024
 """A holding healer's share of the ok-flag sum: exact in float32 and, for fewer than 1024
 holding ranks, summing to less than one failure (see ``Manager._reduce_ok_flag``)."""
