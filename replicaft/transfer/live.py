@@ -39,7 +39,7 @@ import torch
 from replicaft.state import SMALL_TENSOR_BYTES, Flat
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest
 from replicaft.transfer.server import NotServed
-from replicaft.transfer.snapshot import CopyPlan, version_counter
+from replicaft.transfer.snapshot import CopyPlan, deferrable, version_counter
 
 LIVE_SEND_GRACE_S = 2.0
 """How long :meth:`LiveSnapshot.seal` lets sends in progress end (one chunk each: 4 MiB take
@@ -66,12 +66,11 @@ class LiveSnapshot:
         self.readers = readers
         """The healers expected to fetch this snapshot (their ``reader`` in range requests)."""
         self._plan = CopyPlan(flat, None)
-        # Small tensors (buffers a forward updates, counters) and those not readable in place
-        # (device or strided: tensor_bytes copies them whole) go to the host buffer at once.
-        now = [i for i, t in enumerate(flat.tensors)
-               if version_counter(t) is None or t.numel() * t.element_size() < copy_now_bytes
-               or t.device.type != "cpu" or not t.is_contiguous()]
-        live = set(range(len(flat.tensors))) - set(now)
+        # Tensors not readable in place (device or strided: tensor_bytes copies them whole) go
+        # to the host buffer at once, with those not deferrable.
+        live = {i for i, t in enumerate(flat.tensors)
+                if deferrable(t, copy_now_bytes) and t.device.type == "cpu" and t.is_contiguous()}
+        now = [i for i in range(len(flat.tensors)) if i not in live]
         self._live = live
         self._versions = {i: version_counter(flat.tensors[i]) for i in live}
         self._plan.copy(now)
@@ -80,6 +79,8 @@ class LiveSnapshot:
         self.manifest: Manifest = dataclasses.replace(manifest, checksums=checksums)
         num_chunks = len(checksums)
         self._sent_to: list[set[str]] = [set() for _ in range(num_chunks)]
+        self._undelivered = num_chunks if readers else 0
+        """Chunks some expected healer has not been sent yet."""
         self._kept = [False] * num_chunks
         self._senders: set[object] = set()
         """Connections (or fault-hook buffers) reading the live tensors right now."""
@@ -139,7 +140,11 @@ class LiveSnapshot:
             self._senders.discard(sender)
             if reader is not None:
                 for k in range(-(-start // self.manifest.chunk_bytes), self._chunk_end(stop)):
-                    self._sent_to[k].add(reader)
+                    sent = self._sent_to[k]
+                    if reader not in sent:
+                        sent.add(reader)
+                        if reader in self.readers and self.readers <= sent:
+                            self._undelivered -= 1
             self._cond.notify_all()
 
     def _chunk_end(self, stop: int) -> int:
@@ -169,9 +174,6 @@ class LiveSnapshot:
                              f"healer ({sorted(self.readers)}) was sent them before the step ended")
         return memoryview(self._plan.buffer.numpy())[start:stop]
 
-    def _delivered(self) -> bool:
-        return all(self.readers <= sent for sent in self._sent_to)
-
     def seal(self, wait_s: float) -> str:
         """Stop reading the live tensors: call before anything writes them. Returns "" or why
         the snapshot must be withdrawn (a live tensor was written while it was served).
@@ -181,7 +183,7 @@ class LiveSnapshot:
         """
         started = time.monotonic()
         with self._cond:
-            self._cond.wait_for(self._delivered, max(wait_s, 0.0))
+            self._cond.wait_for(lambda: self._undelivered == 0, max(wait_s, 0.0))
             self._sealed = True
             if not self._cond.wait_for(lambda: not self._senders, LIVE_SEND_GRACE_S):
                 for conn in self._senders:

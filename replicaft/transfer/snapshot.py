@@ -113,9 +113,7 @@ class BackgroundCapture:
         self._header = {"step": step, "quorum_id": quorum_id, "replica_id": replica_id}
         now, later = [], []
         for i, (name, t) in enumerate(zip(flat.names, flat.tensors, strict=True)):
-            version = version_counter(t)
-            deferrable = version is not None and name not in copy_now and t.numel() * t.element_size() >= copy_now_bytes
-            (later if deferrable else now).append(i)
+            (later if deferrable(t, copy_now_bytes) and name not in copy_now else now).append(i)
         self._plan.copy(now)
         self._versions = {i: version_counter(flat.tensors[i]) for i in later}
         self.deferred_bytes = sum(self._plan.sizes[i] for i in later)
@@ -180,6 +178,13 @@ class BackgroundCapture:
         if self.changed:
             return None, f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})"
         return self._plan.snapshot(**self._header, chunk_bytes=CHUNK_BYTES, with_checksums=False), ""
+
+
+def deferrable(t: torch.Tensor, copy_now_bytes: int) -> bool:
+    """Whether ``t`` may be read after the step boundary, until the state is next written:
+    it has a version counter to prove it was not written meanwhile, and is not small (small
+    tensors, such as the buffers a forward updates, are copied at once)."""
+    return version_counter(t) is not None and t.numel() * t.element_size() >= copy_now_bytes
 
 
 def version_counter(t: torch.Tensor) -> int | None:
