@@ -151,7 +151,7 @@ class AsyncLighthouseClient:
         if call is not None and self._registered.is_set():
             try:
                 await asyncio.wait_for(self._write(call, Heartbeat(self._step, self._progress, leaving=True)), 1.0)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError) as e:
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError, LighthouseUnavailable) as e:
                 logger.debug("could not announce leaving to the lighthouse: %s", e)
         if self._session_task is not None:
             self._session_task.cancel()
@@ -249,6 +249,8 @@ class AsyncLighthouseClient:
             raise LighthouseUnavailable(f"the session with the lighthouse broke: {e}") from None
         finally:
             timer.cancel()
+            if pending.answer.done() and not pending.answer.cancelled():
+                pending.answer.exception()  # retrieved: a send that failed already said why
             if self._pending is pending:
                 self._pending = None
 
@@ -375,6 +377,18 @@ class AsyncLighthouseClient:
             await asyncio.sleep(self.heartbeat_interval_s - quiet_s)
 
     async def _write(self, call: grpc.aio.StreamStreamCall, message: Any) -> None:
+        """Send ``message`` on the session stream ``call``.
+
+        Raises LighthouseUnavailable when the session ends while the message is being sent:
+        grpc fails a write in flight on a call cancelled locally (the session ending, e.g.
+        fenced) with asyncio.CancelledError, which must not read as this task's cancellation.
+        """
         async with self._write_lock:
-            await call.write(protocol.encode(message))
+            try:
+                await call.write(protocol.encode(message))
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    raise
+                raise LighthouseUnavailable("the session with the lighthouse ended while a message was being sent") from None
             self._last_write = time.monotonic()

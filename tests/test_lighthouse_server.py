@@ -28,7 +28,7 @@ from conftest import (
     stop_gracefully,
 )
 
-from lighthouse import protocol
+from lighthouse import LighthouseUnavailable, protocol
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.protocol import Notice
 
@@ -542,3 +542,52 @@ class TestQuorumOnSession:
 
         replica_ids, session_epoch = asyncio.run(scenario())
         assert replica_ids == ("a", "b") and session_epoch == 2
+
+
+
+class _SessionCall:
+    """A session call's write side. ``cancelled_locally``: the session is cancelled while the
+    write is in flight, which grpc reports as asyncio.CancelledError (``_raise_for_status``);
+    otherwise the write never completes."""
+
+    def __init__(self, cancelled_locally: bool) -> None:
+        self.cancelled_locally = cancelled_locally
+        self.writing = asyncio.Event()
+
+    async def write(self, message: bytes) -> None:
+        self.writing.set()
+        if self.cancelled_locally:
+            raise asyncio.CancelledError()
+        await asyncio.Event().wait()
+
+
+def client_on(call: _SessionCall) -> AsyncLighthouseClient:
+    client = AsyncLighthouseClient("127.0.0.1:1", "a")
+    client._call = call  # type: ignore[assignment]
+    client._registered.set()
+    return client
+
+
+class TestSessionEndingMidSend:
+    def test_request_in_flight_when_the_session_ends_is_asked_again_not_raised_as_cancellation(self) -> None:
+        """Seen in CI: a group fenced while its quorum request was being sent got
+        CancelledError out of quorum() and died, instead of asking on its next session."""
+
+        async def scenario() -> BaseException:
+            client = client_on(_SessionCall(cancelled_locally=True))
+            with pytest.raises(LighthouseUnavailable) as raised:
+                await client._ask(protocol.QuorumRequest("a", 0, "", 1, 5.0, ask=1), 5.0)
+            return raised.value
+
+        assert "ended while a message was being sent" in str(asyncio.run(scenario()))
+
+    def test_cancelling_the_asking_task_still_cancels_it(self) -> None:
+        async def scenario() -> None:
+            call = _SessionCall(cancelled_locally=False)
+            asking = asyncio.create_task(client_on(call)._ask(protocol.QuorumRequest("a", 0, "", 1, 5.0, ask=1), 5.0))
+            await asyncio.wait_for(call.writing.wait(), EVENT_TIMEOUT_S)
+            asking.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asking
+
+        asyncio.run(scenario())
