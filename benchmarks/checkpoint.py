@@ -43,7 +43,7 @@ from replicaft.persistence import Persistence
 from replicaft.state import flatten
 from replicaft.transfer.client import Donor, fetch_state
 from replicaft.transfer.server import StateServer
-from replicaft.transfer.snapshot import Snapshot
+from replicaft.transfer.snapshot import Snapshot, SpareBuffer
 
 SIZES = {"100mb": (1024, 8), "1gb": (4096, 5)}
 """label -> (layer width, layers): width² × layers parameters, × 12 bytes with AdamW's moments."""
@@ -62,7 +62,7 @@ class Trainer:
         options = ManagerOptions(lighthouse="127.0.0.1:1", replica_id="bench", checkpoint_dir=str(directory),
                                  checkpoint_interval_steps=1, checkpoint_keep_last=2)
         self.events: list[tuple[str, dict]] = []
-        self.persistence = Persistence(options, lambda event, **fields: self.events.append((event, fields)))
+        self.persistence = Persistence(options, lambda event, **fields: self.events.append((event, fields)), SpareBuffer())
         self.persistence.start()
         self.train_step(save=False)  # AdamW's moments exist from here on
 

@@ -21,7 +21,9 @@ event              fields
                    ``base_step``, or ``error``
 ``serve_end``      a donor stopped serving its live state (transfer/live.py): ``served_step``,
                    ``readers`` (healers expected), ``waited_s`` (for them to be sent the
-                   rest), ``kept_bytes`` (copied for them), ``ok``, ``error`` (withdrawn)
+                   rest), ``kept_bytes`` (copied for them), ``reused_buffer`` (copied into
+                   the spare host buffer a checkpoint also uses), ``shut``, ``ok``, ``error``
+                   (withdrawn)
 ``checkpoint_start`` ``checkpoint_step``, ``background_copy_bytes`` (copied behind the next
                    step; 0: the whole snapshot was copied at the step boundary)
 ``checkpoint``     ``checkpoint_step``, ``ok``, ``status`` (published/refused/failed),

@@ -60,6 +60,7 @@ from replicaft.state import SMALL_TENSOR_BYTES, Flat, digest, flatten, unflatten
 from replicaft.transfer.client import Donor, HealResult, fetch_state
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.server import StateServer
+from replicaft.transfer.snapshot import SpareBuffer
 
 logger = logging.getLogger(__name__)
 
@@ -183,7 +184,9 @@ class Manager:
         self._device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
         self._faults = parse_fault_points(options.fault_points)
         self._events = EventLog(options.events_dir, options.replica_id, options.group_rank)
-        self._persistence = Persistence(options, self._emit)
+        self._spare = SpareBuffer()
+        """The host buffer the checkpoint writer's snapshots and a donor's kept chunks reuse."""
+        self._persistence = Persistence(options, self._emit, self._spare)
         self._store: dist.TCPStore | None = None
         self._state_server: StateServer | None = None
         self._group_server: GroupServer | None = None
@@ -581,7 +584,7 @@ class Manager:
         if plan.max_step in bases.values() and plan.max_step not in self._state_server.published_steps:
             readers = frozenset(rid for rid, base in bases.items() if base == plan.max_step)
             self._serving = LiveSnapshot(flatten(self.state_dict()), step=plan.max_step, quorum_id=plan.quorum_id,
-                                         replica_id=self.options.replica_id, readers=readers)
+                                         replica_id=self.options.replica_id, readers=readers, spare=self._spare)
             self._state_server.publish(self._serving)
             reached(self._faults, "serve", self._step)
             if write_served_due(self._faults, self._step):
@@ -605,7 +608,7 @@ class Manager:
         assert self._state_server is not None
         why = served.seal(HEAL_WAIT_FRACTION * (time.monotonic() - self._step_started))
         self._emit("serve_end", served_step=served.step, readers=sorted(served.readers), waited_s=served.waited_s,
-                   kept_bytes=served.kept_bytes, shut=served.shut, ok=not why, error=why or None)
+                   kept_bytes=served.kept_bytes, reused_buffer=served.reused_buffer, shut=served.shut, ok=not why, error=why or None)
         if not why:
             if self._withdrawn == served.step:
                 self._withdrawn = None  # served again, whole this time

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.state import flatten
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+from replicaft.transfer.snapshot import BackgroundCapture, Snapshot, SpareBuffer
 
 if TYPE_CHECKING:
     from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheckpoint
@@ -52,14 +52,15 @@ long at most for the previous one (every rank must save the same steps)."""
 
 
 class Persistence:
-    def __init__(self, options: ManagerOptions, emit: Callable[..., None]) -> None:
+    def __init__(self, options: ManagerOptions, emit: Callable[..., None], spare: SpareBuffer) -> None:
         self.options = options
         self._emit = emit
+        self._spare = spare
+        """Shared with the donor's live snapshots (snapshot.py)."""
         self._writer: CheckpointWriter | None = None
         self._reader: CheckpointReader | None = None
         self.preempted = threading.Event()
         self._previous_sigterm: Any = None
-        self._spare: torch.Tensor | None = None
         self._in_flight: Snapshot | None = None
         self._capture: BackgroundCapture | None = None
         self._copy_now: frozenset[str] = frozenset()
@@ -133,7 +134,7 @@ class Persistence:
         writer the same steps, and a background copy can be refused on one rank alone.
         """
         if self._writer is not None and is_writer and self._writer.decide(step).save:
-            spare, self._spare = self._spare, None
+            spare = self._spare.take()
             deferred = 0
             if self.options.group_world_size > 1:
                 self._in_flight = self._snapshot(state, step, quorum_id, spare)
@@ -154,7 +155,7 @@ class Persistence:
         if snapshot is None:
             self._copy_now |= capture.changed
             if not capture.running:  # a copy still running would write into a reused buffer
-                self._spare = capture.buffer
+                self._spare.give(capture.buffer)
             logger.warning("[%s] checkpoint not saved: %s; those tensors are copied at once from now on",
                            self.options.replica_id, why)
             self._emit("checkpoint", checkpoint_step=capture.step, ok=False, status="failed", reason=why, path=None, num_bytes=0)
@@ -184,7 +185,8 @@ class Persistence:
             return
         finished = self._writer.pop_finished()
         if finished and self._in_flight is not None and self._writer.statistics().num_pending == 0:
-            self._spare, self._in_flight = self._in_flight.buffer, None
+            self._spare.give(self._in_flight.buffer)
+            self._in_flight = None
         for r in finished:
             self._emit(
                 "checkpoint",

@@ -31,8 +31,8 @@ from replicaft.transfer.client import Donor, HealResult, fetch_manifest, fetch_s
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec
 from replicaft.transfer.placement import Placement
-from replicaft.transfer.server import RangeHook, Served, StateServer
-from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
+from replicaft.transfer.server import NotServed, RangeHook, Served, StateServer
+from replicaft.transfer.snapshot import Snapshot, SpareBuffer, tensors_from_buffer
 from replicaft.transfer.wire import MAX_FRAME_BYTES, WIRE_VERSION, recv_frame, send_frame
 
 STEP = 5
@@ -707,3 +707,55 @@ def test_a_fetch_under_way_when_the_donor_seals_completes_from_the_kept_copy() -
         assert live.seal(wait_s=0.0) == ""
         state["w"].mul_(-1.0)  # the optimizer steps as soon as the seal returns
         assert_same_state(healed.result(), copy)
+
+
+def wait_until(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} within {DEADLINE_S}s")
+        time.sleep(0.001)
+
+
+def test_kept_chunks_go_into_the_spare_buffer_which_returns_to_it_once_no_send_reads_it() -> None:
+    """The host buffer a checkpoint's snapshot leaves behind is the one a donor keeps chunks
+    in, and it goes back for the next checkpoint only when no healer is still being sent
+    from it: a checkpoint copied into it meanwhile would corrupt that transfer."""
+    state = {"w": torch.randn(16 << 20, generator=torch.Generator().manual_seed(5))}  # 64 MiB
+    copy = copy_of(state)
+    warm = torch.zeros(copy.manifest.total_bytes + 4096, dtype=torch.uint8)
+    spare = SpareBuffer()
+    spare.give(warm)
+    live = LiveSnapshot(flatten(state), step=STEP, quorum_id=1, replica_id="donor", readers=frozenset({"h"}),
+                        spare=spare, chunk_bytes=CHUNK)
+    assert live.reused_buffer and spare.take() is None
+    assert live.seal(wait_s=0.0) == "" and live.kept_bytes == copy.manifest.total_bytes
+    state["w"].mul_(-1.0)  # the optimizer steps
+
+    sender, receiver = socket.socketpair()
+    with sender, receiver, ThreadPoolExecutor(1) as pool:
+        sending = pool.submit(live.send, sender, 0, copy.manifest.total_bytes, "h")
+        wait_until(lambda: live._kept_reads == 1, "send from the kept copy")  # 64 MiB outlast the socket buffers
+        live.retire()
+        assert spare.take() is None  # still being read
+        received = bytearray()
+        while len(received) < copy.manifest.total_bytes:
+            received += receiver.recv(1 << 20)
+        sending.result(DEADLINE_S)
+    assert bytes(received) == bytes(copy.buffer.numpy())
+    given_back = spare.take()
+    assert given_back is not None and given_back.data_ptr() == warm.data_ptr()
+    with pytest.raises(NotServed, match="no longer served"):
+        live.check(0, CHUNK)
+
+
+def test_a_state_server_retires_the_snapshots_it_stops_serving() -> None:
+    spare = SpareBuffer()
+    live = LiveSnapshot(flatten(big_state()), step=STEP, quorum_id=1, replica_id="donor", readers=frozenset({"h"}),
+                        spare=spare, chunk_bytes=CHUNK)
+    with serving(live) as (server, _):
+        assert live.seal(wait_s=0.0) == "" and spare.take() is None
+        server.retain({STEP})
+        assert spare.take() is None
+        server.retain(set())
+        assert spare.take() is not None and server.published_steps == set()

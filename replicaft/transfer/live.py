@@ -21,6 +21,9 @@ like every small tensor). So:
   a healer asks for a chunk again only from another donor, or in a new heal, which starts
   from a new snapshot. The kernel copies what ``send`` takes before it returns, so once no
   send is in progress nothing reads the live tensors.
+* the host buffer is the rank's spare one (snapshot.SpareBuffer), warm from the last
+  checkpoint's snapshot when there was one; once the snapshot is retired (no longer
+  served) and no send reads it, it goes back for the next checkpoint or heal.
 
 Version counters read before the digests are compared at :meth:`seal`: if a live tensor was
 written meanwhile (user code in forward), what went out may mix two states, and the seal
@@ -39,7 +42,7 @@ import torch
 from replicaft.state import SMALL_TENSOR_BYTES, Flat
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest
 from replicaft.transfer.server import NotServed
-from replicaft.transfer.snapshot import CopyPlan, deferrable, version_counter
+from replicaft.transfer.snapshot import CopyPlan, SpareBuffer, deferrable, version_counter
 
 LIVE_SEND_GRACE_S = 2.0
 """How long :meth:`LiveSnapshot.seal` lets sends in progress end (one chunk each: 4 MiB take
@@ -59,13 +62,16 @@ class LiveSnapshot:
         quorum_id: int,
         replica_id: str,
         readers: frozenset[str],
+        spare: SpareBuffer | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         copy_now_bytes: int = SMALL_TENSOR_BYTES,
     ) -> None:
         self.step = step
         self.readers = readers
         """The healers expected to fetch this snapshot (their ``reader`` in range requests)."""
-        self._plan = CopyPlan(flat, None)
+        self._spare = spare
+        """Where the host buffer comes from and, once retired and unread, goes back to."""
+        self._plan = CopyPlan(flat, spare.take() if spare is not None else None)
         # Tensors not readable in place (device or strided: tensor_bytes copies them whole) go
         # to the host buffer at once, with those not deferrable.
         live = {i for i, t in enumerate(flat.tensors)
@@ -87,11 +93,17 @@ class LiveSnapshot:
         self._sealed = False
         self._copied = False
         """Sealed, and the chunks still needed are in the host buffer."""
+        self._kept_reads = 0
+        """Sends reading the host buffer right now."""
+        self._retired = False
+        self._returned = False
         self._cond = threading.Condition()
         self.kept_bytes = 0
         """Bytes copied at :meth:`seal` (chunks some healer had not been sent yet)."""
         self.waited_s = 0.0
         """How long :meth:`seal` waited for the healers (and sends in progress)."""
+        self.reused_buffer = self._plan.reused
+        """Whether the host buffer is the spare one, not a fresh allocation."""
         self.shut = 0
         """Connections :meth:`seal` shut: their sends outlasted ``LIVE_SEND_GRACE_S``."""
 
@@ -99,22 +111,30 @@ class LiveSnapshot:
         """Send bytes ``[start, stop)`` on ``conn``: from the live tensors until sealed, then
         from the host copy (NotServed for bytes not kept)."""
         c = self.manifest.chunk_bytes
-        for a in range(start, stop, c):
-            b = min(a - a % c + c, stop)
-            with self._cond:
-                live = not self._sealed
-                if live:
-                    self._senders.add(conn)
-            if not live:
-                conn.sendall(self._sealed_bytes(a, b))
-                continue
-            sent = False
-            try:
-                for segment in self._plan.segments(self._live.__contains__, a, b):
-                    conn.sendall(memoryview(segment.numpy()))
-                sent = True
-            finally:
-                self._sent(conn, a, b, reader if sent else None)
+        reading_kept = False
+        try:
+            for a in range(start, stop, c):
+                b = min(a - a % c + c, stop)
+                with self._cond:
+                    live = not self._sealed
+                    if live:
+                        self._senders.add(conn)
+                if not live:
+                    if not reading_kept:
+                        self._begin_kept_read()
+                        reading_kept = True
+                    conn.sendall(self._kept_bytes(a, b))
+                    continue
+                sent = False
+                try:
+                    for segment in self._plan.segments(self._live.__contains__, a, b):
+                        conn.sendall(memoryview(segment.numpy()))
+                    sent = True
+                finally:
+                    self._sent(conn, a, b, reader if sent else None)
+        finally:
+            if reading_kept:
+                self._kept_read_done()
 
     def read(self, start: int, stop: int, reader: str | None, out: torch.Tensor) -> memoryview:
         """Bytes ``[start, stop)``, copied into ``out`` while live (for a state server's fault
@@ -124,7 +144,12 @@ class LiveSnapshot:
             if live:
                 self._senders.add(out)
         if not live:
-            return self._sealed_bytes(start, stop)
+            self._begin_kept_read()
+            try:
+                out[: stop - start].copy_(torch.frombuffer(self._kept_bytes(start, stop), dtype=torch.uint8))
+            finally:
+                self._kept_read_done()
+            return memoryview(out[: stop - start].numpy())
         read = False
         try:
             self._plan.fill(out[: stop - start], start, stop, self._live.__contains__)
@@ -155,17 +180,26 @@ class LiveSnapshot:
     def check(self, start: int, stop: int) -> None:
         """Raise NotServed if bytes ``[start, stop)`` are no longer served (sealed, not kept)."""
         with self._cond:
-            sealed = self._sealed
-        if sealed:
-            self._sealed_bytes(start, stop)
+            if not self._sealed:
+                return
+            self._wait_copied()
+        self._kept_bytes(start, stop)
 
-    def _sealed_bytes(self, start: int, stop: int) -> memoryview:
-        """Bytes from the host copy, once :meth:`seal` has made it (a request can come between
-        the end of live reads and the end of the copy)."""
+    def _wait_copied(self) -> None:
+        """Under the lock: wait for :meth:`seal` to have made the host copy (a request can come
+        between the end of live reads and the end of the copy); NotServed if it does not come
+        or the snapshot is retired."""
+        if not self._cond.wait_for(lambda: self._copied, LIVE_SEND_EXIT_S):
+            raise NotServed(f"the snapshot of step {self.step} is still being sealed")
+        if self._retired:
+            raise NotServed(f"the snapshot of step {self.step} is no longer served")
+
+    def _begin_kept_read(self) -> None:
+        """A send starts reading the host copy: it is not given back until
+        :meth:`_kept_read_done`, even if the snapshot is retired meanwhile."""
         with self._cond:
-            if not self._cond.wait_for(lambda: self._copied, LIVE_SEND_EXIT_S):
-                raise NotServed(f"the snapshot of step {self.step} is still being sealed")
-        return self._kept_bytes(start, stop)
+            self._wait_copied()
+            self._kept_reads += 1
 
     def _kept_bytes(self, start: int, stop: int) -> memoryview:
         c = self.manifest.chunk_bytes
@@ -173,6 +207,22 @@ class LiveSnapshot:
             raise NotServed(f"bytes {start}..{stop} of the snapshot of step {self.step} are not kept: every expected "
                              f"healer ({sorted(self.readers)}) was sent them before the step ended")
         return memoryview(self._plan.buffer.numpy())[start:stop]
+
+    def _kept_read_done(self) -> None:
+        with self._cond:
+            self._kept_reads -= 1
+            self._give_back_if_unread()
+
+    def retire(self) -> None:
+        """No longer served: once no send reads the host buffer, it goes back to the spare."""
+        with self._cond:
+            self._retired = True
+            self._give_back_if_unread()
+
+    def _give_back_if_unread(self) -> None:
+        if self._retired and self._copied and not self._kept_reads and not self._returned and self._spare is not None:
+            self._returned = True
+            self._spare.give(self._plan.buffer)
 
     def seal(self, wait_s: float) -> str:
         """Stop reading the live tensors: call before anything writes them. Returns "" or why
@@ -202,6 +252,7 @@ class LiveSnapshot:
                     self._kept[k] = True
                     self.kept_bytes += hi - lo
             self._copied = True
+            self._give_back_if_unread()
             self._cond.notify_all()
         flat = self._plan.flat
         changed = sorted(flat.names[i] for i, v in self._versions.items() if version_counter(flat.tensors[i]) != v)

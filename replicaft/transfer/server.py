@@ -38,6 +38,7 @@ class Served(Protocol):
     @property
     def manifest(self) -> Manifest: ...
     def check(self, start: int, stop: int) -> None: ...
+    def retire(self) -> None: ...
     def send(self, conn: socket.socket, start: int, stop: int, reader: str | None) -> None: ...
     def read(self, start: int, stop: int, reader: str | None, out: torch.Tensor) -> memoryview: ...
 
@@ -92,9 +93,13 @@ class StateServer:
             self._snapshots[snapshot.manifest.step] = snapshot
 
     def retain(self, steps: set[int]) -> None:
-        """Stop serving every step not in ``steps`` (their memory is released)."""
+        """Stop serving every step not in ``steps``; each dropped snapshot is retired (its
+        memory released once no request in progress reads it)."""
         with self._lock:
+            dropped = [snap for s, snap in self._snapshots.items() if s not in steps]
             self._snapshots = {s: snap for s, snap in self._snapshots.items() if s in steps}
+        for snapshot in dropped:
+            snapshot.retire()
 
     @property
     def published_steps(self) -> set[int]:
