@@ -22,7 +22,8 @@ the donor's step time measures the co-location, not the serving.
   worst step during the heal is in ``params``.
 
 Sizes follow the issue's: a 100 MB model (300 MB of state) and a 500 MB one (1.5 GB); the
-donor ratio is taken from a run with 1 GB of state. The per-step state digest is off
+donor ratio is taken from runs with 1 GB of state, whose restart-to-commit is reported beside
+torchft's too (``restart_to_commit_s_1gb_state``). The per-step state digest is off
 (``REPLICAFT_DIGEST_EVERY_STEPS=0``): hashing 1.5 GB each step would be most of the step.
 
 * ``torchft_restart_to_commit_s_<size>`` (baseline, same run, same pinning and model):
@@ -189,7 +190,14 @@ async def _run(quick: bool) -> BenchmarkResult:
         params[f"breakdown_{label}"] = runs
         params[f"torchft_{label}"] = torchft_runs
     if not quick:
-        runs = [await one_restart(MODEL_1GB_STATE) for _ in range(repeats)]
+        runs, torchft_runs = [], []
+        for _ in range(repeats):
+            runs.append(await one_restart(MODEL_1GB_STATE))
+            torchft_runs.append(await one_restart_torchft(MODEL_1GB_STATE))
+        figures["restart_to_commit_s_1gb_state"] = statistics.median(r["restart_to_commit_s"] for r in runs)
+        baselines["torchft_restart_to_commit_s_1gb_state"] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
+        compared["restart_to_commit_s_1gb_state"] = "torchft_restart_to_commit_s_1gb_state"
+        params["torchft_1gb_state"] = torchft_runs
         during = statistics.median(r["donor_step_during_heal_s"] for r in runs)
         steady = statistics.median(r["donor_step_s"] for r in runs)
         figures["donor_step_during_heal_1gb_s"] = during
