@@ -190,7 +190,8 @@ class SpareBuffer:
     checkpoint's snapshot (persistence.py) and the chunks a donor's live snapshot keeps for
     its healers (live.py). A fresh buffer costs a page fault per 4 KiB, about as much as the
     copy itself (measured), so both take the one spare buffer held here and give it back
-    when they are done with it. Thread-safe.
+    when they are done with it. The price: host memory of up to one copy of the state stays
+    allocated (resident where it was written) between uses. Thread-safe.
     """
 
     def __init__(self) -> None:
