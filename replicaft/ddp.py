@@ -27,6 +27,8 @@ import torch
 from torch import nn
 
 from replicaft.buffers import BufferAverager
+from replicaft.errors import GroupError
+from replicaft.launch_order import SECOND_BACKWARD, launch_in_order
 from replicaft.manager import ManagedWork, Manager, StepHooks
 
 DEFAULT_BUCKET_CAP_MB = 25.0
@@ -63,6 +65,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self._bucket_of: dict[int, _Bucket] = {}
         self._generation = manager.abandon_generation
         self._callback_queued = False
+        self._next_launch = 0
+        """Index of the first bucket not launched yet in this backward (launch_order.py)."""
         self._sync = True
         self._in_step = False
         self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
@@ -138,6 +142,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
                     p.grad = slot.view_as(p)
             bucket.ready = 0
             bucket.work = None
+        self._next_launch = 0
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         if not self._sync:
@@ -147,18 +152,23 @@ class DistributedDataParallel(nn.Module, StepHooks):
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         bucket = self._bucket_of[id(p)]
         bucket.ready += 1
-        if bucket.ready == len(bucket.params) and bucket.work is None:
-            bucket.work = self._manager.allreduce(bucket.buffer)
+        if bucket.ready == len(bucket.params):
+            self._next_launch = launch_in_order(self._buckets, self._next_launch, _is_full, self._launch)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        if bucket.work is not None:
+            raise GroupError(SECOND_BACKWARD)
+        bucket.work = self._manager.allreduce(bucket.buffer)
 
     def _finish_backward(self) -> None:
         self._callback_queued = False
-        for bucket in self._buckets:
-            if bucket.work is None:
-                bucket.work = self._manager.allreduce(bucket.buffer)
+        self._next_launch = launch_in_order(self._buckets, self._next_launch, lambda _: True, self._launch)
         self._buffer_sync.start_average()
         for bucket in self._buckets:
+            assert bucket.work is not None
             bucket.work.wait()
             bucket.ready = 0
+        self._next_launch = 0
         self._buffer_sync.wait()
 
     # -- step hooks (Manager) ------------------------------------------------------------------
@@ -211,3 +221,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self.module.load_state_dict(state)
         if self._in_step:
             self._buffer_sync.refresh_backup()
+
+
+def _is_full(bucket: _Bucket) -> bool:
+    return bucket.ready == len(bucket.params)

@@ -72,6 +72,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from replicaft.buffers import BufferAverager
 from replicaft.ddp import DEFAULT_BUCKET_CAP_MB
 from replicaft.errors import GroupError, StateError
+from replicaft.launch_order import SECOND_BACKWARD, launch_in_order
 from replicaft.manager import ManagedWork, Manager, StepHooks
 
 
@@ -135,6 +136,8 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         self._bucket_of: dict[int, tuple[_Bucket, int]] = {}
         self._generation = manager.abandon_generation
         self._callback_queued = False
+        self._next_launch = 0
+        """Index of the first bucket not launched yet in this backward (launch_order.py)."""
         self._in_step = False
         self._replay_saved: list[torch.Tensor] | None = None
         """This step's own gradient shards while a healer replays earlier steps into the buckets."""
@@ -206,16 +209,13 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         bucket, offset = self._bucket_of[id(p)]
         if bucket.work is not None:
-            raise GroupError(
-                "a second backward reduced gradients in one step; run every micro-batch but the "
-                "last under FaultTolerantFSDP.no_sync(), or call optimizer.zero_grad() between steps"
-            )
+            raise GroupError(SECOND_BACKWARD)
         local = _local_grad(p)
         with torch.no_grad():
             bucket.buffer[offset : offset + local.numel()].copy_(local.reshape(-1))
         bucket.ready.add(id(p))
         if len(bucket.ready) == len(bucket.params):
-            self._launch(bucket)
+            self._next_launch = launch_in_order(self._buckets, self._next_launch, _is_full, self._launch)
 
     def _launch(self, bucket: _Bucket) -> None:
         if bucket.buffer.numel() == 0:
@@ -226,9 +226,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         """End of backward: launch what is left, wait for every bucket, write the averages back."""
         self._callback_queued = False
         with torch.no_grad():
-            for bucket in self._buckets:
-                if bucket.work is not None:
-                    continue
+            for bucket in self._buckets[self._next_launch :]:
                 # Parameters that got no gradient this step contribute zeros (or what they hold).
                 for p, slot in self._slots(bucket):
                     if id(p) in bucket.ready:
@@ -237,7 +235,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
                         slot.zero_()
                     else:
                         slot.copy_(_local_grad(p))
-                self._launch(bucket)
+            self._next_launch = launch_in_order(self._buckets, self._next_launch, lambda _: True, self._launch)
             self._buffer_sync.start_average()
             for bucket in self._buckets:
                 if bucket.work is not None:
@@ -246,6 +244,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
             self._write_grads()
         for bucket in self._buckets:
             bucket.ready.clear()
+        self._next_launch = 0
 
     def _write_grads(self) -> None:
         """Copy the buckets into the gradient shards (creating a gradient where there is none)."""
@@ -261,6 +260,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
     def on_step_start(self) -> None:
         self._in_step = True
         self._callback_queued = False  # a backward that raised may have left it set
+        self._next_launch = 0
         if self._generation != self._manager.abandon_generation:
             self._allocate_buckets()
         for bucket in self._buckets:
@@ -381,3 +381,6 @@ def _copy_checked(target: torch.Tensor, value: Any, name: str) -> None:
         )
     target.copy_(value)
 
+
+def _is_full(bucket: _Bucket) -> bool:
+    return len(bucket.ready) == len(bucket.params)

@@ -23,6 +23,7 @@ from conftest import REPO_ROOT, ManagedProcess, spawn_python, start_lighthouse
 pytestmark = pytest.mark.slow
 
 EXAMPLE = str(REPO_ROOT / "examples" / "train_ddp.py")
+ROUTED = str(REPO_ROOT / "tests" / "routed_train.py")
 
 
 def read_events(directory: Path) -> list[dict[str, Any]]:
@@ -98,7 +99,7 @@ def assert_samples_exactly_once(directory: Path, min_steps: int = 1) -> None:
 
 
 def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None,
-                **options: str) -> ManagedProcess:
+                script: str = EXAMPLE, **options: str) -> ManagedProcess:
     """``options``: more ``REPLICAFT_*`` variables, e.g. ``REPLICAFT_HEAL_REPLAY_STEPS="1"``."""
     env = dict(os.environ)
     env.update(
@@ -112,7 +113,7 @@ def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, faul
         env["REPLICAFT_FAULT_POINTS"] = fault_points
     else:
         env.pop("REPLICAFT_FAULT_POINTS", None)
-    return spawn_python(EXAMPLE, *args, name=replica_id, env=env)
+    return spawn_python(script, *args, name=replica_id, env=env)
 
 
 def commits(events: Path, replica_id: str) -> list[dict[str, Any]]:
@@ -374,3 +375,16 @@ def test_dataloader_workers_and_micro_batches_keep_samples_exactly_once(tmp_path
         assert g.wait_exit(180) == 0, f"{rid}\n{g.output_tail()}"
     assert_digests_agree(tmp_path, min_steps=25)
     assert_samples_exactly_once(tmp_path, min_steps=30)
+
+
+@pytest.mark.timeout(120)
+def test_groups_whose_batches_leave_different_parameters_unused_stay_identical(tmp_path: Path) -> None:
+    """Buckets are all-reduced in index order (launch_order.py), so groups whose backward fills
+    them in different orders, as a data-dependent model's does, still pair the same buckets."""
+    lh = start_lighthouse("--min-replicas", "2", status=False)
+    groups = [start_group(lh.grpc_address, f"g{i}", tmp_path, "12", str(i), script=ROUTED) for i in (0, 1)]
+    for group in groups:
+        assert group.wait_exit(90) == 0, group.output_tail()
+    assert_digests_agree(tmp_path, min_steps=10)
+    together = {e["step"] for e in read_events(tmp_path) if e["event"] == "commit" and e["committed"] and e["num_contributors"] == 2}
+    assert len(together) >= 10, f"the groups trained together at steps {sorted(together)} only"
