@@ -69,9 +69,12 @@ POLL_S = 0.02
 HEAL_WAIT_FRACTION = 1.0
 """At the end of a step during a heal, a donor waits for its healers to be sent the rest of its
 live snapshot (live.py), and a healer for its fetch to arrive, at most this fraction of the
-step's time so far: a transfer about to end then ends without a copy on the donor, or a
-recorded step and its replay on the healer, while a donor is held at most as long again as
-its step took (the issue's bound: no longer than its own forward and backward)."""
+step's own time so far: the step's time minus what it spent blocked on the quorum and on
+collectives (``Manager._own_step_s``), i.e. its own forward and backward. A transfer about to
+end then ends without a copy on the donor, or a recorded step and its replay on the healer,
+while a transfer holds a donor at most as long again as its own forward and backward (the
+issue's bound). Not the step's whole time: a step that waited long for its quorum (a peer
+restarting) or for a slow peer's all-reduce would wait as long again."""
 HOLD_FLAG = 1.0 / 1024
 """A holding healer's share of the ok-flag sum: exact in float32 and, for fewer than 1024
 holding ranks, summing to less than one failure (see ``Manager._reduce_ok_flag``)."""
@@ -117,15 +120,18 @@ class ManagedWork:
         if self._waited or self._handle is None:
             return self._manager.errored() is None
         self._waited = True
+        blocked_from = time.monotonic()
         try:
             self._handle.wait(
-                time.monotonic() + self._manager.options.collective_timeout_s,
+                blocked_from + self._manager.options.collective_timeout_s,
                 self._manager._abort,
                 self._manager._tick,
             )
         except CollectiveError as e:
             self._manager.report_error(e, abandoned=True)
             return False
+        finally:
+            self._manager._step_blocked_s += time.monotonic() - blocked_from
         if self._divisor > 1:
             self._tensor.div_(self._divisor)
         return True
@@ -168,6 +174,8 @@ class Manager:
         self._plan_future: concurrent.futures.Future[StepPlan] | None = None
         self._catchup: CatchUp | None = None
         self._step_started = 0.0
+        self._step_blocked_s = 0.0
+        """Time this step spent blocked on its quorum and its collectives (``_own_step_s``)."""
         self._digest_due: int | None = None
         self._commit_fields: dict[str, Any] = {}
         self._first_quorum = True
@@ -332,6 +340,7 @@ class Manager:
         self._plan = None
         self._commit_fields = {}
         self._step_started = time.monotonic()
+        self._step_blocked_s = 0.0
         for h in self._hooks:
             h.on_step_start()
         self._tick()
@@ -342,7 +351,8 @@ class Manager:
         if self._plan is not None or self._plan_future is None:
             return self._plan
         future = self._plan_future
-        deadline = time.monotonic() + self.options.quorum_timeout_s + self.options.connect_timeout_s + 5.0
+        blocked_from = time.monotonic()
+        deadline = blocked_from + self.options.quorum_timeout_s + self.options.connect_timeout_s + 5.0
         while not _wait_future(future, POLL_S):
             self._tick()
             if self._persistence.preempted.is_set():
@@ -352,6 +362,7 @@ class Manager:
             if time.monotonic() > deadline:
                 self.report_error(GroupError("the quorum thread did not answer in time"))
                 return None
+        self._step_blocked_s += time.monotonic() - blocked_from
         try:
             self._plan = future.result()
             self._quorum_failures = 0
@@ -405,7 +416,7 @@ class Manager:
         self._seal_served()
         cu = self._catchup
         if plan is not None and plan.healing and cu is not None and not cu.hold and not cu.fetched:
-            _wait_future(cu.future, HEAL_WAIT_FRACTION * (time.monotonic() - self._step_started))
+            _wait_future(cu.future, HEAL_WAIT_FRACTION * self._own_step_s())
         if self._resume_pending:
             self._persistence.settle()
             self._resume_from_disk()
@@ -592,10 +603,15 @@ class Manager:
                 _write_largest_optimizer_tensor(flatten(self.state_dict()))
         self._state_server.retain(set(bases.values()))
 
+    def _own_step_s(self) -> float:
+        """The step's own time so far: its time minus what it spent blocked on its quorum and
+        its collectives, i.e. its own forward and backward (see ``HEAL_WAIT_FRACTION``)."""
+        return max(0.0, time.monotonic() - self._step_started - self._step_blocked_s)
+
     def _seal_served(self) -> None:
         """Stop serving this step's snapshot from the live state, before anything writes it.
 
-        The healers get up to ``HEAL_WAIT_FRACTION`` of the step's time so far to be sent
+        The healers get up to ``HEAL_WAIT_FRACTION`` of the step's own time so far to be sent
         what they have not been sent yet; the rest is copied (live.py). If the state changed
         while it was served (user code writing it in place during forward or backward), what
         went out may mix two states: it is withdrawn, this step fails, and healers fetching it
@@ -606,7 +622,7 @@ class Manager:
         if served is None:
             return
         assert self._state_server is not None
-        why = served.seal(HEAL_WAIT_FRACTION * (time.monotonic() - self._step_started))
+        why = served.seal(HEAL_WAIT_FRACTION * self._own_step_s())
         self._emit("serve_end", served_step=served.step, readers=sorted(served.readers), waited_s=served.waited_s,
                    kept_bytes=served.kept_bytes, reused_buffer=served.reused_buffer, shut=served.shut, ok=not why, error=why or None)
         if not why:
