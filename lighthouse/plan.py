@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lighthouse.protocol import Member, Quorum
+from lighthouse.protocol import Member, Notice, Quorum
 
 MIN_STRIPE_BYTES = 4 * 1024 * 1024
 """Below this a range is not worth its own request (a round trip costs more than the bytes)."""
@@ -75,6 +75,19 @@ class StepPlan:
             if p.replica_id == replica_id:
                 return p
         return None
+
+    def lost_participant(self, notice: Notice) -> bool:
+        """Whether a ``member_lost`` notice is about a participant of this plan.
+
+        The notice carries the last quorum the lost member was in during its session (-1: none
+        yet, say after a lighthouse restart). A plan of a later quorum with a member of that
+        name has a new incarnation of it (the lighthouse removed the lost one before that
+        quorum formed: the group restarted and joined again), so a notice that arrives after
+        the restarted group joined must not abort a step with it.
+        """
+        if self.member(notice.replica_id) is None:
+            return False
+        return notice.quorum_id < 0 or self.quorum_id <= notice.quorum_id
 
 
 def plan_step(quorum: Quorum, replica_id: str) -> StepPlan:

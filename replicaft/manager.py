@@ -169,7 +169,7 @@ class Manager:
         self._abandon_generation = 0
         self._error: Exception | None = None
         self._abort = threading.Event()
-        self._lost_before_plan: list[str] = []
+        self._lost_before_plan: list[Notice] = []
         self._plan: StepPlan | None = None
         self._plan_future: concurrent.futures.Future[StepPlan] | None = None
         self._catchup: CatchUp | None = None
@@ -366,7 +366,7 @@ class Manager:
         try:
             self._plan = future.result()
             self._quorum_failures = 0
-            if any(self._plan.member(rid) is not None for rid in self._lost_before_plan):
+            if any(self._plan.lost_participant(notice) for notice in self._lost_before_plan):
                 self._abort.set()
         except GroupBroken as e:
             self._broken = e  # raised at the end of the step, where the loop can take it
@@ -804,8 +804,8 @@ class Manager:
             if plan is None:
                 # The step's quorum is not known yet: decide once it is (wait_quorum). A loss
                 # that predates the new quorum is not in it and must not abort its step.
-                self._lost_before_plan.append(notice.replica_id)
-            elif plan.member(notice.replica_id) is not None:
+                self._lost_before_plan.append(notice)
+            elif plan.lost_participant(notice):
                 self._abort.set()
         elif notice.kind == "fenced" and notice.replica_id == self.options.replica_id:
             self._abort.set()

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lighthouse.plan import MIN_STRIPE_BYTES, STRIPES_PER_DONOR, Stripe, assign_stripes, plan_step
-from lighthouse.protocol import Member, Quorum
+from lighthouse.protocol import Member, Notice, Quorum
 
 
 def quorum(steps: dict[str, int], *, quorum_id: int = 5, incarnation: int = 9) -> Quorum:
@@ -105,3 +105,21 @@ class TestAssignStripes:
     def test_negative_size_rejected(self) -> None:
         with pytest.raises(ValueError, match="num_bytes=-1"):
             assign_stripes(-1, ["a"])
+
+
+class TestLostParticipant:
+    def test_a_loss_in_the_plans_quorum_or_a_later_one_is_a_participants(self) -> None:
+        plan = plan_step(quorum({"a": 3, "b": 3}, quorum_id=5), "a")
+        assert plan.lost_participant(Notice("member_lost", 5, "b"))
+        assert plan.lost_participant(Notice("member_lost", 6, "b"))
+        assert not plan.lost_participant(Notice("member_lost", 5, "c"))
+
+    def test_a_late_notice_about_a_restarted_groups_old_process_is_not(self) -> None:
+        """b's old process was lost in quorum 4; quorum 5 has b's restarted process."""
+        plan = plan_step(quorum({"a": 3, "b": 0}, quorum_id=5), "a")
+        assert not plan.lost_participant(Notice("member_lost", 4, "b"))
+
+    def test_a_member_lost_before_any_quorum_of_its_session_counts_as_a_participant(self) -> None:
+        # After a lighthouse restart a reconnected member is in no quorum of its new session yet.
+        plan = plan_step(quorum({"a": 3, "b": 3}, quorum_id=5), "a")
+        assert plan.lost_participant(Notice("member_lost", -1, "b"))
