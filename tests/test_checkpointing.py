@@ -65,7 +65,10 @@ def flip_a_byte(checkpoint: Path) -> Path:
 )
 @pytest.mark.timeout(240)
 def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corrupt_newest: bool, width: int) -> None:
-    lh = start_lighthouse(status=False)
+    # min_replicas=2: the restarted groups form their first quorum together and both resume
+    # from disk. Without it the first one back may form a quorum alone (seen in CI, when the
+    # other's session registered late), and the other then heals from it instead.
+    lh = start_lighthouse("--min-replicas", "2", status=False)
     args = ("--steps", "60", "--step-delay", "0.02", "--width", str(width))
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     events = tmp_path / "events"
