@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from torch import nn
+from routed_train import Routed
 
 from replicaft.ddp import DistributedDataParallel
 from replicaft.errors import GroupError
@@ -42,19 +42,6 @@ class RecordingManager:
         return _Done()
 
 
-class Routed(nn.Module):
-    """``b`` takes part only on batches routed to it, like an expert of a mixture."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a = nn.Linear(4, 4)
-        self.b = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
-        y = self.a(x)
-        return y + self.b(x) if use_b else y
-
-
 def wrapped() -> tuple[DistributedDataParallel, RecordingManager]:
     manager = RecordingManager()
     ddp = DistributedDataParallel(manager, Routed(), bucket_cap_mb=1e-6)  # type: ignore[arg-type]
@@ -69,7 +56,7 @@ def bucket_indices(ddp: DistributedDataParallel, reduced: list[torch.Tensor]) ->
 def test_buckets_are_reduced_in_index_order_whichever_parameters_the_batch_used(use_b: bool) -> None:
     ddp, manager = wrapped()
     assert len(ddp._buckets) == 4  # one parameter each: b.bias, b.weight, a.bias, a.weight
-    ddp(torch.randn(2, 4), use_b).sum().backward()
+    ddp(torch.randn(2, 8), use_b).sum().backward()
     # With b unused, a's buckets (2, 3) fill during backward and b's only at its end:
     # launched as they filled, this group would reduce 2, 3, 0, 1 and a group whose batch
     # used b would reduce 0, 1, 2, 3, pairing different buckets.
@@ -78,7 +65,7 @@ def test_buckets_are_reduced_in_index_order_whichever_parameters_the_batch_used(
 
 def test_a_second_backward_in_one_step_is_refused_by_name() -> None:
     ddp, _ = wrapped()
-    loss = ddp(torch.randn(2, 4), True).sum()
+    loss = ddp(torch.randn(2, 8), True).sum()
     loss.backward(retain_graph=True)
     with pytest.raises(GroupError, match="second backward"):
         loss.backward()
