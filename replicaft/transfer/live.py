@@ -70,7 +70,7 @@ class LiveSnapshot:
         self.readers = readers
         """The healers expected to fetch this snapshot (their ``reader`` in range requests)."""
         self._spare = spare
-        """Where the host buffer comes from and, once retired and unread, goes back to."""
+        """Where the host buffer comes from and, once retired and unread, goes back to (then None)."""
         self._plan = CopyPlan(flat, spare.take() if spare is not None else None)
         # Tensors not readable in place (device or strided: tensor_bytes copies them whole) go
         # to the host buffer at once, with those not deferrable.
@@ -96,7 +96,6 @@ class LiveSnapshot:
         self._kept_reads = 0
         """Sends reading the host buffer right now."""
         self._retired = False
-        self._returned = False
         self._cond = threading.Condition()
         self.kept_bytes = 0
         """Bytes copied at :meth:`seal` (chunks some healer had not been sent yet)."""
@@ -220,9 +219,9 @@ class LiveSnapshot:
             self._give_back_if_unread()
 
     def _give_back_if_unread(self) -> None:
-        if self._retired and self._copied and not self._kept_reads and not self._returned and self._spare is not None:
-            self._returned = True
+        if self._retired and self._copied and not self._kept_reads and self._spare is not None:
             self._spare.give(self._plan.buffer)
+            self._spare = None
 
     def seal(self, wait_s: float) -> str:
         """Stop reading the live tensors: call before anything writes them. Returns "" or why
