@@ -384,9 +384,15 @@ def test_with_wait_when_busy_a_due_save_waits_for_the_previous_one(tmp_path: Pat
 
 # -- a group of two ranks --------------------------------------------------------------------
 
+# The rank children end with os._exit rather than by returning. A Gloo worker thread can hold
+# the last reference to a collective's tensors for a moment after the collective completed;
+# dropping it needs the GIL, and if the interpreter is already finalising, that thread is ended
+# by pthread_exit inside a destructor and the process aborts ("terminate called without an
+# active exception", exit -6) after all its work is done. It happened three times in this project's runs.
+# These tests check the checkpoint, not torch's teardown, so the children skip finalisation.
 RANK_CHILD = textwrap.dedent(
     """
-    import json, sys, torch, torch.distributed as dist
+    import json, os, sys, torch, torch.distributed as dist
     from replicaft.checkpoint import CheckpointWriter
     from replicaft.state import digest, flatten
     from replicaft.transfer.snapshot import Snapshot
@@ -402,6 +408,8 @@ RANK_CHILD = textwrap.dedent(
         result = writer.save_async(snap, 10).wait(60)
     print(json.dumps({"rank": rank, "status": result.status, "path": str(result.path), "digest": digest(flatten(state))}))
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # skip finalisation: see the note above RANK_CHILD
     """
 )
 
@@ -431,7 +439,7 @@ def test_two_rank_group_writes_one_shard_per_rank_and_loads_in_one_process(tmp_p
 
 SHARDED_RANK_CHILD = textwrap.dedent(
     """
-    import json, sys, torch, torch.distributed as dist
+    import json, os, sys, torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from replicaft.checkpoint import CheckpointReader, CheckpointWriter
@@ -484,6 +492,8 @@ SHARDED_RANK_CHILD = textwrap.dedent(
         "full_digest": digest(flatten(full(saved))),
     }))
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # skip finalisation: see the note above RANK_CHILD
     """
 )
 
