@@ -26,6 +26,13 @@ donor ratio is taken from runs with 1 GB of state, whose restart-to-commit is re
 torchft's too (``restart_to_commit_s_1gb_state``). The per-step state digest is off
 (``REPLICAFT_DIGEST_EVERY_STEPS=0``): hashing 1.5 GB each step would be most of the step.
 
+* ``plain_first_step_s_<size>`` (baseline, same run, same pinning and model): a fresh process
+  of the same loop with no fault tolerance at all (``--impl plain``: no lighthouse, no peer, no
+  heal; its weights come from its own initialisation), from its spawn to the end of its first
+  optimizer step. No restart of this script can commit sooner on this machine: it is the
+  floor the restart targets are measured against. ``restart_to_commit_s_<size>_vs_plain`` is
+  the restart figure again, divided by this floor (the ratio is what a restart costs over
+  the first step of a fresh start: the join, the heal and everything replicaft does).
 * ``torchft_restart_to_commit_s_<size>`` (baseline, same run, same pinning and model):
   torchft 0.2.0 with its own lighthouse (CLI defaults), Manager, DDP and Optimizer wrappers
   and default HTTP checkpoint transport, from the spawn of the restarted group to its first
@@ -170,6 +177,18 @@ async def one_restart_torchft(model: tuple[int, int]) -> dict[str, float]:
             "donor_worst_step_until_commit_s": max(during, default=float("nan"))}
 
 
+async def one_start_plain(model: tuple[int, int]) -> float:
+    """Seconds from the spawn of a plain (no fault tolerance) process of the loop, pinned to the
+    healer's core, to the end of its first optimizer step."""
+    width, layers = model
+    async with ChildProcesses() as children:
+        spawned = time.time()
+        child = await children.start_python("plain", "-m", "benchmarks.recovery_worker", "--width", str(width),
+                                            "--layers", str(layers), "--cpu", "1", "--impl", "plain")
+        first = await child.expect_event("step", time.monotonic() + START_TIMEOUT_S)
+    return float(first["ts"]) - spawned
+
+
 async def _run(quick: bool) -> BenchmarkResult:
     repeats = 1 if quick else 2
     figures: dict[str, float] = {}
@@ -179,32 +198,15 @@ async def _run(quick: bool) -> BenchmarkResult:
                               "torchft_issue_figures_s": TORCHFT_ISSUE_S}
     sizes = {"100mb": MODELS["100mb"]} if quick else MODELS
     for label, model in sizes.items():
-        runs, torchft_runs = [], []
-        for _ in range(repeats):  # interleaved, so both see the same machine
-            runs.append(await one_restart(model))
-            torchft_runs.append(await one_restart_torchft(model))
-        figure = f"restart_to_commit_s_{label}"
-        figures[figure] = statistics.median(r["restart_to_commit_s"] for r in runs)
-        baselines[f"torchft_{figure}"] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
-        compared[figure] = f"torchft_{figure}"
-        params[f"breakdown_{label}"] = runs
-        params[f"torchft_{label}"] = torchft_runs
+        runs = await _restarts(label, model, repeats, figures, baselines, compared, params)
     if not quick:
-        runs, torchft_runs = [], []
-        for _ in range(repeats):
-            runs.append(await one_restart(MODEL_1GB_STATE))
-            torchft_runs.append(await one_restart_torchft(MODEL_1GB_STATE))
-        figures["restart_to_commit_s_1gb_state"] = statistics.median(r["restart_to_commit_s"] for r in runs)
-        baselines["torchft_restart_to_commit_s_1gb_state"] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
-        compared["restart_to_commit_s_1gb_state"] = "torchft_restart_to_commit_s_1gb_state"
-        params["torchft_1gb_state"] = torchft_runs
+        runs = await _restarts("1gb_state", MODEL_1GB_STATE, repeats, figures, baselines, compared, params)
         during = statistics.median(r["donor_step_during_heal_s"] for r in runs)
         steady = statistics.median(r["donor_step_s"] for r in runs)
         figures["donor_step_during_heal_1gb_s"] = during
         baselines["donor_steady_step_1gb_s"] = steady
         compared["donor_step_during_heal_1gb_s"] = "donor_steady_step_1gb_s"
         figures["donor_step_ratio_during_heal"] = during / steady
-        params["breakdown_1gb_state"] = runs
     return BenchmarkResult(
         name="recovery",
         figures=figures,
@@ -215,9 +217,32 @@ async def _run(quick: bool) -> BenchmarkResult:
         "each; donor_step_ratio_during_heal = the "
         "donor's median step time over the steps ending while a 1 GB heal ran / its median over the steps both "
         "groups commit after the heal; torchft_* = torchft 0.2.0 restarted the same way in the same run "
-        "(its lighthouse, Manager, DDP, Optimizer, HTTP transport); ratio < 1: replicaft commits sooner",
+        "(its lighthouse, Manager, DDP, Optimizer, HTTP transport); ratio < 1: replicaft commits sooner; "
+        "plain_first_step = the same loop with no fault tolerance, spawn to its first step: the floor of any restart",
         params=params,
     )
+
+
+async def _restarts(label: str, model: tuple[int, int], repeats: int, figures: dict[str, float],
+                    baselines: dict[str, float], compared: dict[str, str], params: dict[str, Any]) -> list[dict[str, float]]:
+    """``repeats`` restarts of each kind for one model, interleaved so that all see the same
+    machine; their medians into the result's tables, and replicaft's breakdowns returned."""
+    runs, torchft_runs, plain = [], [], []
+    for _ in range(repeats):
+        runs.append(await one_restart(model))
+        torchft_runs.append(await one_restart_torchft(model))
+        plain.append(await one_start_plain(model))
+    figure = f"restart_to_commit_s_{label}"
+    figures[figure] = statistics.median(r["restart_to_commit_s"] for r in runs)
+    baselines[f"torchft_{figure}"] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
+    baselines[f"plain_first_step_s_{label}"] = statistics.median(plain)
+    figures[f"{figure}_vs_plain"] = figures[figure]
+    compared[figure] = f"torchft_{figure}"
+    compared[f"{figure}_vs_plain"] = f"plain_first_step_s_{label}"
+    params[f"breakdown_{label}"] = runs
+    params[f"torchft_{label}"] = torchft_runs
+    params[f"plain_{label}"] = plain
+    return runs
 
 
 def run(*, quick: bool) -> BenchmarkResult:

@@ -8,6 +8,10 @@ imported: the benchmark gives the donor and the healer a core each, as separate 
 have, so the healer's own work does not land on the donor's core. Everything is reported
 through replicaft's event log (``REPLICAFT_EVENTS_DIR``).
 
+``--impl plain`` runs the same loop with no fault tolerance at all (plain torch, no process
+group), reporting steps on stdout like torchft below: how soon a fresh process of this script
+can finish its first step on this machine, the floor under any restart.
+
 ``--impl torchft`` runs the same loop under torchft 0.2.0 (its Manager, DDP and Optimizer
 wrappers, ProcessGroupGloo, its default HTTP checkpoint transport, ``init_sync``) against a
 torchft lighthouse at ``--lighthouse``, and reports each step on stdout as a JSON line
@@ -31,13 +35,13 @@ def main() -> None:
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--cpu", type=int, default=None, help="pin to this core")
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--impl", choices=["replicaft", "torchft"], default="replicaft")
+    p.add_argument("--impl", choices=["replicaft", "torchft", "plain"], default="replicaft")
     p.add_argument("--lighthouse", help="torchft: http://host:port of its lighthouse")
     p.add_argument("--replica-id", help="torchft: this group's replica id")
     args = p.parse_args()
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
-    (train_replicaft if args.impl == "replicaft" else train_torchft)(args)
+    {"replicaft": train_replicaft, "torchft": train_torchft, "plain": train_plain}[args.impl](args)
 
 
 def build(args: argparse.Namespace) -> Any:
@@ -64,6 +68,28 @@ def train_replicaft(args: argparse.Namespace) -> None:
             optimizer.zero_grad()
             ddp(inputs).square().mean().backward()
             optimizer.step()
+
+
+def train_plain(args: argparse.Namespace) -> None:
+    import torch
+
+    model = build(args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    inputs = torch.randn(args.batch, args.width)
+    step = 0
+    while True:
+        started = time.monotonic()
+        optimizer.zero_grad()
+        model(inputs).square().mean().backward()
+        optimizer.step()
+        step += 1
+        report_step(step, True, started)
+
+
+def report_step(step: int, committed: bool, started: float) -> None:
+    """One step as a JSON line on stdout (the plain and torchft loops have no event log)."""
+    print(json.dumps({"event": "step", "ts": time.time(), "step": step, "committed": committed,
+                      "step_time_s": time.monotonic() - started}), flush=True)
 
 
 def train_torchft(args: argparse.Namespace) -> None:
@@ -97,8 +123,7 @@ def train_torchft(args: argparse.Namespace) -> None:
         before = manager.current_step()
         optimizer.step()
         step = manager.current_step()
-        print(json.dumps({"event": "step", "ts": time.time(), "step": step, "committed": step > before,
-                          "step_time_s": time.monotonic() - started}), flush=True)
+        report_step(step, step > before, started)
 
 
 if __name__ == "__main__":
