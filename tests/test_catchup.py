@@ -6,7 +6,10 @@ import concurrent.futures
 
 import torch
 
+from lighthouse.plan import plan_step
+from lighthouse.protocol import Member, Quorum
 from replicaft.catchup import CatchUp
+from replicaft.manager import donor_own_step_s
 
 
 def test_a_tensor_written_while_it_was_received_in_place_is_named() -> None:
@@ -34,3 +37,20 @@ def test_small_records_go_past_the_step_count_large_ones_stop_at_it() -> None:
         assert large.record(step, [[torch.zeros(100)], {"buffers": (torch.zeros(5),)}]) == "recorded"
     assert large.record_bytes == 16 * 420
     assert large.record(16, [[torch.zeros(100)]]) == "full"
+
+
+def test_a_healer_bounds_its_wait_by_the_shortest_own_step_its_donors_published() -> None:
+    """The healer's wait for its fetch holds its donors, so it is bounded by their own time
+    (manager.HEAL_WAIT_FRACTION); what they published came over the wire, so junk is ignored."""
+
+    def member(rid: str, step: int, *own: object) -> Member:
+        return Member(rid, f"host-{rid}", step, len(own), {"ranks": [{"own_step_s": v} for v in own]})
+
+    q = Quorum.of(4, 1, 0.0, [member("a", 9, 0.8, 0.3), member("b", 9, 0.5, "fast"), member("c", 2, 0.01, 0.01)])
+    plan = plan_step(q, "c")
+    assert plan.donors == ("a", "b")
+    assert donor_own_step_s(plan, 0) == 0.5  # the healer's own published time does not count
+    assert donor_own_step_s(plan, 1) == 0.3
+    junk = Quorum.of(4, 1, 0.0, [member("a", 9, float("nan")), member("b", 9, True), member("c", 2, -1.0),
+                                 Member("d", "host-d", 9, 1, {"ranks": "none"})])
+    assert donor_own_step_s(plan_step(junk, "c"), 0) is None
