@@ -388,8 +388,9 @@ def test_with_wait_when_busy_a_due_save_waits_for_the_previous_one(tmp_path: Pat
 # the last reference to a collective's tensors for a moment after the collective completed;
 # dropping it needs the GIL, and if the interpreter is already finalising, that thread is ended
 # by pthread_exit inside a destructor and the process aborts ("terminate called without an
-# active exception", exit -6) after all its work is done. It happened three times in this project's runs.
-# These tests check the checkpoint, not torch's teardown, so the children skip finalisation.
+# active exception", exit -6) after all its work is done. It happened three times in this
+# project's runs. These tests check the checkpoint, not torch's teardown, so the children skip
+# finalisation.
 RANK_CHILD = textwrap.dedent(
     """
     import json, os, sys, torch, torch.distributed as dist
