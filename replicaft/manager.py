@@ -40,7 +40,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lighthouse.errors import QuorumTimeout
+from lighthouse.checks import check_float
+from lighthouse.errors import ProtocolError, QuorumTimeout
 from lighthouse.plan import StepPlan, plan_step
 from lighthouse.protocol import Notice
 from replicaft.catchup import CatchUp
@@ -422,11 +423,11 @@ class Manager:
         "ok" flag all-reduce and the group vote, each under its own deadline.
         """
         plan = self.wait_quorum()
-        self._last_own_step_s = round(self._own_step_s(), 4)
+        own = self._own_step_s()
+        self._last_own_step_s = round(own, 4)
         self._seal_served()
         cu = self._catchup
         if plan is not None and plan.healing and cu is not None and not cu.hold and not cu.fetched:
-            own = self._own_step_s()
             donors = donor_own_step_s(plan, self.options.group_rank)
             _wait_future(cu.future, HEAL_WAIT_FRACTION * (own if donors is None else min(own, donors)))
         if self._resume_pending:
@@ -855,8 +856,12 @@ def donor_own_step_s(plan: StepPlan, group_rank: int) -> float | None:
     for rid in plan.donors:
         ranks = _rank_entries(plan, rid)
         value = ranks[group_rank].get("own_step_s") if len(ranks) > group_rank else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0:
-            times.append(float(value))
+        if value is None:
+            continue
+        try:
+            times.append(check_float(f"donor {rid}", f"ranks[{group_rank}].own_step_s", value, 0.0, math.inf))
+        except ProtocolError:
+            continue
     return min(times, default=None)
 
 
