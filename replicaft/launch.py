@@ -25,6 +25,14 @@ Design:
   SIGKILL cannot clean up after itself, and the launcher runs on Linux only.
 * The status line reads the structured event logs (STYLE §9), never the children's log text,
   so the launcher always sets ``REPLICAFT_EVENTS_DIR`` (a temporary directory by default).
+* A restart runs in a warm standby when one is ready (``replicaft.standby``: an interpreter
+  that has already imported torch and replicaft, which takes ~2.5 s here): the launcher writes
+  the group's variables to its stdin and it becomes the group. With W = 1 the launcher keeps
+  ``--standbys`` of them (default 1). It starts them only while no group is in its start-up
+  (every running group has committed since it started, or ``STANDBY_QUIET_S`` have passed),
+  so that their imports never compete for the CPU with a group's start or heal. A standby that
+  exits before it is used turns standbys off for the run, with a message, and restarts go cold.
+  With W > 1 torchrun starts the ranks, so restarts are always cold.
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from replicaft.events import EventTail
 from replicaft.job_status import EventProgress, GroupState, GroupStatus, render_status
 from replicaft.process_tree import become_subreaper, read_process_table, running_below, send_signal
 from replicaft.restart_policy import decide_restart, describe_exit
+from replicaft.standby import READY_LINE, encode_activation
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +78,11 @@ TICK_S = 0.1
 """How often the supervisor polls its children: restart latency is a tick plus the delay."""
 KILL_WAIT_S = 5.0
 """After SIGKILL only a process stuck in the kernel survives; we wait this long, then report it."""
+STANDBY_QUIET_S = 30.0
+"""A standby starts once every running group has committed since its start, or this long after
+the latest start (for scripts that write no events, or a group that cannot commit alone)."""
+_GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+"""Removed from the groups' environment: torchrun sets them per rank, and a W = 1 group has none."""
 _LIGHTHOUSE_ADDRESS_LINE = re.compile(r"^lighthouse serving gRPC at (\S+)$")
 _REPLICA_PREFIX = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -99,6 +113,8 @@ class LaunchOptions:
     """Period of the plain status line when stderr is not a terminal."""
     stop_grace_s: float = 10.0
     """Time between SIGTERM and SIGKILL when stopping a process."""
+    standbys: int | None = None
+    """Warm standby processes kept for restarts; None: 1 with W = 1, 0 otherwise."""
 
     def __post_init__(self) -> None:
         for flag, value, minimum in (
@@ -124,6 +140,14 @@ class LaunchOptions:
                     f"--min-replicas {self.min_replicas} is more than --groups {self.num_groups}, so no "
                     f"quorum could ever form; lower --min-replicas or raise --groups"
                 )
+        if self.standbys is not None:
+            if self.standbys < 0:
+                raise OptionsError(f"--standbys {self.standbys}: use 0 or more")
+            if self.standbys and self.ranks_per_group > 1:
+                raise OptionsError(
+                    f"--standbys {self.standbys} with --ranks-per-group {self.ranks_per_group}: torchrun starts the "
+                    "ranks of a W > 1 group, so they cannot run in a standby; use --standbys 0"
+                )
         if not _REPLICA_PREFIX.match(self.replica_prefix):
             raise OptionsError(
                 f"--replica-prefix {self.replica_prefix!r}: replica ids name event files; use letters, "
@@ -132,6 +156,11 @@ class LaunchOptions:
 
     def replica_ids(self) -> list[str]:
         return [f"{self.replica_prefix}{i}" for i in range(self.num_groups)]
+
+    def num_standbys(self) -> int:
+        if self.standbys is not None:
+            return self.standbys
+        return 1 if self.ranks_per_group == 1 else 0
 
 
 class _Parser(argparse.ArgumentParser):
@@ -160,6 +189,9 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
                    help="period of the status line when stderr is not a terminal (default: %(default)s)")
     p.add_argument("--stop-grace", type=float, default=d.stop_grace_s, metavar="S",
                    help="seconds between SIGTERM and SIGKILL when stopping (default: %(default)s)")
+    p.add_argument("--standbys", type=int, metavar="K",
+                   help="warm standby processes (torch already imported) that restarted groups run in; "
+                   "W = 1 only (default: 1 with W = 1, else 0)")
     p.add_argument("script", metavar="SCRIPT", help="training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for SCRIPT")
     args = p.parse_args(argv)
@@ -181,6 +213,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
         replica_prefix=args.replica_prefix,
         status_interval_s=args.status_interval,
         stop_grace_s=args.stop_grace,
+        standbys=args.standbys,
     )
 
 
@@ -194,15 +227,18 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Child:
     """One process the launcher started, in a session of its own, whose output is labelled.
 
-    A reader thread passes each line of its stdout and stderr (merged) to ``on_line``; it
-    ends when the last process holding the pipe exits, and :meth:`join_output` waits for it.
+    A reader thread passes each line of its stdout and stderr (merged) to ``on_line``, which a
+    standby's activation replaces; it ends when the last process holding the pipe exits, and
+    :meth:`join_output` waits for it. Its stdin is ``/dev/null``, or a pipe with ``stdin_pipe``.
     """
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None]) -> None:
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None], *,
+                 stdin_pipe: bool = False) -> None:
+        self.on_line = on_line
         self.popen = subprocess.Popen(
             list(argv),
             env=dict(env),
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -210,17 +246,17 @@ class Child:
             bufsize=1,
             start_new_session=True,
         )
-        self._reader = threading.Thread(target=self._read, args=(on_line,), name=f"output-{self.pid}", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"output-{self.pid}", daemon=True)
         self._reader.start()
 
     @property
     def pid(self) -> int:
         return self.popen.pid
 
-    def _read(self, on_line: Callable[[str], None]) -> None:
+    def _read(self) -> None:
         assert self.popen.stdout is not None
         for line in self.popen.stdout:
-            on_line(line.rstrip("\n"))
+            self.on_line(line.rstrip("\n"))
 
     def join_output(self, timeout_s: float) -> None:
         self._reader.join(timeout_s)
@@ -236,6 +272,9 @@ class _Group:
     child: Child | None = None
     num_restarts: int = 0
     restart_at: float = 0.0
+    started_ts: float = 0.0
+    """Wall time of the latest start, as in the events' ``ts``."""
+    committed_since_start: bool = False
 
 
 class Launcher:
@@ -259,6 +298,9 @@ class Launcher:
         self._kill_now = False
         self._work_dir: Path | None = None
         self._events_dir: Path | None = options.events_dir
+        self._standbys: list[Child] = []
+        self._standbys_off = options.num_standbys() == 0
+        self._latest_start = time.monotonic()
 
     def request_stop(self, signum: int) -> None:
         """Ask ``run()`` to stop everything; a second request skips the grace period. Signal-safe."""
@@ -341,20 +383,39 @@ class Launcher:
 
     # -- groups
 
+    def _base_env(self) -> dict[str, str]:
+        """The environment of every group process, and of a standby, before the group's own variables."""
+        env = {k: v for k, v in os.environ.items() if k not in _GROUP_VARIABLES}
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _group_variables(self, group: _Group) -> dict[str, str]:
+        """What makes a process ``group``: set at spawn, or by a standby's activation."""
+        assert self._lighthouse_address is not None and self._events_dir is not None
+        variables = {
+            "REPLICAFT_LIGHTHOUSE": self._lighthouse_address,
+            "REPLICAFT_REPLICA_ID": group.replica_id,
+            "REPLICAFT_EVENTS_DIR": str(self._events_dir),
+        }
+        if self.options.min_replicas is not None:
+            variables["REPLICAFT_MIN_REPLICAS"] = str(self.options.min_replicas)
+        return variables
+
     def _start_group(self, group: _Group) -> None:
         o = self.options
-        assert self._lighthouse_address is not None and self._events_dir is not None and self._work_dir is not None
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-        env.update(
-            REPLICAFT_LIGHTHOUSE=self._lighthouse_address,
-            REPLICAFT_REPLICA_ID=group.replica_id,
-            REPLICAFT_EVENTS_DIR=str(self._events_dir),
-            PYTHONUNBUFFERED="1",
-        )
-        if o.min_replicas is not None:
-            env["REPLICAFT_MIN_REPLICAS"] = str(o.min_replicas)
+        assert self._work_dir is not None
         rid = group.replica_id
+        group.started_ts, group.committed_since_start = time.time(), False
+        self._latest_start = time.monotonic()
+        group.state = "running"
+        restart = f", restart {group.num_restarts}" if group.num_restarts else ""
         label: Callable[[str], str] = functools.partial(label_single_rank_line, rid)
+        standby = self._take_standby(group) if group.num_restarts else None
+        if standby is not None:
+            group.child = standby
+            standby.on_line = lambda line: self.console.write_line(label(line))
+            logger.info("started %s in warm standby pid %d%s", rid, standby.pid, restart)
+            return
         argv = [sys.executable, str(o.script), *o.script_args]
         if o.ranks_per_group > 1:
             label = functools.partial(label_torchrun_line, rid)
@@ -366,10 +427,60 @@ class Launcher:
                 "--role", TORCHRUN_ROLE, "--tee", "3", "--log-dir", str(self._work_dir / "torchrun" / rid),
                 str(o.script), *o.script_args,
             ]  # fmt: skip
+        env = {**self._base_env(), **self._group_variables(group)}
         group.child = Child(argv, env, lambda line: self.console.write_line(label(line)))
-        group.state = "running"
-        logger.info("started %s (pid %d)%s", rid, group.child.pid,
-                    f", restart {group.num_restarts}" if group.num_restarts else "")
+        logger.info("started %s (pid %d)%s", rid, group.child.pid, restart)
+
+    def _note_event(self, event: Mapping[str, object]) -> None:
+        """Mark a group that has committed since its latest start (standbys wait for that)."""
+        if event.get("event") != "commit" or not event.get("committed"):
+            return
+        ts = event.get("ts")
+        for group in self._groups:
+            if group.replica_id == event.get("replica_id") and isinstance(ts, (int, float)) and ts >= group.started_ts:
+                group.committed_since_start = True
+
+    # -- standbys
+
+    def _take_standby(self, group: _Group) -> Child | None:
+        """A live standby, activated as ``group``; None when there is none (the restart goes cold)."""
+        while self._standbys:
+            standby = self._standbys.pop(0)
+            assert standby.popen.stdin is not None
+            try:
+                standby.popen.stdin.write(encode_activation(self._group_variables(group)))
+                standby.popen.stdin.close()
+            except OSError as e:  # it died since the last tick
+                logger.warning("warm standby pid %d could not be activated (%s); trying the next", standby.pid, e)
+                self._terminate([standby], grace_s=0.0)
+                continue
+            return standby
+        return None
+
+    def _on_standby_line(self, line: str) -> None:
+        if line.startswith(READY_LINE):
+            logger.info("warm standby pid %s ready", line.rsplit(" ", 1)[1])
+        else:
+            self.console.write_line(f"[standby] {line}")
+
+    def _watch_standbys(self, now: float) -> None:
+        """Drop standbys that died unused (and stop starting them); start one when it is quiet."""
+        for standby in list(self._standbys):
+            code = standby.popen.poll()
+            if code is not None:
+                self._standbys.remove(standby)
+                self._standbys_off = True
+                logger.warning("warm standby pid %d %s before it was used; restarts start cold from now on",
+                               standby.pid, describe_exit(code))
+        starting_up = any(g.state == "running" and not g.committed_since_start for g in self._groups)
+        quiet = not starting_up or now - self._latest_start >= STANDBY_QUIET_S
+        if self._standbys_off or not quiet or len(self._standbys) >= self.options.num_standbys():
+            return
+        o = self.options
+        argv = [sys.executable, "-m", "replicaft.standby", str(o.script), *o.script_args]
+        standby = Child(argv, self._base_env(), self._on_standby_line, stdin_pipe=True)
+        self._standbys.append(standby)
+        logger.info("starting warm standby pid %d", standby.pid)
 
     def _watch_group(self, group: _Group, now: float) -> None:
         if group.state == "waiting" and now >= group.restart_at:
@@ -402,6 +513,7 @@ class Launcher:
             now = time.monotonic()
             for group in self._groups:
                 self._watch_group(group, now)
+            self._watch_standbys(now)
             if not self._watch_lighthouse(now):
                 logger.error("the lighthouse cannot be restarted; stopping the job")
                 return 1
@@ -414,6 +526,7 @@ class Launcher:
                 return 0
             for event in tail.poll():
                 progress.apply(event)
+                self._note_event(event)
             if self.console.live or now >= next_status:
                 statuses = [GroupStatus(g.replica_id, g.state, g.num_restarts, progress.steps.get(g.replica_id))
                             for g in self._groups]
@@ -425,13 +538,14 @@ class Launcher:
         return 128 + self._stop_signal
 
     def _children(self) -> list[Child]:
-        return [g.child for g in self._groups if g.child is not None] + (
+        return [g.child for g in self._groups if g.child is not None] + self._standbys + (
             [self._lighthouse] if self._lighthouse is not None else []
         )
 
     def _stop_all(self) -> None:
         """Groups first, so they do not spend their grace period looking for the lighthouse."""
-        self._terminate([g.child for g in self._groups if g.child is not None], grace_s=self.options.stop_grace_s)
+        groups = [g.child for g in self._groups if g.child is not None] + self._standbys
+        self._terminate(groups, grace_s=self.options.stop_grace_s)
         self._terminate([self._lighthouse] if self._lighthouse else [], grace_s=self.options.stop_grace_s)
 
     def _terminate(self, children: Sequence[Child], *, grace_s: float) -> None:

@@ -81,6 +81,15 @@ def test_parse_args_maps_flags_and_passes_script_args_through(tmp_path: Path) ->
         restart_delay_s=0.0, min_replicas=2,
     )  # fmt: skip
     assert options.replica_ids() == ["g0", "g1", "g2"]
+    assert options.num_standbys() == 0  # torchrun starts a W > 1 group's ranks
+
+
+@pytest.mark.parametrize(("args", "num_standbys"), [([], 1), (["--standbys", "0"], 0), (["--standbys", "2"], 2)])
+def test_a_single_rank_group_gets_one_warm_standby_unless_told_otherwise(tmp_path: Path, args: list[str],
+                                                                          num_standbys: int) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert parse_args([*args, str(script)]).num_standbys() == num_standbys
 
 
 @pytest.mark.parametrize(
@@ -97,6 +106,8 @@ def test_parse_args_maps_flags_and_passes_script_args_through(tmp_path: Path) ->
         (["--lighthouse", "localhost:99999", "{script}"], "is not host:port"),
         (["--groups", "2", "--min-replicas", "3", "{script}"], "no quorum could ever form"),
         (["--replica-prefix", "a/b", "{script}"], "--replica-prefix 'a/b'"),
+        (["--standbys", "-1", "{script}"], "--standbys -1: use 0 or more"),
+        (["--standbys", "1", "--ranks-per-group", "2", "{script}"], "torchrun starts the ranks of a W > 1 group"),
         (["--bogus", "{script}"], "unrecognized arguments: --bogus"),
         (["{missing}"], "is not a file"),
     ],
@@ -235,13 +246,16 @@ def start_launcher(*args: str) -> ManagedProcess:
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_killed_group_is_restarted_heals_and_the_run_ends_0(tmp_path: Path) -> None:
+def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(tmp_path: Path) -> None:
     events = tmp_path / "events"
     # --min-replicas 3: the survivors wait for g1 instead of finishing without it, so g1 must heal.
     launcher = start_launcher(
         "--groups", "3", "--min-replicas", "3", "--restart-delay", "0.5", "--events-dir", str(events),
         "--status-interval", "1", EXAMPLE, "--steps", "40", "--step-delay", "0.05",
     )  # fmt: skip
+    standby = launcher.wait_for_line(lambda text: text.startswith("[launcher] starting warm standby pid "), 90,
+                                     stream="stderr", what="a warm standby started once every group committed")
+    standby_pid = int(standby.text.rsplit(" ", 1)[1])
     wait_for_event(
         events, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"] and e["step"] >= 3,
         90, "g1 committed step 3", launcher,
@@ -254,16 +268,50 @@ def test_killed_group_is_restarted_heals_and_the_run_ends_0(tmp_path: Path) -> N
         90, "g1 healed after the kill", launcher,
     )  # fmt: skip
     assert heal["ok"], heal
+    # The next standby starts only once the restarted group has committed, so never beside its heal.
+    replacement = launcher.wait_for_line(lambda text: text.startswith("[launcher] starting warm standby pid "), 90,
+                                         stream="stderr", after=standby.index + 1, what="a replacement standby")
+    replacement_started = _started_at(int(replacement.text.rsplit(" ", 1)[1]))
     assert launcher.wait_exit(90) == 0, launcher.output_tail()
     log = [line.text for line in launcher.lines("stderr")]
     assert "[launcher] g1 killed by SIGKILL; restart 1 of 10 in 0.5s" in log
+    assert f"[launcher] started g1 in warm standby pid {standby_pid}, restart 1" in log
     assert "[launcher] all 3 groups finished" in log
     assert any(text.startswith("[launcher] status: ") and "| quorum 3 |" in text for text in log), log
     out = [line.text for line in launcher.lines()]
     assert {"[g0/0] [g0] step 40", "[g1/0] [g1] step 40", "[g2/0] [g2] step 40"} <= {t.rsplit(" loss", 1)[0] for t in out}
     assert any(text.startswith("[lighthouse] lighthouse serving gRPC at ") for text in out)
     starts = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == "g1"]
-    assert len(starts) == 2 and starts[1]["pid"] != start["pid"]
+    assert [s["pid"] for s in starts] == [start["pid"], standby_pid]
+    first_commit_after = min(e["ts"] for e in read_events(events)
+                             if e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"] and e["ts"] > killed_at)
+    assert replacement_started >= first_commit_after - 0.011  # /proc counts in 10 ms ticks
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_standby_that_dies_unused_turns_standbys_off_and_the_restart_goes_cold(tmp_path: Path) -> None:
+    events = tmp_path / "events"
+    launcher = start_launcher(
+        "--groups", "2", "--restart-delay", "0", "--events-dir", str(events), "--stop-grace", "2",
+        EXAMPLE, "--steps", "100000", "--step-delay", "0.05",
+    )  # fmt: skip
+    ready = launcher.wait_for_line(lambda text: text.startswith("[launcher] warm standby pid ") and text.endswith(" ready"),
+                                   90, stream="stderr", what="a warm standby ready")
+    standby_pid = int(ready.text.split()[4])
+    os.kill(standby_pid, signal.SIGKILL)
+    launcher.wait_for_line(
+        lambda text: text == f"[launcher] warm standby pid {standby_pid} killed by SIGKILL before it was used; "
+        "restarts start cold from now on", 30, stream="stderr", after=ready.index, what="the standby's death reported")
+    (start,) = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == "g0"]
+    os.kill(start["pid"], signal.SIGKILL)
+    restarted = launcher.wait_for_line(lambda text: text.startswith("[launcher] started g0 "), 30, stream="stderr",
+                                       after=ready.index, what="g0 restarted")
+    assert restarted.text.startswith("[launcher] started g0 (pid ") and restarted.text.endswith(", restart 1")
+    launcher.send_signal(signal.SIGINT)
+    assert launcher.wait_exit(60) == 128 + signal.SIGINT, launcher.output_tail()
+    log = [line.text for line in launcher.lines("stderr")]
+    assert sum(text.startswith("[launcher] starting warm standby") for text in log) == 1, log
 
 
 def _process_tree(root_pid: int) -> dict[int, int]:
@@ -285,6 +333,13 @@ def _process_tree(root_pid: int) -> dict[int, int]:
                 tree[pid] = start_ticks
                 frontier.append(pid)
     return tree
+
+
+def _started_at(pid: int) -> float:
+    """When process ``pid`` started, in wall time (``time.time()``), from /proc to a clock tick."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    since_boot = int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + since_boot
 
 
 def _still_running(pid: int, start_ticks: int) -> bool:

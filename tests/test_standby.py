@@ -1,0 +1,103 @@
+"""The warm standby: its activation message as a table, then real standby processes that must run
+a script exactly as ``python SCRIPT ARGS`` would. The launcher's use of it is in test_launch.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT
+
+from replicaft.standby import READY_LINE, decode_activation, encode_activation
+
+SCRIPT = """\
+import json, os, sys
+import helper
+print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0], "helper": helper.VALUE,
+                  "id": os.environ.get("REPLICAFT_REPLICA_ID"), "stdin": sys.stdin.read(),
+                  "file": __file__}))
+sys.exit(int(os.environ.get("EXIT_CODE", "0")))
+"""
+
+
+def test_activation_round_trips() -> None:
+    env = {"REPLICAFT_REPLICA_ID": "g1", "REPLICAFT_EVENTS_DIR": "/tmp/a b", "EMPTY": ""}
+    line = encode_activation(env)
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert decode_activation(line) == env
+
+
+@pytest.mark.parametrize(
+    ("line", "message_part"),
+    [
+        ("not json\n", "the activation is not JSON"),
+        ("[1, 2]\n", "exactly the key 'env'"),
+        ('{"env": {}, "extra": 1}\n', "exactly the key 'env'"),
+        ('{"env": ["A=1"]}\n', "must map names to strings"),
+        ('{"env": {"A": 1}}\n', "must map names to strings"),
+        ('{"env": {"A=B": "1"}}\n', "invalid environment variables: ['A=B']"),
+        ('{"env": {"": "1"}}\n', "invalid environment variables: ['']"),
+        ('{"env": {"A": "x\\u0000y"}}\n', "invalid environment variables: ['A']"),
+    ],
+)
+def test_malformed_activations_are_refused_saying_what(line: str, message_part: str) -> None:
+    with pytest.raises(ValueError, match="activation") as raised:
+        decode_activation(line)
+    assert message_part in str(raised.value)
+
+
+def _script_dir(tmp_path: Path) -> Path:
+    """A script beside a module it imports: found only if the script's directory leads sys.path."""
+    (tmp_path / "train.py").write_text(SCRIPT)
+    (tmp_path / "helper.py").write_text("VALUE = 42\n")
+    return tmp_path / "train.py"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICAFT_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return {**env, **extra}
+
+
+def _standby(script: Path, stdin: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "replicaft.standby", str(script), "--steps", "3"], input=stdin,
+                          capture_output=True, text=True, timeout=120, env=_env(**env), cwd=REPO_ROOT)
+
+
+@pytest.mark.timeout(150)
+def test_an_activated_standby_runs_the_script_as_python_would(tmp_path: Path) -> None:
+    script = _script_dir(tmp_path)
+    cold = subprocess.run([sys.executable, str(script), "--steps", "3"], capture_output=True, text=True, timeout=60,
+                          env=_env(REPLICAFT_REPLICA_ID="g1"), cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+    assert cold.returncode == 0, cold.stderr
+    warm = _standby(script, encode_activation({"REPLICAFT_REPLICA_ID": "g1"}) + "ignored: stdin is /dev/null\n")
+    assert warm.returncode == 0, warm.stderr
+    ready, output = warm.stdout.splitlines()
+    assert ready == f"{READY_LINE} {ready.rsplit(' ', 1)[1]}" and ready.rsplit(" ", 1)[1].isdigit()
+    assert json.loads(output) == json.loads(cold.stdout)
+    assert json.loads(output)["name"] == "__main__" and json.loads(output)["stdin"] == ""
+
+
+@pytest.mark.timeout(150)
+def test_the_script_exit_code_is_the_standby_exit_code(tmp_path: Path) -> None:
+    warm = _standby(_script_dir(tmp_path), encode_activation({"EXIT_CODE": "3"}))
+    assert warm.returncode == 3, warm.stderr
+
+
+@pytest.mark.timeout(150)
+def test_a_standby_whose_launcher_goes_away_exits_0_without_running_the_script(tmp_path: Path) -> None:
+    warm = _standby(_script_dir(tmp_path), "")
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout.startswith(READY_LINE) and len(warm.stdout.splitlines()) == 1
+
+
+@pytest.mark.timeout(150)
+def test_a_malformed_activation_ends_the_standby_with_a_message_and_runs_nothing(tmp_path: Path) -> None:
+    warm = _standby(_script_dir(tmp_path), '{"env": {"A": 1}}\n')
+    assert warm.returncode == 2
+    assert "replicaft.standby: the activation's 'env' must map names to strings" in warm.stderr
+    assert len(warm.stdout.splitlines()) == 1
