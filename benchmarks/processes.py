@@ -100,6 +100,10 @@ class Child:
         if self._process.returncode is None:
             self._process.kill()
 
+    def send_signal(self, sig: int) -> None:
+        if self._process.returncode is None:
+            self._process.send_signal(sig)
+
     async def wait(self, deadline: float) -> int:
         return await asyncio.wait_for(self._process.wait(), max(deadline - time.monotonic(), 0.0))
 
@@ -110,9 +114,13 @@ class Child:
 
     def stderr_tail(self) -> str:
         try:
-            return self._stderr_path.read_text(errors="replace")[-STDERR_TAIL_CHARS:] or "(nothing)"
+            return self.stderr_text()[-STDERR_TAIL_CHARS:] or "(nothing)"
         except OSError as e:
             return f"(stderr unreadable: {e})"
+
+    def stderr_text(self) -> str:
+        """Everything the child has written to stderr so far (for children that log there)."""
+        return self._stderr_path.read_text(errors="replace")
 
 
 class ChildProcesses:

@@ -1,21 +1,25 @@
 """Recovery: how long a restarted group takes to commit again, and what serving it costs a donor.
 
-Each run starts a lighthouse and one donor group (``benchmarks/recovery_worker.py``: square
-linear layers, AdamW, W = 1) on loopback. Once the donor has committed ``WARM_STEPS`` steps
-alone, a second group starts as a fresh process, as an orchestrator's restart would: it
-imports torch, builds the model, joins the quorum, heals the whole state from the donor
-(non-blocking: it takes part in the steps with zero gradients meanwhile) and commits. The
-donor and the healer are pinned to a core each (this machine has two), as they would be on
-separate hosts: otherwise the healer's own steps and receive land on the donor's core and
-the donor's step time measures the co-location, not the serving.
+Two kinds of restart are measured, each with two groups of ``benchmarks/recovery_worker.py``
+(square linear layers, AdamW, W = 1) on loopback, pinned to a core each (this machine has two),
+as they would be on separate hosts: otherwise the healer's own steps and receive land on the
+donor's core and the donor's step time measures the co-location, not the serving.
 
-* ``restart_to_commit_s_<size>``: from just before the restarted process is spawned to its
-  first committed step (its own ``commit`` event). Interpreter and torch start-up are in it,
-  as they are in any real restart (``import torch`` alone takes ~1.9 s here, ``import
-  replicaft`` with torch.distributed ~2.8 s); ``params`` splits it into launch (spawn to the
-  ``start`` event), join (to the first quorum), heal (the transfer) and the rest.
-* ``donor_step_ratio_during_heal``: the donor's median step time over the steps that ended
-  while the 1 GB heal ran (from the healer's ``heal_start`` to its ``heal_end``, plus the step
+* ``restart_to_commit_s_<size>``: the product's restart. ``replicaft-launch`` runs both groups
+  (``--restart-delay 0``); once both have committed ``WARM_STEPS`` steps and the launcher's warm
+  standby is ready (``replicaft/standby.py``: torch and replicaft imported), g1 is SIGKILLed. The
+  launcher sees the exit, activates the standby as g1, which builds the model, joins the quorum,
+  heals the whole state from g0 (non-blocking: it takes part in the steps with zero gradients
+  meanwhile) and commits. Timed from the SIGKILL to g1's first committed step (its own ``commit``
+  event), so the failure's detection is in it too. ``params["breakdown_<size>"]`` splits it into
+  launch (kill to the ``start`` event), join (to the first quorum), heal (the transfer) and the rest.
+* ``cold_restart_to_commit_s_<size>``: a restart by any other orchestrator, which starts a fresh
+  interpreter. Once the donor has committed ``WARM_STEPS`` steps alone, the second group starts
+  as a fresh process; timed from just before its spawn to its first committed step. Interpreter
+  and torch start-up are in it (``import torch`` takes 1.1-1.6 s here, and the optimizer's
+  first use imports ``torch._dynamo``, ~1.1 s); ``params["cold_breakdown_<size>"]`` splits it as above.
+* ``donor_step_ratio_during_heal`` (from the cold restarts, where the donor has trained alone
+  before): the donor's median step time over the steps that ended while the 1 GB heal ran (from the healer's ``heal_start`` to its ``heal_end``, plus the step
   that was running when it ended), divided by its median step time over the next
   ``AFTER_STEPS`` steps both groups commit after the heal: the same quorum and all-reduce,
   without the serving (its step time alone, before the restart, is in ``params`` too). The
@@ -29,15 +33,16 @@ torchft's too (``restart_to_commit_s_1gb_state``). The per-step state digest is 
 * ``plain_first_step_s_<size>`` (baseline, same run, same pinning and model): a fresh process
   of the same loop with no fault tolerance at all (``--impl plain``: no lighthouse, no peer, no
   heal; its weights come from its own initialisation), from its spawn to the end of its first
-  optimizer step. No restart of this script can commit sooner on this machine: it is the
-  floor the restart targets are measured against. ``restart_to_commit_s_<size>_vs_plain`` is
-  the restart figure again, divided by this floor (the ratio is what a restart costs over
-  the first step of a fresh start: the join, the heal and everything replicaft does).
+  optimizer step. No cold restart of this script can commit sooner on this machine: it is
+  the floor of ``cold_restart_to_commit_s_<size>``; a restart in a warm standby skips the
+  interpreter's and torch's start-up, so it can beat it. ``(cold_)restart_to_commit_s_<size>_vs_plain``
+  is the restart figure again, divided by this floor.
 * ``torchft_restart_to_commit_s_<size>`` (baseline, same run, same pinning and model):
   torchft 0.2.0 with its own lighthouse (CLI defaults), Manager, DDP and Optimizer wrappers
   and default HTTP checkpoint transport, from the spawn of the restarted group to its first
   committed step (``--impl torchft`` of the worker); the donor's worst step between the
-  spawn and that commit is in ``params``.
+  spawn and that commit is in ``params``. torchft has no launcher of its own, so its restart
+  is always a cold one: compare it with both of ours.
 """
 
 from __future__ import annotations
@@ -45,13 +50,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import signal
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.processes import Child, ChildProcesses
+from benchmarks.processes import REPO_ROOT, Child, ChildFailed, ChildProcesses
 from benchmarks.results import BenchmarkResult
 from replicaft.events import EventTail
 
@@ -62,7 +69,7 @@ MODEL_1GB_STATE = (4096, 5)
 WARM_STEPS = 3
 AFTER_STEPS = 5
 """Steps both groups commit after the heal: the donor's steady step time with the same quorum."""
-START_TIMEOUT_S = 300.0
+START_TIMEOUT_S = 120.0
 RECOVERY_TIMEOUT_S = 300.0
 POLL_S = 0.05
 TORCHFT_ISSUE_S = {"100mb": 3.4, "500mb": 12.0}
@@ -134,6 +141,67 @@ async def one_restart(model: tuple[int, int]) -> dict[str, float]:
             "donor_step_during_heal_s": statistics.median(during) if during else float("nan"),
             "donor_worst_step_during_heal_s": max(during) if during else float("nan"),
         }
+
+
+async def one_restart_launched(model: tuple[int, int]) -> dict[str, float]:
+    """A restart as ``replicaft-launch`` does it: two groups, g1 SIGKILLed and restarted at once
+    (``--restart-delay 0``) in the launcher's warm standby; figures in seconds from the kill."""
+    width, layers = model
+    with tempfile.TemporaryDirectory(prefix="replicaft-bench-launched-") as tmp:
+        events = Path(tmp) / "events"
+        # The launcher runs a script by path; run from benchmarks/, its directory would lead
+        # sys.path and benchmarks/lighthouse.py would shadow the lighthouse package.
+        worker = Path(tmp) / "recovery_worker.py"
+        worker.write_text("from benchmarks.recovery_worker import main\n\nmain()\n")
+        tail, seen = EventTail(events), []
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICAFT_")}
+        env.update(REPLICAFT_DIGEST_EVERY_STEPS="0",
+                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
+        async with ChildProcesses() as children:
+            launcher = await children.start_python(
+                "launcher", "-m", "replicaft.launch", "--groups", "2", "--restart-delay", "0", "--events-dir", str(events),
+                "--status-interval", "3600", "--stop-grace", "5", str(worker), "--width", str(width), "--layers", str(layers),
+                "--cpu-by-replica-id", env=env,
+            )  # fmt: skip
+            drain = asyncio.create_task(_discard_lines(launcher))
+            try:
+                deadline = time.monotonic() + START_TIMEOUT_S
+                await _wait_for(tail, seen, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"]
+                                and e["step"] >= WARM_STEPS, deadline, f"{WARM_STEPS} steps of both groups")
+                while (ready := re.search(r"warm standby pid (\d+) ready", launcher.stderr_text())) is None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"no warm standby by the deadline; the launcher's stderr:\n{launcher.stderr_tail()}")
+                    await asyncio.sleep(POLL_S)
+                standby_pid = int(ready.group(1))
+                seen.extend(tail.poll())
+                victim = next(e for e in seen if e["event"] == "start" and e["replica_id"] == "g1")
+                os.kill(victim["pid"], signal.SIGKILL)
+                killed = time.time()
+                deadline = time.monotonic() + RECOVERY_TIMEOUT_S
+                ofg1 = lambda e, kind: e["event"] == kind and e["replica_id"] == "g1" and e["ts"] > killed  # noqa: E731
+                commit = await _wait_for(tail, seen, lambda e: ofg1(e, "commit") and e["committed"], deadline, "a g1 commit")
+                launcher.send_signal(signal.SIGTERM)
+                await launcher.wait(time.monotonic() + 30)
+            except TimeoutError as e:
+                raise TimeoutError(f"{e}; the launcher's stderr ends with:\n{launcher.stderr_tail()}") from None
+            finally:
+                drain.cancel()
+    start = next(e for e in seen if ofg1(e, "start"))
+    if start["pid"] != standby_pid:
+        raise RuntimeError(f"g1 restarted as pid {start['pid']}, not in the warm standby (pid {standby_pid})")
+    quorum = next(e for e in seen if ofg1(e, "quorum"))
+    heal_end = next(e for e in seen if ofg1(e, "heal_end") and e.get("ok"))
+    return {"restart_to_commit_s": commit["ts"] - killed, "launch_s": start["ts"] - killed,
+            "join_s": quorum["ts"] - start["ts"], "heal_s": heal_end["seconds"], "heal_bytes": heal_end["num_bytes"]}
+
+
+async def _discard_lines(child: Child) -> None:
+    """Read and drop ``child``'s stdout (until cancelled or EOF), so its pipe never fills."""
+    try:
+        while True:
+            await child.next_line(time.monotonic() + RECOVERY_TIMEOUT_S + START_TIMEOUT_S)
+    except ChildFailed:
+        return
 
 
 async def _drain(child: Child, into: list[dict[str, Any]], deadline: float) -> None:
@@ -212,13 +280,15 @@ async def _run(quick: bool) -> BenchmarkResult:
         figures=figures,
         baselines=baselines,
         compared_to=compared,
-        notes="restart_to_commit = spawn of a fresh group process (python + torch import included) to its first "
-        "committed step, healing the whole state from one donor over loopback, donor and healer pinned to a core "
-        "each; donor_step_ratio_during_heal = the "
+        notes="restart_to_commit = SIGKILL of a group run by replicaft-launch to the first committed step of its "
+        "restart in the launcher's warm standby; cold_restart_to_commit = spawn of a fresh group process (python + "
+        "torch import included) to its first committed step; both heal the whole state from one donor over "
+        "loopback, donor and healer pinned to a core each; donor_step_ratio_during_heal = the "
         "donor's median step time over the steps ending while a 1 GB heal ran / its median over the steps both "
         "groups commit after the heal; torchft_* = torchft 0.2.0 restarted the same way in the same run "
-        "(its lighthouse, Manager, DDP, Optimizer, HTTP transport); ratio < 1: replicaft commits sooner; "
-        "plain_first_step = the same loop with no fault tolerance, spawn to its first step: the floor of any restart",
+        "(its lighthouse, Manager, DDP, Optimizer, HTTP transport; it has no launcher, so always cold); ratio < 1: "
+        "replicaft commits sooner; "
+        "plain_first_step = the same loop with no fault tolerance, spawn to its first step: the floor of any cold restart",
         params=params,
     )
 
@@ -226,20 +296,26 @@ async def _run(quick: bool) -> BenchmarkResult:
 async def _restarts(label: str, model: tuple[int, int], repeats: int, figures: dict[str, float],
                     baselines: dict[str, float], compared: dict[str, str], params: dict[str, Any]) -> list[dict[str, float]]:
     """``repeats`` restarts of each kind for one model, interleaved so that all see the same
-    machine; their medians into the result's tables, and replicaft's breakdowns returned."""
-    runs, torchft_runs, plain = [], [], []
+    machine; their medians into the result's tables, and the cold restarts' figures returned
+    (they carry the donor's step times)."""
+    runs, launched, torchft_runs, plain = [], [], [], []
     for _ in range(repeats):
+        launched.append(await one_restart_launched(model))
         runs.append(await one_restart(model))
         torchft_runs.append(await one_restart_torchft(model))
         plain.append(await one_start_plain(model))
     figure = f"restart_to_commit_s_{label}"
-    figures[figure] = statistics.median(r["restart_to_commit_s"] for r in runs)
-    baselines[f"torchft_{figure}"] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
-    baselines[f"plain_first_step_s_{label}"] = statistics.median(plain)
+    torchft, floor = f"torchft_{figure}", f"plain_first_step_s_{label}"
+    figures[figure] = statistics.median(r["restart_to_commit_s"] for r in launched)
+    figures[f"cold_{figure}"] = statistics.median(r["restart_to_commit_s"] for r in runs)
+    baselines[torchft] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
+    baselines[floor] = statistics.median(plain)
     figures[f"{figure}_vs_plain"] = figures[figure]
-    compared[figure] = f"torchft_{figure}"
-    compared[f"{figure}_vs_plain"] = f"plain_first_step_s_{label}"
-    params[f"breakdown_{label}"] = runs
+    figures[f"cold_{figure}_vs_plain"] = figures[f"cold_{figure}"]
+    compared.update({figure: torchft, f"cold_{figure}": torchft, f"{figure}_vs_plain": floor,
+                     f"cold_{figure}_vs_plain": floor})
+    params[f"breakdown_{label}"] = launched
+    params[f"cold_breakdown_{label}"] = runs
     params[f"torchft_{label}"] = torchft_runs
     params[f"plain_{label}"] = plain
     return runs

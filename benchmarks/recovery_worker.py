@@ -8,6 +8,11 @@ imported: the benchmark gives the donor and the healer a core each, as separate 
 have, so the healer's own work does not land on the donor's core. Everything is reported
 through replicaft's event log (``REPLICAFT_EVENTS_DIR``).
 
+Under ``replicaft-launch`` every group gets the same arguments, so ``--cpu-by-replica-id`` pins
+g0 to core 0 and g1 to core 1. A group the launcher restarts in its warm standby has imported
+torch before it was pinned; the pinning applies to every thread started after it (torch's
+intra-op threads start on first use).
+
 ``--impl plain`` runs the same loop with no fault tolerance at all (plain torch, no process
 group), reporting steps on stdout like torchft below: how soon a fresh process of this script
 can finish its first step on this machine, the floor under any restart.
@@ -34,11 +39,16 @@ def main() -> None:
     p.add_argument("--width", type=int, required=True)
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--cpu", type=int, default=None, help="pin to this core")
+    p.add_argument("--cpu-by-replica-id", action="store_true",
+                   help="pin to the core numbered by the digits of REPLICAFT_REPLICA_ID (g0: core 0, g1: core 1), "
+                   "for groups started by replicaft-launch, which gives every group the same arguments")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--impl", choices=["replicaft", "torchft", "plain"], default="replicaft")
     p.add_argument("--lighthouse", help="torchft: http://host:port of its lighthouse")
     p.add_argument("--replica-id", help="torchft: this group's replica id")
     args = p.parse_args()
+    if args.cpu_by_replica_id:
+        args.cpu = int("".join(c for c in os.environ["REPLICAFT_REPLICA_ID"] if c.isdigit())) % (os.cpu_count() or 1)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
     {"replicaft": train_replicaft, "torchft": train_torchft, "plain": train_plain}[args.impl](args)
