@@ -18,7 +18,7 @@ points stdin at ``/dev/null`` and runs SCRIPT exactly as ``python SCRIPT ARGS...
 Its wait for the activation has no deadline of its own: it lasts as long as the launcher, whose
 end closes the pipe (EOF), and the standby then exits 0. It never initialises CUDA, binds a
 port or allocates training memory: a standby that is never used costs its imported modules'
-memory and nothing else. Variables read at interpreter or torch start-up (``PYTHONPATH``,
+memory (~300 MB resident here) and nothing else. Variables read at interpreter or torch start-up (``PYTHONPATH``,
 ``OMP_NUM_THREADS``, ...) come from the launcher's environment, as they would for a cold
 start; replicaft's own are read when the ``Manager`` is built, after the activation.
 
