@@ -13,17 +13,21 @@ donor's core and the donor's step time measures the co-location, not the serving
   meanwhile) and commits. Timed from the SIGKILL to g1's first committed step (its own ``commit``
   event), so the failure's detection is in it too. ``params["breakdown_<size>"]`` splits it into
   launch (kill to the ``start`` event), join (to the first quorum), heal (the transfer) and the rest.
+* ``no_standby_restart_to_commit_s_<size>`` (baseline, same run): the same kill under the same
+  launcher with ``--standbys 0``, so a cold interpreter: ``restart_to_commit_s_<size>_vs_no_standby``
+  is what the standby alone saves.
 * ``cold_restart_to_commit_s_<size>``: a restart by any other orchestrator, which starts a fresh
   interpreter. Once the donor has committed ``WARM_STEPS`` steps alone, the second group starts
   as a fresh process; timed from just before its spawn to its first committed step. Interpreter
   and torch start-up are in it (``import torch`` takes 1.1-1.6 s here, and the optimizer's
   first use imports ``torch._dynamo``, ~1.1 s); ``params["cold_breakdown_<size>"]`` splits it as above.
-* ``donor_step_ratio_during_heal`` (from the cold restarts, where the donor has trained alone
-  before): the donor's median step time over the steps that ended while the 1 GB heal ran (from the healer's ``heal_start`` to its ``heal_end``, plus the step
-  that was running when it ended), divided by its median step time over the next
-  ``AFTER_STEPS`` steps both groups commit after the heal: the same quorum and all-reduce,
-  without the serving (its step time alone, before the restart, is in ``params`` too). The
-  worst step during the heal is in ``params``.
+* ``donor_step_ratio_during_heal``: the donor's median step time over the steps that ended
+  while the 1 GB heal of the launcher's restart ran (from the healer's ``heal_start`` to its
+  ``heal_end``, plus the step that was running when it ended), divided by its median step time
+  over the next ``AFTER_STEPS`` steps both groups commit after the heal: the same quorum and
+  all-reduce, without the serving. ``cold_donor_step_ratio_during_heal`` is the same for the
+  cold restarts, where the donor trained alone before (that step time is in ``params`` too).
+  The worst step during the heal is in ``params``.
 
 Sizes follow the issue's: a 100 MB model (300 MB of state) and a 500 MB one (1.5 GB); the
 donor ratio is taken from runs with 1 GB of state, whose restart-to-commit is reported beside
@@ -121,31 +125,43 @@ async def one_restart(model: tuple[int, int]) -> dict[str, float]:
             # The donor's steady steps with both groups in the quorum, after the heal.
             await _wait_for(tail, seen, lambda e: ofg1(e, "commit") and e["committed"] and e["step"] >= commit["step"] + AFTER_STEPS,
                             deadline, f"{AFTER_STEPS} steps of both groups after the heal")
-        start = next(e for e in seen if ofg1(e, "start"))
-        quorum = next(e for e in seen if ofg1(e, "quorum"))
-        heal_start = next(e for e in seen if ofg1(e, "heal_start"))
-        heal_end = next(e for e in seen if ofg1(e, "heal_end") and e.get("ok"))
         donor = [e for e in seen if e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"]]
         alone = [e["step_time_s"] for e in donor if e["ts"] < spawned]
-        steady = [e["step_time_s"] for e in donor if e["step"] > commit["step"]]
-        after_heal = min((e["ts"] for e in donor if e["ts"] >= heal_end["ts"]), default=heal_end["ts"])
-        during = [e["step_time_s"] for e in donor if heal_start["ts"] <= e["ts"] <= after_heal]
-        return {
-            "restart_to_commit_s": commit["ts"] - spawned,
-            "launch_s": start["ts"] - spawned,
-            "join_s": quorum["ts"] - start["ts"],
-            "heal_s": heal_end["seconds"],
-            "heal_bytes": heal_end["num_bytes"],
-            "donor_step_alone_s": statistics.median(alone),
-            "donor_step_s": statistics.median(steady),
-            "donor_step_during_heal_s": statistics.median(during) if during else float("nan"),
-            "donor_worst_step_during_heal_s": max(during) if during else float("nan"),
-        }
+        return {**_restart_figures(seen, "g1", spawned, commit), "donor_step_alone_s": statistics.median(alone)}
 
 
-async def one_restart_launched(model: tuple[int, int]) -> dict[str, float]:
+def _restart_figures(seen: list[dict[str, Any]], healer: str, since: float, commit: dict[str, Any]) -> dict[str, float]:
+    """The figures of one restart of ``healer`` from the events: ``since`` (wall time) to its first
+    committed step ``commit``, its breakdown, and the donor's (every other group's) step times
+    while the heal ran and over the steps after ``commit``."""
+    def of_healer(e: dict[str, Any], kind: str) -> bool:
+        return e["event"] == kind and e["replica_id"] == healer and e["ts"] > since
+
+    start = next(e for e in seen if of_healer(e, "start"))
+    quorum = next(e for e in seen if of_healer(e, "quorum"))
+    heal_start = next(e for e in seen if of_healer(e, "heal_start"))
+    heal_end = next(e for e in seen if of_healer(e, "heal_end") and e.get("ok"))
+    donor = [e for e in seen if e["event"] == "commit" and e["replica_id"] != healer and e["committed"]]
+    steady = [e["step_time_s"] for e in donor if e["step"] > commit["step"]]
+    after_heal = min((e["ts"] for e in donor if e["ts"] >= heal_end["ts"]), default=heal_end["ts"])
+    during = [e["step_time_s"] for e in donor if heal_start["ts"] <= e["ts"] <= after_heal]
+    return {
+        "restart_to_commit_s": commit["ts"] - since,
+        "launch_s": start["ts"] - since,
+        "join_s": quorum["ts"] - start["ts"],
+        "heal_s": heal_end["seconds"],
+        "heal_bytes": heal_end["num_bytes"],
+        "pid": start["pid"],
+        "donor_step_s": statistics.median(steady),
+        "donor_step_during_heal_s": statistics.median(during) if during else float("nan"),
+        "donor_worst_step_during_heal_s": max(during) if during else float("nan"),
+    }
+
+
+async def one_restart_launched(model: tuple[int, int], *, standby: bool = True) -> dict[str, float]:
     """A restart as ``replicaft-launch`` does it: two groups, g1 SIGKILLed and restarted at once
-    (``--restart-delay 0``) in the launcher's warm standby; figures in seconds from the kill."""
+    (``--restart-delay 0``), in the launcher's warm standby or, without ``standby``, cold
+    (``--standbys 0``); figures in seconds from the kill."""
     width, layers = model
     with tempfile.TemporaryDirectory(prefix="replicaft-bench-launched-") as tmp:
         events = Path(tmp) / "events"
@@ -160,39 +176,40 @@ async def one_restart_launched(model: tuple[int, int]) -> dict[str, float]:
         async with ChildProcesses() as children:
             launcher = await children.start_python(
                 "launcher", "-m", "replicaft.launch", "--groups", "2", "--restart-delay", "0", "--events-dir", str(events),
-                "--status-interval", "3600", "--stop-grace", "5", str(worker), "--width", str(width), "--layers", str(layers),
-                "--cpu-by-replica-id", env=env,
+                "--standbys", "1" if standby else "0", "--status-interval", "3600", "--stop-grace", "5", str(worker),
+                "--width", str(width), "--layers", str(layers), "--cpu-by-replica-id", env=env,
             )  # fmt: skip
             drain = asyncio.create_task(_discard_lines(launcher))
             try:
                 deadline = time.monotonic() + START_TIMEOUT_S
                 await _wait_for(tail, seen, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"]
                                 and e["step"] >= WARM_STEPS, deadline, f"{WARM_STEPS} steps of both groups")
-                while (ready := re.search(r"warm standby pid (\d+) ready", launcher.stderr_text())) is None:
+                standby_pid = None
+                while standby and (ready := re.search(r"warm standby pid (\d+) ready", launcher.stderr_text())) is None:
                     if time.monotonic() > deadline:
-                        raise TimeoutError(f"no warm standby by the deadline; the launcher's stderr:\n{launcher.stderr_tail()}")
+                        raise TimeoutError("no warm standby by the deadline")
                     await asyncio.sleep(POLL_S)
-                standby_pid = int(ready.group(1))
+                if standby:
+                    standby_pid = int(ready.group(1))
                 seen.extend(tail.poll())
                 victim = next(e for e in seen if e["event"] == "start" and e["replica_id"] == "g1")
                 os.kill(victim["pid"], signal.SIGKILL)
                 killed = time.time()
                 deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-                ofg1 = lambda e, kind: e["event"] == kind and e["replica_id"] == "g1" and e["ts"] > killed  # noqa: E731
-                commit = await _wait_for(tail, seen, lambda e: ofg1(e, "commit") and e["committed"], deadline, "a g1 commit")
+                ofg1 = lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["ts"] > killed and e["committed"]  # noqa: E731
+                commit = await _wait_for(tail, seen, ofg1, deadline, "a g1 commit")
+                await _wait_for(tail, seen, lambda e: ofg1(e) and e["step"] >= commit["step"] + AFTER_STEPS, deadline,
+                                f"{AFTER_STEPS} steps of both groups after the heal")
                 launcher.send_signal(signal.SIGTERM)
                 await launcher.wait(time.monotonic() + 30)
             except TimeoutError as e:
                 raise TimeoutError(f"{e}; the launcher's stderr ends with:\n{launcher.stderr_tail()}") from None
             finally:
                 drain.cancel()
-    start = next(e for e in seen if ofg1(e, "start"))
-    if start["pid"] != standby_pid:
-        raise RuntimeError(f"g1 restarted as pid {start['pid']}, not in the warm standby (pid {standby_pid})")
-    quorum = next(e for e in seen if ofg1(e, "quorum"))
-    heal_end = next(e for e in seen if ofg1(e, "heal_end") and e.get("ok"))
-    return {"restart_to_commit_s": commit["ts"] - killed, "launch_s": start["ts"] - killed,
-            "join_s": quorum["ts"] - start["ts"], "heal_s": heal_end["seconds"], "heal_bytes": heal_end["num_bytes"]}
+    figures = _restart_figures(seen, "g1", killed, commit)
+    if standby and figures["pid"] != standby_pid:
+        raise RuntimeError(f"g1 restarted as pid {figures['pid']}, not in the warm standby (pid {standby_pid})")
+    return figures
 
 
 async def _discard_lines(child: Child) -> None:
@@ -266,15 +283,16 @@ async def _run(quick: bool) -> BenchmarkResult:
                               "torchft_issue_figures_s": TORCHFT_ISSUE_S}
     sizes = {"100mb": MODELS["100mb"]} if quick else MODELS
     for label, model in sizes.items():
-        runs = await _restarts(label, model, repeats, figures, baselines, compared, params)
+        await _restarts(label, model, repeats, figures, baselines, compared, params)
     if not quick:
-        runs = await _restarts("1gb_state", MODEL_1GB_STATE, repeats, figures, baselines, compared, params)
-        during = statistics.median(r["donor_step_during_heal_s"] for r in runs)
-        steady = statistics.median(r["donor_step_s"] for r in runs)
-        figures["donor_step_during_heal_1gb_s"] = during
-        baselines["donor_steady_step_1gb_s"] = steady
-        compared["donor_step_during_heal_1gb_s"] = "donor_steady_step_1gb_s"
-        figures["donor_step_ratio_during_heal"] = during / steady
+        launched, cold = await _restarts("1gb_state", MODEL_1GB_STATE, repeats, figures, baselines, compared, params)
+        for prefix, runs in (("", launched), ("cold_", cold)):
+            during = statistics.median(r["donor_step_during_heal_s"] for r in runs)
+            steady = statistics.median(r["donor_step_s"] for r in runs)
+            figures[f"{prefix}donor_step_during_heal_1gb_s"] = during
+            baselines[f"{prefix}donor_steady_step_1gb_s"] = steady
+            compared[f"{prefix}donor_step_during_heal_1gb_s"] = f"{prefix}donor_steady_step_1gb_s"
+            figures[f"{prefix}donor_step_ratio_during_heal"] = during / steady
     return BenchmarkResult(
         name="recovery",
         figures=figures,
@@ -283,7 +301,8 @@ async def _run(quick: bool) -> BenchmarkResult:
         notes="restart_to_commit = SIGKILL of a group run by replicaft-launch to the first committed step of its "
         "restart in the launcher's warm standby; cold_restart_to_commit = spawn of a fresh group process (python + "
         "torch import included) to its first committed step; both heal the whole state from one donor over "
-        "loopback, donor and healer pinned to a core each; donor_step_ratio_during_heal = the "
+        "loopback, donor and healer pinned to a core each; no_standby_* = the launcher's restart with --standbys 0; "
+        "(cold_)donor_step_ratio_during_heal = the "
         "donor's median step time over the steps ending while a 1 GB heal ran / its median over the steps both "
         "groups commit after the heal; torchft_* = torchft 0.2.0 restarted the same way in the same run "
         "(its lighthouse, Manager, DDP, Optimizer, HTTP transport; it has no launcher, so always cold); ratio < 1: "
@@ -294,31 +313,36 @@ async def _run(quick: bool) -> BenchmarkResult:
 
 
 async def _restarts(label: str, model: tuple[int, int], repeats: int, figures: dict[str, float],
-                    baselines: dict[str, float], compared: dict[str, str], params: dict[str, Any]) -> list[dict[str, float]]:
+                    baselines: dict[str, float], compared: dict[str, str],
+                    params: dict[str, Any]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
     """``repeats`` restarts of each kind for one model, interleaved so that all see the same
-    machine; their medians into the result's tables, and the cold restarts' figures returned
-    (they carry the donor's step times)."""
-    runs, launched, torchft_runs, plain = [], [], [], []
+    machine; their medians into the result's tables; the launcher's and the cold restarts'
+    figures returned."""
+    launched, no_standby, runs, torchft_runs, plain = [], [], [], [], []
     for _ in range(repeats):
         launched.append(await one_restart_launched(model))
+        no_standby.append(await one_restart_launched(model, standby=False))
         runs.append(await one_restart(model))
         torchft_runs.append(await one_restart_torchft(model))
         plain.append(await one_start_plain(model))
     figure = f"restart_to_commit_s_{label}"
-    torchft, floor = f"torchft_{figure}", f"plain_first_step_s_{label}"
+    torchft, floor, cold_launch = f"torchft_{figure}", f"plain_first_step_s_{label}", f"no_standby_{figure}"
     figures[figure] = statistics.median(r["restart_to_commit_s"] for r in launched)
+    figures[f"{figure}_vs_no_standby"] = figures[figure]
     figures[f"cold_{figure}"] = statistics.median(r["restart_to_commit_s"] for r in runs)
     baselines[torchft] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
+    baselines[cold_launch] = statistics.median(r["restart_to_commit_s"] for r in no_standby)
     baselines[floor] = statistics.median(plain)
     figures[f"{figure}_vs_plain"] = figures[figure]
     figures[f"cold_{figure}_vs_plain"] = figures[f"cold_{figure}"]
-    compared.update({figure: torchft, f"cold_{figure}": torchft, f"{figure}_vs_plain": floor,
-                     f"cold_{figure}_vs_plain": floor})
+    compared.update({figure: torchft, f"{figure}_vs_no_standby": cold_launch, f"cold_{figure}": torchft,
+                     f"{figure}_vs_plain": floor, f"cold_{figure}_vs_plain": floor})
     params[f"breakdown_{label}"] = launched
+    params[f"no_standby_breakdown_{label}"] = no_standby
     params[f"cold_breakdown_{label}"] = runs
     params[f"torchft_{label}"] = torchft_runs
     params[f"plain_{label}"] = plain
-    return runs
+    return launched, runs
 
 
 def run(*, quick: bool) -> BenchmarkResult:
