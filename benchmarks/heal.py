@@ -19,6 +19,11 @@ the healer's link is not shaped. The healer fetches the same state from 1, 2 and
 ``fanin_speedup_k`` = median t(1 donor) / median t(k donors). A raw socket over one shaped
 link is measured in the same run as the per-link reference. Namespaces are deleted in
 ``finally``; where they cannot be created, this part is skipped and the notes say why.
+
+The heal issue's other figures, restart to first committed step (``restart_to_commit_s_100mb``,
+``restart_to_commit_s_500mb``) and a donor's step time while it serves a heal
+(``donor_step_ratio_during_heal``), need whole training processes and a launcher: they are in
+``python -m benchmarks recovery`` (``recovery.json``).
 """
 
 from __future__ import annotations
@@ -272,7 +277,8 @@ def run(*, quick: bool) -> BenchmarkResult:
         "params.receiver_breakdown has each receiver's median seconds, CPU seconds and minor page faults (for "
         "replicaft also recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 KiB "
         "page, while torchft's per-tensor buffers of up to 32 MiB (the 100 MiB case) may be recycled from the "
-        "allocator's heap between repeats, without faults"
+        "allocator's heap between repeats, without faults; restart-to-commit and the donor's step during a heal: "
+        "python -m benchmarks recovery"
     ]
 
     for label, num_bytes in sizes.items():
