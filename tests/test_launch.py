@@ -249,9 +249,10 @@ def start_launcher(*args: str) -> ManagedProcess:
 def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(tmp_path: Path) -> None:
     events = tmp_path / "events"
     # --min-replicas 3: the survivors wait for g1 instead of finishing without it, so g1 must heal.
+    # A data worker process: the script's forkserver must start from the standby as from a script.
     launcher = start_launcher(
         "--groups", "3", "--min-replicas", "3", "--restart-delay", "0.5", "--events-dir", str(events),
-        "--status-interval", "1", EXAMPLE, "--steps", "40", "--step-delay", "0.05",
+        "--status-interval", "1", EXAMPLE, "--steps", "40", "--step-delay", "0.05", "--num-workers", "1",
     )  # fmt: skip
     standby = launcher.wait_for_line(lambda text: text.startswith("[launcher] starting warm standby pid "), 90,
                                      stream="stderr", what="a warm standby started once every group committed")
