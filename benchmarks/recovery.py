@@ -93,11 +93,14 @@ async def _wait_for(tail: EventTail, seen: list[dict[str, Any]], predicate: Any,
         await asyncio.sleep(POLL_S)
 
 
-def _group_env(lighthouse: str, replica_id: str, events: Path) -> dict[str, str]:
+def _bench_env(**variables: str) -> dict[str, str]:
+    """This environment without replicaft's variables, the per-step digest off, plus ``variables``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICAFT_")}
-    env.update(REPLICAFT_LIGHTHOUSE=lighthouse, REPLICAFT_REPLICA_ID=replica_id, REPLICAFT_EVENTS_DIR=str(events),
-               REPLICAFT_DIGEST_EVERY_STEPS="0")
-    return env
+    return {**env, "REPLICAFT_DIGEST_EVERY_STEPS": "0", **variables}
+
+
+def _group_env(lighthouse: str, replica_id: str, events: Path) -> dict[str, str]:
+    return _bench_env(REPLICAFT_LIGHTHOUSE=lighthouse, REPLICAFT_REPLICA_ID=replica_id, REPLICAFT_EVENTS_DIR=str(events))
 
 
 async def one_restart(model: tuple[int, int]) -> dict[str, float]:
@@ -170,9 +173,7 @@ async def one_restart_launched(model: tuple[int, int], *, standby: bool = True) 
         worker = Path(tmp) / "recovery_worker.py"
         worker.write_text("from benchmarks.recovery_worker import main\n\nmain()\n")
         tail, seen = EventTail(events), []
-        env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICAFT_")}
-        env.update(REPLICAFT_DIGEST_EVERY_STEPS="0",
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")])))
+        env = _bench_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
         async with ChildProcesses() as children:
             launcher = await children.start_python(
                 "launcher", "-m", "replicaft.launch", "--groups", "2", "--restart-delay", "0", "--events-dir", str(events),

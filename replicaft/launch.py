@@ -409,16 +409,19 @@ class Launcher:
         self._latest_start = time.monotonic()
         group.state = "running"
         restart = f", restart {group.num_restarts}" if group.num_restarts else ""
-        label: Callable[[str], str] = functools.partial(label_single_rank_line, rid)
+        label = functools.partial(label_torchrun_line if o.ranks_per_group > 1 else label_single_rank_line, rid)
+
+        def on_line(line: str) -> None:
+            self.console.write_line(label(line))
+
         standby = self._take_standby(group) if group.num_restarts else None
         if standby is not None:
             group.child = standby
-            standby.on_line = lambda line: self.console.write_line(label(line))
+            standby.on_line = on_line
             logger.info("started %s in warm standby pid %d%s", rid, standby.pid, restart)
             return
         argv = [sys.executable, str(o.script), *o.script_args]
         if o.ranks_per_group > 1:
-            label = functools.partial(label_torchrun_line, rid)
             argv = [
                 sys.executable, "-m", "torch.distributed.run",
                 "--nproc-per-node", str(o.ranks_per_group), "--max-restarts", "0",
@@ -427,8 +430,7 @@ class Launcher:
                 "--role", TORCHRUN_ROLE, "--tee", "3", "--log-dir", str(self._work_dir / "torchrun" / rid),
                 str(o.script), *o.script_args,
             ]  # fmt: skip
-        env = {**self._base_env(), **self._group_variables(group)}
-        group.child = Child(argv, env, lambda line: self.console.write_line(label(line)))
+        group.child = Child(argv, {**self._base_env(), **self._group_variables(group)}, on_line)
         logger.info("started %s (pid %d)%s", rid, group.child.pid, restart)
 
     def _note_event(self, event: Mapping[str, object]) -> None:

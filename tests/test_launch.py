@@ -336,20 +336,24 @@ def _process_tree(root_pid: int) -> dict[int, int]:
     return tree
 
 
+def _stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat after the command name: state, ppid, ... (start time is index 19)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2 :].split()
+
+
 def _started_at(pid: int) -> float:
     """When process ``pid`` started, in wall time (``time.time()``), from /proc to a clock tick."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    since_boot = int(stat[stat.rindex(")") + 2 :].split()[19]) / os.sysconf("SC_CLK_TCK")
+    since_boot = int(_stat_fields(pid)[19]) / os.sysconf("SC_CLK_TCK")
     return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + since_boot
 
 
 def _still_running(pid: int, start_ticks: int) -> bool:
     """Whether that very process runs: a zombie waiting for init, or a reused pid, does not count."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = _stat_fields(pid)
     except OSError:
         return False
-    fields = stat[stat.rindex(")") + 2 :].split()
     return int(fields[19]) == start_ticks and fields[0] not in ("Z", "X")
 
 
