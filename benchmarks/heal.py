@@ -4,9 +4,12 @@
 invocation starts, on 127.0.0.1: two replicaft donor processes each serving an identical
 state from a ``StateServer``, live as a donor's manager serves it (``LiveSnapshot``: sent
 straight from the tensors, no copy); a healer process that times ``fetch_state`` from the
-call (manifests first) to the verified buffer, from one donor and from two; a raw TCP
-sender/receiver pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer;
-also a variant that allocates the buffer per transfer, as every other receiver here does);
+call (manifests first) to the verified buffer, from one donor and from two, pulling each
+donor over ``STREAMS_PER_DONOR`` connections as the manager does; a raw TCP sender/receiver
+pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer over one
+connection, and over two at once, half the bytes each, the like-for-like limit of one donor
+pulled over two streams; also a variant that allocates the buffer per transfer, as every
+other receiver here does);
 torchft 0.2.0's ``HTTPTransport`` (defaults, ``num_chunks=0``) between two processes; and
 its ``PGTransport`` over a two-rank torchft ``ProcessGroupGloo`` (defaults). Every clock
 runs in the receiving process. The transfers run one at a time, in a rotating order per
@@ -40,6 +43,7 @@ from typing import Any
 
 from benchmarks.processes import Child, ChildProcesses
 from benchmarks.results import BenchmarkResult
+from replicaft.transfer.client import STREAMS_PER_DONOR
 
 MIB = 1 << 20
 LOOPBACK_SIZES = {"100mb": 100 * MIB, "1gb": 1024 * MIB}
@@ -52,7 +56,7 @@ FANIN_GBPS = 0.05
 FANIN_SUBNET = "10.77.0"
 TARGETS = {"vs_raw_1donor": 0.70, "vs_torchft_1donor": 2.0, "fanin_speedup_2": 1.6, "fanin_speedup_3": 2.2}
 
-LOOPBACK_MODES = ("raw", "raw_fresh", "replicaft_1", "replicaft_2", "replicaft_1_fresh", "torchft_http", "torchft_pg")
+LOOPBACK_MODES = ("raw", "raw_2", "raw_fresh", "replicaft_1", "replicaft_2", "replicaft_1_fresh", "torchft_http", "torchft_pg")
 
 
 def _worker(role: str, *args: str) -> tuple[str, ...]:
@@ -94,8 +98,9 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int) -> dict[str, list
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in LOOPBACK_MODES}
         for r in range(-warmup, repeats):
             for mode in _rotated(LOOPBACK_MODES, r):
-                if mode in ("raw", "raw_fresh"):
-                    done = await _transfer(raw_recv, {"address": raw_address, "fresh": mode == "raw_fresh"})
+                if mode.startswith("raw"):
+                    done = await _transfer(raw_recv, {"address": raw_address, "fresh": mode == "raw_fresh",
+                                                      "streams": 2 if mode == "raw_2" else 1})
                 elif mode.startswith("replicaft_"):
                     k = int(mode.split("_")[1])
                     in_place = not mode.endswith("_fresh")
@@ -269,10 +274,12 @@ def run(*, quick: bool) -> BenchmarkResult:
     notes = [
         f"GB/s = state bytes / median seconds over {repeats} interleaved repeat(s) after {warmup} discarded warm-up "
         "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
+        f"over {STREAMS_PER_DONOR} connections per donor "
         "from manifest request to verified tensors (chunk digests: replicaft.transfer.checksum), received in place into the healer's own state of the "
         "same shape (allocated once, as a healer's model and optimizer are; heal_gbps_*_fresh: into new memory, "
         "as for a tensor the healer does not have yet); raw socket = plain TCP recv_into a preallocated, "
-        "pre-faulted buffer (raw_socket_fresh_* allocates a torch.empty buffer per transfer); torchft 0.2.0 HTTPTransport (num_chunks=0) and PGTransport (Gloo, 2 ranks, no in-place state "
+        "pre-faulted buffer over one connection (raw_socket_2stream_*: two connections at once, half the bytes "
+        "each, as replicaft pulls one donor; raw_socket_fresh_* allocates a torch.empty buffer per transfer); torchft 0.2.0 HTTPTransport (num_chunks=0) and PGTransport (Gloo, 2 ranks, no in-place state "
         "dict); each *_vs_torchft figure repeats the heal figure to carry its ratio to torchft_best; "
         "params.receiver_breakdown has each receiver's median seconds, CPU seconds and minor page faults (for "
         "replicaft also recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 KiB "
@@ -284,6 +291,7 @@ def run(*, quick: bool) -> BenchmarkResult:
     for label, num_bytes in sizes.items():
         runs = asyncio.run(_loopback(num_bytes, repeats, warmup))
         baselines[f"raw_socket_gbps_{label}"] = _gbps(num_bytes, runs["raw"])
+        baselines[f"raw_socket_2stream_gbps_{label}"] = _gbps(num_bytes, runs["raw_2"])
         baselines[f"raw_socket_fresh_gbps_{label}"] = _gbps(num_bytes, runs["raw_fresh"])
         baselines[f"torchft_http_gbps_{label}"] = _gbps(num_bytes, runs["torchft_http"])
         baselines[f"torchft_pg_gbps_{label}"] = _gbps(num_bytes, runs["torchft_pg"])
@@ -296,6 +304,8 @@ def run(*, quick: bool) -> BenchmarkResult:
             compared[figure] = f"raw_socket_gbps_{label}"
             figures[f"{figure}_vs_torchft"] = figures[figure]
             compared[f"{figure}_vs_torchft"] = f"torchft_best_gbps_{label}"
+        figures[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = figures[f"heal_gbps_{label}_1donor"]
+        compared[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = f"raw_socket_2stream_gbps_{label}"
         figures[f"heal_gbps_{label}_1donor_fresh"] = _gbps(num_bytes, runs["replicaft_1_fresh"])
         compared[f"heal_gbps_{label}_1donor_fresh"] = f"raw_socket_fresh_gbps_{label}"
 

@@ -16,11 +16,13 @@ seconds and the minor page faults it caused, all measured in the receiving proce
   a state of its own of the donor's shape (allocated and written once, before the first
   such command, as a healer's model and optimizer are), as replicaft's manager does;
   without, into new memory.
-* ``raw-send`` / ``raw-recv``: a plain TCP socket; the sender answers an 8-byte request
-  with ``sendall`` of its whole buffer, the receiver ``recv_into``'s a preallocated buffer
-  (written once before the first transfer, so its pages exist), or with ``"fresh": true``
-  a ``torch.empty`` buffer allocated for that transfer (pages faulted in during the receive,
-  as in replicaft's healer).
+* ``raw-send`` / ``raw-recv``: a plain TCP socket; the sender answers a 16-byte request
+  (start, stop) with ``sendall`` of that range of its buffer, the receiver ``recv_into``'s a
+  preallocated buffer (written once before the first transfer, so its pages exist), or with
+  ``"fresh": true`` a ``torch.empty`` buffer allocated for that transfer (pages faulted in
+  during the receive, as in replicaft's healer). With ``"streams": k`` the receiver splits
+  the buffer into k ranges received over k connections at once, one thread each (as
+  replicaft's healer pulls one donor over several connections).
 * ``http-send`` / ``http-recv``: torchft 0.2.0 ``HTTPTransport`` with its defaults
   (``num_chunks=0``): ``send_checkpoint`` once, then timed ``recv_checkpoint`` calls.
 * ``pg``: torchft 0.2.0 ``PGTransport`` over torchft's ``ProcessGroupGloo`` of two ranks
@@ -43,12 +45,13 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 NUM_TENSORS = 4
 STEP = 7
 TIMEOUT_S = 600.0
-_SIZE = struct.Struct(">Q")
+_RANGE = struct.Struct(">QQ")
 _NETNS_ENV = "REPLICAFT_HEAL_BENCH_NETNS"
 
 
@@ -193,13 +196,13 @@ def raw_send(args: argparse.Namespace) -> None:
     def serve(conn: socket.socket) -> None:
         with conn:
             while True:
-                request = bytearray(_SIZE.size)
+                request = bytearray(_RANGE.size)
                 try:
                     recv_exact(conn, memoryview(request))
                 except ConnectionError:
                     return
-                (n,) = _SIZE.unpack(request)
-                conn.sendall(view[:n])
+                start, stop = _RANGE.unpack(request)
+                conn.sendall(view[start:stop])
 
     def accept() -> None:
         while True:
@@ -220,6 +223,11 @@ def recv_exact(sock: socket.socket, view: memoryview) -> None:
         view = view[n:]
 
 
+def _recv_range(sock: socket.socket, view: memoryview, start: int, stop: int) -> None:
+    sock.sendall(_RANGE.pack(start, stop))
+    recv_exact(sock, view[start:stop])
+
+
 def raw_recv(args: argparse.Namespace) -> None:
     import torch  # the allocator replicaft's healer uses (numpy's would ask for huge pages)
 
@@ -227,12 +235,20 @@ def raw_recv(args: argparse.Namespace) -> None:
     emit("ready")
     for cmd in commands():
         host, port = cmd["address"].rsplit(":", 1)
+        streams = cmd.get("streams", 1)
+        bounds = [args.bytes * i // streams for i in range(streams + 1)]
         with Measured() as m:
             buffer = torch.empty(args.bytes, dtype=torch.uint8).numpy() if cmd.get("fresh") else preallocated
-            with socket.create_connection((host, int(port)), timeout=TIMEOUT_S) as sock:
-                sock.sendall(_SIZE.pack(args.bytes))
-                recv_exact(sock, memoryview(buffer))
-        del buffer
+            view = memoryview(buffer)
+            sockets = [socket.create_connection((host, int(port)), timeout=TIMEOUT_S) for _ in range(streams)]
+            with ThreadPoolExecutor(streams) as pool:
+                receives = [pool.submit(_recv_range, sock, view, start, stop)
+                            for sock, start, stop in zip(sockets, bounds, bounds[1:], strict=False)]
+                for receive in receives:
+                    receive.result()
+            for sock in sockets:
+                sock.close()
+        del view, buffer
         emit("done", num_bytes=args.bytes, **m.fields)
 
 

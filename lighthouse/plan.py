@@ -129,6 +129,7 @@ def assign_stripes(
     *,
     healer_index: int = 0,
     min_stripe_bytes: int = MIN_STRIPE_BYTES,
+    stripes_per_donor: int = STRIPES_PER_DONOR,
 ) -> tuple[Stripe, ...]:
     """Split ``[0, num_bytes)`` into contiguous stripes dealt round-robin to ``donors``.
 
@@ -141,7 +142,7 @@ def assign_stripes(
         raise ValueError("no donors to assign stripes to")
     if num_bytes == 0:
         return ()
-    num_stripes = max(1, min(len(donors) * STRIPES_PER_DONOR, math.ceil(num_bytes / max(1, min_stripe_bytes))))
+    num_stripes = max(1, min(len(donors) * stripes_per_donor, math.ceil(num_bytes / max(1, min_stripe_bytes))))
     base, extra = divmod(num_bytes, num_stripes)
     stripes = []
     start = 0

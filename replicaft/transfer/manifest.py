@@ -17,7 +17,7 @@ from typing import Any
 import msgpack
 
 from lighthouse.errors import ProtocolError
-from lighthouse.plan import assign_stripes
+from lighthouse.plan import STRIPES_PER_DONOR, assign_stripes
 from lighthouse.protocol import MAX_ID_CHARS, check_int, check_str, require
 from replicaft.transfer.checksum import ALGORITHM as CHECKSUM_ALGORITHM
 from replicaft.transfer.checksum import DIGEST_BYTES, digest
@@ -171,10 +171,15 @@ class ByteStripe:
     stop: int
 
 
-def chunk_stripes(manifest: Manifest, donors: Sequence[str], healer_index: int = 0) -> list[ByteStripe]:
-    """Chunk-aligned stripes of the snapshot dealt across donors (lighthouse.plan.assign_stripes)."""
+def chunk_stripes(
+    manifest: Manifest, donors: Sequence[str], healer_index: int = 0, streams_per_donor: int = 1
+) -> list[ByteStripe]:
+    """Chunk-aligned stripes of the snapshot dealt across donors (lighthouse.plan.assign_stripes),
+    ``STRIPES_PER_DONOR`` for each of a donor's streams, so that a stream that finishes early
+    takes a stripe its sibling has not started."""
     c = manifest.chunk_bytes
-    stripes = assign_stripes(manifest.num_chunks, donors, healer_index=healer_index, min_stripe_bytes=1)
+    stripes = assign_stripes(manifest.num_chunks, donors, healer_index=healer_index, min_stripe_bytes=1,
+                             stripes_per_donor=STRIPES_PER_DONOR * streams_per_donor)
     return [
         ByteStripe(s.donor, s.start * c, min(s.stop * c, manifest.total_bytes)) for s in stripes
     ]
