@@ -4,9 +4,9 @@
 invocation starts, on 127.0.0.1: two replicaft donor processes each serving an identical
 state from a ``StateServer``, live as a donor's manager serves it (``LiveSnapshot``: sent
 straight from the tensors, no copy); a healer process that times ``fetch_state`` from the
-call (manifests first) to the verified buffer, from one donor and from two, pulling each
-donor over ``STREAMS_PER_DONOR`` connections as the manager does; a raw TCP sender/receiver
-pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer over one
+call (manifests first) to the verified buffer, from one donor and from two, over
+``CONNECTIONS`` connections in all as the manager does (one donor: two; two: one each); a
+raw TCP sender/receiver pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer over one
 connection, and over two at once, half the bytes each, the like-for-like limit of one donor
 pulled over two streams; also a variant that allocates the buffer per transfer, as every
 other receiver here does);
@@ -43,7 +43,7 @@ from typing import Any
 
 from benchmarks.processes import Child, ChildProcesses
 from benchmarks.results import BenchmarkResult
-from replicaft.transfer.client import STREAMS_PER_DONOR
+from replicaft.transfer.client import CONNECTIONS
 
 MIB = 1 << 20
 LOOPBACK_SIZES = {"100mb": 100 * MIB, "1gb": 1024 * MIB}
@@ -274,7 +274,7 @@ def run(*, quick: bool) -> BenchmarkResult:
     notes = [
         f"GB/s = state bytes / median seconds over {repeats} interleaved repeat(s) after {warmup} discarded warm-up "
         "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
-        f"over {STREAMS_PER_DONOR} connections per donor "
+        f"over {CONNECTIONS} connections in all, at least one per donor, "
         "from manifest request to verified tensors (chunk digests: replicaft.transfer.checksum), received in place into the healer's own state of the "
         "same shape (allocated once, as a healer's model and optimizer are; heal_gbps_*_fresh: into new memory, "
         "as for a tensor the healer does not have yet); raw socket = plain TCP recv_into a preallocated, "

@@ -592,7 +592,7 @@ class Manager:
             healer_index=plan.healers.index(self.options.replica_id),
             into=targets,
             reader=self.options.replica_id,
-            streams_per_donor=self.options.heal_streams_per_donor,
+            connections=self.options.heal_connections,
         )
 
     def _serve_healers(self, plan: StepPlan) -> None:

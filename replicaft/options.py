@@ -61,9 +61,9 @@ class ManagerOptions:
     collective_timeout_s: float = 10.0
     quorum_timeout_s: float = 60.0
     heal_timeout_s: float = 30.0
-    heal_streams_per_donor: int = 2
-    """Connections a heal opens to each donor (transfer/client.py: one TCP stream carries less
-    than a host can send)."""
+    heal_connections: int = 2
+    """Connections a heal pulls its donors over, in all; at least one per donor
+    (transfer/client.py: one TCP stream carries less than a host can send)."""
     heal_replay_steps: int = 16
     """A non-blocking heal records the steps it misses, to replay them once its fetch has
     arrived: this many always, and more while ``heal_replay_bytes`` allows. Past both, it
@@ -140,8 +140,8 @@ class ManagerOptions:
                 f"heal_replay_steps={self.heal_replay_steps}, heal_replay_bytes={self.heal_replay_bytes}; "
                 "they must be >= 0 (0 and 0: every heal holds the donors from its second attempt)"
             )
-        if self.heal_streams_per_donor < 1:
-            raise OptionsError(f"heal_streams_per_donor={self.heal_streams_per_donor}; it must be at least 1")
+        if self.heal_connections < 1:
+            raise OptionsError(f"heal_connections={self.heal_connections}; it must be at least 1")
         if self.max_quorum_failures < 1:
             raise OptionsError(f"max_quorum_failures={self.max_quorum_failures}; it must be at least 1")
         parse_fault_points(self.fault_points)

@@ -54,7 +54,7 @@ def test_defaults_are_valid_single_rank_loopback() -> None:
         pytest.param({"heal_timeout_s": 90.0}, "quorum_timeout_s=60.0 is not above heal_timeout_s=90.0",
                      "set quorum_timeout_s above 90.0", id="quorum_not_above_heal"),
         pytest.param({"max_quorum_failures": 0}, "max_quorum_failures=0", "at least 1", id="no_quorum_failures"),
-        pytest.param({"heal_streams_per_donor": 0}, "heal_streams_per_donor=0", "at least 1", id="no_heal_streams"),
+        pytest.param({"heal_connections": 0}, "heal_connections=0", "at least 1", id="no_heal_connections"),
         pytest.param({"digest_every_steps": -1}, "digest_every_steps=-1", "use 0 (off) or more", id="negative_digest_interval"),
         pytest.param({"fault_points": "boom@1"}, "fault point 'boom@1'", "e.g. allreduce@5", id="bad_fault_point"),
     ],

@@ -233,7 +233,7 @@ def test_flipped_byte_in_the_first_chunk_fails_the_stripe_though_later_chunks_ar
     assert snapshot.manifest.num_chunks > 3
     with donors(("flipper", snapshot, flip_in_the_first_chunk)) as ds:
         with pytest.raises(HealError, match=r"chunk 0 \(bytes 0\.\.65536\) from donor flipper fails its checksum"):
-            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, streams_per_donor=1)
+            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, connections=1)
 
 
 def test_flipped_byte_in_an_early_chunk_received_in_place_is_refetched_and_overwritten() -> None:
@@ -293,37 +293,55 @@ def test_next_range_is_requested_before_the_current_one_is_read() -> None:
     with socket.create_server(("127.0.0.1", 0)) as listener, ThreadPoolExecutor(1) as pool:
         served = pool.submit(serve, listener)
         result = fetch_state([Donor("d", f"127.0.0.1:{listener.getsockname()[1]}")], STEP, token=None,
-                             timeout_s=DEADLINE_S, streams_per_donor=1)
+                             timeout_s=DEADLINE_S, connections=1)
         served.result(timeout=DEADLINE_S)
     assert_same_state(result, snapshot)
     assert requests_seen_first == [2]
 
 
+def connection_counter(expected: int) -> tuple[dict[int, str], Callable[[str], RangeHook]]:
+    """A fault hook per donor that records which connections (server threads) asked it for
+    ranges, and holds each first request until ``expected`` connections have asked."""
+    all_open = threading.Barrier(expected, timeout=DEADLINE_S)
+    seen: dict[int, str] = {}
+
+    def hook_of(donor: str) -> RangeHook:
+        def hold_until_every_connection_asked(start: int, stop: int, data: memoryview) -> memoryview:
+            if threading.get_ident() not in seen:
+                seen[threading.get_ident()] = donor
+                all_open.wait()
+            return data
+
+        return hold_until_every_connection_asked
+
+    return seen, hook_of
+
+
 def test_one_donor_is_pulled_over_several_connections_at_once() -> None:
-    """Each of a donor's streams is its own connection with its own stripes in flight; the
-    donor sees them all open before any range is answered."""
+    """Each connection has its own stripes in flight: the donor sees them all open before it
+    answers any range."""
     snapshot = sample_snapshot()
-    streams = 3
-    all_open = threading.Barrier(streams, timeout=DEADLINE_S)
-    connections: set[int] = set()
-
-    def hold_until_every_stream_asked(start: int, stop: int, data: memoryview) -> memoryview:
-        ident = threading.get_ident()
-        if ident not in connections:
-            connections.add(ident)
-            all_open.wait()
-        return data
-
-    with donors(("d", snapshot, hold_until_every_stream_asked)) as ds:
-        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, streams_per_donor=streams)
+    seen, hook_of = connection_counter(3)
+    with donors(("d", snapshot, hook_of("d"))) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, connections=3)
     assert_same_state(result, snapshot)
-    assert len(connections) == streams
+    assert sorted(seen.values()) == ["d", "d", "d"]
     assert result.bytes_by_donor == {"d": snapshot.manifest.total_bytes}
 
 
-def test_streams_per_donor_below_one_is_refused() -> None:
-    with pytest.raises(ValueError, match="streams_per_donor=0; it must be at least 1"):
-        fetch_state([Donor("d", "127.0.0.1:1")], STEP, token=None, timeout_s=1.0, streams_per_donor=0)
+def test_connections_are_dealt_across_donors_at_least_one_each() -> None:
+    snapshot = sample_snapshot()
+    for connections, expected in ((3, ["a", "a", "b"]), (1, ["a", "b"])):
+        seen, hook_of = connection_counter(len(expected))
+        with donors(("a", snapshot, hook_of("a")), ("b", snapshot, hook_of("b"))) as ds:
+            result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, connections=connections)
+        assert_same_state(result, snapshot)
+        assert sorted(seen.values()) == expected
+
+
+def test_connections_below_one_are_refused() -> None:
+    with pytest.raises(ValueError, match="connections=0; it must be at least 1"):
+        fetch_state([Donor("d", "127.0.0.1:1")], STEP, token=None, timeout_s=1.0, connections=0)
 
 
 def test_donor_stopped_between_manifest_and_ranges_is_replaced_by_the_other() -> None:

@@ -4,8 +4,8 @@
    majority (another step, other bytes) are not used: the state must be bitwise one state.
 2. Place every byte (placement.py): into the caller's own tensors where they match, else
    into one new buffer; deal chunk-aligned stripes across the donors (manifest.py).
-3. ``streams_per_donor`` connections per donor pull its stripes; each chunk is checked
-   against the manifest's digest (checksum.py) as it arrives. A donor that dies or sends a bad stripe is dropped
+3. ``connections`` connections (at least one per donor, dealt evenly) pull the donors'
+   stripes; each chunk is checked against the manifest's digest (checksum.py) as it arrives. A donor that dies or sends a bad stripe is dropped
    and its stripes go to the others; a stripe that fails on every donor fails the heal.
 4. Only when every chunk verified are the tensors returned; the caller applies them. A
    failure raises HealError (the caller retries at the next quorum); tensors given as
@@ -45,11 +45,14 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 MANIFEST_WAIT_S = 10.0
 MANIFEST_GRACE_S = 1.0
 """Once one donor served its manifest, how long the others may still say "not yet"."""
-STREAMS_PER_DONOR = 2
-"""Connections a heal opens to each donor. One TCP stream does not carry what a host can
-send: on this project's 2-core benchmark host a raw loopback socket moved 1 GiB at
-2.3-3.2 GB/s over one connection and 4.3-5.5 GB/s over two from the same sender (over four,
-no more). Between hosts, several streams also ride out one stream's congestion window."""
+CONNECTIONS = 2
+"""Connections a heal pulls over in all, at least one per donor. One TCP stream does not carry
+what a host can send: on this project's 2-core benchmark host a raw loopback socket moved
+1 GiB at 2.3-3.2 GB/s over one connection and 4.3-5.5 GB/s over two from the same sender
+(over four, no more), and a one-donor heal went from 2.7 to 3.7 GB/s. A total rather than a
+count per donor: the healer's cores bound what it can receive, and two donors pulled over
+two connections each (four receiving threads on two cores) healed no faster than one donor
+over two."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,7 +229,7 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
 def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: str | None, deadline: float,
           reader: str | None) -> int:
     """Fetch stripes from ``donor`` over one connection until the board has none for it
-    (each of a donor's ``streams_per_donor`` connections runs one of these).
+    (each of a donor's connections runs one of these).
 
     Returns the bytes received. The next stripe is requested before the current one is read
     (one ahead at most): the donor answers a connection's requests in order, so it goes from
@@ -270,6 +273,12 @@ def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: s
             sock.close()
 
 
+def _deal(connections: int, donors: Sequence[str]) -> dict[str, int]:
+    """Connections per donor: ``connections`` dealt evenly, at least one each."""
+    base, extra = divmod(connections, len(donors))
+    return {rid: max(1, base + (i < extra)) for i, rid in enumerate(donors)}
+
+
 def fetch_state(
     donors: Sequence[Donor],
     step: int,
@@ -279,7 +288,7 @@ def fetch_state(
     healer_index: int = 0,
     into: Mapping[str, torch.Tensor] | None = None,
     reader: str | None = None,
-    streams_per_donor: int = STREAMS_PER_DONOR,
+    connections: int = CONNECTIONS,
 ) -> HealResult:
     """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
 
@@ -287,16 +296,16 @@ def fetch_state(
     in place where name, dtype and shape match (see placement.py for what that obliges).
     ``reader``: the healer's replica id, sent with each range request: a donor serving its
     live state (live.py) keeps a copy of only what its expected healers were not sent.
-    ``streams_per_donor``: connections pulling from each donor at once.
+    ``connections``: how many connections pull at once, in all; each donor gets at least one.
     """
-    if streams_per_donor < 1:
-        raise ValueError(f"streams_per_donor={streams_per_donor}; it must be at least 1")
+    if connections < 1:
+        raise ValueError(f"connections={connections}; it must be at least 1")
     if not donors:
         raise HealError(f"no donor to heal step {step} from")
     started = time.monotonic()
     deadline = started + timeout_s
     by_id = {d.replica_id: d for d in donors}
-    with ThreadPoolExecutor(max_workers=len(donors) * streams_per_donor, thread_name_prefix="replicaft-heal") as pool:
+    with ThreadPoolExecutor(max_workers=max(len(donors), connections), thread_name_prefix="replicaft-heal") as pool:
         enough = threading.Event()
         futures = {pool.submit(wait_for_manifest, d, step, token, deadline, enough): d.replica_id for d in donors}
         manifests: dict[str, Manifest] = {}
@@ -332,9 +341,10 @@ def fetch_state(
             placement = Placement(manifest, into)
         except StateError as e:
             raise HealError(f"the manifest of step {step} from {usable[0]} is unusable: {e}") from None
-        board = _Board(chunk_stripes(manifest, usable, healer_index, streams_per_donor), usable)
+        streams = _deal(connections, usable)
+        board = _Board(chunk_stripes(manifest, usable, healer_index, max(streams.values())), usable)
         pulls = [(rid, pool.submit(_pull, by_id[rid], board, placement, step, token, deadline, reader))
-                 for rid in usable for _ in range(streams_per_donor)]
+                 for rid in usable for _ in range(streams[rid])]
         received: dict[str, int] = {}
         for rid, pull in pulls:
             if n := pull.result():
