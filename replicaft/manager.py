@@ -711,6 +711,7 @@ class Manager:
             seconds=result.seconds,
             bytes_by_donor=result.bytes_by_donor,
             refetched_stripes=result.refetched_stripes,
+            taken_over_stripes=result.taken_over_stripes,
             replayed_steps=len(cu.records),
             base_step=cu.base_step,
         )

@@ -29,7 +29,7 @@ from replicaft.state import flatten, unflatten
 from replicaft.transfer import live as live_module
 from replicaft.transfer.client import Donor, HealResult, fetch_manifest, fetch_state
 from replicaft.transfer.live import LiveSnapshot
-from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec
+from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec, chunk_stripes
 from replicaft.transfer.placement import Placement
 from replicaft.transfer.server import NotServed, RangeHook, Served, StateServer
 from replicaft.transfer.snapshot import Snapshot, SpareBuffer, tensors_from_buffer
@@ -85,6 +85,24 @@ def flip_one_byte(start: int, stop: int, data: memoryview) -> memoryview:
     altered = bytearray(data)
     altered[len(altered) // 2] ^= 0x10
     return memoryview(altered)
+
+
+def connection_counter(expected: int) -> tuple[dict[int, str], Callable[[str], RangeHook]]:
+    """A fault hook per donor that records which connections (server threads) asked it for
+    ranges, and holds each first request until ``expected`` connections have asked."""
+    all_open = threading.Barrier(expected, timeout=DEADLINE_S)
+    seen: dict[int, str] = {}
+
+    def hook_of(donor: str) -> RangeHook:
+        def hold_until_every_connection_asked(start: int, stop: int, data: memoryview) -> memoryview:
+            if threading.get_ident() not in seen:
+                seen[threading.get_ident()] = donor
+                all_open.wait()
+            return data
+
+        return hold_until_every_connection_asked
+
+    return seen, hook_of
 
 
 def assert_same_state(result: HealResult, snapshot: Snapshot) -> None:
@@ -144,7 +162,8 @@ def test_tensors_from_buffer_rejects_inconsistent_spec_naming_the_tensor(spec: T
 
 def test_two_donor_striped_fetch_is_bitwise_equal_and_uses_both_donors() -> None:
     snapshot = sample_snapshot()
-    with donors(("a", snapshot, None), ("b", sample_snapshot(replica_id="b"), None)) as ds:
+    _, hook_of = connection_counter(2)  # neither donor's connection can take the heal over alone
+    with donors(("a", snapshot, hook_of("a")), ("b", sample_snapshot(replica_id="b"), hook_of("b"))) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
     assert_same_state(result, snapshot)
     assert result.manifest.same_state_as(snapshot.manifest)
@@ -299,24 +318,6 @@ def test_next_range_is_requested_before_the_current_one_is_read() -> None:
     assert requests_seen_first == [2]
 
 
-def connection_counter(expected: int) -> tuple[dict[int, str], Callable[[str], RangeHook]]:
-    """A fault hook per donor that records which connections (server threads) asked it for
-    ranges, and holds each first request until ``expected`` connections have asked."""
-    all_open = threading.Barrier(expected, timeout=DEADLINE_S)
-    seen: dict[int, str] = {}
-
-    def hook_of(donor: str) -> RangeHook:
-        def hold_until_every_connection_asked(start: int, stop: int, data: memoryview) -> memoryview:
-            if threading.get_ident() not in seen:
-                seen[threading.get_ident()] = donor
-                all_open.wait()
-            return data
-
-        return hold_until_every_connection_asked
-
-    return seen, hook_of
-
-
 def test_one_donor_is_pulled_over_several_connections_at_once() -> None:
     """Each connection has its own stripes in flight: the donor sees them all open before it
     answers any range."""
@@ -337,6 +338,33 @@ def test_connections_are_dealt_across_donors_at_least_one_each() -> None:
             result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, connections=connections)
         assert_same_state(result, snapshot)
         assert sorted(seen.values()) == expected
+
+
+def test_a_connection_done_with_its_donor_takes_over_the_stripes_a_slow_donor_has_not_begun() -> None:
+    """The slow donor answers its first range, then stalls until the fast donor has been
+    asked for one of the slow donor's stripes; the heal completes with the fast donor having
+    sent more than its share, and nothing was refetched (no donor failed)."""
+    snapshot = sample_snapshot()
+    slow_stripes = {(st.start, st.stop) for st in chunk_stripes(snapshot.manifest, ["fast", "slow"]) if st.donor == "slow"}
+    taken_over = threading.Event()
+    slow_ranges: list[tuple[int, int]] = []
+
+    def fast(start: int, stop: int, data: memoryview) -> memoryview:
+        if (start, stop) in slow_stripes:
+            taken_over.set()
+        return data
+
+    def slow(start: int, stop: int, data: memoryview) -> memoryview:
+        slow_ranges.append((start, stop))
+        if len(slow_ranges) > 1:
+            assert taken_over.wait(DEADLINE_S)
+        return data
+
+    with donors(("fast", snapshot, fast), ("slow", snapshot, slow)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, connections=2)
+    assert_same_state(result, snapshot)
+    assert taken_over.is_set() and result.taken_over_stripes >= 1 and result.refetched_stripes == 0
+    assert result.bytes_by_donor["fast"] > snapshot.manifest.total_bytes - sum(b - a for a, b in slow_stripes)
 
 
 def test_connections_below_one_are_refused() -> None:

@@ -3,7 +3,9 @@
 1. Ask every donor for its manifest (in parallel). Donors whose manifest disagrees with the
    majority (another step, other bytes) are not used: the state must be bitwise one state.
 2. Place every byte (placement.py): into the caller's own tensors where they match, else
-   into one new buffer; deal chunk-aligned stripes across the donors (manifest.py).
+   into one new buffer; deal chunk-aligned stripes across the donors (manifest.py). A
+   connection that has pulled all its donor's stripes takes the last stripe not yet asked
+   for of another, so a slow donor does not hold the heal's end.
 3. ``connections`` connections (at least one per donor, dealt evenly) pull the donors'
    stripes; each chunk is checked against the manifest's digest (checksum.py) as it arrives. A donor that dies or sends a bad stripe is dropped
    and its stripes go to the others; a stripe that fails on every donor fails the heal.
@@ -71,6 +73,8 @@ class HealResult:
     seconds: float
     bytes_by_donor: dict[str, int]
     refetched_stripes: int
+    taken_over_stripes: int
+    """Stripes a connection pulled from its own donor after another, still alive, was dealt them."""
 
     @property
     def num_bytes(self) -> int:
@@ -160,20 +164,27 @@ class _Board:
         self.in_flight = 0
         self.failed: str | None = None
         self.refetched = 0
+        self.taken_over = 0
+        """Stripes pulled from another donor than the one they were dealt to, that one being alive."""
         self.cond = threading.Condition()
 
     def take(self, donor: str, deadline: float, *, wait: bool = True) -> _Task | None:
-        """A stripe for ``donor``: its own, or a dead donor's. None when there is none left
-        for it, or (``wait=False``) none right now."""
+        """A stripe for ``donor``: its own, or a dead donor's, or else the last another donor
+        has not been asked for yet. None when there is none left for it, or (``wait=False``)
+        none right now."""
         with self.cond:
             while True:
                 if self.failed is not None or donor not in self.alive:
                     return None
-                for task in self.pending:
-                    if donor not in task.excluded and (task.stripe.donor == donor or task.stripe.donor not in self.alive):
-                        self.pending.remove(task)
-                        self.in_flight += 1
-                        return task
+                mine = [t for t in self.pending if donor not in t.excluded]
+                task = next((t for t in mine if t.stripe.donor == donor or t.stripe.donor not in self.alive), None)
+                if task is None and mine:
+                    task = mine[-1]
+                    self.taken_over += 1
+                if task is not None:
+                    self.pending.remove(task)
+                    self.in_flight += 1
+                    return task
                 if not wait or (not self.pending and self.in_flight == 0):
                     return None
                 if time.monotonic() >= deadline:
@@ -357,4 +368,4 @@ def fetch_state(
             f"(timeout {timeout_s:g}s): {sum(received.values())} of {manifest.total_bytes} bytes"
         )
     return HealResult(manifest, placement.tensors(), frozenset(placement.in_place), time.monotonic() - started,
-                      received, board.refetched)
+                      received, board.refetched, board.taken_over)
