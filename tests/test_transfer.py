@@ -591,7 +591,9 @@ def guarded_server() -> Iterator[tuple[str, int, Snapshot]]:
         pytest.param(request(token=12345), "StateRequest: wrong token", id="token_not_a_string"),
         pytest.param(request(token=None), "StateRequest: missing token", id="null_token"),
         pytest.param(without("token"), "StateRequest: missing token", id="missing_token"),
-        pytest.param(request(op="delete"), "StateRequest.op is 'delete'; expected 'manifest' or 'range'", id="unknown_op"),
+        pytest.param(request(op="delete"), "StateRequest.op is 'delete'; expected 'manifest', 'range' or 'done'", id="unknown_op"),
+        pytest.param(request(op="done"), "StateRequest.reader is missing", id="done_without_reader"),
+        pytest.param(request(op="done", reader=7), "StateRequest.reader is int", id="done_reader_not_a_string"),
         pytest.param(without("op"), "StateRequest.op is missing", id="missing_op"),
         pytest.param(request(op=["range"]), "StateRequest.op is list", id="op_not_a_string"),
         pytest.param(request(step=4), "StateRequest: step 4 is not served here (serving: [5])", id="wrong_step"),
@@ -713,6 +715,22 @@ def test_seal_keeps_nothing_once_every_expected_healer_was_sent_everything_and_r
         state["model"]["w"].add_(1.0)  # the donor's optimizer step
         with pytest.raises(HealError, match="not kept"):
             fetch_as("h", address)
+
+
+def test_two_live_donors_seal_without_waiting_or_keeping_once_the_healer_has_the_whole_state() -> None:
+    """Each donor sent only its stripes; the healer's done notice tells both it has the rest,
+    so neither waits out its seal nor keeps a copy. seal waits (up to its bound) for the
+    notice, which the healer sends once the fetch has returned."""
+    state = big_state()
+    a, b = live_snapshot(state), live_snapshot(state)
+    _, hook_of = connection_counter(2)  # each donor sends some of the stripes
+    with serving(a, fault_hook=hook_of("a")) as (_, address_a), serving(b, fault_hook=hook_of("b")) as (_, address_b):
+        result = fetch_state([Donor("a", address_a), Donor("b", address_b)], STEP, token=None, timeout_s=DEADLINE_S,
+                             reader="h")
+        assert all(n < result.num_bytes for n in result.bytes_by_donor.values())
+        for donor in (a, b):
+            assert donor.seal(wait_s=DEADLINE_S) == ""
+            assert donor.kept_bytes == 0 and donor.waited_s < DEADLINE_S
 
 
 def test_seal_keeps_what_an_expected_healer_was_not_sent_and_serves_it_after_the_state_moves_on() -> None:

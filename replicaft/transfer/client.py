@@ -9,7 +9,10 @@
 3. ``connections`` connections (at least one per donor, dealt evenly) pull the donors'
    stripes; each chunk is checked against the manifest's digest (checksum.py) as it arrives. A donor that dies or sends a bad stripe is dropped
    and its stripes go to the others; a stripe that fails on every donor fails the heal.
-4. Only when every chunk verified are the tensors returned; the caller applies them. A
+4. Only when every chunk verified are the tensors returned; the caller applies them. Each
+   donor is then told, in the background, that this ``reader`` has the whole state: with
+   several donors each sent only part of it, and a donor serving its live state would
+   otherwise wait at the end of its step for the rest and keep a copy of it (live.py). A
    failure raises HealError (the caller retries at the next quorum); tensors given as
    ``into`` may then hold partly received bytes, which is why the caller must regard them as
    invalid until a heal succeeds.
@@ -47,6 +50,7 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 MANIFEST_WAIT_S = 10.0
 MANIFEST_GRACE_S = 1.0
 """Once one donor served its manifest, how long the others may still say "not yet"."""
+DONE_NOTICE_TIMEOUT_S = 1.0
 CONNECTIONS = 2
 """Connections a heal pulls over in all, at least one per donor. One TCP stream does not carry
 what a host can send: on this project's 2-core benchmark host a raw loopback socket moved
@@ -284,6 +288,18 @@ def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: s
             sock.close()
 
 
+def _tell_done(donors: Sequence[Donor], step: int, token: str | None, reader: str) -> None:
+    """Tell each donor that ``reader`` has verified the whole state of ``step``. Best effort:
+    a donor not told waits (bounded) at its seal and keeps a copy, as before the notice."""
+    for donor in donors:
+        try:
+            with _connect(donor.address, time.monotonic() + DONE_NOTICE_TIMEOUT_S) as sock:
+                sock.settimeout(DONE_NOTICE_TIMEOUT_S)
+                _request(sock, {"op": "done", "step": step, "reader": reader}, token, f"done notice to {donor.replica_id}")
+        except (OSError, ProtocolError) as e:
+            logger.debug("heal: donor %s was not told step %d is done: %s", donor.replica_id, step, e)
+
+
 def _deal(connections: int, donors: Sequence[str]) -> dict[str, int]:
     """Connections per donor: ``connections`` dealt evenly, at least one each."""
     base, extra = divmod(connections, len(donors))
@@ -367,5 +383,8 @@ def fetch_state(
             f"heal of step {step} incomplete after {time.monotonic() - started:.1f}s "
             f"(timeout {timeout_s:g}s): {sum(received.values())} of {manifest.total_bytes} bytes"
         )
+    if reader is not None:
+        threading.Thread(target=_tell_done, args=([by_id[rid] for rid in usable], step, token, reader),
+                         name="replicaft-heal-done", daemon=True).start()
     return HealResult(manifest, placement.tensors(), frozenset(placement.in_place), time.monotonic() - started,
                       received, board.refetched, board.taken_over)

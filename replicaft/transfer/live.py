@@ -14,7 +14,8 @@ like every small tensor). So:
   buffer the donor's send cost a third more CPU, and one donor's heal ran at 1.1-1.4 GB/s
   instead of 1.8-2.0);
 * :meth:`LiveSnapshot.seal`, before the optimizer step, waits a bounded time for the healers
-  to have been sent every chunk, then for sends in progress to end (a chunk each; past
+  to have been sent every chunk (or to have said they have it all, :meth:`LiveSnapshot.release`:
+  with several donors, each sends only part), then for sends in progress to end (a chunk each; past
   ``LIVE_SEND_GRACE_S``, a stalled healer's connection is shut, which ends its send), and
   copies into the host buffer only the chunks some expected healer has not been sent yet;
   later requests are served from that copy. A chunk every healer has been sent is not kept:
@@ -175,6 +176,17 @@ class LiveSnapshot:
         """One past the last chunk that ends at or before ``stop`` (the last chunk may be short)."""
         c = self.manifest.chunk_bytes
         return len(self._kept) if stop >= self.manifest.total_bytes else stop // c
+
+    def release(self, reader: str) -> None:
+        """``reader`` has verified the whole state, from this donor and others: it will not ask
+        for any chunk again, so :meth:`seal` neither waits for nor keeps a chunk for it."""
+        with self._cond:
+            for sent in self._sent_to:
+                if reader not in sent:
+                    sent.add(reader)
+                    if reader in self.readers and self.readers <= sent:
+                        self._undelivered -= 1
+            self._cond.notify_all()
 
     def check(self, start: int, stop: int) -> None:
         """Raise NotServed if bytes ``[start, stop)`` are no longer served (sealed, not kept)."""

@@ -39,6 +39,7 @@ class Served(Protocol):
     def manifest(self) -> Manifest: ...
     def check(self, start: int, stop: int) -> None: ...
     def retire(self) -> None: ...
+    def release(self, reader: str) -> None: ...
     def send(self, conn: socket.socket, start: int, stop: int, reader: str | None) -> None: ...
     def read(self, start: int, stop: int, reader: str | None, out: torch.Tensor) -> memoryview: ...
 
@@ -166,8 +167,12 @@ class StateServer:
             send_frame(conn, {"ok": True, "num_bytes": len(body)})
             conn.sendall(body)
             return
+        if op == "done":
+            snapshot.release(check_str(m, "reader", require(request, m, "reader"), MAX_ID_CHARS))
+            send_frame(conn, {"ok": True, "num_bytes": 0})
+            return
         if op != "range":
-            raise ProtocolError(f"{m}.op is {op!r}; expected 'manifest' or 'range'")
+            raise ProtocolError(f"{m}.op is {op!r}; expected 'manifest', 'range' or 'done'")
         total = snapshot.manifest.total_bytes
         start = check_int(m, "start", require(request, m, "start"), 0, total)
         stop = check_int(m, "stop", require(request, m, "stop"), start, total)

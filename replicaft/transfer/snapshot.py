@@ -75,6 +75,9 @@ class Snapshot:
     def retire(self) -> None:
         """No longer served: its buffer is freed with it, once no request reads it."""
 
+    def release(self, reader: str) -> None:
+        """``reader`` has the whole state (a snapshot keeps its buffer regardless)."""
+
 
 class BackgroundCapture:
     """A checkpoint snapshot copied on a thread while the training step goes on.

@@ -1,7 +1,9 @@
 """Framing of the state-transfer protocol: a 4-byte length, then a msgpack map; raw bytes follow.
 
 Request frames: ``{"v", "token", "op": "manifest", "step"}`` or
-``{"v", "token", "op": "range", "step", "start", "stop"}``. Every reply starts with a frame
+``{"v", "token", "op": "range", "step", "start", "stop", "reader"}`` or
+``{"v", "token", "op": "done", "step", "reader"}`` (the healer verified the whole state of
+``step``; a donor serving it live keeps nothing more for it). Every reply starts with a frame
 ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}``; a range reply is followed by
 exactly ``stop - start`` raw bytes, a manifest reply by ``num_bytes`` bytes of manifest.
 """
