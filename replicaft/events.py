@@ -17,8 +17,9 @@ event              fields
 ``committed``      the state after committed step ``step``: ``digest``
 ``heal_start``     ``donors``, ``max_step``, ``hold`` (this attempt holds the donors, catchup.py)
 ``heal_end``       ``ok``, ``num_bytes``, ``in_place_bytes`` (received straight into this
-                   rank's own tensors), ``seconds``, ``bytes_by_donor``, ``replayed_steps``,
-                   ``base_step``, or ``error``
+                   rank's own tensors), ``seconds``, ``bytes_by_donor``, ``refetched_stripes``
+                   (after a donor failed or sent a bad chunk), ``taken_over_stripes`` (from a
+                   slower donor), ``replayed_steps``, ``base_step``, or ``error``
 ``serve_end``      a donor stopped serving its live state (transfer/live.py): ``served_step``,
                    ``readers`` (healers expected), ``waited_s`` (for them to be sent the
                    rest), ``kept_bytes`` (copied for them), ``reused_buffer`` (copied into

@@ -3,19 +3,20 @@
 1. Ask every donor for its manifest (in parallel). Donors whose manifest disagrees with the
    majority (another step, other bytes) are not used: the state must be bitwise one state.
 2. Place every byte (placement.py): into the caller's own tensors where they match, else
-   into one new buffer; deal chunk-aligned stripes across the donors (manifest.py). A
-   connection that has pulled all its donor's stripes takes the last stripe not yet asked
-   for of another, so a slow donor does not hold the heal's end.
+   into one new buffer; deal chunk-aligned stripes across the donors (manifest.py).
 3. ``connections`` connections (at least one per donor, dealt evenly) pull the donors'
-   stripes; each chunk is checked against the manifest's digest (checksum.py) as it arrives. A donor that dies or sends a bad stripe is dropped
-   and its stripes go to the others; a stripe that fails on every donor fails the heal.
+   stripes; each chunk is checked against the manifest's digest (checksum.py) as it
+   arrives. A donor that dies or sends a bad stripe is dropped and its stripes go to the
+   others; a stripe that fails on every donor fails the heal. A connection that has pulled
+   all its donor's stripes takes the last one another donor has not been asked for yet, so
+   a slow donor does not hold the heal's end.
 4. Only when every chunk verified are the tensors returned; the caller applies them. Each
-   donor is then told, in the background, that this ``reader`` has the whole state: with
-   several donors each sent only part of it, and a donor serving its live state would
-   otherwise wait at the end of its step for the rest and keep a copy of it (live.py). A
-   failure raises HealError (the caller retries at the next quorum); tensors given as
-   ``into`` may then hold partly received bytes, which is why the caller must regard them as
-   invalid until a heal succeeds.
+   donor that sent only part of the state is then told, in the background, that this
+   ``reader`` has all of it: a donor serving its live state would otherwise wait at the end
+   of its step for the rest and keep a copy of it (live.py). A failure raises HealError
+   (the caller retries at the next quorum); tensors given as ``into`` may then hold partly
+   received bytes, which is why the caller must regard them as invalid until a heal
+   succeeds.
 """
 
 from __future__ import annotations
@@ -383,8 +384,9 @@ def fetch_state(
             f"heal of step {step} incomplete after {time.monotonic() - started:.1f}s "
             f"(timeout {timeout_s:g}s): {sum(received.values())} of {manifest.total_bytes} bytes"
         )
-    if reader is not None:
-        threading.Thread(target=_tell_done, args=([by_id[rid] for rid in usable], step, token, reader),
-                         name="replicaft-heal-done", daemon=True).start()
+    partial = [by_id[rid] for rid in usable if received.get(rid, 0) < manifest.total_bytes]
+    if reader is not None and partial:
+        threading.Thread(target=_tell_done, args=(partial, step, token, reader), name="replicaft-heal-done",
+                         daemon=True).start()
     return HealResult(manifest, placement.tensors(), frozenset(placement.in_place), time.monotonic() - started,
                       received, board.refetched, board.taken_over)
