@@ -12,8 +12,10 @@ pulled over two streams; also a variant that allocates the buffer per transfer, 
 other receiver here does);
 torchft 0.2.0's ``HTTPTransport`` (defaults, ``num_chunks=0``) between two processes; and
 its ``PGTransport`` over a two-rank torchft ``ProcessGroupGloo`` (defaults). Every clock
-runs in the receiving process. The transfers run one at a time, in a rotating order per
-repeat, and each figure is the median over repeats of bytes / seconds (GB = 1e9 bytes).
+runs in the receiving process. The transfers run one at a time, in a new shuffled order
+each repeat (seeded by the repeat's index: a fixed cyclic order always ran the same mode
+right after the same other, e.g. the two-donor heal after the one-donor heal), and each
+figure is the median over repeats of bytes / seconds (GB = 1e9 bytes).
 
 **Fan-in.** The healer and three donors each get a network namespace, joined by veth pairs
 to a bridge in a fifth namespace (addresses in 10.77.0.0/24, nothing else is contacted);
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import time
@@ -69,9 +72,10 @@ async def _transfer(child: Child, command: dict[str, Any]) -> dict[str, Any]:
     return done
 
 
-def _rotated(items: tuple[str, ...], by: int) -> list[str]:
-    by %= len(items)
-    return [*items[by:], *items[:by]]
+def _shuffled(items: tuple[str, ...], repeat: int) -> list[str]:
+    order = list(items)
+    random.Random(repeat).shuffle(order)
+    return order
 
 
 async def _loopback(num_bytes: int, repeats: int, warmup: int) -> dict[str, list[dict[str, Any]]]:
@@ -97,7 +101,7 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int) -> dict[str, list
 
         runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in LOOPBACK_MODES}
         for r in range(-warmup, repeats):
-            for mode in _rotated(LOOPBACK_MODES, r):
+            for mode in _shuffled(LOOPBACK_MODES, r):
                 if mode.startswith("raw"):
                     done = await _transfer(raw_recv, {"address": raw_address, "fresh": mode == "raw_fresh",
                                                       "streams": 2 if mode == "raw_2" else 1})
@@ -236,7 +240,7 @@ async def _fanin(num_bytes: int, repeats: int, num_donors: int = 3) -> dict[str,
             modes = ("raw", *(str(k) for k in range(1, num_donors + 1)))
             seconds: dict[str, list[float]] = {m: [] for m in modes}
             for r in range(repeats):
-                for mode in _rotated(modes, r):
+                for mode in _shuffled(modes, r):
                     if mode == "raw":
                         done = await _transfer(raw_recv, {"address": raw_address})
                     else:
@@ -272,7 +276,7 @@ def run(*, quick: bool) -> BenchmarkResult:
     params: dict[str, Any] = {"quick": quick, "repeats": repeats, "warmup_rounds": warmup, "sizes_bytes": dict(sizes),
                               "receiver_breakdown": {}}
     notes = [
-        f"GB/s = state bytes / median seconds over {repeats} interleaved repeat(s) after {warmup} discarded warm-up "
+        f"GB/s = state bytes / median seconds over {repeats} repeat(s), modes shuffled in each, after {warmup} discarded warm-up "
         "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
         f"over {CONNECTIONS} connections in all, at least one per donor, "
         "from manifest request to verified tensors (chunk digests: replicaft.transfer.checksum), received in place into the healer's own state of the "
