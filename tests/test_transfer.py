@@ -87,18 +87,21 @@ def flip_one_byte(start: int, stop: int, data: memoryview) -> memoryview:
     return memoryview(altered)
 
 
-def connection_counter(expected: int) -> tuple[dict[int, str], Callable[[str], RangeHook]]:
+def connection_counter(expected: int) -> tuple[dict[int, str], Callable[..., RangeHook]]:
     """A fault hook per donor that records which connections (server threads) asked it for
-    ranges, and holds each first request until ``expected`` connections have asked."""
+    ranges, and holds each first request until ``expected`` connections have asked, then
+    answers through ``then`` if given. For one fetch: a connection that finished its own
+    stripes would otherwise take over another donor's before that donor was asked for any
+    (client.py), and a test needing every donor to serve (or to fail) would not see it."""
     all_open = threading.Barrier(expected, timeout=DEADLINE_S)
     seen: dict[int, str] = {}
 
-    def hook_of(donor: str) -> RangeHook:
+    def hook_of(donor: str, then: RangeHook | None = None) -> RangeHook:
         def hold_until_every_connection_asked(start: int, stop: int, data: memoryview) -> memoryview:
             if threading.get_ident() not in seen:
                 seen[threading.get_ident()] = donor
                 all_open.wait()
-            return data
+            return data if then is None else then(start, stop, data)
 
         return hold_until_every_connection_asked
 
@@ -178,11 +181,12 @@ def test_two_donor_striped_fetch_is_bitwise_equal_and_uses_both_donors() -> None
 
 def test_fetch_with_matching_token_succeeds_for_any_healer_index() -> None:
     snapshot = sample_snapshot()
-    with donors(("a", snapshot, None), ("b", snapshot, None), ("c", snapshot, None), token=TOKEN) as ds:
-        for healer_index in range(3):
+    for healer_index in range(3):
+        _, hook_of = connection_counter(3)
+        with donors(*((rid, snapshot, hook_of(rid)) for rid in "abc"), token=TOKEN) as ds:
             result = fetch_state(ds, STEP, token=TOKEN, timeout_s=DEADLINE_S, healer_index=healer_index)
-            assert_same_state(result, snapshot)
-            assert set(result.bytes_by_donor) == {"a", "b", "c"}
+        assert_same_state(result, snapshot)
+        assert set(result.bytes_by_donor) == {"a", "b", "c"}
 
 
 @pytest.mark.parametrize("token", [None, "wrong"])
@@ -194,7 +198,8 @@ def test_fetch_with_missing_or_wrong_token_fails_with_heal_error(token: str | No
 
 def test_byte_flipped_by_one_donor_is_detected_and_refetched_from_the_other() -> None:
     snapshot = sample_snapshot()
-    with donors(("good", snapshot, None), ("flipper", snapshot, flip_one_byte)) as ds:
+    _, hook_of = connection_counter(2)
+    with donors(("good", snapshot, hook_of("good")), ("flipper", snapshot, hook_of("flipper", flip_one_byte))) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
     assert_same_state(result, snapshot)
     assert result.refetched_stripes > 0
@@ -208,7 +213,8 @@ def test_fetch_into_own_tensors_receives_in_place_and_new_memory_for_the_rest() 
     mine = flatten(sample_state(seed=1))  # same structure, other values
     into = dict(zip(mine.names, mine.tensors, strict=True))
     into["state.buffers.mask"] = torch.zeros(334, dtype=torch.bool)  # another shape: not in place
-    with donors(("a", snapshot, None), ("b", sample_snapshot(replica_id="b"), flip_one_byte)) as ds:
+    _, hook_of = connection_counter(2)
+    with donors(("a", snapshot, hook_of("a")), ("b", sample_snapshot(replica_id="b"), hook_of("b", flip_one_byte))) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, into=into)
     assert_same_state(result, snapshot)
     assert result.refetched_stripes > 0  # b's bad stripes were refetched from a, in place too
@@ -259,7 +265,9 @@ def test_flipped_byte_in_an_early_chunk_received_in_place_is_refetched_and_overw
     snapshot = sample_snapshot()
     mine = flatten(sample_state(seed=1))
     into = dict(zip(mine.names, mine.tensors, strict=True))
-    with donors(("flipper", snapshot, flip_in_the_first_chunk), ("good", sample_snapshot(replica_id="good"), None)) as ds:
+    _, hook_of = connection_counter(2)
+    with donors(("flipper", snapshot, hook_of("flipper", flip_in_the_first_chunk)),
+                ("good", sample_snapshot(replica_id="good"), hook_of("good"))) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, into=into)
     assert_same_state(result, snapshot)
     assert result.refetched_stripes >= 1
@@ -380,7 +388,9 @@ def test_donor_stopped_between_manifest_and_ranges_is_replaced_by_the_other() ->
         servers[0].stop()
         raise ConnectionResetError("the donor went away")
 
-    with serving(snapshot) as (_, alive), serving(snapshot, fault_hook=stop_and_drop_the_connection) as (dying, address):
+    _, hook_of = connection_counter(2)
+    with serving(snapshot, fault_hook=hook_of("alive")) as (_, alive), \
+            serving(snapshot, fault_hook=hook_of("dying", stop_and_drop_the_connection)) as (dying, address):
         servers.append(dying)
         result = fetch_state([Donor("alive", alive), Donor("dying", address)], STEP, token=None, timeout_s=DEADLINE_S)
     assert_same_state(result, snapshot)
@@ -403,11 +413,21 @@ def test_donor_killed_mid_transfer_healer_completes_from_the_other() -> None:
                            "--step", str(step), "--stall-mid-send", name="transfer-donor")
     snapshot = build_snapshot(num_bytes, step, "in-process")
     _, serving_line = process.wait_for_json(lambda o: o.get("event") == "serving", 60.0, what="its address")
-    with donors(("in-process", snapshot, None)) as (local,), ThreadPoolExecutor(1) as pool:
+    remote_sending = threading.Event()
+
+    def after_the_remote_began(start: int, stop: int, data: memoryview) -> memoryview:
+        # Else the local donor's connection could take over every remote stripe first.
+        remote_sending.wait(60.0)
+        return data
+
+    with donors(("in-process", snapshot, after_the_remote_began)) as (local,), ThreadPoolExecutor(1) as pool:
         remote = Donor("subprocess", serving_line["address"])
         started = time.monotonic()
         future = pool.submit(fetch_state, [local, remote], step, token=None, timeout_s=60.0)
-        _, mid_send = process.wait_for_json(lambda o: o.get("event") == "mid_send", 60.0, what="a range half sent")
+        try:
+            _, mid_send = process.wait_for_json(lambda o: o.get("event") == "mid_send", 60.0, what="a range half sent")
+        finally:
+            remote_sending.set()
         assert not future.done()
         process.kill()
         result = future.result(timeout=60.0)
@@ -438,7 +458,8 @@ def test_stalled_only_donor_fails_with_heal_error_within_the_timeout() -> None:
 
 def test_minority_donor_with_other_bytes_is_not_used() -> None:
     snapshot = sample_snapshot(seed=0)
-    with donors(("a", snapshot, None), ("odd", sample_snapshot(seed=1), None), ("b", snapshot, None)) as ds:
+    _, hook_of = connection_counter(2)
+    with donors(("a", snapshot, hook_of("a")), ("odd", sample_snapshot(seed=1), None), ("b", snapshot, hook_of("b"))) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
     assert_same_state(result, snapshot)
     assert set(result.bytes_by_donor) == {"a", "b"}
