@@ -5,7 +5,7 @@ invocation starts, on 127.0.0.1: two replicaft donor processes each serving an i
 state from a ``StateServer``, live as a donor's manager serves it (``LiveSnapshot``: sent
 straight from the tensors, no copy); a healer process that times ``fetch_state`` from the
 call (manifests first) to the verified buffer, from one donor and from two, over
-``CONNECTIONS`` connections in all as the manager does (one donor: two; two: one each); a
+``HEAL_CONNECTIONS`` connections in all as the manager does (one donor: two; two: one each); a
 raw TCP sender/receiver pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer over one
 connection, and over two at once, half the bytes each, the like-for-like limit of one donor
 pulled over two streams; also a variant that allocates the buffer per transfer, as every
@@ -46,7 +46,7 @@ from typing import Any
 
 from benchmarks.processes import Child, ChildProcesses
 from benchmarks.results import BenchmarkResult
-from replicaft.transfer.client import CONNECTIONS
+from replicaft.options import HEAL_CONNECTIONS
 
 MIB = 1 << 20
 LOOPBACK_SIZES = {"100mb": 100 * MIB, "1gb": 1024 * MIB}
@@ -278,7 +278,7 @@ def run(*, quick: bool) -> BenchmarkResult:
     notes = [
         f"GB/s = state bytes / median seconds over {repeats} repeat(s), modes shuffled in each, after {warmup} discarded warm-up "
         "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
-        f"over {CONNECTIONS} connections in all, at least one per donor, "
+        f"over {HEAL_CONNECTIONS} connections in all, at least one per donor, "
         "from manifest request to verified tensors (chunk digests: replicaft.transfer.checksum), received in place into the healer's own state of the "
         "same shape (allocated once, as a healer's model and optimizer are; heal_gbps_*_fresh: into new memory, "
         "as for a tensor the healer does not have yet); raw socket = plain TCP recv_into a preallocated, "

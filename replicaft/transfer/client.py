@@ -34,6 +34,7 @@ import torch
 
 from lighthouse.errors import ProtocolError
 from replicaft.errors import HealError, StateError
+from replicaft.options import HEAL_CONNECTIONS
 from replicaft.transfer.manifest import (
     MAX_MANIFEST_BYTES,
     ByteStripe,
@@ -52,14 +53,6 @@ MANIFEST_WAIT_S = 10.0
 MANIFEST_GRACE_S = 1.0
 """Once one donor served its manifest, how long the others may still say "not yet"."""
 DONE_NOTICE_TIMEOUT_S = 1.0
-CONNECTIONS = 2
-"""Connections a heal pulls over in all, at least one per donor. One TCP stream does not carry
-what a host can send: on this project's 2-core benchmark host a raw loopback socket moved
-1 GiB at 2.3-3.2 GB/s over one connection and 4.3-5.5 GB/s over two from the same sender
-(over four, no more), and a one-donor heal went from 2.7 to 3.7 GB/s. A total rather than a
-count per donor: the healer's cores bound what it can receive, and two donors pulled over
-two connections each (four receiving threads on two cores) healed no faster than one donor
-over two."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -316,7 +309,7 @@ def fetch_state(
     healer_index: int = 0,
     into: Mapping[str, torch.Tensor] | None = None,
     reader: str | None = None,
-    connections: int = CONNECTIONS,
+    connections: int = HEAL_CONNECTIONS,
 ) -> HealResult:
     """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
 
