@@ -161,10 +161,12 @@ def _restart_figures(seen: list[dict[str, Any]], healer: str, since: float, comm
     }
 
 
-async def one_restart_launched(model: tuple[int, int], *, standby: bool = True) -> dict[str, float]:
+async def one_restart_launched(model: tuple[int, int], *, standby: bool = True, reserve: bool = True) -> dict[str, float]:
     """A restart as ``replicaft-launch`` does it: two groups, g1 SIGKILLed and restarted at once
     (``--restart-delay 0``), in the launcher's warm standby or, without ``standby``, cold
-    (``--standbys 0``); figures in seconds from the kill."""
+    (``--standbys 0``); figures in seconds from the kill. With a standby, g1 is killed once the
+    standby is ready and, unless not ``reserve`` (``--no-standby-reserve``), has faulted in its
+    memory reserve (replicaft/reserve.py)."""
     width, layers = model
     with tempfile.TemporaryDirectory(prefix="replicaft-bench-launched-") as tmp:
         events = Path(tmp) / "events"
@@ -177,7 +179,8 @@ async def one_restart_launched(model: tuple[int, int], *, standby: bool = True) 
         async with ChildProcesses() as children:
             launcher = await children.start_python(
                 "launcher", "-m", "replicaft.launch", "--groups", "2", "--restart-delay", "0", "--events-dir", str(events),
-                "--standbys", "1" if standby else "0", "--status-interval", "3600", "--stop-grace", "5", str(worker),
+                "--standbys", "1" if standby else "0", *([] if reserve else ["--no-standby-reserve"]),
+                "--status-interval", "3600", "--stop-grace", "5", str(worker),
                 "--width", str(width), "--layers", str(layers), "--cpu-by-replica-id", env=env,
             )  # fmt: skip
             drain = asyncio.create_task(_discard_lines(launcher))
@@ -186,7 +189,8 @@ async def one_restart_launched(model: tuple[int, int], *, standby: bool = True) 
                 await _wait_for(tail, seen, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"]
                                 and e["step"] >= WARM_STEPS, deadline, f"{WARM_STEPS} steps of both groups")
                 standby_pid = None
-                while standby and (ready := re.search(r"warm standby pid (\d+) ready", launcher.stderr_text())) is None:
+                waited = r"warm standby pid (\d+) reserved" if reserve else r"warm standby pid (\d+) ready"
+                while standby and (ready := re.search(waited, launcher.stderr_text())) is None:
                     if time.monotonic() > deadline:
                         raise TimeoutError("no warm standby by the deadline")
                     await asyncio.sleep(POLL_S)

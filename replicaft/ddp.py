@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from replicaft import reserve
 from replicaft.buffers import BufferAverager
 from replicaft.errors import GroupError
 from replicaft.launch_order import SECOND_BACKWARD, launch_in_order
@@ -119,8 +120,9 @@ class DistributedDataParallel(nn.Module, StepHooks):
             # Not zeroed here: a slot is written (a gradient copied in) or zeroed when its
             # parameter's gradient is first attached (forward), so a restarted group asks for
             # its quorum, and starts its heal, before it touches its buckets' memory (536 MB
-            # of first touch took ~2 s on the benchmark host).
-            buffer = torch.empty(total, dtype=params[0].dtype, device=params[0].device)
+            # of first touch took ~2 s on the benchmark host). In a warm standby the buckets
+            # come from memory it faulted in while it waited (reserve.py).
+            buffer = reserve.empty(total, params[0].dtype, params[0].device)
             bucket = _Bucket(params, offsets, buffer, members={id(p) for p in params})
             self._buckets.append(bucket)
             for p, offset in zip(params, offsets, strict=True):

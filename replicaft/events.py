@@ -30,6 +30,10 @@ event              fields
 ``checkpoint``     ``checkpoint_step``, ``ok``, ``status`` (published/refused/failed),
                    ``reason``, ``path``, ``num_bytes``
 ``resume``         ``checkpoint_step``, ``path``, ``digest`` (loaded from disk)
+``state_size``     once per process, after its first commit: ``num_bytes`` of state, of them
+                   ``cpu_bytes`` in host memory (the launcher sizes a standby's reserve by it);
+                   ``reserve_bytes`` of memory this process had faulted in as a standby,
+                   ``reserve_used_bytes`` of them taken by its buckets and heal (reserve.py)
 ``fenced``         ``reason``
 ``stop``           ``reason``
 =================  ==========================================================================

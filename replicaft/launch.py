@@ -32,7 +32,9 @@ Design:
   (every running group has committed since it started, or ``STANDBY_QUIET_S`` have passed),
   so that their imports never compete for the CPU with a group's start or heal. A standby that
   exits before it is used turns standbys off for the run, with a message, and restarts go cold.
-  With W > 1 torchrun starts the ranks, so restarts are always cold.
+  Once the groups have reported the size of their state, each standby is asked to fault in that
+  much memory (``--no-standby-reserve`` not to), for the restarted group's buckets and heal
+  (``replicaft.reserve``). With W > 1 torchrun starts the ranks, so restarts are always cold.
 """
 
 from __future__ import annotations
@@ -67,7 +69,13 @@ from replicaft.events import EventTail
 from replicaft.job_status import EventProgress, GroupState, GroupStatus, render_status
 from replicaft.process_tree import become_subreaper, read_process_table, running_below, send_signal
 from replicaft.restart_policy import decide_restart, describe_exit
-from replicaft.standby import READY_LINE, encode_activation
+from replicaft.standby import (
+    READY_LINE,
+    RESERVED_LINE,
+    encode_activation,
+    encode_reserve,
+    reserve_bytes_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +92,7 @@ the latest start (for scripts that write no events, or a group that cannot commi
 _GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """Removed from the groups' environment: torchrun sets them per rank, and a W = 1 group has none."""
 _LIGHTHOUSE_ADDRESS_LINE = re.compile(r"^lighthouse serving gRPC at (\S+)$")
+_RESERVED = re.compile(rf"{re.escape(RESERVED_LINE)} (\d+) bytes, pid (\d+)")
 _REPLICA_PREFIX = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 
@@ -115,6 +124,8 @@ class LaunchOptions:
     """Time between SIGTERM and SIGKILL when stopping a process."""
     standbys: int | None = None
     """Warm standby processes kept for restarts; None: 1 with W = 1, 0 otherwise."""
+    standby_reserve: bool = True
+    """Have each standby fault in memory for the restarted group's buckets and heal (reserve.py)."""
 
     def __post_init__(self) -> None:
         for flag, value, minimum in (
@@ -192,6 +203,9 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
     p.add_argument("--standbys", type=int, metavar="K",
                    help="warm standby processes (torch already imported) that restarted groups run in; "
                    "W = 1 only (default: 1 with W = 1, else 0)")
+    p.add_argument("--no-standby-reserve", dest="standby_reserve", action="store_false",
+                   help="do not have standbys fault in memory the size of a group's state for its restart "
+                   "(each then holds ~300 MB instead of that much more)")
     p.add_argument("script", metavar="SCRIPT", help="training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for SCRIPT")
     args = p.parse_args(argv)
@@ -214,6 +228,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
         status_interval_s=args.status_interval,
         stop_grace_s=args.stop_grace,
         standbys=args.standbys,
+        standby_reserve=args.standby_reserve,
     )
 
 
@@ -300,6 +315,10 @@ class Launcher:
         self._events_dir: Path | None = options.events_dir
         self._standbys: list[Child] = []
         self._standbys_off = options.num_standbys() == 0
+        self._state_cpu_bytes = 0
+        """The most host memory any group's state has reported (``state_size`` events)."""
+        self._reserve_asked: dict[int, int] = {}
+        """Standby pid -> the reserve it was asked for."""
         self._latest_start = time.monotonic()
 
     def request_stop(self, signum: int) -> None:
@@ -434,7 +453,13 @@ class Launcher:
         logger.info("started %s (pid %d)%s", rid, group.child.pid, restart)
 
     def _note_event(self, event: Mapping[str, object]) -> None:
-        """Mark a group that has committed since its latest start (standbys wait for that)."""
+        """Mark a group that has committed since its latest start (standbys wait for that); note
+        the size of the groups' state (standbys' reserves are sized by it)."""
+        if event.get("event") == "state_size":
+            size = event.get("cpu_bytes")
+            if isinstance(size, int) and not isinstance(size, bool):
+                self._state_cpu_bytes = max(self._state_cpu_bytes, size)
+            return
         if event.get("event") != "commit" or not event.get("committed"):
             return
         ts = event.get("ts")
@@ -448,6 +473,7 @@ class Launcher:
         """A live standby, activated as ``group``; None when there is none (the restart goes cold)."""
         while self._standbys:
             standby = self._standbys.pop(0)
+            self._reserve_asked.pop(standby.pid, None)
             assert standby.popen.stdin is not None
             try:
                 standby.popen.stdin.write(encode_activation(self._group_variables(group)))
@@ -462,6 +488,8 @@ class Launcher:
     def _on_standby_line(self, line: str) -> None:
         if line.startswith(READY_LINE):
             logger.info("warm standby pid %s ready", line.rsplit(" ", 1)[1])
+        elif match := _RESERVED.fullmatch(line):
+            logger.info("warm standby pid %s reserved %.2f GB for a restart", match.group(2), int(match.group(1)) / 1e9)
         else:
             self.console.write_line(f"[standby] {line}")
 
@@ -476,13 +504,32 @@ class Launcher:
                                standby.pid, describe_exit(code))
         starting_up = any(g.state == "running" and not g.committed_since_start for g in self._groups)
         quiet = not starting_up or now - self._latest_start >= STANDBY_QUIET_S
-        if self._standbys_off or not quiet or len(self._standbys) >= self.options.num_standbys():
+        if self._standbys_off or not quiet:
+            return
+        self._ask_reserves()
+        if len(self._standbys) >= self.options.num_standbys():
             return
         o = self.options
         argv = [sys.executable, "-m", "replicaft.standby", str(o.script), *o.script_args]
         standby = Child(argv, self._base_env(), self._on_standby_line, stdin_pipe=True)
         self._standbys.append(standby)
         logger.info("starting warm standby pid %d", standby.pid)
+
+    def _ask_reserves(self) -> None:
+        """Ask every standby for a reserve the size of the largest state reported, unless it has
+        one that large; at quiet times only, as faulting it in takes a core for a second or two."""
+        size = reserve_bytes_for(self._state_cpu_bytes) if self.options.standby_reserve else 0
+        for standby in self._standbys:
+            if size <= self._reserve_asked.get(standby.pid, 0):
+                continue
+            assert standby.popen.stdin is not None
+            try:
+                standby.popen.stdin.write(encode_reserve(size))
+                standby.popen.stdin.flush()
+            except OSError as e:  # it died since the last tick: dropped at the next one
+                logger.warning("warm standby pid %d could not be asked for a reserve (%s)", standby.pid, e)
+                continue
+            self._reserve_asked[standby.pid] = size
 
     def _watch_group(self, group: _Group, now: float) -> None:
         if group.state == "waiting" and now >= group.restart_at:

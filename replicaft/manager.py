@@ -44,6 +44,7 @@ from lighthouse.checks import check_float
 from lighthouse.errors import ProtocolError, QuorumTimeout
 from lighthouse.plan import StepPlan, plan_step
 from lighthouse.protocol import Notice
+from replicaft import reserve
 from replicaft.catchup import CatchUp
 from replicaft.errors import GroupBroken, GroupError, HealError, StateError
 from replicaft.events import EventLog
@@ -187,6 +188,7 @@ class Manager:
         self._last_own_step_s: float | None = None
         """The last step's own time, published with the quorum request (``HEAL_WAIT_FRACTION``)."""
         self._digest_due: int | None = None
+        self._state_size_reported = False
         self._commit_fields: dict[str, Any] = {}
         self._first_quorum = True
         self._resume_pending = False
@@ -781,6 +783,9 @@ class Manager:
         every = self.options.digest_every_steps
         if every and step % every == 0 and self._events.path is not None:
             self._emit("committed", digest=digest(flatten(self.state_dict())))
+        if not self._state_size_reported and self._events.path is not None:
+            self._state_size_reported = True
+            self._report_state_size()
         plan = self._plan
         quorum_id = plan.quorum_id if plan is not None else -1
         self._persistence.after_commit(
@@ -789,6 +794,15 @@ class Manager:
             state=self.state_dict,
             quorum_id=quorum_id,
         )
+
+    def _report_state_size(self) -> None:
+        """Once per process, after its first commit (the optimizer's state exists by then): the
+        launcher sizes a warm standby's memory reserve from it (reserve.py)."""
+        tensors = flatten(self.state_dict()).tensors
+        held = reserve.installed()
+        self._emit("state_size", num_bytes=sum(t.numel() * t.element_size() for t in tensors),
+                   cpu_bytes=sum(t.numel() * t.element_size() for t in tensors if t.device.type == "cpu"),
+                   reserve_bytes=held.num_bytes if held else 0, reserve_used_bytes=held.used_bytes if held else 0)
 
     def _resume_from_disk(self) -> None:
         self._resume_pending = False

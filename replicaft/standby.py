@@ -9,21 +9,29 @@ training script is slower than the whole rest of its restart (join, heal, first 
 identity instead of starting a cold interpreter.
 
 The standby runs ``python -m replicaft.standby SCRIPT ARGS...`` with the environment a group
-would get, minus the group's own variables. It imports, prints ``READY_LINE`` and its pid, then reads one
-line from its stdin: the activation, a JSON object ``{"env": {NAME: VALUE, ...}}`` with the
-variables that make it a particular group (``REPLICAFT_REPLICA_ID`` and the like). It sets them,
-points stdin at ``/dev/null`` and runs SCRIPT exactly as ``python SCRIPT ARGS...`` would
-(``__name__ == "__main__"``, ``sys.argv``, the script's directory first on ``sys.path``).
+would get, minus the group's own variables. It imports, prints ``READY_LINE`` and its pid, then
+reads JSON lines from its stdin, one object each:
+
+* ``{"reserve_bytes": N}``: map and fault in N bytes of memory now, while idle (reserve.py),
+  then print ``RESERVED_LINE``. The launcher sends this once its groups have reported the
+  size of their state, so that the restarted group's gradient buckets and heal land on memory
+  that already exists. It may come again with a larger size (the state grew); the new reserve
+  replaces the old one.
+* ``{"env": {NAME: VALUE, ...}}``: the activation, the variables that make it a particular
+  group (``REPLICAFT_REPLICA_ID`` and the like). It sets them, points stdin at ``/dev/null``
+  and runs SCRIPT exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__main__"``,
+  ``sys.argv``, the script's directory first on ``sys.path``).
 
 Its wait for the activation has no deadline of its own: it lasts as long as the launcher, whose
-end closes the pipe (EOF), and the standby then exits 0. It never initialises CUDA, binds a
-port or allocates training memory: a standby that is never used costs its imported modules'
-memory (~300 MB resident here) and nothing else. Variables read at interpreter or torch start-up (``PYTHONPATH``,
-``OMP_NUM_THREADS``, ...) come from the launcher's environment, as they would for a cold
-start; replicaft's own are read when the ``Manager`` is built, after the activation.
+end closes the pipe (EOF), and the standby then exits 0. It never initialises CUDA or binds a
+port, and allocates training memory only as a reserve it was asked for: a standby that is never
+used costs its imported modules' memory (~300 MB resident here) plus that reserve. Variables
+read at interpreter or torch start-up (``PYTHONPATH``, ``OMP_NUM_THREADS``, ...) come from the
+launcher's environment, as they would for a cold start; replicaft's own are read when the
+``Manager`` is built, after the activation.
 
 The pipe comes from the standby's parent, never from the network; it carries JSON, nothing is
-unpickled, and a malformed activation ends the standby with a message saying what was wrong.
+unpickled, and a malformed line ends the standby with a message saying what was wrong.
 """
 
 from __future__ import annotations
@@ -33,11 +41,32 @@ import os
 import runpy
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-MAX_ACTIVATION_BYTES = 1 << 20
-"""An environment is kilobytes; a longer line is not an activation."""
+MAX_LINE_BYTES = 1 << 20
+"""An environment is kilobytes; a longer line is not a message from the launcher."""
 READY_LINE = "replicaft standby ready, pid"
 """Printed with the pid once the imports are done; the launcher reports the standby warm then."""
+RESERVED_LINE = "replicaft standby reserved"
+"""Printed as ``RESERVED_LINE N bytes, pid P`` once a reserve is faulted in."""
+RESERVE_MARGIN = 1 / 32
+RESERVE_SLACK_BYTES = 1 << 20
+"""A reserve is the state's size plus this much and ``RESERVE_MARGIN`` of it: room for the
+padding between tensors in the heal's buffer (transfer/manifest.py) and a state that grows."""
+
+
+@dataclass(frozen=True)
+class Reserve:
+    """Fault in this much memory for the group this standby may become (reserve.py)."""
+
+    num_bytes: int
+
+
+@dataclass(frozen=True)
+class Activation:
+    """Become the group these variables describe."""
+
+    env: dict[str, str]
 
 
 def warm_up() -> None:
@@ -59,24 +88,49 @@ def encode_activation(env: Mapping[str, str]) -> str:
     return json.dumps({"env": dict(env)}) + "\n"
 
 
-def decode_activation(line: str) -> dict[str, str]:
-    """The environment variables in an activation line; ValueError says what is malformed."""
+def reserve_bytes_for(cpu_state_bytes: int) -> int:
+    """The reserve for a group whose state holds ``cpu_state_bytes`` in host memory; 0: none.
+
+    A restarted group takes its gradient buckets (the size of the parameters) and its heal's
+    buffer (the rest of the state: the optimizer's moments, which a new process lacks) from
+    it, which together come to the size of the state (reserve.py).
+    """
+    if cpu_state_bytes <= 0:
+        return 0
+    return cpu_state_bytes + int(cpu_state_bytes * RESERVE_MARGIN) + RESERVE_SLACK_BYTES
+
+
+def encode_reserve(num_bytes: int) -> str:
+    """The line the launcher writes to a standby's stdin to have it fault in ``num_bytes``."""
+    return json.dumps({"reserve_bytes": num_bytes}) + "\n"
+
+
+def decode_message(line: str) -> Reserve | Activation:
+    """The launcher's message on this line; ValueError says what is malformed."""
     try:
         message = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"the activation is not JSON ({e}): {line[:200]!r}") from None
+        raise ValueError(f"the standby's message is not JSON ({e}): {line[:200]!r}") from None
+    if isinstance(message, dict) and set(message) == {"reserve_bytes"}:
+        size = message["reserve_bytes"]
+        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+            raise ValueError(f"the reserve's 'reserve_bytes' must be a positive integer, got {size!r:.200}")
+        return Reserve(size)
     if not isinstance(message, dict) or set(message) != {"env"}:
-        raise ValueError(f"the activation must be an object with exactly the key 'env', got {line[:200]!r}")
+        raise ValueError(
+            f"the standby's message must be an object with exactly the key 'env' (an activation) or "
+            f"'reserve_bytes' (a reserve), got {line[:200]!r}"
+        )
     env = message["env"]
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ValueError(f"the activation's 'env' must map names to strings, got {env!r:.200}")
     bad = [k for k in env if not k or "=" in k or "\0" in k or "\0" in env[k]]
     if bad:
         raise ValueError(f"the activation names invalid environment variables: {bad}")
-    return env
+    return Activation(env)
 
 
-def read_activation_line(fd: int) -> str:
+def read_line(fd: int) -> str:
     """One line from ``fd``, read a byte at a time so that nothing after it is consumed (``sys.stdin``
     would buffer ahead, and the script must find its stdin untouched); "" at EOF."""
     line = bytearray()
@@ -85,9 +139,30 @@ def read_activation_line(fd: int) -> str:
         if not byte:
             break
         line += byte
-        if len(line) > MAX_ACTIVATION_BYTES:
-            raise ValueError(f"the activation is longer than {MAX_ACTIVATION_BYTES} bytes")
+        if len(line) > MAX_LINE_BYTES:
+            raise ValueError(f"a line from the launcher is longer than {MAX_LINE_BYTES} bytes")
     return line.decode("utf-8", errors="replace")
+
+
+def wait_for_activation(fd: int) -> Activation | None:
+    """Read the launcher's messages, faulting in each reserve asked for, up to the activation;
+    None at EOF (the launcher is gone)."""
+    # Imported here: reserve.py imports torch, which the launcher (importing this module) must not.
+    from replicaft import reserve
+
+    while True:
+        line = read_line(fd)
+        if not line:
+            return None
+        message = decode_message(line)
+        if isinstance(message, Activation):
+            return message
+        try:
+            reserve.install(message.num_bytes)
+        except (OSError, ValueError) as e:  # the restart still works, on fresh memory
+            print(f"replicaft.standby: no reserve of {message.num_bytes} bytes: {e}", file=sys.stderr, flush=True)
+            continue
+        print(f"{RESERVED_LINE} {message.num_bytes} bytes, pid {os.getpid()}", flush=True)
 
 
 def run_script(script: str, args: Sequence[str]) -> None:
@@ -104,14 +179,13 @@ def main(argv: Sequence[str]) -> int:
     warm_up()
     print(READY_LINE, os.getpid(), flush=True)
     try:
-        line = read_activation_line(0)
-        if not line:
-            return 0
-        env = decode_activation(line)
+        activation = wait_for_activation(0)
     except ValueError as e:
         print(f"replicaft.standby: {e}", file=sys.stderr)
         return 2
-    os.environ.update(env)
+    if activation is None:
+        return 0
+    os.environ.update(activation.env)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.close(devnull)

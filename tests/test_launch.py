@@ -92,6 +92,13 @@ def test_a_single_rank_group_gets_one_warm_standby_unless_told_otherwise(tmp_pat
     assert parse_args([*args, str(script)]).num_standbys() == num_standbys
 
 
+def test_standbys_reserve_memory_unless_told_not_to(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    assert parse_args([str(script)]).standby_reserve
+    assert not parse_args(["--no-standby-reserve", str(script)]).standby_reserve
+
+
 @pytest.mark.parametrize(
     ("args", "message_part"),
     [
@@ -257,6 +264,9 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
     standby = launcher.wait_for_line(lambda text: text.startswith("[launcher] starting warm standby pid "), 90,
                                      stream="stderr", what="a warm standby started once every group committed")
     standby_pid = int(standby.text.rsplit(" ", 1)[1])
+    # Asked for once the groups reported their state's size (state_size, after their first commit).
+    launcher.wait_for_line(lambda text: text.startswith(f"[launcher] warm standby pid {standby_pid} reserved "), 90,
+                           stream="stderr", what="the standby's memory reserve")
     wait_for_event(
         events, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"] and e["step"] >= 3,
         90, "g1 committed step 3", launcher,
@@ -269,6 +279,11 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
         90, "g1 healed after the kill", launcher,
     )  # fmt: skip
     assert heal["ok"], heal
+    # The restarted group's buckets and heal took the standby's reserve.
+    size = wait_for_event(events, lambda e: e["event"] == "state_size" and e["replica_id"] == "g1" and e["ts"] > killed_at,
+                          90, "g1's state size after the restart", launcher)
+    assert size["reserve_bytes"] > size["cpu_bytes"] == size["num_bytes"] > 0, size
+    assert size["reserve_bytes"] >= size["reserve_used_bytes"] >= size["cpu_bytes"], size
     # The next standby starts only once the restarted group has committed, so never beside its heal.
     replacement = launcher.wait_for_line(lambda text: text.startswith("[launcher] starting warm standby pid "), 90,
                                          stream="stderr", after=standby.index + 1, what="a replacement standby")

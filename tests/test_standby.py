@@ -12,7 +12,16 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
-from replicaft.standby import READY_LINE, decode_activation, encode_activation
+from replicaft.standby import (
+    READY_LINE,
+    RESERVED_LINE,
+    Activation,
+    Reserve,
+    decode_message,
+    encode_activation,
+    encode_reserve,
+    reserve_bytes_for,
+)
 
 SCRIPT = """\
 import json, os, sys
@@ -28,15 +37,31 @@ def test_activation_round_trips() -> None:
     env = {"REPLICAFT_REPLICA_ID": "g1", "REPLICAFT_EVENTS_DIR": "/tmp/a b", "EMPTY": ""}
     line = encode_activation(env)
     assert line.endswith("\n") and line.count("\n") == 1
-    assert decode_activation(line) == env
+    assert decode_message(line) == Activation(env)
+
+
+def test_reserve_round_trips_and_is_sized_by_the_state() -> None:
+    line = encode_reserve(123456)
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert decode_message(line) == Reserve(123456)
+    assert reserve_bytes_for(0) == 0
+    state = 1_610_612_736  # a 500 MB model's with AdamW
+    assert state + state // 32 < reserve_bytes_for(state) <= state + state // 32 + (2 << 20)
+    assert reserve_bytes_for(20_000) > 20_000 + (1 << 20) - 1  # a small state still gets room for padding
 
 
 @pytest.mark.parametrize(
     ("line", "message_part"),
     [
-        ("not json\n", "the activation is not JSON"),
-        ("[1, 2]\n", "exactly the key 'env'"),
+        ("not json\n", "the standby's message is not JSON"),
+        ("[1, 2]\n", "exactly the key 'env' (an activation) or 'reserve_bytes'"),
         ('{"env": {}, "extra": 1}\n', "exactly the key 'env'"),
+        ('{"env": {}, "reserve_bytes": 1}\n', "exactly the key 'env'"),
+        ('{"reserve_bytes": 0}\n', "'reserve_bytes' must be a positive integer, got 0"),
+        ('{"reserve_bytes": -5}\n', "'reserve_bytes' must be a positive integer, got -5"),
+        ('{"reserve_bytes": "1GB"}\n', "'reserve_bytes' must be a positive integer, got '1GB'"),
+        ('{"reserve_bytes": true}\n', "'reserve_bytes' must be a positive integer, got True"),
+        ('{"reserve_bytes": 1.5}\n', "'reserve_bytes' must be a positive integer, got 1.5"),
         ('{"env": ["A=1"]}\n', "must map names to strings"),
         ('{"env": {"A": 1}}\n', "must map names to strings"),
         ('{"env": {"A=B": "1"}}\n', "invalid environment variables: ['A=B']"),
@@ -44,9 +69,9 @@ def test_activation_round_trips() -> None:
         ('{"env": {"A": "x\\u0000y"}}\n', "invalid environment variables: ['A']"),
     ],
 )
-def test_malformed_activations_are_refused_saying_what(line: str, message_part: str) -> None:
-    with pytest.raises(ValueError, match="activation") as raised:
-        decode_activation(line)
+def test_malformed_messages_are_refused_saying_what(line: str, message_part: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        decode_message(line)
     assert message_part in str(raised.value)
 
 
@@ -100,4 +125,46 @@ def test_a_malformed_activation_ends_the_standby_with_a_message_and_runs_nothing
     warm = _standby(_script_dir(tmp_path), '{"env": {"A": 1}}\n')
     assert warm.returncode == 2
     assert "replicaft.standby: the activation's 'env' must map names to strings" in warm.stderr
+    assert len(warm.stdout.splitlines()) == 1
+
+
+RESERVE_SCRIPT = """\
+import json, torch
+from replicaft import reserve
+held = reserve.installed()
+bucket = reserve.empty(1000, torch.float32)
+start = held._bytes.data_ptr()
+print(json.dumps({"num_bytes": held.num_bytes, "used": held.used_bytes,
+                  "inside": start <= bucket.data_ptr() < start + held.num_bytes}))
+"""
+
+
+@pytest.mark.timeout(150)
+def test_a_standby_faults_in_each_reserve_asked_for_and_the_script_allocates_from_the_last(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(RESERVE_SCRIPT)
+    warm = _standby(script, encode_reserve(1 << 20) + encode_reserve(3 << 20) + encode_activation({}))
+    assert warm.returncode == 0, warm.stderr
+    ready, first, second, output = warm.stdout.splitlines()
+    pid = ready.rsplit(" ", 1)[1]
+    assert first == f"{RESERVED_LINE} {1 << 20} bytes, pid {pid}"
+    assert second == f"{RESERVED_LINE} {3 << 20} bytes, pid {pid}"
+    assert json.loads(output) == {"num_bytes": 3 << 20, "used": 4000, "inside": True}
+
+
+@pytest.mark.timeout(150)
+def test_a_reserve_that_cannot_be_mapped_is_reported_and_the_standby_still_runs_the_script(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("print('ran')\n")
+    warm = _standby(script, encode_reserve(1 << 60) + encode_activation({}))  # an exabyte: mmap fails
+    assert warm.returncode == 0, warm.stderr
+    assert f"replicaft.standby: no reserve of {1 << 60} bytes:" in warm.stderr
+    assert warm.stdout.splitlines()[1:] == ["ran"]
+
+
+@pytest.mark.timeout(150)
+def test_a_malformed_reserve_ends_the_standby_with_a_message_and_runs_nothing(tmp_path: Path) -> None:
+    warm = _standby(_script_dir(tmp_path), '{"reserve_bytes": -1}\n' + encode_activation({}))
+    assert warm.returncode == 2
+    assert "replicaft.standby: the reserve's 'reserve_bytes' must be a positive integer, got -1" in warm.stderr
     assert len(warm.stdout.splitlines()) == 1

@@ -6,7 +6,8 @@ to a destination. A tensor the healer already holds with the same name, dtype an
 (contiguous, on the CPU) receives its bytes in place: its pages exist, so the receive costs no
 page faults (a fresh buffer pays one per 4 KiB, about as much as the copy), and applying it
 later is no copy at all. Every other tensor, and the padding the chunk checksums also cover,
-goes to one new buffer.
+goes to one new buffer (from a warm standby's reserve where it fits, reserve.py: a new
+process has no optimizer moments yet, so with Adam this buffer is two thirds of the state).
 
 In place means the healer's tensors hold partly received bytes while the heal runs and, if it
 fails, afterwards: the caller must treat its state as invalid from the first byte on until a
@@ -23,6 +24,7 @@ from collections.abc import Mapping
 
 import torch
 
+from replicaft import reserve
 from replicaft.transfer.manifest import Manifest
 from replicaft.transfer.snapshot import spec_dtype
 
@@ -57,7 +59,7 @@ class Placement:
             targets.append(None)
             scratch_at.append(scratch_bytes)
             scratch_bytes += manifest.total_bytes - position
-        self.scratch = torch.empty(scratch_bytes, dtype=torch.uint8)
+        self.scratch = reserve.empty(scratch_bytes, torch.uint8)
         scratch_view = memoryview(self.scratch.numpy())
         ends = [*starts[1:], manifest.total_bytes]
         self._starts = starts
