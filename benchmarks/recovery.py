@@ -7,7 +7,8 @@ donor's core and the donor's step time measures the co-location, not the serving
 
 * ``restart_to_commit_s_<size>``: the product's restart. ``replicaft-launch`` runs both groups
   (``--restart-delay 0``); once both have committed ``WARM_STEPS`` steps and the launcher's warm
-  standby is ready (``replicaft/standby.py``: torch and replicaft imported), g1 is SIGKILLed. The
+  standby is ready (``replicaft/standby.py``: torch and replicaft imported, and its memory
+  reserve the size of the state faulted in, ``replicaft/reserve.py``), g1 is SIGKILLed. The
   launcher sees the exit, activates the standby as g1, which builds the model, joins the quorum,
   heals the whole state from g0 (non-blocking: it takes part in the steps with zero gradients
   meanwhile) and commits. Timed from the SIGKILL to g1's first committed step (its own ``commit``
@@ -15,7 +16,11 @@ donor's core and the donor's step time measures the co-location, not the serving
   launch (kill to the ``start`` event), join (to the first quorum), heal (the transfer) and the rest.
 * ``no_standby_restart_to_commit_s_<size>`` (baseline, same run): the same kill under the same
   launcher with ``--standbys 0``, so a cold interpreter: ``restart_to_commit_s_<size>_vs_no_standby``
-  is what the standby alone saves.
+  is what the standby saves.
+* ``no_reserve_restart_to_commit_s_<size>`` (baseline, same run): the same restart in a warm
+  standby launched with ``--no-standby-reserve``, so the restarted group's gradient buckets and
+  heal buffer are fresh memory (replicaft/reserve.py): ``restart_to_commit_s_<size>_vs_no_reserve``
+  is what the standby's memory reserve saves.
 * ``cold_restart_to_commit_s_<size>``: a restart by any other orchestrator, which starts a fresh
   interpreter. Once the donor has committed ``WARM_STEPS`` steps alone, the second group starts
   as a fresh process; timed from just before its spawn to its first committed step. Interpreter
@@ -280,7 +285,7 @@ async def one_start_plain(model: tuple[int, int]) -> float:
 
 
 async def _run(quick: bool) -> BenchmarkResult:
-    repeats = 1 if quick else 2
+    repeats = 1 if quick else 3
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
     compared: dict[str, str] = {}
@@ -307,6 +312,7 @@ async def _run(quick: bool) -> BenchmarkResult:
         "restart in the launcher's warm standby; cold_restart_to_commit = spawn of a fresh group process (python + "
         "torch import included) to its first committed step; both heal the whole state from one donor over "
         "loopback, donor and healer pinned to a core each; no_standby_* = the launcher's restart with --standbys 0; "
+        "no_reserve_* = with its standby but --no-standby-reserve (the buckets and heal buffer in fresh memory); "
         "(cold_)donor_step_ratio_during_heal = the "
         "donor's median step time over the steps ending while a 1 GB heal ran / its median over the steps both "
         "groups commit after the heal; torchft_* = torchft 0.2.0 restarted the same way in the same run "
@@ -323,9 +329,10 @@ async def _restarts(label: str, model: tuple[int, int], repeats: int, figures: d
     """``repeats`` restarts of each kind for one model, interleaved so that all see the same
     machine; their medians into the result's tables; the launcher's and the cold restarts'
     figures returned."""
-    launched, no_standby, runs, torchft_runs, plain = [], [], [], [], []
+    launched, no_reserve, no_standby, runs, torchft_runs, plain = [], [], [], [], [], []
     for _ in range(repeats):
         launched.append(await one_restart_launched(model))
+        no_reserve.append(await one_restart_launched(model, reserve=False))
         no_standby.append(await one_restart_launched(model, standby=False))
         runs.append(await one_restart(model))
         torchft_runs.append(await one_restart_torchft(model))
@@ -334,16 +341,20 @@ async def _restarts(label: str, model: tuple[int, int], repeats: int, figures: d
     torchft, floor, cold_launch = f"torchft_{figure}", f"plain_first_step_s_{label}", f"no_standby_{figure}"
     figures[figure] = statistics.median(r["restart_to_commit_s"] for r in launched)
     figures[f"{figure}_vs_no_standby"] = figures[figure]
+    figures[f"{figure}_vs_no_reserve"] = figures[figure]
+    baselines[f"no_reserve_{figure}"] = statistics.median(r["restart_to_commit_s"] for r in no_reserve)
     figures[f"cold_{figure}"] = statistics.median(r["restart_to_commit_s"] for r in runs)
     baselines[torchft] = statistics.median(r["restart_to_commit_s"] for r in torchft_runs)
     baselines[cold_launch] = statistics.median(r["restart_to_commit_s"] for r in no_standby)
     baselines[floor] = statistics.median(plain)
     figures[f"{figure}_vs_plain"] = figures[figure]
     figures[f"cold_{figure}_vs_plain"] = figures[f"cold_{figure}"]
-    compared.update({figure: torchft, f"{figure}_vs_no_standby": cold_launch, f"cold_{figure}": torchft,
+    compared.update({figure: torchft, f"{figure}_vs_no_standby": cold_launch, f"{figure}_vs_no_reserve": f"no_reserve_{figure}",
+                     f"cold_{figure}": torchft,
                      f"{figure}_vs_plain": floor, f"cold_{figure}_vs_plain": floor})
     params[f"breakdown_{label}"] = launched
     params[f"no_standby_breakdown_{label}"] = no_standby
+    params[f"no_reserve_breakdown_{label}"] = no_reserve
     params[f"cold_breakdown_{label}"] = runs
     params[f"torchft_{label}"] = torchft_runs
     params[f"plain_{label}"] = plain

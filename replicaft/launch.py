@@ -499,6 +499,7 @@ class Launcher:
             code = standby.popen.poll()
             if code is not None:
                 self._standbys.remove(standby)
+                self._reserve_asked.pop(standby.pid, None)
                 self._standbys_off = True
                 logger.warning("warm standby pid %d %s before it was used; restarts start cold from now on",
                                standby.pid, describe_exit(code))
