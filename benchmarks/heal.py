@@ -4,7 +4,8 @@
 invocation starts, on 127.0.0.1: two replicaft donor processes each serving an identical
 state from a ``StateServer``, live as a donor's manager serves it (``LiveSnapshot``: sent
 straight from the tensors, no copy); a healer process that times ``fetch_state`` from the
-call (manifests first) to the verified buffer, from one donor and from two, over
+call (manifests first) to the verified buffer, from one donor (the first and the second in
+turn, so that both are read as often) and from two, over
 ``HEAL_CONNECTIONS`` connections in all as the manager does (one donor: two; two: one each); a
 raw TCP sender/receiver pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer over one
 connection, and over two at once, half the bytes each, the like-for-like limit of one donor
@@ -108,7 +109,10 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int) -> dict[str, list
                 elif mode.startswith("replicaft_"):
                     k = int(mode.split("_")[1])
                     in_place = not mode.endswith("_fresh")
-                    done = await _transfer(healer, {"donors": donor_addresses[:k], "step": 7, "in_place": in_place,
+                    # One donor alternates between the two, so that both donors are used as often
+                    # and the two-donor heal is not the only one that reads d1's memory.
+                    donors = donor_addresses if k == 2 else [donor_addresses[r % 2]]
+                    done = await _transfer(healer, {"donors": donors, "step": 7, "in_place": in_place,
                                                     "bytes": num_bytes})
                 elif mode == "torchft_http":
                     done = await _transfer(http_recv, {"address": http_address})
