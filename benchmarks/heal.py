@@ -16,7 +16,10 @@ its ``PGTransport`` over a two-rank torchft ``ProcessGroupGloo`` (defaults). Eve
 runs in the receiving process. The transfers run one at a time, in a new shuffled order
 each repeat (seeded by the repeat's index: a fixed cyclic order always ran the same mode
 right after the same other, e.g. the two-donor heal after the one-donor heal), and each
-figure is the median over repeats of bytes / seconds (GB = 1e9 bytes).
+figure is the median over repeats of bytes / seconds (GB = 1e9 bytes). Whether two donors
+heal as fast as one is within this machine's drift between rounds, so ``PAIRED_ROUNDS`` more
+rounds run only those two heals, back to back: ``heal_2donor_speedup_paired_*`` is the median
+of their ratio within a round.
 
 **Fan-in.** The healer and three donors each get a network namespace, joined by veth pairs
 to a bridge in a fifth namespace (addresses in 10.77.0.0/24, nothing else is contacted);
@@ -61,6 +64,10 @@ FANIN_SUBNET = "10.77.0"
 TARGETS = {"vs_raw_1donor": 0.70, "vs_torchft_1donor": 2.0, "fanin_speedup_2": 1.6, "fanin_speedup_3": 2.2}
 
 LOOPBACK_MODES = ("raw", "raw_2", "raw_fresh", "replicaft_1", "replicaft_2", "replicaft_1_fresh", "torchft_http", "torchft_pg")
+PAIRED_ROUNDS = 20
+"""Extra rounds of just the one-donor and the two-donor heal, back to back in a shuffled order:
+their ratio within a round is what ``heal_2donor_speedup_paired_*`` takes the median of, free
+of the drift between rounds that the per-mode medians carry."""
 
 
 def _worker(role: str, *args: str) -> tuple[str, ...]:
@@ -79,8 +86,10 @@ def _shuffled(items: tuple[str, ...], repeat: int) -> list[str]:
     return order
 
 
-async def _loopback(num_bytes: int, repeats: int, warmup: int) -> dict[str, list[dict[str, Any]]]:
-    """Every loopback mode ``warmup`` (discarded) + ``repeats`` times, interleaved; mode -> ``done`` events."""
+async def _loopback(num_bytes: int, repeats: int, warmup: int, paired: int) -> dict[str, list[dict[str, Any]]]:
+    """Every loopback mode ``warmup`` (discarded) + ``repeats`` times, interleaved, then ``paired``
+    rounds of the one- and two-donor heals alone (modes ``paired_1``, ``paired_2``, index-aligned);
+    mode -> ``done`` events."""
     deadline = time.monotonic() + START_TIMEOUT_S
     size = ("--bytes", str(num_bytes))
     async with ChildProcesses() as children:
@@ -100,13 +109,15 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int) -> dict[str, list
         for child in (healer, raw_recv, http_recv, pg0, pg1):
             await child.expect_event("ready", deadline)
 
-        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in LOOPBACK_MODES}
-        for r in range(-warmup, repeats):
-            for mode in _shuffled(LOOPBACK_MODES, r):
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in (*LOOPBACK_MODES, "paired_1", "paired_2")}
+        rounds = [(r, _shuffled(LOOPBACK_MODES, r)) for r in range(-warmup, repeats)]
+        rounds += [(repeats + i, _shuffled(("paired_1", "paired_2"), repeats + i)) for i in range(paired)]
+        for r, modes in rounds:
+            for mode in modes:
                 if mode.startswith("raw"):
                     done = await _transfer(raw_recv, {"address": raw_address, "fresh": mode == "raw_fresh",
                                                       "streams": 2 if mode == "raw_2" else 1})
-                elif mode.startswith("replicaft_"):
+                elif mode.startswith(("replicaft_", "paired_")):
                     k = int(mode.split("_")[1])
                     in_place = not mode.endswith("_fresh")
                     # One donor alternates between the two, so that both donors are used as often
@@ -124,7 +135,7 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int) -> dict[str, list
                     raise RuntimeError(f"{mode} moved {done['num_bytes']} bytes; expected {num_bytes}")
                 if r >= 0:
                     runs[mode].append(done)
-                print(f"heal {num_bytes // MIB} MiB {mode} {'warm-up' if r < 0 else f'run {r + 1}/{repeats}'}: "
+                print(f"heal {num_bytes // MIB} MiB {mode} {'warm-up' if r < 0 else f'run {r + 1}/{repeats + paired}'}: "
                       f"{done['seconds']:.3f}s "
                       f"({num_bytes / done['seconds'] / 1e9:.2f} GB/s; load {os.getloadavg()[0]:.1f})", flush=True)
         return runs
@@ -270,6 +281,7 @@ def _breakdown(runs: list[dict[str, Any]]) -> dict[str, float]:
 
 def run(*, quick: bool) -> BenchmarkResult:
     repeats = 1 if quick else 5
+    paired = 3 if quick else PAIRED_ROUNDS
     warmup = 0 if quick else 1
     sizes = {"100mb": LOOPBACK_SIZES["100mb"]} if quick else LOOPBACK_SIZES
     fanin_bytes = 128 * MIB if quick else 1024 * MIB
@@ -292,12 +304,15 @@ def run(*, quick: bool) -> BenchmarkResult:
         "params.receiver_breakdown has each receiver's median seconds, CPU seconds and minor page faults (for "
         "replicaft also recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 KiB "
         "page, while torchft's per-tensor buffers of up to 32 MiB (the 100 MiB case) may be recycled from the "
-        "allocator's heap between repeats, without faults; restart-to-commit and the donor's step during a heal: "
+        "allocator's heap between repeats, without faults; "
+        f"heal_2donor_speedup_paired_* = median over {paired} more rounds of only the one- and the two-donor heal, "
+        "back to back in a shuffled order, of t(1 donor) / t(2 donors) within the round (params has every round's); "
+        "restart-to-commit and the donor's step during a heal: "
         "python -m benchmarks recovery"
     ]
 
     for label, num_bytes in sizes.items():
-        runs = asyncio.run(_loopback(num_bytes, repeats, warmup))
+        runs = asyncio.run(_loopback(num_bytes, repeats, warmup, paired))
         baselines[f"raw_socket_gbps_{label}"] = _gbps(num_bytes, runs["raw"])
         baselines[f"raw_socket_2stream_gbps_{label}"] = _gbps(num_bytes, runs["raw_2"])
         baselines[f"raw_socket_fresh_gbps_{label}"] = _gbps(num_bytes, runs["raw_fresh"])
@@ -314,6 +329,9 @@ def run(*, quick: bool) -> BenchmarkResult:
             compared[f"{figure}_vs_torchft"] = f"torchft_best_gbps_{label}"
         figures[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = figures[f"heal_gbps_{label}_1donor"]
         compared[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = f"raw_socket_2stream_gbps_{label}"
+        speedups = [one["seconds"] / two["seconds"] for one, two in zip(runs["paired_1"], runs["paired_2"], strict=True)]
+        figures[f"heal_2donor_speedup_paired_{label}"] = statistics.median(speedups)
+        params[f"heal_2donor_speedup_paired_{label}"] = sorted(round(x, 3) for x in speedups)
         figures[f"heal_gbps_{label}_1donor_fresh"] = _gbps(num_bytes, runs["replicaft_1_fresh"])
         compared[f"heal_gbps_{label}_1donor_fresh"] = f"raw_socket_fresh_gbps_{label}"
 
@@ -346,6 +364,7 @@ def run(*, quick: bool) -> BenchmarkResult:
         met[f"{label}_1donor_ge_70pct_raw"] = figures[f"heal_gbps_{label}_1donor"] >= TARGETS["vs_raw_1donor"] * baselines[f"raw_socket_gbps_{label}"]
         met[f"{label}_1donor_ge_2x_torchft"] = figures[f"heal_gbps_{label}_1donor"] >= TARGETS["vs_torchft_1donor"] * baselines[f"torchft_best_gbps_{label}"]
         met[f"{label}_2donor_not_slower"] = figures[f"heal_gbps_{label}_2donor"] >= figures[f"heal_gbps_{label}_1donor"]
+        met[f"{label}_2donor_not_slower_paired"] = figures[f"heal_2donor_speedup_paired_{label}"] >= 1.0
     for k in ("fanin_speedup_2", "fanin_speedup_3"):
         if k in figures:
             met[f"{k}_ge_{TARGETS[k]:g}"] = figures[k] >= TARGETS[k]
