@@ -489,7 +489,7 @@ class Launcher:
         if line.startswith(READY_LINE):
             logger.info("warm standby pid %s ready", line.rsplit(" ", 1)[1])
         elif match := _RESERVED.fullmatch(line):
-            logger.info("warm standby pid %s reserved %.2f GB for a restart", match.group(2), int(match.group(1)) / 1e9)
+            logger.info("warm standby pid %s reserved %.1f MB for a restart", match.group(2), int(match.group(1)) / 1e6)
         else:
             self.console.write_line(f"[standby] {line}")
 

@@ -257,9 +257,10 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
     events = tmp_path / "events"
     # --min-replicas 3: the survivors wait for g1 instead of finishing without it, so g1 must heal.
     # A data worker process: the script's forkserver must start from the standby as from a script.
+    # 80 steps: the standby imports torch and faults in its reserve before the kill, ~10 steps in here.
     launcher = start_launcher(
         "--groups", "3", "--min-replicas", "3", "--restart-delay", "0.5", "--events-dir", str(events),
-        "--status-interval", "1", EXAMPLE, "--steps", "40", "--step-delay", "0.05", "--num-workers", "1",
+        "--status-interval", "1", EXAMPLE, "--steps", "80", "--step-delay", "0.05", "--num-workers", "1",
     )  # fmt: skip
     standby = launcher.wait_for_line(lambda text: text.startswith("[launcher] starting warm standby pid "), 90,
                                      stream="stderr", what="a warm standby started once every group committed")
@@ -295,7 +296,7 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
     assert "[launcher] all 3 groups finished" in log
     assert any(text.startswith("[launcher] status: ") and "| quorum 3 |" in text for text in log), log
     out = [line.text for line in launcher.lines()]
-    assert {"[g0/0] [g0] step 40", "[g1/0] [g1] step 40", "[g2/0] [g2] step 40"} <= {t.rsplit(" loss", 1)[0] for t in out}
+    assert {"[g0/0] [g0] step 80", "[g1/0] [g1] step 80", "[g2/0] [g2] step 80"} <= {t.rsplit(" loss", 1)[0] for t in out}
     assert any(text.startswith("[lighthouse] lighthouse serving gRPC at ") for text in out)
     starts = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == "g1"]
     assert [s["pid"] for s in starts] == [start["pid"], standby_pid]
