@@ -17,8 +17,8 @@ reserve is used up, :func:`empty` is ``torch.empty``.
 The reserve is a bump allocator over one anonymous mapping: what is taken is never given back.
 What it serves lives as long as the process (the buckets; the heal's buffer becomes the
 optimizer's state), except the buffer of a heal that failed, whose retry then gets fresh memory.
-Only CPU tensors come from it; with CUDA the reserve is not asked for (the launcher sizes it
-from the CPU part of the state).
+Only CPU tensors come from it, and the launcher sizes it by the CPU part of the state, so a
+standby of a job whose state is on GPUs holds next to nothing (a MiB of slack).
 """
 
 from __future__ import annotations
