@@ -13,10 +13,11 @@ would get, minus the group's own variables. It imports, prints ``READY_LINE`` an
 reads JSON lines from its stdin, one object each:
 
 * ``{"reserve_bytes": N}``: map and fault in N bytes of memory now, while idle (reserve.py),
-  then print ``RESERVED_LINE``. The launcher sends this once its groups have reported the
-  size of their state, so that the restarted group's gradient buckets and heal land on memory
-  that already exists. It may come again with a larger size (the state grew); the new reserve
-  replaces the old one.
+  then print ``RESERVED_LINE``; unless that would leave less than ``RESERVE_HEADROOM_*`` of
+  the machine's memory available, which it reports on stderr instead. The launcher sends this
+  once its groups have reported the size of their state, so that the restarted group's
+  gradient buckets and heal land on memory that already exists. It may come again with a
+  larger size (the state grew); the new reserve replaces the old one.
 * ``{"env": {NAME: VALUE, ...}}``: the activation, the variables that make it a particular
   group (``REPLICAFT_REPLICA_ID`` and the like). It sets them, points stdin at ``/dev/null``
   and runs SCRIPT exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__main__"``,
@@ -25,10 +26,12 @@ reads JSON lines from its stdin, one object each:
 Its wait for the activation has no deadline of its own: it lasts as long as the launcher, whose
 end closes the pipe (EOF), and the standby then exits 0. It never initialises CUDA or binds a
 port, and allocates training memory only as a reserve it was asked for: a standby that is never
-used costs its imported modules' memory (~300 MB resident here) plus that reserve. Variables
-read at interpreter or torch start-up (``PYTHONPATH``, ``OMP_NUM_THREADS``, ...) come from the
-launcher's environment, as they would for a cold start; replicaft's own are read when the
-``Manager`` is built, after the activation.
+used costs its imported modules' memory (~300 MB resident here) plus that reserve. While idle
+its ``oom_score_adj`` is 1000, so under memory pressure the kernel kills it before any training
+process; the activation sets it back to the launcher's value. Variables read at interpreter or
+torch start-up (``PYTHONPATH``, ``OMP_NUM_THREADS``, ...) come from the launcher's environment,
+as they would for a cold start; replicaft's own are read when the ``Manager`` is built, after
+the activation.
 
 The pipe comes from the standby's parent, never from the network; it carries JSON, nothing is
 unpickled, and a malformed line ends the standby with a message saying what was wrong.
@@ -49,6 +52,12 @@ READY_LINE = "replicaft standby ready, pid"
 """Printed with the pid once the imports are done; the launcher reports the standby warm then."""
 RESERVED_LINE = "replicaft standby reserved"
 """Printed as ``RESERVED_LINE N bytes, pid P`` once a reserve is faulted in."""
+RESERVE_HEADROOM_BYTES = 1 << 30
+RESERVE_HEADROOM_FRACTION = 0.1
+"""A reserve is faulted in only if this much memory stays available beside it (the larger of
+the two, of ``MemTotal``): an idle standby must never be why a training process runs out."""
+IDLE_OOM_SCORE_ADJ = 1000
+"""While idle a standby is the first process the kernel's OOM killer takes (the most it allows)."""
 RESERVE_MARGIN = 1 / 32
 RESERVE_SLACK_BYTES = 1 << 20
 """A reserve is the state's size plus this much and ``RESERVE_MARGIN`` of it: room for the
@@ -98,6 +107,24 @@ def reserve_bytes_for(cpu_state_bytes: int) -> int:
     if cpu_state_bytes <= 0:
         return 0
     return cpu_state_bytes + int(cpu_state_bytes * RESERVE_MARGIN) + RESERVE_SLACK_BYTES
+
+
+def reserve_refusal(num_bytes: int, meminfo: str) -> str | None:
+    """Why a reserve of ``num_bytes`` should not be faulted in, given ``/proc/meminfo``'s text;
+    None when it fits (or the text says nothing: the kernel then decides, as for any mapping)."""
+    fields = {}
+    for line in meminfo.splitlines():
+        name, _, rest = line.partition(":")
+        value = rest.split()
+        if value and value[0].isdigit():
+            fields[name] = int(value[0]) * 1024
+    if "MemAvailable" not in fields or "MemTotal" not in fields:
+        return None
+    headroom = max(RESERVE_HEADROOM_BYTES, int(fields["MemTotal"] * RESERVE_HEADROOM_FRACTION))
+    if num_bytes > fields["MemAvailable"] - headroom:
+        return (f"only {fields['MemAvailable']} bytes of memory are available, and {headroom} of them are kept "
+                "free for the training processes")
+    return None
 
 
 def encode_reserve(num_bytes: int) -> str:
@@ -158,9 +185,13 @@ def wait_for_activation(fd: int) -> Activation | None:
         if isinstance(message, Activation):
             return message
         try:
-            reserve.install(message.num_bytes)
-        except (OSError, ValueError) as e:  # the restart still works, on fresh memory
-            print(f"replicaft.standby: no reserve of {message.num_bytes} bytes: {e}", file=sys.stderr, flush=True)
+            why = reserve_refusal(message.num_bytes, _read_text("/proc/meminfo"))
+            if why is None:
+                reserve.install(message.num_bytes)
+        except (OSError, ValueError) as e:
+            why = str(e)
+        if why is not None:  # the restart still works, on fresh memory
+            print(f"replicaft.standby: no reserve of {message.num_bytes} bytes: {why}", file=sys.stderr, flush=True)
             continue
         print(f"{RESERVED_LINE} {message.num_bytes} bytes, pid {os.getpid()}", flush=True)
 
@@ -172,10 +203,30 @@ def run_script(script: str, args: Sequence[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _set_oom_score_adj(value: str) -> bool:
+    """Best effort: False (nothing changed) without the file or the right to set ``value``."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write(value)
+    except OSError:
+        return False
+    return True
+
+
 def main(argv: Sequence[str]) -> int:
     if not argv:
         print("usage: python -m replicaft.standby SCRIPT [ARGS...]", file=sys.stderr)
         return 2
+    group_oom_score_adj = _read_text("/proc/self/oom_score_adj").strip()
+    _set_oom_score_adj(str(IDLE_OOM_SCORE_ADJ))
     warm_up()
     print(READY_LINE, os.getpid(), flush=True)
     try:
@@ -185,6 +236,9 @@ def main(argv: Sequence[str]) -> int:
         return 2
     if activation is None:
         return 0
+    if group_oom_score_adj and not _set_oom_score_adj(group_oom_score_adj):
+        print(f"replicaft.standby: could not set oom_score_adj back to {group_oom_score_adj}; this group is the "
+              "OOM killer's first choice", file=sys.stderr, flush=True)
     os.environ.update(activation.env)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

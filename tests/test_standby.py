@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
+from replicaft import standby
 from replicaft.standby import (
     READY_LINE,
     RESERVED_LINE,
@@ -21,6 +22,7 @@ from replicaft.standby import (
     encode_activation,
     encode_reserve,
     reserve_bytes_for,
+    reserve_refusal,
 )
 
 SCRIPT = """\
@@ -48,6 +50,28 @@ def test_reserve_round_trips_and_is_sized_by_the_state() -> None:
     state = 1_610_612_736  # a 500 MB model's with AdamW
     assert state + state // 32 < reserve_bytes_for(state) <= state + state // 32 + (2 << 20)
     assert reserve_bytes_for(20_000) > 20_000 + (1 << 20) - 1  # a small state still gets room for padding
+
+
+GIB = 1 << 30
+
+
+def _meminfo(total: int, available: int) -> str:
+    return f"MemTotal:       {total // 1024} kB\nMemFree:        1 kB\nMemAvailable:   {available // 1024} kB\n"
+
+
+def test_a_reserve_leaves_a_tenth_of_memory_and_at_least_a_gib_available() -> None:
+    assert reserve_refusal(10 * GIB, _meminfo(24 * GIB, 20 * GIB)) is None
+    assert reserve_refusal(18 * GIB, _meminfo(24 * GIB, 20 * GIB)) is not None  # 2.4 GiB kept free
+    assert reserve_refusal(17 * GIB, _meminfo(24 * GIB, 20 * GIB)) is None
+    assert reserve_refusal(3 * GIB, _meminfo(8 * GIB, 4 * GIB)) is None
+    why = reserve_refusal(3 * GIB + 1, _meminfo(8 * GIB, 4 * GIB))  # 1 GiB kept free on a small machine
+    assert why == (f"only {4 * GIB} bytes of memory are available, and {GIB} of them are kept free for the "
+                   "training processes")
+
+
+def test_without_meminfo_the_kernel_decides() -> None:
+    assert reserve_refusal(1 << 60, "") is None
+    assert reserve_refusal(1 << 60, "MemTotal: 1 kB\n") is None
 
 
 @pytest.mark.parametrize(
@@ -135,7 +159,8 @@ held = reserve.installed()
 bucket = reserve.empty(1000, torch.float32)
 start = held._bytes.data_ptr()
 print(json.dumps({"num_bytes": held.num_bytes, "used": held.used_bytes,
-                  "inside": start <= bucket.data_ptr() < start + held.num_bytes}))
+                  "inside": start <= bucket.data_ptr() < start + held.num_bytes,
+                  "oom_score_adj": open("/proc/self/oom_score_adj").read().strip()}))
 """
 
 
@@ -149,16 +174,30 @@ def test_a_standby_faults_in_each_reserve_asked_for_and_the_script_allocates_fro
     pid = ready.rsplit(" ", 1)[1]
     assert first == f"{RESERVED_LINE} {1 << 20} bytes, pid {pid}"
     assert second == f"{RESERVED_LINE} {3 << 20} bytes, pid {pid}"
-    assert json.loads(output) == {"num_bytes": 3 << 20, "used": 4000, "inside": True}
+    own = Path("/proc/self/oom_score_adj").read_text().strip()  # the standby's parent's: a cold start's
+    assert json.loads(output) == {"num_bytes": 3 << 20, "used": 4000, "inside": True, "oom_score_adj": own}
 
 
 @pytest.mark.timeout(150)
-def test_a_reserve_that_cannot_be_mapped_is_reported_and_the_standby_still_runs_the_script(tmp_path: Path) -> None:
+def test_an_idle_standby_is_the_oom_killers_first_choice(tmp_path: Path) -> None:
+    process = subprocess.Popen([sys.executable, "-m", "replicaft.standby", str(_script_dir(tmp_path))],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=_env(), cwd=REPO_ROOT)
+    try:
+        assert process.stdout is not None and process.stdout.readline().startswith(READY_LINE)
+        assert Path(f"/proc/{process.pid}/oom_score_adj").read_text().strip() == "1000"
+    finally:
+        process.communicate(timeout=60)  # EOF: it exits 0 without running the script
+    assert process.returncode == 0
+
+
+@pytest.mark.timeout(150)
+def test_a_reserve_larger_than_the_machine_is_reported_and_the_standby_still_runs_the_script(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('ran')\n")
-    warm = _standby(script, encode_reserve(1 << 60) + encode_activation({}))  # an exabyte: mmap fails
+    warm = _standby(script, encode_reserve(1 << 60) + encode_activation({}))  # an exabyte
     assert warm.returncode == 0, warm.stderr
-    assert f"replicaft.standby: no reserve of {1 << 60} bytes:" in warm.stderr
+    assert f"replicaft.standby: no reserve of {1 << 60} bytes: only " in warm.stderr
     assert warm.stdout.splitlines()[1:] == ["ran"]
 
 
@@ -168,3 +207,22 @@ def test_a_malformed_reserve_ends_the_standby_with_a_message_and_runs_nothing(tm
     assert warm.returncode == 2
     assert "replicaft.standby: the reserve's 'reserve_bytes' must be a positive integer, got -1" in warm.stderr
     assert len(warm.stdout.splitlines()) == 1
+
+
+def test_a_reserve_the_kernel_refuses_is_reported_and_the_wait_goes_on(monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from replicaft import reserve
+
+    def refuse(num_bytes: int) -> None:
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(reserve, "install", refuse)
+    monkeypatch.setattr(standby, "reserve_refusal", lambda num_bytes, meminfo: None)
+    read_end, write_end = os.pipe()
+    os.write(write_end, (encode_reserve(4096) + encode_activation({"A": "1"})).encode())
+    os.close(write_end)
+    try:
+        assert standby.wait_for_activation(read_end) == Activation({"A": "1"})
+    finally:
+        os.close(read_end)
+    assert "replicaft.standby: no reserve of 4096 bytes: [Errno 12] Cannot allocate memory" in capsys.readouterr().err
