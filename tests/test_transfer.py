@@ -27,7 +27,13 @@ from lighthouse.errors import ProtocolError
 from replicaft.errors import HealError, StateError
 from replicaft.state import flatten, unflatten
 from replicaft.transfer import live as live_module
-from replicaft.transfer.client import Donor, HealResult, fetch_manifest, fetch_state
+from replicaft.transfer.client import (
+    Donor,
+    HealResult,
+    fetch_manifest,
+    fetch_state,
+    streams_by_donor,
+)
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec, chunk_stripes
 from replicaft.transfer.placement import Placement
@@ -59,10 +65,10 @@ def sample_snapshot(seed: int = 0, step: int = STEP, replica_id: str = "donor") 
 
 @contextmanager
 def serving(
-    snapshot: Served | None, *, token: str | None = None, fault_hook: RangeHook | None = None
+    snapshot: Served | None, *, token: str | None = None, fault_hook: RangeHook | None = None, host: str = "127.0.0.1"
 ) -> Iterator[tuple[StateServer, str]]:
-    """A StateServer publishing ``snapshot``, and its address; stopped on exit."""
-    server = StateServer("127.0.0.1", token, fault_hook=fault_hook)
+    """A StateServer on ``host`` publishing ``snapshot``, and its address; stopped on exit."""
+    server = StateServer(host, token, fault_hook=fault_hook)
     address = server.start()
     if snapshot is not None:
         server.publish(snapshot)
@@ -73,11 +79,17 @@ def serving(
 
 
 @contextmanager
-def donors(*specs: tuple[str, Snapshot | None, RangeHook | None], token: str | None = None) -> Iterator[list[Donor]]:
-    """One in-process StateServer per (replica_id, snapshot, fault_hook)."""
+def donors(
+    *specs: tuple[str, Snapshot | None, RangeHook | None], token: str | None = None, one_host: bool = False
+) -> Iterator[list[Donor]]:
+    """One in-process StateServer per (replica_id, snapshot, fault_hook), each on its own
+    loopback address (127.0.0.1, .2, ...) as donors on separate hosts are, so that every one
+    is read (client.streams_by_donor); with ``one_host``, all on 127.0.0.1."""
     with ExitStack() as stack:
         yield [
-            Donor(rid, stack.enter_context(serving(snap, token=token, fault_hook=hook))[1]) for rid, snap, hook in specs
+            Donor(rid, stack.enter_context(serving(snap, token=token, fault_hook=hook,
+                                                   host="127.0.0.1" if one_host else f"127.0.0.{i + 1}"))[1])
+            for i, (rid, snap, hook) in enumerate(specs)
         ]
 
 
@@ -338,7 +350,7 @@ def test_one_donor_is_pulled_over_several_connections_at_once() -> None:
     assert result.bytes_by_donor == {"d": snapshot.manifest.total_bytes}
 
 
-def test_connections_are_dealt_across_donors_at_least_one_each() -> None:
+def test_connections_are_dealt_across_donors_on_separate_hosts_at_least_one_each() -> None:
     snapshot = sample_snapshot()
     for connections, expected in ((3, ["a", "a", "b"]), (1, ["a", "b"])):
         seen, hook_of = connection_counter(len(expected))
@@ -346,6 +358,55 @@ def test_connections_are_dealt_across_donors_at_least_one_each() -> None:
             result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, connections=connections)
         assert_same_state(result, snapshot)
         assert sorted(seen.values()) == expected
+
+
+def test_streams_are_dealt_over_hosts_then_over_each_hosts_donors() -> None:
+    def on(*addresses: str) -> list[Donor]:
+        return [Donor(f"d{i}", address) for i, address in enumerate(addresses)]
+
+    one_host = on("10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3")
+    assert streams_by_donor(2, one_host) == {"d0": 1, "d1": 1}
+    assert streams_by_donor(2, one_host, healer_index=1) == {"d1": 1, "d2": 1}
+    assert streams_by_donor(2, one_host, healer_index=2) == {"d2": 1, "d0": 1}
+    assert streams_by_donor(1, one_host, healer_index=4) == {"d1": 1}
+    assert streams_by_donor(4, one_host) == {"d0": 2, "d1": 1, "d2": 1}
+    assert streams_by_donor(2, on("10.0.0.1:1")) == {"d0": 2}
+    assert streams_by_donor(2, on("10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1")) == {"d0": 1, "d1": 1, "d2": 1}
+    assert streams_by_donor(4, on("10.0.0.1:1", "10.0.0.1:2", "10.0.0.2:1")) == {"d0": 1, "d1": 1, "d2": 2}
+    assert streams_by_donor(2, on("[::1]:7", "[::1]:8", "[::2]:7")) == {"d0": 1, "d2": 1}
+
+
+def test_donors_on_one_host_beyond_its_connections_are_not_read() -> None:
+    """Three donors on 127.0.0.1, two connections: two donors are read, which two turning with
+    the healer's index; the third serves its manifest (it votes on the state) and nothing else."""
+    snapshot = sample_snapshot()
+    for healer_index, read in ((0, {"a", "b"}), (1, {"b", "c"}), (2, {"c", "a"})):
+        seen, hook_of = connection_counter(2)
+        with donors(*((rid, snapshot, hook_of(rid)) for rid in "abc"), one_host=True) as ds:
+            result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, healer_index=healer_index, connections=2)
+        assert_same_state(result, snapshot)
+        assert set(result.bytes_by_donor) == read and set(seen.values()) == read
+
+
+def test_a_spare_donor_on_the_host_is_read_in_place_of_one_that_fails() -> None:
+    """One connection for two donors on one host: only ``a`` is read until it drops its
+    connection at its first range; then ``b`` is, and the heal completes from it alone."""
+    snapshot = sample_snapshot()
+    asked: list[str] = []
+
+    def fail(start: int, stop: int, data: memoryview) -> memoryview:
+        asked.append("a")
+        raise ConnectionResetError("the donor went away")
+
+    def record(start: int, stop: int, data: memoryview) -> memoryview:
+        asked.append("b")
+        return data
+
+    with donors(("a", snapshot, fail), ("b", snapshot, record), one_host=True) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, connections=1)
+    assert_same_state(result, snapshot)
+    assert asked[0] == "a" and set(asked[1:]) == {"b"}
+    assert result.bytes_by_donor == {"b": snapshot.manifest.total_bytes} and result.refetched_stripes == 1
 
 
 def test_a_connection_done_with_its_donor_takes_over_the_stripes_a_slow_donor_has_not_begun() -> None:
