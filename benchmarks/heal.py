@@ -5,9 +5,9 @@ invocation starts, on 127.0.0.1: three replicaft donor processes each serving an
 state from a ``StateServer``, live as a donor's manager serves it (``LiveSnapshot``: sent
 straight from the tensors, no copy); a healer process that times ``fetch_state`` from the
 call (manifests first) to the verified buffer, from one donor, two and three (which ones
-turning with the round, so that every donor is read as often), over ``HEAL_CONNECTIONS``
-connections in all as the manager does (one donor: two; two: one each; three on one host:
-two of them, one connection each, the third a spare, ``client.streams_by_donor``); a
+turning with the round, so that every donor is asked as often), over ``HEAL_CONNECTIONS``
+connections in all as the manager does: the donors share one host, so one of them is read
+over both connections and the others are spares (``client.streams_by_donor``); a
 raw TCP sender/receiver pair (the receiver ``recv_into``'s a preallocated, already-faulted buffer over one
 connection, and over two at once, half the bytes each, the like-for-like limit of one donor
 pulled over two streams; also a variant that allocates the buffer per transfer, as every
@@ -21,9 +21,9 @@ figure is the median over repeats of bytes / seconds (GB = 1e9 bytes). Whether m
 heal as fast as one is within this machine's drift between rounds, so ``PAIRED_ROUNDS`` more
 rounds run only the heals from one donor, from another one, from two and from three, back to
 back in a shuffled order: ``heal_{k}donor_speedup_paired_*`` is the median over rounds of
-t(1 donor) / t(k donors) within a round, with a bootstrap 95 % interval, and
-``heal_1donor_aa_paired_*`` the same for the two one-donor heals, a control that shows how far
-two identical heals differ within a round on this machine.
+t(1 donor) / t(k donors) within a round, t(1 donor) the mean of the round's two one-donor
+heals, with a bootstrap 95 % interval; ``heal_1donor_aa_paired_*``, the median of the ratio of
+the two one-donor heals, is the control: how far two identical heals differ within a round.
 
 **Fan-in.** The healer and three donors each get a network namespace, joined by veth pairs
 to a bridge in a fifth namespace (addresses in 10.77.0.0/24, nothing else is contacted);
@@ -72,7 +72,7 @@ LOOPBACK_MODES = ("raw", "raw_2", "raw_fresh", "replicaft_1", "replicaft_2", "re
                   "torchft_http", "torchft_pg")
 PAIRED_MODES = ("paired_1", "paired_1b", "paired_2", "paired_3")
 """``paired_1b`` heals from one donor too, the next one round: the A/A control."""
-PAIRED_ROUNDS = 30
+PAIRED_ROUNDS = 60
 """Extra rounds of just ``PAIRED_MODES``, back to back in a shuffled order: ratios within a
 round are what the ``*_paired_*`` figures take the median of, free of the drift between rounds
 that the per-mode medians carry."""
@@ -283,18 +283,17 @@ def _gbps(num_bytes: int, runs: list[dict[str, Any]]) -> float:
     return num_bytes / statistics.median(r["seconds"] for r in runs) / 1e9
 
 
-def _paired(ones: list[dict[str, Any]], others: list[dict[str, Any]]) -> tuple[float, list[float], tuple[float, float]]:
-    """Median over rounds of t(one) / t(other), every round's ratio, and a bootstrap 95 % interval of the median."""
-    ratios = [a["seconds"] / b["seconds"] for a, b in zip(ones, others, strict=True)]
+def _paired(ratios: list[float]) -> tuple[float, tuple[float, float]]:
+    """The median of per-round ratios and a bootstrap 95 % interval of it."""
     rng = random.Random(0)
     medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(BOOTSTRAP_RESAMPLES))
     interval = (medians[int(0.025 * BOOTSTRAP_RESAMPLES)], medians[int(0.975 * BOOTSTRAP_RESAMPLES) - 1])
-    return statistics.median(ratios), ratios, interval
+    return statistics.median(ratios), interval
 
 
 def _breakdown(runs: list[dict[str, Any]]) -> dict[str, float]:
     """Medians over repeats of a receiver's wall, CPU, page faults (and the healer's receive/verify split)."""
-    keys = ("seconds", "cpu_s", "minor_faults", "recv_s", "verify_s")
+    keys = ("seconds", "cpu_s", "minor_faults", "manifest_s", "recv_s", "verify_s")
     return {k: round(statistics.median(r[k] for r in runs), 4) for k in keys if k in runs[0]}
 
 
@@ -321,15 +320,16 @@ def run(*, quick: bool) -> BenchmarkResult:
         "each, as replicaft pulls one donor; raw_socket_fresh_* allocates a torch.empty buffer per transfer); torchft 0.2.0 HTTPTransport (num_chunks=0) and PGTransport (Gloo, 2 ranks, no in-place state "
         "dict); each *_vs_torchft figure repeats the heal figure to carry its ratio to torchft_best; "
         "params.receiver_breakdown has each receiver's median seconds, CPU seconds and minor page faults (for "
-        "replicaft also recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 KiB "
+        "replicaft also manifest_s, until every manifest was in, and recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 KiB "
         "page, while torchft's per-tensor buffers of up to 32 MiB (the 100 MiB case) may be recycled from the "
         "allocator's heap between repeats, without faults; "
         f"heal_kdonor_speedup_paired_* = median over {paired} more rounds of only the heals from one donor, another "
-        "one, two and three, back to back in a shuffled order, of t(1 donor) / t(k donors) within the round "
+        "one, two and three, back to back in a shuffled order, of t(1 donor) / t(k donors) within the round, "
+        "t(1 donor) the mean of the round's two one-donor heals "
         "(params has every round's and a bootstrap 95 % interval of the median; heal_1donor_aa_paired_* is the "
-        "one-donor heal over the other one-donor heal, the control: identical heals differ this much); three "
-        f"loopback donors share one host, so {HEAL_CONNECTIONS} of them are read, one connection each "
-        "(replicaft.transfer.client.streams_by_donor); "
+        "one-donor heal over the other one-donor heal, the control: identical heals differ this much); the "
+        "loopback donors share one host, so with two or three one is read over both connections and the others "
+        "are spares, asked for their manifests only (replicaft.transfer.client.streams_by_donor); "
         "restart-to-commit and the donor's step during a heal: "
         "python -m benchmarks recovery"
     ]
@@ -352,9 +352,13 @@ def run(*, quick: bool) -> BenchmarkResult:
             compared[f"{figure}_vs_torchft"] = f"torchft_best_gbps_{label}"
         figures[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = figures[f"heal_gbps_{label}_1donor"]
         compared[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = f"raw_socket_2stream_gbps_{label}"
-        for figure, other in ((f"heal_1donor_aa_paired_{label}", "paired_1b"),
-                              *((f"heal_{k}donor_speedup_paired_{label}", f"paired_{k}") for k in (2, 3))):
-            median, ratios, interval = _paired(runs["paired_1"], runs[other])
+        seconds = {mode: [r["seconds"] for r in runs[mode]] for mode in PAIRED_MODES}
+        one = [(a + b) / 2 for a, b in zip(seconds["paired_1"], seconds["paired_1b"], strict=True)]
+        per_round = {f"heal_1donor_aa_paired_{label}": [a / b for a, b in zip(seconds["paired_1"], seconds["paired_1b"], strict=True)]}
+        for k in (2, 3):
+            per_round[f"heal_{k}donor_speedup_paired_{label}"] = [a / b for a, b in zip(one, seconds[f"paired_{k}"], strict=True)]
+        for figure, ratios in per_round.items():
+            median, interval = _paired(ratios)
             figures[figure] = median
             params[figure] = {"ci95": [round(x, 4) for x in interval], "rounds": sorted(round(x, 3) for x in ratios)}
         figures[f"heal_gbps_{label}_1donor_fresh"] = _gbps(num_bytes, runs["replicaft_1_fresh"])

@@ -12,10 +12,10 @@ seconds and the minor page faults it caused, all measured in the receiving proce
 * ``healer``: ``{"donors": [[replica_id, address], ...], "step": S}`` -> ``fetch_state``
   timed from the call (manifests first) to the verified tensors, plus a breakdown of where
   the healer's time went (seconds inside ``recv_exact_into`` and inside the chunk check,
-  summed over the donor threads). With ``"in_place": true, "bytes": N`` it receives into
-  a state of its own of the donor's shape (allocated and written once, before the first
-  such command, as a healer's model and optimizer are), as replicaft's manager does;
-  without, into new memory.
+  summed over the donor threads; ``manifest_s``, from the call until every manifest was
+  in). With ``"in_place": true, "bytes": N`` it receives into a state of its own of the
+  donor's shape (allocated and written once, before the first such command, as a healer's
+  model and optimizer are), as replicaft's manager does; without, into new memory.
 * ``raw-send`` / ``raw-recv``: a plain TCP socket; the sender answers a 16-byte request
   (start, stop) with ``sendall`` of that range of its buffer, the receiver ``recv_into``'s a
   preallocated buffer (written once before the first transfer, so its pages exist), or with
@@ -77,7 +77,7 @@ class Measured:
     def __enter__(self) -> Measured:
         self._faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         self._cpu = time.process_time()
-        self._wall = time.perf_counter()
+        self.started = self._wall = time.perf_counter()
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -161,6 +161,14 @@ def healer(args: argparse.Namespace) -> None:
     # receive and the chunk check without touching replicaft.
     client.recv_exact_into = timer.wrap("recv_s", client.recv_exact_into)
     client.chunk_ok = timer.wrap("verify_s", client.chunk_ok)
+    placed_at: list[float] = []
+    place = client.Placement
+
+    def placement(*a: Any, **k: Any) -> Any:
+        placed_at.append(time.perf_counter())  # every manifest is in; the ranges come next
+        return place(*a, **k)
+
+    client.Placement = placement
     from replicaft.state import flatten
 
     emit("ready")
@@ -174,8 +182,10 @@ def healer(args: argparse.Namespace) -> None:
                 own = dict(zip(flat.names, flat.tensors, strict=True))
             into = own
         timer.seconds.clear()
+        placed_at.clear()
         with Measured() as m:
             result = client.fetch_state(donors, cmd["step"], token=None, timeout_s=TIMEOUT_S, into=into)
+        timer.seconds["manifest_s"] = placed_at[0] - m.started
         num_bytes = result.manifest.total_bytes
         if into is not None and result.in_place_bytes < num_bytes * 0.99:
             raise RuntimeError(f"only {result.in_place_bytes} of {num_bytes} bytes were received in place")

@@ -31,8 +31,8 @@ from replicaft.faults import parse_fault_points
 
 ENV_PREFIX = "REPLICAFT_"
 HEAL_CONNECTIONS = 2
-"""Connections a heal pulls over in all, at least one per donor host (donors on one host share
-its connections: transfer/client.py, ``streams_by_donor``). One TCP stream does not carry
+"""Connections a heal pulls over in all, at least one per donor host, each host's to one of its
+donors (transfer/client.py, ``streams_by_donor``). One TCP stream does not carry
 what a host can send: on this project's 2-core benchmark host a raw loopback socket moved
 1 GiB at 2.3-3.2 GB/s over one connection and 4.3-5.5 GB/s over two from the same sender
 (over four, no more), and a one-donor heal went from 2.7 to 3.7 GB/s. A total rather than a

@@ -299,9 +299,12 @@ def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_pat
     # Enough steps that the donors are still training when the slowed transfer ends.
     args = ("--steps", "90", "--width", "1024")
     faults = {"g0": "slow_serve@10", "g1": "slow_serve@10", "g2": "allreduce@15"}
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid]) for rid in ("g0", "g1", "g2")}
+    # Each group on its own loopback address, as on its own host: a heal reads one donor per host.
+    hosts = {"g0": "127.0.0.1", "g1": "127.0.0.2", "g2": "127.0.0.3"}
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid], REPLICAFT_HOST=hosts[rid])
+              for rid in ("g0", "g1", "g2")}
     assert groups["g2"].wait_exit(150) == -signal.SIGKILL
-    groups["g2"] = start_group(lh.grpc_address, "g2", tmp_path, *args)
+    groups["g2"] = start_group(lh.grpc_address, "g2", tmp_path, *args, REPLICAFT_HOST=hosts["g2"])
     heal = wait_for_event(
         tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e.get("base_step", 0) > 0, 120, "g2 heal after restart"
     )

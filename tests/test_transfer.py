@@ -365,32 +365,32 @@ def test_streams_are_dealt_over_hosts_then_over_each_hosts_donors() -> None:
         return [Donor(f"d{i}", address) for i, address in enumerate(addresses)]
 
     one_host = on("10.0.0.1:1", "10.0.0.1:2", "10.0.0.1:3")
-    assert streams_by_donor(2, one_host) == {"d0": 1, "d1": 1}
-    assert streams_by_donor(2, one_host, healer_index=1) == {"d1": 1, "d2": 1}
-    assert streams_by_donor(2, one_host, healer_index=2) == {"d2": 1, "d0": 1}
-    assert streams_by_donor(1, one_host, healer_index=4) == {"d1": 1}
-    assert streams_by_donor(4, one_host) == {"d0": 2, "d1": 1, "d2": 1}
+    assert streams_by_donor(2, one_host) == {"d0": 2}
+    assert streams_by_donor(2, one_host, healer_index=1) == {"d1": 2}
+    assert streams_by_donor(4, one_host, healer_index=5) == {"d2": 4}
     assert streams_by_donor(2, on("10.0.0.1:1")) == {"d0": 2}
     assert streams_by_donor(2, on("10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1")) == {"d0": 1, "d1": 1, "d2": 1}
-    assert streams_by_donor(4, on("10.0.0.1:1", "10.0.0.1:2", "10.0.0.2:1")) == {"d0": 1, "d1": 1, "d2": 2}
+    assert streams_by_donor(4, on("10.0.0.1:1", "10.0.0.2:1")) == {"d0": 2, "d1": 2}
+    assert streams_by_donor(5, on("10.0.0.1:1", "10.0.0.1:2", "10.0.0.2:1"), healer_index=1) == {"d1": 3, "d2": 2}
     assert streams_by_donor(2, on("[::1]:7", "[::1]:8", "[::2]:7")) == {"d0": 1, "d2": 1}
 
 
-def test_donors_on_one_host_beyond_its_connections_are_not_read() -> None:
-    """Three donors on 127.0.0.1, two connections: two donors are read, which two turning with
-    the healer's index; the third serves its manifest (it votes on the state) and nothing else."""
+def test_of_donors_on_one_host_one_is_read_over_all_its_connections() -> None:
+    """Three donors on 127.0.0.1, two connections: both go to one donor, which one turning with
+    the healer's index; the others serve their manifests (they vote on the state) and nothing else."""
     snapshot = sample_snapshot()
-    for healer_index, read in ((0, {"a", "b"}), (1, {"b", "c"}), (2, {"c", "a"})):
+    for healer_index, read in ((0, "a"), (1, "b"), (2, "c")):
         seen, hook_of = connection_counter(2)
         with donors(*((rid, snapshot, hook_of(rid)) for rid in "abc"), one_host=True) as ds:
             result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, healer_index=healer_index, connections=2)
         assert_same_state(result, snapshot)
-        assert set(result.bytes_by_donor) == read and set(seen.values()) == read
+        assert result.bytes_by_donor == {read: snapshot.manifest.total_bytes}
+        assert list(seen.values()) == [read, read]
 
 
 def test_a_spare_donor_on_the_host_is_read_in_place_of_one_that_fails() -> None:
-    """One connection for two donors on one host: only ``a`` is read until it drops its
-    connection at its first range; then ``b`` is, and the heal completes from it alone."""
+    """Two donors on one host: only ``a`` is read until it drops its connection at its first
+    range; then ``b`` is, and the heal completes from it alone."""
     snapshot = sample_snapshot()
     asked: list[str] = []
 
@@ -451,7 +451,7 @@ def test_donor_stopped_between_manifest_and_ranges_is_replaced_by_the_other() ->
 
     _, hook_of = connection_counter(2)
     with serving(snapshot, fault_hook=hook_of("alive")) as (_, alive), \
-            serving(snapshot, fault_hook=hook_of("dying", stop_and_drop_the_connection)) as (dying, address):
+            serving(snapshot, fault_hook=hook_of("dying", stop_and_drop_the_connection), host="127.0.0.2") as (dying, address):
         servers.append(dying)
         result = fetch_state([Donor("alive", alive), Donor("dying", address)], STEP, token=None, timeout_s=DEADLINE_S)
     assert_same_state(result, snapshot)
@@ -471,7 +471,7 @@ def test_stopped_server_refuses_new_connections() -> None:
 def test_donor_killed_mid_transfer_healer_completes_from_the_other() -> None:
     num_bytes, step = 64 * 1024 * 1024, 11
     process = spawn_python(str(REPO_ROOT / "tests" / "transfer_donor.py"), "--num-bytes", str(num_bytes),
-                           "--step", str(step), "--stall-mid-send", name="transfer-donor")
+                           "--step", str(step), "--stall-mid-send", "--host", "127.0.0.2", name="transfer-donor")
     snapshot = build_snapshot(num_bytes, step, "in-process")
     _, serving_line = process.wait_for_json(lambda o: o.get("event") == "serving", 60.0, what="its address")
     remote_sending = threading.Event()
@@ -806,7 +806,8 @@ def test_two_live_donors_seal_without_waiting_or_keeping_once_the_healer_has_the
     state = big_state()
     a, b = live_snapshot(state), live_snapshot(state)
     _, hook_of = connection_counter(2)  # each donor sends some of the stripes
-    with serving(a, fault_hook=hook_of("a")) as (_, address_a), serving(b, fault_hook=hook_of("b")) as (_, address_b):
+    with serving(a, fault_hook=hook_of("a")) as (_, address_a), \
+            serving(b, fault_hook=hook_of("b"), host="127.0.0.2") as (_, address_b):
         result = fetch_state([Donor("a", address_a), Donor("b", address_b)], STEP, token=None, timeout_s=DEADLINE_S,
                              reader="h")
         assert all(n < result.num_bytes for n in result.bytes_by_donor.values())

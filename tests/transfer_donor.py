@@ -1,6 +1,6 @@
 """A state donor as a real process, for tests/test_transfer.py: serve a snapshot until killed.
 
-    python tests/transfer_donor.py --num-bytes N --step S [--stall-mid-send]
+    python tests/transfer_donor.py --num-bytes N --step S [--stall-mid-send] [--host 127.0.0.2]
 
 Builds the deterministic snapshot of :func:`build_snapshot` (the test builds the same one in
 process), serves it from a ``StateServer`` on loopback and prints one JSON line
@@ -63,6 +63,7 @@ def main() -> None:
     parser.add_argument("--step", type=int, required=True)
     parser.add_argument("--replica-id", default="subprocess-donor")
     parser.add_argument("--stall-mid-send", action="store_true")
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to serve on (another is another host)")
     args = parser.parse_args()
 
     snapshot = build_snapshot(args.num_bytes, args.step, args.replica_id)
@@ -74,7 +75,7 @@ def main() -> None:
         def hook(start: int, stop: int, data: memoryview) -> Any:
             return StallHalfWay(data, start, stop)
 
-    server = StateServer("127.0.0.1", fault_hook=hook)
+    server = StateServer(args.host, fault_hook=hook)
     address = server.start()
     server.publish(snapshot)
     emit("serving", address=address, total_bytes=snapshot.manifest.total_bytes)

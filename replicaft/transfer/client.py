@@ -1,13 +1,13 @@
-"""The heal client: fetch a donor snapshot striped across every up-to-date donor, verified.
+"""The heal client: fetch a donor snapshot striped across up-to-date donors' hosts, verified.
 
 1. Ask every donor for its manifest (in parallel). Donors whose manifest disagrees with the
    majority (another step, other bytes) are not used: the state must be bitwise one state.
 2. Place every byte (placement.py): into the caller's own tensors where they match, else
    into one new buffer; deal chunk-aligned stripes across the donors (manifest.py).
 3. ``connections`` connections pull the donors' stripes, dealt evenly over the donors'
-   hosts (the host part of their address) and then over each host's donors, at least one
-   per host: donors that share a host share its link and memory bus, so beyond its share of
-   connections they are spares, read only in place of one that fails. Each chunk is checked
+   hosts (the host part of their address), at least one per host, each host's to one of its
+   donors: donors that share a host share its link and memory bus, so the others are spares,
+   read only in place of one that fails (``streams_by_donor``). Each chunk is checked
    against the manifest's digest (checksum.py) as it arrives. A donor that dies or sends a
    bad stripe is dropped and its stripes go to the others; a stripe that fails on every
    donor fails the heal. A connection that has pulled
@@ -304,23 +304,20 @@ def _deal(connections: int, among: Sequence[str]) -> dict[str, int]:
 
 
 def streams_by_donor(connections: int, donors: Sequence[Donor], healer_index: int = 0) -> dict[str, int]:
-    """Connections per donor read from: dealt over the donors' hosts, then over each host's donors.
+    """Connections per donor read from: ``connections`` dealt over the donors' hosts, at least
+    one each, each host's to one of its donors, chosen by ``healer_index`` so that several
+    healers read different ones; the host's other donors are spares.
 
-    A host's donors beyond its share are left out (spares), taken in turn by ``healer_index``
-    so that several healers read different ones. Reading them too would add streams, not
-    bandwidth: on the 2-core benchmark host, three loopback donors read at once healed 1 GiB
-    5 % slower than two by the median of 30 paired rounds (15 % by the fastest round), and
-    holding the third donor's stream back until another's stripe was read, slower still.
+    Donors on one host share its link and memory bus, so reading several of them at once adds
+    senders, not bandwidth. On the 2-core benchmark host (1 GiB over loopback, 2 connections,
+    40-60 paired rounds each) reading two donors one connection each was 0-5 % slower than
+    reading one over both, and three, one connection each, 5 % slower.
     """
     by_host: dict[str, list[str]] = {}
     for donor in donors:
         by_host.setdefault(donor.address.rsplit(":", 1)[0], []).append(donor.replica_id)
-    streams: dict[str, int] = {}
-    for host, share in _deal(connections, list(by_host)).items():
-        rids = by_host[host]
-        first = healer_index % len(rids)
-        streams.update(_deal(share, (rids[first:] + rids[:first])[:share]))
-    return streams
+    return {by_host[host][healer_index % len(by_host[host])]: share
+            for host, share in _deal(connections, list(by_host)).items()}
 
 
 def fetch_state(
