@@ -17,10 +17,11 @@ its ``PGTransport`` over a two-rank torchft ``ProcessGroupGloo`` (defaults). Eve
 runs in the receiving process. The transfers run one at a time, in a new shuffled order
 each repeat (seeded by the repeat's index: a fixed cyclic order always ran the same mode
 right after the same other, e.g. the two-donor heal after the one-donor heal), and each
-figure is the median over repeats of bytes / seconds (GB = 1e9 bytes). Whether more donors
-heal as fast as one is within this machine's drift between rounds, so ``PAIRED_ROUNDS`` more
-rounds run only the heals from one donor, from another one, from two and from three, back to
-back in a shuffled order: ``heal_{k}donor_speedup_paired_*`` is the median over rounds of
+figure is the median over repeats of bytes / seconds (GB = 1e9 bytes). Those medians move by
+tens of percent with what ran just before (after a transfer into fresh memory, which frees
+1 GiB when it ends, the next in-place heal took 1.2-1.9x as long in one run), more than more
+donors could change a heal on loopback, so ``PAIRED_ROUNDS`` more rounds run only the heals
+from one donor, from another one, from two and from three, back to back in a shuffled order: ``heal_{k}donor_speedup_paired_*`` is the median over rounds of
 t(1 donor) / t(k donors) within a round, t(1 donor) the mean of the round's two one-donor
 heals, with a bootstrap 95 % interval; ``heal_1donor_aa_paired_*``, the median of the ratio of
 the two one-donor heals, is the control: how far two identical heals differ within a round.
