@@ -10,9 +10,9 @@
    read only in place of one that fails (``streams_by_donor``). Each chunk is checked
    against the manifest's digest (checksum.py) as it arrives. A donor that dies or sends a
    bad stripe is dropped and its stripes go to the others; a stripe that fails on every
-   donor fails the heal. A connection that has pulled
-   all its donor's stripes takes the last one another donor has not been asked for yet, so
-   a slow donor does not hold the heal's end.
+   donor fails the heal. A connection that has pulled all its donor's stripes takes the
+   last one another donor has not been asked for yet, so a slow donor does not hold the
+   heal's end.
 4. Only when every chunk verified are the tensors returned; the caller applies them. Each
    donor that sent only part of the state is then told, in the background, that this
    ``reader`` has all of it: a donor serving its live state would otherwise wait at the end
