@@ -816,6 +816,33 @@ def test_two_live_donors_seal_without_waiting_or_keeping_once_the_healer_has_the
             assert donor.kept_bytes == 0 and donor.waited_s < DEADLINE_S
 
 
+def test_a_spare_live_donor_is_told_at_once_and_seals_without_waiting_or_keeping() -> None:
+    """Two live donors on one host: ``a`` is read, ``b`` is a spare. While ``a`` is still
+    held at its first range, ``b`` seals: the healer has already told it that it has what it
+    needs from it, so ``b`` neither waits out its bound nor keeps a copy."""
+    state = big_state()
+    a, b = live_snapshot(state), live_snapshot(state)
+    sending, spare_sealed = threading.Event(), threading.Event()
+
+    def hold_until_the_spare_sealed(start: int, stop: int, data: memoryview) -> memoryview:
+        sending.set()
+        assert spare_sealed.wait(DEADLINE_S)
+        return data
+
+    with serving(a, fault_hook=hold_until_the_spare_sealed) as (_, address_a), serving(b) as (_, address_b), \
+            ThreadPoolExecutor(1) as pool:
+        future = pool.submit(fetch_state, [Donor("a", address_a), Donor("b", address_b)], STEP, token=None,
+                             timeout_s=DEADLINE_S, reader="h")
+        try:
+            assert sending.wait(DEADLINE_S)
+            assert b.seal(wait_s=DEADLINE_S) == ""
+        finally:
+            spare_sealed.set()
+        result = future.result(timeout=DEADLINE_S)
+    assert b.kept_bytes == 0 and b.waited_s < DEADLINE_S / 2
+    assert result.bytes_by_donor == {"a": result.num_bytes}
+
+
 def test_seal_keeps_what_an_expected_healer_was_not_sent_and_serves_it_after_the_state_moves_on() -> None:
     state = big_state()
     copy = copy_of(state)

@@ -19,7 +19,10 @@
    of its step for the rest and keep a copy of it (live.py). A failure raises HealError
    (the caller retries at the next quorum); tensors given as ``into`` may then hold partly
    received bytes, which is why the caller must regard them as invalid until a heal
-   succeeds.
+   succeeds. Spares are told at once, as the reading starts: they are read only if a donor
+   fails, and would otherwise hold their step for a healer that does not read them and then
+   copy the whole state for it; a spare read after its step ended has kept nothing, so it
+   fails like a dead donor and the heal is retried at the next quorum.
 """
 
 from __future__ import annotations
@@ -387,6 +390,9 @@ def fetch_state(
         readers = [rid for rid in usable if rid in streams]
         spares = deque(rid for rid in usable if rid not in streams)
         board = _Board(chunk_stripes(manifest, readers, healer_index, max(streams.values())), usable)
+        if reader is not None and spares:
+            threading.Thread(target=_tell_done, args=([by_id[rid] for rid in spares], step, token, reader),
+                             name="replicaft-heal-spares", daemon=True).start()
 
         def pull(rid: str) -> Future[int]:
             return pool.submit(_pull, by_id[rid], board, placement, step, token, deadline, reader)
@@ -410,7 +416,7 @@ def fetch_state(
             f"heal of step {step} incomplete after {time.monotonic() - started:.1f}s "
             f"(timeout {timeout_s:g}s): {sum(received.values())} of {manifest.total_bytes} bytes"
         )
-    partial = [by_id[rid] for rid in usable if received.get(rid, 0) < manifest.total_bytes]
+    partial = [by_id[rid] for rid in usable if rid not in spares and received.get(rid, 0) < manifest.total_bytes]
     if reader is not None and partial:
         threading.Thread(target=_tell_done, args=(partial, step, token, reader), name="replicaft-heal-done",
                          daemon=True).start()
