@@ -798,10 +798,9 @@ class Manager:
     def _report_state_size(self) -> None:
         """Once per process, after its first commit (the optimizer's state exists by then): the
         launcher sizes a warm standby's memory reserve from it (reserve.py)."""
-        tensors = flatten(self.state_dict()).tensors
+        sizes = [(t.numel() * t.element_size(), t.device.type) for t in flatten(self.state_dict()).tensors]
         held = reserve.installed()
-        self._emit("state_size", num_bytes=sum(t.numel() * t.element_size() for t in tensors),
-                   cpu_bytes=sum(t.numel() * t.element_size() for t in tensors if t.device.type == "cpu"),
+        self._emit("state_size", num_bytes=sum(n for n, _ in sizes), cpu_bytes=sum(n for n, d in sizes if d == "cpu"),
                    reserve_bytes=held.num_bytes if held else 0, reserve_used_bytes=held.used_bytes if held else 0)
 
     def _resume_from_disk(self) -> None:

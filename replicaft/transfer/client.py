@@ -89,9 +89,14 @@ class HealResult:
         return sum(s.num_bytes for s in self.manifest.tensors if s.name in self.in_place)
 
 
-def _connect(address: str, deadline: float) -> socket.socket:
+def _host_port(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as (host, port)."""
     host, port = address.rsplit(":", 1)
-    sock = socket.create_connection((host.strip("[]"), int(port)), timeout=max(0.1, deadline - time.monotonic()))
+    return host.strip("[]"), int(port)
+
+
+def _connect(address: str, deadline: float) -> socket.socket:
+    sock = socket.create_connection(_host_port(address), timeout=max(0.1, deadline - time.monotonic()))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
     return sock
@@ -318,7 +323,7 @@ def streams_by_donor(connections: int, donors: Sequence[Donor], healer_index: in
     """
     by_host: dict[str, list[str]] = {}
     for donor in donors:
-        by_host.setdefault(donor.address.rsplit(":", 1)[0], []).append(donor.replica_id)
+        by_host.setdefault(_host_port(donor.address)[0], []).append(donor.replica_id)
     return {by_host[host][healer_index % len(by_host[host])]: share
             for host, share in _deal(connections, list(by_host)).items()}
 
