@@ -40,6 +40,7 @@ from typing import Any
 import grpc
 
 from lighthouse import AsyncLighthouseClient, Quorum
+from lighthouse.envelope import encode
 from lighthouse.protocol import (
     SESSION_METHOD,
     Notice,
@@ -48,7 +49,6 @@ from lighthouse.protocol import (
     QuorumRequest,
     Register,
     decode_session_reply,
-    encode,
 )
 
 ECHO_METHOD = "/bench.Echo/Echo"

@@ -2,6 +2,7 @@
 
 from lighthouse.blocking_client import LighthouseClient as LighthouseClient
 from lighthouse.client import AsyncLighthouseClient as AsyncLighthouseClient
+from lighthouse.envelope import PROTOCOL_VERSION as PROTOCOL_VERSION
 from lighthouse.errors import LighthouseError as LighthouseError
 from lighthouse.errors import LighthouseUnavailable as LighthouseUnavailable
 from lighthouse.errors import OptionsError as OptionsError
@@ -13,7 +14,6 @@ from lighthouse.membership import MembershipOptions as MembershipOptions
 from lighthouse.options import LighthouseOptions as LighthouseOptions
 from lighthouse.plan import StepPlan as StepPlan
 from lighthouse.plan import plan_step as plan_step
-from lighthouse.protocol import PROTOCOL_VERSION as PROTOCOL_VERSION
 from lighthouse.protocol import Member as Member
 from lighthouse.protocol import Quorum as Quorum
 from lighthouse.server import LighthouseServer as LighthouseServer

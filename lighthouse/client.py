@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 
-from lighthouse import protocol
+from lighthouse import envelope, protocol
 from lighthouse.errors import (
     LighthouseUnavailable,
     ProtocolError,
@@ -54,8 +54,8 @@ DEADLINE_GRACE_S = 1.0
 """The RPC deadline exceeds the server-side wait so the server's reason arrives first."""
 
 _CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", envelope.MAX_MESSAGE_BYTES),
     # grpc's default reconnect backoff starts at 1 s and grows to 2 min; a lighthouse that
     # restarts in 2 s must be found again within a fraction of a second.
     ("grpc.initial_reconnect_backoff_ms", 50),
@@ -289,7 +289,7 @@ class AsyncLighthouseClient:
         try:
             raw = await self._unary(
                 protocol.FENCE_METHOD,
-                protocol.encode(FenceRequest(self.replica_id, quorum_id, step)),
+                envelope.encode(FenceRequest(self.replica_id, quorum_id, step)),
                 timeout_s,
             )
             return FenceResponse.decode(raw)
@@ -385,7 +385,7 @@ class AsyncLighthouseClient:
         """
         async with self._write_lock:
             try:
-                await call.write(protocol.encode(message))
+                await call.write(envelope.encode(message))
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():

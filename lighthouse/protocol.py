@@ -1,58 +1,51 @@
-"""The wire protocol between managers and the lighthouse: messages, encoding, validation.
+"""The wire protocol between managers and the lighthouse: its messages and their validation.
 
-Every message is a msgpack map carrying ``"v": PROTOCOL_VERSION`` and travels through gRPC
-generic handlers as raw bytes, so there is no protoc step and no generated code. This module
-is the only place that knows the schema: servers and clients call ``decode_*`` and
-``encode`` and never touch a raw dict.
+Each message is a frozen dataclass that knows its own fields; the envelope they travel in
+(msgpack, the version tag, size limits) and the field checks are lighthouse/envelope.py. This
+module is the only place that knows the lighthouse's schema: servers and clients call
+``decode_*`` and ``envelope.encode`` and never touch a raw dict.
 
 Validation is strict because the lighthouse is shared by every group of a job: a field of
 the wrong type, out of range or too long is rejected with a :class:`ProtocolError` that
-names the message, the field and the value, and the server keeps serving the others.
-Nothing here can execute code from the wire (msgpack, never pickle).
+names the message, the field and the value, and the server keeps serving the others. A
+replica id must also fit lighthouse/replica_id.py's alphabet, since it names log lines.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import msgpack
 
-from lighthouse.checks import (
+from lighthouse.envelope import (
+    MAX_ADDRESS_CHARS,
+    MAX_DATA_BYTES,
+    MAX_ID_CHARS,
+    MAX_REASON_CHARS,
+    MAX_TIMEOUT_S,
+    MAX_WORLD_SIZE,
     check_bool,
     check_bytes_column,
     check_choice,
+    check_data,
     check_float,
     check_int,
     check_int_column,
-    check_map,
     check_str,
     check_str_column,
+    require,
+    unpack,
+    unpack_data,
 )
-from lighthouse.errors import ProtocolError, VersionMismatch
-
-PROTOCOL_VERSION = 2
-"""Bumped on any incompatible change; both sides refuse a peer speaking another version.
-Version 2: quorums travel on the session stream, and a quorum is encoded by column."""
+from lighthouse.errors import ProtocolError
+from lighthouse.replica_id import check_replica_id, check_replica_id_column
 
 SERVICE = "replicaft.Lighthouse"
 SESSION_METHOD = f"/{SERVICE}/Session"
 QUORUM_METHOD = f"/{SERVICE}/Quorum"
 FENCE_METHOD = f"/{SERVICE}/Fence"
-
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
-"""gRPC receive limit; a quorum of 1024 members with small ``data`` maps fits comfortably."""
-
-MAX_ID_CHARS = 128
-MAX_ADDRESS_CHARS = 256
-MAX_DATA_BYTES = 16 * 1024
-"""Per-member opaque ``data`` (store and state-server addresses per group rank)."""
-
-MAX_WORLD_SIZE = 65536
-MAX_REASON_CHARS = 4096
-MAX_TIMEOUT_S = 24 * 3600.0
 
 NoticeKind = Literal["registered", "member_lost", "member_left", "quorum_formed", "fenced"]
 NOTICE_KINDS: frozenset[str] = frozenset({"registered", "member_lost", "member_left", "quorum_formed", "fenced"})
@@ -60,64 +53,9 @@ NOTICE_KINDS: frozenset[str] = frozenset({"registered", "member_lost", "member_l
 ``member_left``: a member shut down cleanly after finishing its step (nothing to abandon)."""
 
 
-def check_data(msg: str, name: str, value: Any) -> dict[str, Any]:
-    check_map(msg, name, value)
-    size = len(msgpack.packb(value))
-    if size > MAX_DATA_BYTES:
-        raise ProtocolError(f"{msg}.{name} is {size} bytes encoded; the limit is {MAX_DATA_BYTES}")
-    return value
-
-
-def unpack_data(msg: str, name: str, raw: bytes) -> dict[str, Any]:
-    """A member's ``data`` map from its msgpack bytes, as carried in a :class:`Quorum`."""
-    try:
-        value = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
-    except Exception as e:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(f"{msg}.{name} is not valid msgpack ({type(e).__name__}: {e})") from e
-    return check_map(msg, name, value)
-
-
-def unpack(raw: bytes, msg: str) -> dict[str, Any]:
-    if not isinstance(raw, (bytes, bytearray, memoryview)):
-        raise ProtocolError(f"{msg}: expected bytes, got {type(raw).__name__}")
-    if len(raw) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"{msg} is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES}")
-    try:
-        obj = msgpack.unpackb(
-            raw, raw=False, strict_map_key=True, use_list=True
-        )
-    except Exception as e:  # msgpack raises several unrelated types for bad input
-        raise ProtocolError(f"{msg} is not valid msgpack ({type(e).__name__}: {e})") from e
-    if not isinstance(obj, dict):
-        raise ProtocolError(f"{msg} must be a msgpack map, got {type(obj).__name__}")
-    version = obj.get("v")
-    if version != PROTOCOL_VERSION:
-        raise VersionMismatch(
-            f"{msg} speaks protocol version {version!r}; this side speaks version "
-            f"{PROTOCOL_VERSION}. Run the same replicaft release on the lighthouse and the "
-            "managers."
-        )
-    return obj
-
-
-def require(obj: Mapping[str, Any], msg: str, name: str) -> Any:
-    if name not in obj:
-        raise ProtocolError(f"{msg}.{name} is missing")
-    return obj[name]
-
-
-def encode(message: Any) -> bytes:
-    """Encode any message dataclass of this module (with its version and type tags) as msgpack.
-
-    Fields are taken as they are, not deep-copied (``dataclasses.asdict`` copied every map
-    of a quorum's ``data``): msgpack writes tuples as arrays and never changes its input.
-    """
-    body = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
-    tag = getattr(type(message), "TAG", None)
-    if tag is not None:
-        body["t"] = tag
-    body["v"] = PROTOCOL_VERSION
-    return msgpack.packb(body, use_bin_type=True)
+def _optional_replica_id(msg: str, value: Any) -> str:
+    """A replica id that may be empty (a notice about no member in particular)."""
+    return value if value == "" else check_replica_id(value, where=f"{msg}.replica_id")
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +74,7 @@ class Register:
         m = "Register"
         o = unpack(raw, m)
         return cls(
-            replica_id=check_str(m, "replica_id", require(o, m, "replica_id"), MAX_ID_CHARS),
+            replica_id=check_replica_id(require(o, m, "replica_id"), where=f"{m}.replica_id"),
             address=check_str(m, "address", require(o, m, "address"), MAX_ADDRESS_CHARS, True),
             world_size=check_int(m, "world_size", require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
             step=check_int(m, "step", require(o, m, "step"), 0),
@@ -196,7 +134,7 @@ class Notice:
         return cls(
             kind=check_choice(m, "kind", require(o, m, "kind"), NOTICE_KINDS),
             quorum_id=check_int(m, "quorum_id", o.get("quorum_id", -1), -1),
-            replica_id=check_str(m, "replica_id", o.get("replica_id", ""), MAX_ID_CHARS, True),
+            replica_id=_optional_replica_id(m, o.get("replica_id", "")),
             reason=check_str(m, "reason", o.get("reason", ""), MAX_REASON_CHARS, True),
             incarnation=check_int(m, "incarnation", o.get("incarnation", 0), 0),
         )
@@ -231,7 +169,7 @@ class QuorumRequest:
     def from_map(cls, o: Mapping[str, Any]) -> QuorumRequest:
         m = "QuorumRequest"
         return cls(
-            replica_id=check_str(m, "replica_id", require(o, m, "replica_id"), MAX_ID_CHARS),
+            replica_id=check_replica_id(require(o, m, "replica_id"), where=f"{m}.replica_id"),
             step=check_int(m, "step", require(o, m, "step"), 0),
             address=check_str(m, "address", require(o, m, "address"), MAX_ADDRESS_CHARS, True),
             world_size=check_int(m, "world_size", require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
@@ -312,6 +250,7 @@ class Quorum:
         m = "Quorum"
         o = unpack(raw, m)
         ids = check_str_column(m, "replica_ids", require(o, m, "replica_ids"), None, MAX_ID_CHARS)
+        check_replica_id_column(m, "replica_ids", ids)
         n = len(ids)
         if len(set(ids)) != n:
             twice = next(rid for i, rid in enumerate(ids) if rid in ids[:i])
@@ -410,7 +349,7 @@ class FenceRequest:
         m = "FenceRequest"
         o = unpack(raw, m)
         return cls(
-            replica_id=check_str(m, "replica_id", require(o, m, "replica_id"), MAX_ID_CHARS),
+            replica_id=check_replica_id(require(o, m, "replica_id"), where=f"{m}.replica_id"),
             quorum_id=check_int(m, "quorum_id", require(o, m, "quorum_id"), 0),
             step=check_int(m, "step", require(o, m, "step"), 0),
         )

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from lighthouse import protocol
+from lighthouse import envelope, protocol
 from lighthouse.errors import ProtocolError, VersionMismatch
 from lighthouse.membership import Lost, Membership
 from lighthouse.metrics import Metrics
@@ -42,7 +42,7 @@ from lighthouse.protocol import (
     QuorumRequest,
     Register,
 )
-from lighthouse.status import StatusServer
+from lighthouse.status import StatusServer, status_snapshot
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +116,8 @@ class LighthouseServer:
         o = self.options
         self._server = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", protocol.MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", protocol.MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
+                ("grpc.max_send_message_length", envelope.MAX_MESSAGE_BYTES),
                 ("grpc.so_reuseport", 0),
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_ping_interval_without_data_ms", 1000),
@@ -149,7 +149,7 @@ class LighthouseServer:
         self._ticker = asyncio.create_task(self._tick_forever(), name="lighthouse-tick")
         status = None
         if o.status_port is not None:
-            self._status = StatusServer(self)
+            self._status = StatusServer(lambda: status_snapshot(self.membership, self.metrics), self.metrics.render)
             try:
                 status = await self._status.start(o.host, o.status_port)
             except OSError as e:
@@ -197,7 +197,7 @@ class LighthouseServer:
         reader = asyncio.create_task(self._read_session(session, context))
         reader.add_done_callback(lambda _: session.outbox.put_nowait(None))
         try:
-            await context.write(protocol.encode(Notice("registered", incarnation=self.incarnation, replica_id=reg.replica_id)))
+            await context.write(envelope.encode(Notice("registered", incarnation=self.incarnation, replica_id=reg.replica_id)))
             while (message := await session.outbox.get()) is not None:
                 await context.write(message)
         finally:
@@ -243,10 +243,10 @@ class LighthouseServer:
             return False
 
         def answer(quorum: bytes) -> None:
-            session.outbox.put_nowait(protocol.encode(QuorumAnswer(req.ask, quorum)))
+            session.outbox.put_nowait(envelope.encode(QuorumAnswer(req.ask, quorum)))
 
         def fail(code: FailureCode, reason: str) -> None:
-            session.outbox.put_nowait(protocol.encode(QuorumFailed(req.ask, code, reason)))
+            session.outbox.put_nowait(envelope.encode(QuorumFailed(req.ask, code, reason)))
 
         return self._join(req, _Waiter(req.replica_id, req.timeout_s, answer, fail))
 
@@ -290,7 +290,7 @@ class LighthouseServer:
             req = FenceRequest.decode(raw)
         except ProtocolError as e:
             await self._reject(context, e)
-        return protocol.encode(self.membership.fence(req))
+        return envelope.encode(self.membership.fence(req))
 
     # -- state-machine plumbing -------------------------------------------------------------
 
@@ -329,7 +329,7 @@ class LighthouseServer:
         if self._round_started is not None:
             self.metrics.quorum_latency_s.observe(now - self._round_started)
         self._round_started = now if self._waiters.keys() - set(quorum.replica_ids) else None
-        encoded = protocol.encode(quorum)
+        encoded = envelope.encode(quorum)
         for rid in quorum.replica_ids:
             waiter = self._waiters.pop(rid, None)
             if waiter is not None:
@@ -338,7 +338,7 @@ class LighthouseServer:
             self.metrics.quorum_ids_issued += 1
             logger.info("quorum %d formed with %s (%s)", quorum.quorum_id, list(quorum.replica_ids),
                         self.membership.last_decision.reason if self.membership.last_decision else "")
-            notice = protocol.encode(Notice("quorum_formed", quorum_id=quorum.quorum_id, incarnation=self.incarnation))
+            notice = envelope.encode(Notice("quorum_formed", quorum_id=quorum.quorum_id, incarnation=self.incarnation))
             for rid in quorum.replica_ids:
                 s = self._sessions.get(rid)
                 if s is not None:
@@ -356,10 +356,10 @@ class LighthouseServer:
                 waiter.fail("aborted", f"replica {m.replica_id!r} was declared lost: {m.reason}")
             own = self._sessions.get(m.replica_id)
             if own is not None and own.serial == m.session and not m.graceful:
-                own.outbox.put_nowait(protocol.encode(Notice("fenced", m.quorum_id, m.replica_id, m.reason, self.incarnation)))
+                own.outbox.put_nowait(envelope.encode(Notice("fenced", m.quorum_id, m.replica_id, m.reason, self.incarnation)))
                 own.outbox.put_nowait(None)
             kind = "member_left" if m.graceful else "member_lost"
-            notice = protocol.encode(Notice(kind, m.quorum_id, m.replica_id, m.reason, self.incarnation))
+            notice = envelope.encode(Notice(kind, m.quorum_id, m.replica_id, m.reason, self.incarnation))
             for rid, s in self._sessions.items():
                 if rid != m.replica_id:
                     s.outbox.put_nowait(notice)

@@ -3,6 +3,12 @@
 A minimal HTTP/1.0 server on asyncio streams: three read-only GET routes need no framework,
 and the page is self-contained (inline CSS, a meta refresh instead of JavaScript from a CDN)
 so it works on a machine with no internet access.
+
+The page knows nothing of the server that hosts it: it is handed two callables, one that
+returns the snapshot (plain data, built by :func:`status_snapshot` from the state machine)
+and one that renders the metrics. So this module imports the state machine but never the
+server, and the server imports it: no import circle, and tests build a snapshot from a bare
+:class:`Membership`.
 """
 
 from __future__ import annotations
@@ -12,10 +18,11 @@ import html
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-if TYPE_CHECKING:
-    from lighthouse.server import LighthouseServer
+from lighthouse.membership import Membership
+from lighthouse.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -23,9 +30,8 @@ MAX_REQUEST_BYTES = 8192
 READ_TIMEOUT_S = 5.0
 
 
-def status_snapshot(server: LighthouseServer) -> dict[str, Any]:
+def status_snapshot(m: Membership, metrics: Metrics) -> dict[str, Any]:
     """Everything the page shows, as plain data (also served as /status.json)."""
-    m = server.membership
     now = time.monotonic()
     waiting = set(m.waiting_ids())
     current = m.current
@@ -45,7 +51,7 @@ def status_snapshot(server: LighthouseServer) -> dict[str, Any]:
             }
         )
     return {
-        "incarnation": server.incarnation,
+        "incarnation": m.incarnation,
         "options": {
             "min_replicas": m.options.min_replicas,
             "join_timeout_s": m.options.join_timeout_s,
@@ -72,9 +78,9 @@ def status_snapshot(server: LighthouseServer) -> dict[str, Any]:
             for r in reversed(m.history)
         ],
         "metrics": {
-            "quorums_formed": server.metrics.quorums_formed,
-            "members_lost": server.metrics.members_lost,
-            "sessions_open": server.metrics.sessions_open,
+            "quorums_formed": metrics.quorums_formed,
+            "members_lost": metrics.members_lost,
+            "sessions_open": metrics.sessions_open,
         },
     }
 
@@ -117,8 +123,12 @@ heartbeat timeout {o['heartbeat_timeout_s']}s · progress timeout {o['progress_t
 
 
 class StatusServer:
-    def __init__(self, lighthouse: LighthouseServer) -> None:
-        self._lighthouse = lighthouse
+    """Serves the page; ``snapshot`` and ``render_metrics`` are called on every request, on
+    the event loop that runs this server (the lighthouse's, so they read its state safely)."""
+
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], render_metrics: Callable[[], str]) -> None:
+        self._snapshot = snapshot
+        self._render_metrics = render_metrics
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> str:
@@ -159,9 +169,9 @@ class StatusServer:
         if method != "GET":
             return "405 Method Not Allowed", "text/plain", "only GET is served\n"
         if path in ("/", "/index.html"):
-            return "200 OK", "text/html", render_html(status_snapshot(self._lighthouse))
+            return "200 OK", "text/html", render_html(self._snapshot())
         if path == "/status.json":
-            return "200 OK", "application/json", json.dumps(status_snapshot(self._lighthouse), indent=1)
+            return "200 OK", "application/json", json.dumps(self._snapshot(), indent=1)
         if path == "/metrics":
-            return "200 OK", "text/plain; version=0.0.4", self._lighthouse.metrics.render()
+            return "200 OK", "text/plain; version=0.0.4", self._render_metrics()
         return "404 Not Found", "text/plain", f"no page at {path}; try /, /status.json or /metrics\n"

@@ -1,7 +1,7 @@
 """Messages between a group's ranks and the group's manager server (hosted by group rank 0).
 
-Same plumbing as the lighthouse (gRPC generic handlers, msgpack bodies, a version tag,
-strict validation); the answers to ``Quorum`` and the pushed notices reuse the lighthouse's
+Same plumbing as the lighthouse (gRPC generic handlers, lighthouse/envelope.py's msgpack
+envelope and field checks); the answers to ``Quorum`` and the pushed notices reuse the lighthouse's
 own :class:`~lighthouse.protocol.Quorum` and :class:`~lighthouse.protocol.Notice` encodings.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lighthouse.protocol import (
+from lighthouse.envelope import (
     MAX_TIMEOUT_S,
     check_bool,
     check_data,

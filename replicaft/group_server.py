@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from lighthouse import protocol as lp
+from lighthouse import envelope
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.errors import LighthouseError, ProtocolError
 from lighthouse.options import TOKEN_METADATA_KEY, token_problem
@@ -42,8 +42,8 @@ from replicaft.options import ManagerOptions
 logger = logging.getLogger(__name__)
 
 _CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", lp.MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", lp.MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", envelope.MAX_MESSAGE_BYTES),
     ("grpc.initial_reconnect_backoff_ms", 50),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
@@ -206,7 +206,7 @@ class GroupServer:
                 data={"ranks": ranks},
             )
             if not r.result.done():
-                r.result.set_result(lp.encode(quorum))
+                r.result.set_result(envelope.encode(quorum))
         except Exception as e:
             if not r.result.done():
                 r.result.set_exception(e)
@@ -218,7 +218,7 @@ class GroupServer:
         except ProtocolError as e:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if self._broken is not None:
-            return lp.encode(gp.VoteResponse(False, self._broken))
+            return envelope.encode(gp.VoteResponse(False, self._broken))
         r = self._vote_round
         if r is None or r.step != req.step or req.group_rank in r.votes:
             if r is not None and not r.result.done():
@@ -237,7 +237,7 @@ class GroupServer:
             if self._vote_round is r:
                 self._vote_round = None
             decision = CommitDecision(False, f"not every rank voted within {req.timeout_s:g}s")
-        return lp.encode(gp.VoteResponse(decision.commit, decision.reason, r.leaving))
+        return envelope.encode(gp.VoteResponse(decision.commit, decision.reason, r.leaving))
 
     async def _decide(self, r: _VoteRound, timeout_s: float) -> None:
         assert self.lighthouse is not None
@@ -261,7 +261,7 @@ class GroupServer:
         self._watchers.append(outbox)
         try:
             while (notice := await outbox.get()) is not None:
-                yield lp.encode(notice)
+                yield envelope.encode(notice)
         finally:
             self._watchers.remove(outbox)
             if not self._stopping:
@@ -298,12 +298,12 @@ class GroupClient:
 
     def quorum(self, step: int, timeout_s: float, *, commit_failures: int, rank_data: dict) -> Quorum:
         req = gp.GroupQuorumRequest(self.group_rank, step, timeout_s, commit_failures, rank_data)
-        raw = self._call(gp.QUORUM_METHOD, lp.encode(req), timeout_s + 2.0)
+        raw = self._call(gp.QUORUM_METHOD, envelope.encode(req), timeout_s + 2.0)
         return Quorum.decode(raw)
 
     def vote(self, step: int, quorum_id: int, ok: bool, reason: str, timeout_s: float, *, leaving: bool = False) -> gp.VoteResponse:
         req = gp.VoteRequest(self.group_rank, step, quorum_id, ok, reason, timeout_s, leaving)
-        return gp.VoteResponse.decode(self._call(gp.VOTE_METHOD, lp.encode(req), timeout_s + 2.0))
+        return gp.VoteResponse.decode(self._call(gp.VOTE_METHOD, envelope.encode(req), timeout_s + 2.0))
 
     def watch(self, on_notice: Callable[[Notice], None]) -> None:
         """Deliver the lighthouse's notices to ``on_notice`` from a background thread."""
@@ -311,7 +311,7 @@ class GroupClient:
 
         def pump() -> None:
             try:
-                for raw in call(lp.encode(gp.WatchRequest(self.group_rank)), metadata=self._metadata, wait_for_ready=True):
+                for raw in call(envelope.encode(gp.WatchRequest(self.group_rank)), metadata=self._metadata, wait_for_ready=True):
                     on_notice(Notice.decode(raw))
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.CANCELLED:

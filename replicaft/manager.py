@@ -40,7 +40,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from lighthouse.checks import check_float
+from lighthouse.envelope import check_float
 from lighthouse.errors import ProtocolError, QuorumTimeout
 from lighthouse.plan import StepPlan, plan_step
 from lighthouse.protocol import Notice

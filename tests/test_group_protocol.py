@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from lighthouse.envelope import PROTOCOL_VERSION, encode
 from lighthouse.errors import ProtocolError
-from lighthouse.protocol import PROTOCOL_VERSION, encode
 from replicaft.group_protocol import VoteRequest, VoteResponse
 
 

@@ -28,7 +28,7 @@ from conftest import (
     stop_gracefully,
 )
 
-from lighthouse import LighthouseUnavailable, protocol
+from lighthouse import LighthouseUnavailable, envelope, protocol
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.protocol import Notice
 
@@ -97,7 +97,7 @@ def encode_raw(body: dict[str, Any]) -> bytes:
 
 def valid_quorum_request(**overrides: Any) -> dict[str, Any]:
     body = {
-        "v": protocol.PROTOCOL_VERSION,
+        "v": envelope.PROTOCOL_VERSION,
         "replica_id": "intruder",
         "step": 0,
         "address": "",
@@ -202,11 +202,11 @@ class TestHostileCalls:
             (quorum, encode_raw(valid_quorum_request(step="7")), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.step", "str"]),
             (quorum, encode_raw(valid_quorum_request(world_size=0)), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.world_size", "0"]),
             (quorum, encode_raw(valid_quorum_request(replica_id="x" * 500)), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.replica_id", "500"]),
-            (fence, encode_raw({"v": protocol.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": -3, "step": 0}), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["FenceRequest.quorum_id", "-3"]),
-            (quorum, encode_raw(valid_quorum_request(v=99)), self.TOKEN, grpc.StatusCode.FAILED_PRECONDITION, ["version 99", f"version {protocol.PROTOCOL_VERSION}"]),
+            (fence, encode_raw({"v": envelope.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": -3, "step": 0}), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["FenceRequest.quorum_id", "-3"]),
+            (quorum, encode_raw(valid_quorum_request(v=99)), self.TOKEN, grpc.StatusCode.FAILED_PRECONDITION, ["version 99", f"version {envelope.PROTOCOL_VERSION}"]),
             (quorum, encode_raw(valid_quorum_request()), None, grpc.StatusCode.UNAUTHENTICATED, ["missing x-replicaft-token"]),
             (quorum, encode_raw(valid_quorum_request()), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong x-replicaft-token"]),
-            (fence, encode_raw({"v": protocol.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": 1, "step": 0}), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong"]),
+            (fence, encode_raw({"v": envelope.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": 1, "step": 0}), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong"]),
         ]
         with grpc.insecure_channel(lighthouse.grpc_address) as channel:
             for method, body, token, code, substrings in cases:
@@ -217,7 +217,7 @@ class TestHostileCalls:
 
             session = channel.stream_stream(protocol.SESSION_METHOD)
             responses = session(
-                iter([encode_raw({"v": protocol.PROTOCOL_VERSION, "replica_id": "intruder", "address": "", "world_size": True, "step": 0})]),
+                iter([encode_raw({"v": envelope.PROTOCOL_VERSION, "replica_id": "intruder", "address": "", "world_size": True, "step": 0})]),
                 timeout=5.0,
                 metadata=(("x-replicaft-token", self.TOKEN),),
             )
@@ -432,7 +432,7 @@ class TestCleanLeave:
 async def open_raw_session(channel: grpc.aio.Channel, replica_id: str) -> grpc.aio.StreamStreamCall:
     """A session stream driven by hand, as a peer not using our client would: registered."""
     call = channel.stream_stream(protocol.SESSION_METHOD)(timeout=EVENT_TIMEOUT_S)
-    await call.write(protocol.encode(protocol.Register(replica_id, "", 1, 0)))
+    await call.write(envelope.encode(protocol.Register(replica_id, "", 1, 0)))
     registered = protocol.decode_session_reply(await call.read())
     assert isinstance(registered, Notice) and registered.kind == "registered", registered
     return call
@@ -454,12 +454,12 @@ class TestQuorumOnSession:
             async with grpc.aio.insecure_channel(lighthouse.grpc_address) as channel:
                 a, b = await open_raw_session(channel, "a"), await open_raw_session(channel, "b")
                 # Alone, "a" waits for "b" to join the first quorum: its first request fails with the reason.
-                await a.write(protocol.encode(protocol.QuorumRequest("a", 3, "", 1, 0.2, ask=1)))
+                await a.write(envelope.encode(protocol.QuorumRequest("a", 3, "", 1, 0.2, ask=1)))
                 failed = await next_reply(a)
                 assert isinstance(failed, protocol.QuorumFailed) and (failed.ask, failed.code) == (1, "timeout")
                 assert "no quorum with 'a' formed within 0.2s" in failed.reason and "waiting for ['b'] to join" in failed.reason
-                await a.write(protocol.encode(protocol.QuorumRequest("a", 3, "", 1, 5.0, ask=2)))
-                await b.write(protocol.encode(protocol.QuorumRequest("b", 1, "h:1", 1, 5.0, ask=7)))
+                await a.write(envelope.encode(protocol.QuorumRequest("a", 3, "", 1, 5.0, ask=2)))
+                await b.write(envelope.encode(protocol.QuorumRequest("b", 1, "h:1", 1, 5.0, ask=7)))
                 answer_a, answer_b = await next_reply(a), await next_reply(b)
                 assert isinstance(answer_a, protocol.QuorumAnswer) and isinstance(answer_b, protocol.QuorumAnswer)
                 assert (answer_a.ask, answer_b.ask) == (2, 7)
@@ -474,16 +474,16 @@ class TestQuorumOnSession:
     @pytest.mark.parametrize(
         ("message", "code", "expected"),
         [
-            (encode_raw({"v": protocol.PROTOCOL_VERSION, "t": "quorum", **valid_quorum_request(step="7"), "ask": 1}),
+            (encode_raw({"v": envelope.PROTOCOL_VERSION, "t": "quorum", **valid_quorum_request(step="7"), "ask": 1}),
              grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.step is str '7'; expected an integer"),
-            (protocol.encode(protocol.QuorumRequest("a", 0, "", 1, 1.0, ask=1)),
+            (envelope.encode(protocol.QuorumRequest("a", 0, "", 1, 1.0, ask=1)),
              grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.replica_id is 'a' on the session of 'intruder'"),
-            (protocol.encode(protocol.QuorumRequest("intruder", 0, "", 1, 1.0)),
+            (envelope.encode(protocol.QuorumRequest("intruder", 0, "", 1, 1.0)),
              grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.ask is 0 on a session stream"),
-            (encode_raw({"v": protocol.PROTOCOL_VERSION, "t": "vote"}),
+            (encode_raw({"v": envelope.PROTOCOL_VERSION, "t": "vote"}),
              grpc.StatusCode.INVALID_ARGUMENT, "SessionRequest.t is 'vote'; expected one of ['heartbeat', 'quorum']"),
             (encode_raw({"v": 1, "t": "heartbeat", "step": 0, "progress": 0}),
-             grpc.StatusCode.FAILED_PRECONDITION, f"speaks protocol version 1; this side speaks version {protocol.PROTOCOL_VERSION}"),
+             grpc.StatusCode.FAILED_PRECONDITION, f"speaks protocol version 1; this side speaks version {envelope.PROTOCOL_VERSION}"),
         ],
         ids=["bad-field", "other-replica", "unnumbered", "unknown-type", "old-version"],
     )

@@ -15,11 +15,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lighthouse.envelope import MAX_DATA_BYTES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, encode
 from lighthouse.errors import ProtocolError, VersionMismatch
 from lighthouse.protocol import (
-    MAX_DATA_BYTES,
-    MAX_MESSAGE_BYTES,
-    PROTOCOL_VERSION,
     FenceRequest,
     FenceResponse,
     Heartbeat,
@@ -32,7 +30,6 @@ from lighthouse.protocol import (
     Register,
     decode_session_reply,
     decode_session_request,
-    encode,
 )
 
 
@@ -96,7 +93,7 @@ def test_foreign_encoder_with_valid_fields_accepted(cls: type) -> None:
 
 
 @given(
-    replica_id=st.text(min_size=1, max_size=128),
+    replica_id=st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,127}", fullmatch=True),
     step=st.integers(0, 2**62),
     timeout_s=st.floats(0, 24 * 3600.0),
     data=st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8), max_size=5),
@@ -109,8 +106,13 @@ def test_any_valid_quorum_request_round_trips(replica_id: str, step: int, timeou
 # (message, field, bad value, what the error must say after "<Message>.<field> ")
 FIELD_ERRORS = [
     (Register, "replica_id", 7, "is int 7; expected a string"),
-    (Register, "replica_id", "", "is empty; expected a non-empty string"),
-    (Register, "replica_id", "x" * 129, "is 129 characters long; the limit is 128"),
+    (Register, "replica_id", "", "is empty; a replica id is 1-128 characters of letters, digits"),
+    (Register, "replica_id", "x" * 129, "is 129 characters long; a replica id is 1-128 characters"),
+    (Register, "replica_id", "g0\nINFO lighthouse: forged", "is 'g0\\nINFO lighthouse: forged'; a replica id is"),
+    (Register, "replica_id", "-g0", "is '-g0'; a replica id is"),
+    (Register, "replica_id", "../g0", "is '../g0'; a replica id is"),
+    (QuorumRequest, "replica_id", "g0\r", "is 'g0\\r'; a replica id is"),
+    (Notice, "replica_id", "g 0", "is 'g 0'; a replica id is"),
     (Register, "address", b"bytes", "is bytes b'bytes'; expected a string"),
     (Register, "address", "a" * 257, "is 257 characters long; the limit is 256"),
     (Register, "world_size", 0, "is 0; expected 1 <= world_size <= 65536"),
@@ -174,6 +176,8 @@ def test_bad_field_rejected_naming_message_and_field(cls: type, name: str, value
         ("replica_ids", ["g1", 7], "Quorum.replica_ids[1] is int 7; expected a string"),
         ("replica_ids", ["", "g2"], "Quorum.replica_ids[0] is empty; expected a non-empty string"),
         ("replica_ids", ["g1", "x" * 129], "Quorum.replica_ids[1] is 129 characters long; the limit is 128"),
+        ("replica_ids", ["g1", "g\x1b[2J"], "Quorum.replica_ids[1] is 'g\\x1b[2J'; a replica id is"),
+        ("replica_ids", ["g1\x00g2", "g3"], "Quorum.replica_ids[0] is 'g1\\x00g2'; a replica id is"),
         ("addresses", ["a:1", None], "Quorum.addresses[1] is NoneType None; expected a string"),
         ("steps", [3, -4], "Quorum.steps[1] is -4; expected 0 <= steps[1]"),
         ("steps", [True, 0], "Quorum.steps[0] is bool True; expected an integer"),

@@ -16,9 +16,9 @@ from typing import Any
 
 import msgpack
 
+from lighthouse.envelope import MAX_ID_CHARS, check_int, check_str, require
 from lighthouse.errors import ProtocolError
 from lighthouse.plan import STRIPES_PER_DONOR, assign_stripes
-from lighthouse.protocol import MAX_ID_CHARS, check_int, check_str, require
 from replicaft.transfer.checksum import ALGORITHM as CHECKSUM_ALGORITHM
 from replicaft.transfer.checksum import DIGEST_BYTES, digest
 

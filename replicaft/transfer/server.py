@@ -17,8 +17,8 @@ from typing import Protocol
 
 import torch
 
+from lighthouse.envelope import MAX_ID_CHARS, check_int, check_str, require
 from lighthouse.errors import ProtocolError
-from lighthouse.protocol import MAX_ID_CHARS, check_int, check_str, require
 from replicaft.transfer.manifest import Manifest
 from replicaft.transfer.wire import SEND_PIECE_BYTES, WIRE_VERSION, recv_frame, send_frame
 

@@ -1,4 +1,13 @@
-"""Field checks for messages off the wire: each names the message, the field and the value.
+"""The envelope every replicaft control message travels in, and the checks of its fields.
+
+A message is a msgpack map carrying ``"v": PROTOCOL_VERSION``, sent through gRPC generic
+handlers as raw bytes (no protoc step, no generated code). This module is that plumbing, and
+nothing else: unpacking with size and version checks, encoding a message dataclass, and the
+field checks that name the message, the field and the value. The lighthouse's messages
+(protocol.py) and the group manager's (replicaft/group_protocol.py) are both built on it, as
+are the heal wire's manifest and requests; none of them touches msgpack or a raw dict for
+anything this module does. Nothing here can execute code from the wire (msgpack, never
+pickle).
 
 The scalar checks (``check_str``, ``check_int``, ...) validate one field. The column checks
 validate a whole list at once, because every member decodes every quorum at every step: a
@@ -10,10 +19,91 @@ walk the list in Python, to name the first bad element with the scalar check's m
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
-from lighthouse.errors import ProtocolError
+import msgpack
+
+from lighthouse.errors import ProtocolError, VersionMismatch
+from lighthouse.replica_id import MAX_REPLICA_ID_CHARS
+
+PROTOCOL_VERSION = 2
+"""Bumped on any incompatible change; both sides refuse a peer speaking another version.
+Version 2: quorums travel on the session stream, and a quorum is encoded by column."""
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+"""gRPC receive limit; a quorum of 1024 members with small ``data`` maps fits comfortably."""
+
+MAX_ID_CHARS = MAX_REPLICA_ID_CHARS
+MAX_ADDRESS_CHARS = 256
+MAX_DATA_BYTES = 16 * 1024
+"""Per-member opaque ``data`` (store and state-server addresses per group rank)."""
+
+MAX_WORLD_SIZE = 65536
+MAX_REASON_CHARS = 4096
+MAX_TIMEOUT_S = 24 * 3600.0
+
+def check_data(msg: str, name: str, value: Any) -> dict[str, Any]:
+    check_map(msg, name, value)
+    size = len(msgpack.packb(value))
+    if size > MAX_DATA_BYTES:
+        raise ProtocolError(f"{msg}.{name} is {size} bytes encoded; the limit is {MAX_DATA_BYTES}")
+    return value
+
+
+def unpack_data(msg: str, name: str, raw: bytes) -> dict[str, Any]:
+    """A member's ``data`` map from its msgpack bytes, as carried in a :class:`Quorum`."""
+    try:
+        value = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"{msg}.{name} is not valid msgpack ({type(e).__name__}: {e})") from e
+    return check_map(msg, name, value)
+
+
+def unpack(raw: bytes, msg: str) -> dict[str, Any]:
+    if not isinstance(raw, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"{msg}: expected bytes, got {type(raw).__name__}")
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"{msg} is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES}")
+    try:
+        obj = msgpack.unpackb(
+            raw, raw=False, strict_map_key=True, use_list=True
+        )
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"{msg} is not valid msgpack ({type(e).__name__}: {e})") from e
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{msg} must be a msgpack map, got {type(obj).__name__}")
+    version = obj.get("v")
+    if version != PROTOCOL_VERSION:
+        raise VersionMismatch(
+            f"{msg} speaks protocol version {version!r}; this side speaks version "
+            f"{PROTOCOL_VERSION}. Run the same replicaft release on the lighthouse and the "
+            "managers."
+        )
+    return obj
+
+
+def require(obj: Mapping[str, Any], msg: str, name: str) -> Any:
+    if name not in obj:
+        raise ProtocolError(f"{msg}.{name} is missing")
+    return obj[name]
+
+
+def encode(message: Any) -> bytes:
+    """Encode any message dataclass of this module (with its version and type tags) as msgpack.
+
+    Fields are taken as they are, not deep-copied (``dataclasses.asdict`` copied every map
+    of a quorum's ``data``): msgpack writes tuples as arrays and never changes its input.
+    """
+    body = {f.name: getattr(message, f.name) for f in dataclasses.fields(message)}
+    tag = getattr(type(message), "TAG", None)
+    if tag is not None:
+        body["t"] = tag
+    body["v"] = PROTOCOL_VERSION
+    return msgpack.packb(body, use_bin_type=True)
+
 
 
 def check_str(msg: str, name: str, value: Any, max_chars: int, allow_empty: bool = False) -> str:
