@@ -104,7 +104,11 @@ def check_identical_digests(events: Sequence[Event], epoch_starts: Sequence[floa
     reported: dict[tuple[int, int, int], dict[str, str]] = defaultdict(dict)
     violations = []
     for e in events:
-        if e["event"] != "committed" or "digest" not in e:
+        # ``sync_digest`` (replicaft.local_sgd): the replicated state entering a sync, which
+        # is the state after the previous committed sync, so it is filed under that step.
+        if e["event"] == "commit" and e.get("committed") and "sync_digest" in e:
+            e = {**e, "step": int(e["step"]) - 1, "digest": e["sync_digest"]}
+        elif e["event"] != "committed" or "digest" not in e:
             continue
         group, rank = stream_key(e)
         step = int(e["step"])
@@ -230,6 +234,8 @@ def check_exactly_once_samples(events: Sequence[Event], epoch_starts: Sequence[f
     After a resume from disk the job redoes steps; the history that counts is the surviving
     one: the steps up to the resume point from before, then the new epoch's commits.
     """
+    if any(e["event"] == "commit" and "sample_ranges" in e for e in events):
+        return _check_leased_samples(events)
     by_epoch: dict[int, dict[int, dict[str, tuple[int, int]]]] = defaultdict(lambda: defaultdict(dict))
     for e in events:
         if e["event"] == "commit" and e.get("committed") and isinstance(e.get("samples"), list) and len(e["samples"]) == 2:
@@ -275,6 +281,48 @@ def check_exactly_once_samples(events: Sequence[Event], epoch_starts: Sequence[f
     note = f"{len(agreed)} committed steps tile positions [0, {cursor})" if not violations else f"{len(agreed)} committed steps with sample ranges"
     if unjudged:
         note += f"; {unjudged} steps follow a step with no reported range and were not judged against it"
+    return verdict(EXACTLY_ONCE_SAMPLES, violations, note)
+
+
+def _check_leased_samples(events: Sequence[Event]) -> Verdict:
+    """Invariant 3 for semi-synchronous training (replicaft.local_sgd.leases): each committed
+    sync reports the ranges it consumed (``sample_ranges``) and, after it, the ranges leased
+    but not consumed yet (``samples_open``) below ``samples_cursor``. Exactly once holds when
+    the groups agree per step, no position is consumed by two steps, and at the last step the
+    consumed and open ranges tile [0, cursor) with neither gap nor overlap."""
+    reported: dict[int, dict[str, tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], int]]] = defaultdict(dict)
+    for e in events:
+        if e["event"] == "commit" and e.get("committed") and "sample_ranges" in e:
+            key = (tuple((int(a), int(b)) for a, b in e["sample_ranges"]),
+                   tuple((int(a), int(b)) for a, b in e.get("samples_open", [])), int(e.get("samples_cursor", 0)))
+            reported[int(e["step"])].setdefault(str(e["replica_id"]), key)
+    violations = []
+    owner: dict[int, int] = {}
+    agreed = {}
+    for step, by_group in sorted(reported.items()):
+        counts = Counter(by_group.values())
+        agreed[step] = counts.most_common(1)[0][0]
+        if len(counts) > 1:
+            shown = ", ".join(f"{g}={list(v[0])}" for g, v in sorted(by_group.items()))
+            violations.append(Violation(EXACTLY_ONCE_SAMPLES, step, None, f"groups disagree on the samples of sync {step}: {shown}"))
+        for a, b in agreed[step][0]:
+            for position in range(a, b):
+                if position in owner:
+                    violations.append(Violation(EXACTLY_ONCE_SAMPLES, step, None,
+                                                f"position {position} consumed by step {owner[position]} and again by step {step}"))
+                    break
+                owner[position] = step
+    last = max(agreed)
+    open_positions = {p for a, b in agreed[last][1] for p in range(a, b)}
+    cursor = agreed[last][2]
+    both = open_positions & {p for p, s in owner.items() if s <= last}
+    lost = set(range(cursor)) - open_positions - set(owner)
+    if both:
+        violations.append(Violation(EXACTLY_ONCE_SAMPLES, last, None, f"{len(both)} positions both consumed and still leased, e.g. {min(both)}"))
+    if lost:
+        violations.append(Violation(EXACTLY_ONCE_SAMPLES, last, None, f"{len(lost)} positions below {cursor} neither consumed nor leased, e.g. {min(lost)}"))
+    note = (f"{len(agreed)} committed syncs consumed {len(owner)} positions exactly once; {len(open_positions)} leased, "
+            f"none lost, below cursor {cursor}")
     return verdict(EXACTLY_ONCE_SAMPLES, violations, note)
 
 

@@ -1,0 +1,150 @@
+"""The GPT example trained with DiLoCo: groups train alone for H inner steps, then sync.
+
+Run several copies (one per group) against one lighthouse, as with the other examples::
+
+    replicaft-launch --groups 3 examples/train_diloco.py --syncs 30 --sync-every 20 --threads 1
+
+Each group runs AdamW on its own leased samples (exactly once across failures) for
+``--sync-every`` inner steps; at a sync the pseudo-gradient (weights at the last sync minus
+now) is averaged across the quorum and an outer SGD with Nesterov momentum applies it
+(``replicaft.local_sgd.DiLoCo``). ``--fragments F`` syncs the model in F pieces at staggered
+steps (streaming DiLoCo), ``--delay`` overlaps each piece's all-reduce with that many inner
+steps, ``--wire bf16|int8`` sends reduced-precision pseudo-gradients, ``--local-sgd`` averages
+the weights instead (LocalSGD). A SIGKILLed group restarts, waits for the others' next sync,
+heals the whole DiLoCo state from them and trains on.
+
+Every committed sync prints a JSON line (``{"event": "sync", ...}``) with the mean inner loss
+of the round and the tokens this group trained; the last line, ``{"event": "final", ...}``,
+carries the digest of the replicated state (equal across groups) and the held-out loss.
+The model, corpus and options are the GPT example's (``examples/train_gpt.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+import torch
+from torch import nn
+from train_gpt import (
+    GPT,
+    HOLDOUT_FRACTION,
+    GPTConfig,
+    Windows,
+    check_corpus,
+    evaluate,
+    lm_loss,
+    load_stdlib_corpus,
+    param_groups,
+)
+
+import replicaft
+from replicaft.local_sgd import WIRES, DiLoCo, LocalSGD
+
+
+def fragments_of(model: GPT, count: int) -> list[nn.Module]:
+    """``count`` consecutive slices of the model, each a module; the embeddings (tied to the
+    output head) go with the first, the final LayerNorm with the last."""
+    blocks = list(model.blocks)
+    if not 1 <= count <= len(blocks):
+        raise replicaft.OptionsError(f"--fragments {count}: use 1 to {len(blocks)} (the model has {len(blocks)} blocks)")
+    per = -(-len(blocks) // count)
+    pieces: list[list[nn.Module]] = [blocks[i : i + per] for i in range(0, len(blocks), per)]
+    pieces[0] = [model.tok, model.pos, *pieces[0]]
+    pieces[-1] = [*pieces[-1], model.ln_f]
+    return [nn.ModuleList(p) for p in pieces]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lighthouse", help="host:port of the lighthouse (default: $REPLICAFT_LIGHTHOUSE)")
+    p.add_argument("--replica-id", help="this group's name (default: $REPLICAFT_REPLICA_ID)")
+    p.add_argument("--syncs", type=int, default=30, help="committed syncs to train for (manager steps)")
+    p.add_argument("--seconds", type=float, default=0.0, help="also stop after this many seconds of training (0: no limit)")
+    p.add_argument("--sync-every", type=int, default=20, help="inner steps between two syncs of a fragment (H)")
+    p.add_argument("--fragments", type=int, default=1, help="streaming DiLoCo: sync the model in this many pieces")
+    p.add_argument("--delay", type=int, default=0, help="inner steps each fragment's all-reduce overlaps (tau)")
+    p.add_argument("--alpha", type=float, default=0.0, help="fragment_update_alpha: mix of local into synced weights")
+    p.add_argument("--wire", choices=WIRES, default="fp32", help="pseudo-gradient format on the wire")
+    p.add_argument("--local-sgd", action="store_true", help="average the weights (LocalSGD) instead of DiLoCo")
+    p.add_argument("--outer-lr", type=float, default=0.7)
+    p.add_argument("--outer-momentum", type=float, default=0.9)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=160)
+    p.add_argument("--context", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=8, help="windows per inner step")
+    p.add_argument("--lr", type=float, default=2e-3, help="inner AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--clip-norm", type=float, default=1.0)
+    p.add_argument("--eval-windows", type=int, default=32)
+    p.add_argument("--corpus-bytes", type=int, default=0, help="use only the first N bytes of the corpus (0: all)")
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per inner step (test pacing)")
+    args = p.parse_args(argv)
+    if args.syncs < 1 or args.batch_size < 1:
+        p.error("--syncs and --batch-size must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        options = replicaft.ManagerOptions.from_env(lighthouse=args.lighthouse, replica_id=args.replica_id)
+    except replicaft.OptionsError as e:
+        print(f"train_diloco: error: {e}", file=sys.stderr)
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    corpus = load_stdlib_corpus(max_bytes=args.corpus_bytes)
+    split = int(len(corpus.tokens) * (1 - HOLDOUT_FRACTION))
+    train, held_out = Windows(corpus.tokens[:split], args.context), Windows(corpus.tokens[split:], args.context)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(args.layers, args.heads, args.d_model, args.context))
+    inner = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    data = {"dataset_len": train.count, "batch_size": args.batch_size}
+    with replicaft.Manager(options) as manager:
+        manager.register_state("corpus", lambda: {"digest": corpus.digest}, lambda s: check_corpus(s, corpus))
+        if args.local_sgd:
+            algo: DiLoCo = LocalSGD(manager, model, inner, args.sync_every, wire=args.wire, **data)
+        else:
+            outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum, nesterov=True)
+            algo = DiLoCo(manager, fragments_of(model, args.fragments), inner, outer, args.sync_every,
+                          fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha, wire=args.wire, **data)
+        with algo:
+            started = time.monotonic()
+            tokens = 0
+            while manager.current_step() < args.syncs and not (args.seconds and time.monotonic() - started > args.seconds):
+                x, y = train.batch(algo.batch_indices())
+                loss = lm_loss(model(x), y)
+                loss.backward()
+                if args.clip_norm:
+                    nn.utils.clip_grad_norm_(model.parameters(), args.clip_norm)
+                algo.observe_loss(loss.item())
+                if args.step_delay:
+                    time.sleep(args.step_delay)
+                step = manager.current_step()
+                inner.step()  # counts the inner step; the step that completes a round syncs
+                inner.zero_grad()
+                tokens += x.numel()
+                if manager.current_step() != step:
+                    print(json.dumps({"event": "sync", "replica_id": options.replica_id, "step": manager.current_step(),
+                                      "loss": round(loss.item(), 4), "tokens": tokens,
+                                      "seconds": round(time.monotonic() - started, 3),
+                                      "retried": algo.syncs_retried}), flush=True)
+        print(json.dumps({"event": "final", "replica_id": options.replica_id, "step": manager.current_step(),
+                          "digest": algo.state_digest(), "held_out_loss": round(evaluate(model, held_out, args.eval_windows), 4),
+                          "tokens": tokens, "seconds": round(time.monotonic() - started, 3)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except replicaft.GroupBroken as e:
+        print(f"train_diloco: {e}", file=sys.stderr)
+        sys.exit(1)
