@@ -9,6 +9,7 @@ import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python, start_lighthouse
 
 from replicaft.compat import torchft
+from replicaft.compat.torchft.process_group import FakeProcessGroupWrapper
 from replicaft.errors import OptionsError
 
 SCRIPT = str(REPO_ROOT / "tests" / "torchft_style_train.py")
@@ -53,3 +54,86 @@ def test_unsupported_arguments_raise_a_clear_error(kwargs: dict, fragment: str, 
     args.update(kwargs)
     with pytest.raises(OptionsError, match=fragment):
         torchft.Manager(**args)
+
+
+def test_the_shim_has_torchft_020s_public_import_paths() -> None:
+    import importlib
+
+    for module, names in {
+        "replicaft.compat.torchft": ["DistributedSampler", "Manager", "Optimizer", "DistributedDataParallel",
+                                     "ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupBabyNCCL", "ProcessGroupXCCL"],
+        "replicaft.compat.torchft.optim": ["OptimizerWrapper"],
+        "replicaft.compat.torchft.local_sgd": ["LocalSGD", "DiLoCo"],
+        "replicaft.compat.torchft.checkpointing": ["CheckpointTransport", "PGTransport", "HTTPTransport"],
+        "replicaft.compat.torchft.checkpointing.pg_transport": ["PGTransport"],
+        "replicaft.compat.torchft.coordination": ["LighthouseServer", "LighthouseClient", "ManagerServer",
+                                                  "ManagerClient", "Quorum", "QuorumMember"],
+        "replicaft.compat.torchft._torchft": ["LighthouseServer"],
+    }.items():
+        m = importlib.import_module(module)
+        assert all(hasattr(m, n) for n in names), (module, [n for n in names if not hasattr(m, n)])
+
+
+def test_import_torchft_resolves_to_the_shim_through_the_alias_folder() -> None:
+    import subprocess
+    import sys
+
+    alias = REPO_ROOT / "replicaft" / "compat" / "torchft_alias"
+    code = ("import torchft, torchft.manager, torchft.process_group as pg, replicaft.compat.torchft as shim;"
+            "print(torchft is shim, torchft.manager.Manager is shim.Manager, pg.ProcessGroupGloo is shim.ProcessGroupGloo)")
+    env = dict(os.environ, PYTHONPATH=f"{alias}{os.pathsep}{REPO_ROOT}")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["True", "True", "True"]
+
+
+@pytest.mark.parametrize("cls", [torchft.ProcessGroupXCCL, FakeProcessGroupWrapper])
+def test_process_groups_replicaft_cannot_honour_fail_at_construction(cls: type) -> None:
+    with pytest.raises(OptionsError, match="replicaft"):
+        cls()
+
+
+def test_a_checkpoint_transport_is_accepted_and_the_log_says_replicaft_moves_the_state(caplog: pytest.LogCaptureFixture,
+                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from replicaft.compat.torchft.checkpointing import PGTransport
+    from replicaft.compat.torchft.manager import Manager
+
+    started = []
+    monkeypatch.setattr("replicaft.Manager.start", lambda self: started.append(self) or self)
+    with caplog.at_level("INFO", logger="replicaft.compat.torchft.manager"):
+        Manager(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1,
+                lighthouse_addr="127.0.0.1:1", replica_id="g0", checkpoint_transport=PGTransport(None))
+    assert started and "replicaft's own transfer" in caplog.text
+
+
+def test_distributed_sampler_shards_by_group_and_rank_as_torchft_does() -> None:
+    shards = [list(torchft.DistributedSampler(range(12), replica_rank=g, num_replica_groups=2, group_rank=r,
+                                              num_replicas=2, shuffle=False)) for g in range(2) for r in range(2)]
+    assert shards == [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
+
+
+@pytest.mark.timeout(60)
+def test_coordination_lighthouse_forms_a_quorum_for_two_replica_ids() -> None:
+    import datetime
+    import threading
+
+    from replicaft.compat.torchft.coordination import LighthouseClient, LighthouseServer
+
+    server = LighthouseServer(bind="[::]:0", min_replicas=2, join_timeout_ms=100)
+    client = LighthouseClient(server.address(), connect_timeout=datetime.timedelta(seconds=5))
+    try:
+        results = {}
+
+        def join(rid: str) -> None:
+            results[rid] = client.quorum(rid, timeout=datetime.timedelta(seconds=20), address=f"{rid}:1",
+                                         store_address=f"{rid}:2", step=3, world_size=1)
+
+        threads = [threading.Thread(target=join, args=(rid,)) for rid in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert results["a"] == results["b"]
+        assert [(m.replica_id, m.store_address, m.step) for m in results["a"].participants] == [("a", "a:2", 3), ("b", "b:2", 3)]
+    finally:
+        client.close()
+        server.shutdown()

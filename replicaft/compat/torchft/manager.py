@@ -1,31 +1,31 @@
-"""torchft 0.2.0's training API on replicaft: switch with a one-line import change.
+"""torchft 0.2.0's ``Manager`` on replicaft's manager.
 
-    import replicaft.compat.torchft as torchft          # was: import torchft
-    from replicaft.compat.torchft import Manager, DistributedDataParallel, Optimizer, ProcessGroupGloo
-
-Covered: ``Manager`` with the common constructor arguments (``pg``, ``load_state_dict``,
-``state_dict``, ``min_replica_size``, ``use_async_quorum``, ``timeout``, ``quorum_timeout``,
+Covered: the constructor arguments (``pg``, ``load_state_dict``, ``state_dict``,
+``min_replica_size``, ``use_async_quorum``, ``timeout``, ``quorum_timeout``,
 ``connect_timeout``, ``rank``, ``world_size``, ``store_addr``, ``store_port``,
 ``lighthouse_addr``, ``replica_id``, ``heartbeat_interval``, ``init_sync``, ``max_retries``,
-``quorum_retries``; ``port`` and ``hostname`` are accepted and unused because replicaft binds
-its own ports) and methods (``register_state_dict_fn``, ``start_quorum``, ``wait_quorum``,
-``allreduce``, ``should_commit``, ``report_error``, ``errored``, ``current_step``,
-``batches_committed``, ``num_participants``, ``participating_rank``, ``is_participating``,
-``shutdown``); ``DistributedDataParallel``; ``Optimizer``; ``ProcessGroupGloo`` and
-``ProcessGroupNCCL``; the environment variables ``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID``,
-``TORCHFT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC``,
-``TORCHFT_QUORUM_RETRIES``, ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
+``quorum_retries``, ``checkpoint_transport``; ``port`` and ``hostname`` are accepted and
+unused because replicaft binds its own ports) and the methods (``register_state_dict_fn``,
+``start_quorum``, ``wait_quorum``, ``allreduce``, ``should_commit``, ``report_error``,
+``errored``, ``current_step``, ``batches_committed``, ``num_participants``,
+``participating_rank``, ``is_participating``, ``shutdown``); the environment variables
+``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID``, ``TORCHFT_TIMEOUT_SEC``,
+``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_RETRIES``,
+``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
 
 Differences, on purpose: explicit arguments win over the environment (torchft lets
 ``TORCHFT_*_SEC`` override them); ``replica_id`` is used as given, without a uuid suffix, so
-a restarted group is recognised; a failed quorum or collective never raises into the loop.
-Not supported (a clear error says so): ``world_size_mode=FIXED_WITH_SPARES``,
-``checkpoint_transport`` (replicaft's striped transfer is built in), LocalSGD/DiLoCo.
+a restarted group is recognised; a failed quorum or collective never raises into the loop; a
+``checkpoint_transport`` is accepted and not used (replicaft's striped, verified transfer
+moves the state; a log line says so). Not supported (a clear error says so):
+``world_size_mode=FIXED_WITH_SPARES``, ``allreduce(should_quantize=True)``,
+``start_quorum(allow_heal=False / shrink_only=True)``.
 """
 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import uuid
 from collections.abc import Callable
@@ -34,30 +34,19 @@ from typing import Any
 import torch
 
 import replicaft
-from replicaft.ddp import DistributedDataParallel as _DistributedDataParallel
+from replicaft.compat.torchft.checkpointing.transport import CheckpointTransport
+from replicaft.compat.torchft.process_group import ProcessGroup
 from replicaft.errors import OptionsError
 from replicaft.manager import ManagedWork
-from replicaft.optim import Optimizer as _Optimizer
 
-__all__ = ["DistributedDataParallel", "Manager", "Optimizer", "ProcessGroupGloo", "ProcessGroupNCCL", "WorldSizeMode"]
+__all__ = ["Manager", "WorldSizeMode"]
+
+logger = logging.getLogger(__name__)
 
 
 class WorldSizeMode:
     DYNAMIC = 0
     FIXED_WITH_SPARES = 1
-
-
-class ProcessGroupGloo:
-    """Stands for torchft's Gloo group: replicaft builds and rebuilds the real one per quorum."""
-
-    backend = "gloo"
-
-    def __init__(self, timeout: datetime.timedelta = datetime.timedelta(seconds=60)) -> None:
-        self.timeout = timeout
-
-
-class ProcessGroupNCCL(ProcessGroupGloo):
-    backend = "nccl"
 
 
 def _seconds(value: datetime.timedelta | float | None) -> float | None:
@@ -81,7 +70,7 @@ class Manager:
 
     def __init__(
         self,
-        pg: ProcessGroupGloo,
+        pg: ProcessGroup,
         load_state_dict: Callable[[Any], None] | None,
         state_dict: Callable[[], Any] | None,
         min_replica_size: int,
@@ -107,12 +96,16 @@ class Manager:
         if world_size_mode != WorldSizeMode.DYNAMIC:
             raise OptionsError("world_size_mode=FIXED_WITH_SPARES is not supported by replicaft; use DYNAMIC")
         if checkpoint_transport is not None:
-            raise OptionsError(
-                "checkpoint_transport is not supported: replicaft heals over its own striped, "
-                "verified transport; drop the argument"
-            )
-        if not isinstance(pg, ProcessGroupGloo):
-            raise OptionsError(f"pg={pg!r}: pass replicaft.compat.torchft.ProcessGroupGloo or ProcessGroupNCCL")
+            if not isinstance(checkpoint_transport, CheckpointTransport):
+                raise OptionsError(
+                    f"checkpoint_transport={checkpoint_transport!r} is not a torchft CheckpointTransport; pass "
+                    "PGTransport or HTTPTransport from torchft.checkpointing, or nothing"
+                )
+            logger.info("checkpoint_transport=%s accepted and not used: replicaft's own transfer (striped, "
+                        "verified, no pickle) moves the state in a heal", type(checkpoint_transport).__name__)
+        if not isinstance(pg, ProcessGroup):
+            raise OptionsError(f"pg={pg!r}: pass a process group from torchft.process_group (ProcessGroupGloo, "
+                               "ProcessGroupNCCL, ProcessGroupBabyNCCL, ...)")
         lighthouse = lighthouse_addr or os.environ.get("TORCHFT_LIGHTHOUSE")
         if not lighthouse:
             raise OptionsError("no lighthouse: pass lighthouse_addr or set TORCHFT_LIGHTHOUSE")
@@ -206,16 +199,9 @@ class Manager:
     def shutdown(self, wait: bool = True) -> None:
         self._manager.shutdown()
 
+    def disallow_state_dict_read(self) -> None:
+        """torchft locks its state against its checkpoint server; replicaft serves a heal only
+        between the quorum and the commit, when nothing writes the state, so no lock is needed."""
 
-class DistributedDataParallel(_DistributedDataParallel):
-    """torchft's ``DistributedDataParallel(manager, module)``."""
-
-    def __init__(self, manager: Manager, module: torch.nn.Module, **kwargs: Any) -> None:
-        super().__init__(manager.inner, module, **kwargs)
-
-
-class Optimizer(_Optimizer):
-    """torchft's ``Optimizer(manager, optim)``: ``zero_grad`` starts the quorum, ``step`` commits."""
-
-    def __init__(self, manager: Manager, optim: torch.optim.Optimizer) -> None:
-        super().__init__(manager.inner, optim)
+    def allow_state_dict_read(self) -> None:
+        """See ``disallow_state_dict_read``."""

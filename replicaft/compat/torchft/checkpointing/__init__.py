@@ -1,0 +1,13 @@
+"""torchft's checkpoint transports, accepted: replicaft's own transfer moves the state.
+
+torchft heals through a pluggable ``CheckpointTransport`` (HTTP with pickle, or a process
+group). replicaft heals over its own verified, striped, pickle-free transfer
+(replicaft/transfer), so a transport handed to the ``Manager`` is accepted and not used; the
+manager logs that once. Importable from the same paths as in torchft.
+"""
+
+from replicaft.compat.torchft.checkpointing.http_transport import HTTPTransport
+from replicaft.compat.torchft.checkpointing.pg_transport import PGTransport
+from replicaft.compat.torchft.checkpointing.transport import CheckpointTransport
+
+__all__ = ["CheckpointTransport", "HTTPTransport", "PGTransport"]

@@ -1,0 +1,72 @@
+"""torchft's process-group names, accepted and mapped: replicaft builds the real group itself.
+
+A torchft script builds a ``ProcessGroupGloo`` (or NCCL, Baby*, XCCL) and hands it to the
+``Manager``, which reconfigures it on every quorum. replicaft's manager owns its column
+groups (rebuilt per quorum under a unique store prefix, abandoned rather than aborted), so
+these objects only carry the backend and the timeout. What replicaft cannot honour fails
+here, at construction: XCCL (Intel GPUs) has no replicaft backend, and the fault-injecting
+``FakeProcessGroupWrapper`` of torchft's own tests has no counterpart (replicaft injects
+real faults: ``REPLICAFT_FAULT_POINTS`` and the chaos harness).
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from replicaft.errors import OptionsError
+
+__all__ = [
+    "FakeProcessGroupWrapper",
+    "ProcessGroup",
+    "ProcessGroupBabyGloo",
+    "ProcessGroupBabyNCCL",
+    "ProcessGroupBabyXCCL",
+    "ProcessGroupGloo",
+    "ProcessGroupNCCL",
+    "ProcessGroupXCCL",
+]
+
+
+class ProcessGroup:
+    """Names a backend and a collective timeout for the manager's cross-group groups."""
+
+    backend = "gloo"
+
+    def __init__(self, timeout: datetime.timedelta = datetime.timedelta(seconds=60), **_: object) -> None:
+        self.timeout = timeout
+
+
+class ProcessGroupGloo(ProcessGroup):
+    backend = "gloo"
+
+
+class ProcessGroupNCCL(ProcessGroup):
+    backend = "nccl"
+
+
+class ProcessGroupBabyGloo(ProcessGroupGloo):
+    """torchft runs a "baby" group in a subprocess so an abort cannot hang the trainer;
+    replicaft abandons a hung collective instead (process_group.py), so it maps to Gloo."""
+
+
+class ProcessGroupBabyNCCL(ProcessGroupNCCL):
+    """See ``ProcessGroupBabyGloo``: mapped to NCCL, whose hung collectives replicaft abandons."""
+
+
+class ProcessGroupXCCL(ProcessGroup):
+    backend = "xccl"
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise OptionsError("ProcessGroupXCCL (Intel GPUs) is not supported by replicaft; use ProcessGroupGloo or ProcessGroupNCCL")
+
+
+class ProcessGroupBabyXCCL(ProcessGroupXCCL):
+    pass
+
+
+class FakeProcessGroupWrapper(ProcessGroup):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise OptionsError(
+            "FakeProcessGroupWrapper (torchft's in-process fault injector for its own tests) has no replicaft "
+            "counterpart; inject real faults with REPLICAFT_FAULT_POINTS (e.g. allreduce@5) or `python -m chaos`"
+        )
