@@ -33,7 +33,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--join-timeout", type=float, default=d.join_timeout_s, metavar="SECONDS",
                    help="how long a quorum waits for healthy stragglers (default: %(default)s)")
     p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout_s, metavar="SECONDS",
-                   help="silence after which a group is lost (default: %(default)s)")
+                   help="the longest silence after which a group is lost (default: %(default)s)")
+    p.add_argument("--hung-factor", type=float, default=d.hung_factor,
+                   help="a group silent this many times its longest recent gap between messages is hung "
+                        "(default: %(default)s)")
+    p.add_argument("--hung-min", type=float, default=d.hung_min_s, metavar="SECONDS",
+                   help="no group is declared hung on a shorter silence (default: %(default)s)")
     p.add_argument("--progress-timeout", type=float, default=d.progress_timeout_s, metavar="SECONDS",
                    help="time without training progress after which a group is lost (default: %(default)s)")
     p.add_argument("--token", default=None, help=f"shared secret every RPC must carry (or ${TOKEN_ENV})")
@@ -51,6 +56,8 @@ def options_from_args(args: argparse.Namespace) -> LighthouseOptions:
             join_timeout_s=args.join_timeout,
             heartbeat_timeout_s=args.heartbeat_timeout,
             progress_timeout_s=args.progress_timeout,
+            hung_factor=args.hung_factor,
+            hung_min_s=args.hung_min,
         ),
         token=args.token if args.token is not None else LighthouseOptions.token_from_env(),
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,9 +27,11 @@ import grpc
 
 from lighthouse import envelope, protocol
 from lighthouse.errors import (
+    DuplicateReplica,
     LighthouseUnavailable,
     ProtocolError,
     QuorumTimeout,
+    QuorumTooLarge,
     Unauthenticated,
     VersionMismatch,
 )
@@ -52,6 +55,11 @@ RECONNECT_MAX_S = 1.0
 RETRY_PAUSE_S = 0.02
 DEADLINE_GRACE_S = 1.0
 """The RPC deadline exceeds the server-side wait so the server's reason arrives first."""
+DUPLICATE_PATIENCE_S = 5.0
+"""How long a session refused because another process holds the replica id keeps trying
+before the refusal is final. A restarted group whose predecessor's host vanished (its
+session silent, not closed) is refused until the lighthouse drops that session, at most its
+heartbeat timeout (2 s by default); a second live process is refused every time."""
 
 _CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
@@ -79,10 +87,14 @@ def _translate(e: grpc.aio.AioRpcError) -> Exception:
         return ProtocolError(details)
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return QuorumTimeout(details)
+    if code == grpc.StatusCode.ALREADY_EXISTS:
+        return DuplicateReplica(details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return QuorumTooLarge(details)
     return LighthouseUnavailable(f"{code.name}: {details}")
 
 
-_FATAL = (Unauthenticated, VersionMismatch, ProtocolError)
+_FATAL = (Unauthenticated, VersionMismatch, ProtocolError, QuorumTooLarge)
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +117,9 @@ class AsyncLighthouseClient:
         world_size: int = 1,
         member_address: str = "",
         token: str | None = None,
-        heartbeat_interval_s: float = 0.25,
+        heartbeat_interval_s: float = 0.1,
         on_notice: Callable[[Notice], None] | None = None,
+        duplicate_patience_s: float = DUPLICATE_PATIENCE_S,
     ) -> None:
         self.address = address
         self.replica_id = replica_id
@@ -114,10 +127,13 @@ class AsyncLighthouseClient:
         self.member_address = member_address
         self.heartbeat_interval_s = heartbeat_interval_s
         self.on_notice = on_notice
+        self.duplicate_patience_s = duplicate_patience_s
         self.incarnation: int | None = None
         self.session_epoch = 0
         """Counts sessions registered so far; a change means the lighthouse saw us anew."""
         self.last_quorum_id = -1
+        self.instance = secrets.token_hex(8)
+        """Names this client object to the lighthouse: a reconnect keeps it, another process has another."""
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
         self._step = 0
         self._progress = 0
@@ -272,6 +288,8 @@ class AsyncLighthouseClient:
             pending.answer.set_result(reply.quorum)
         elif reply.code == "timeout":
             pending.answer.set_exception(QuorumTimeout(reply.reason))
+        elif reply.code == "refused":
+            pending.answer.set_exception(QuorumTooLarge(reply.reason))
         else:
             pending.answer.set_exception(LighthouseUnavailable(f"quorum request aborted: {reply.reason}"))
 
@@ -303,21 +321,28 @@ class AsyncLighthouseClient:
 
     async def _run_session(self) -> None:
         backoff = RECONNECT_INITIAL_S
+        refused_since: float | None = None
         while not self._closing:
             try:
                 await self._one_session()
                 backoff = RECONNECT_INITIAL_S
+                refused_since = None
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
                 error = _translate(e)
-                if isinstance(error, _FATAL):
-                    logger.error("lighthouse refused the session of %s: %s", self.replica_id, error)
-                    self._fatal = error
-                    self._fail_pending(error)
-                    self._registered.set()
+                if isinstance(error, DuplicateReplica):
+                    refused_since = time.monotonic() if refused_since is None else refused_since
+                    if time.monotonic() - refused_since >= self.duplicate_patience_s:
+                        self._give_up(error)
+                        return
+                    logger.warning("lighthouse refused the session of %s, retrying for up to %gs: %s",
+                                   self.replica_id, self.duplicate_patience_s, error)
+                elif isinstance(error, _FATAL):
+                    self._give_up(error)
                     return
-                logger.debug("lighthouse session of %s broke: %s", self.replica_id, error)
+                else:
+                    logger.debug("lighthouse session of %s broke: %s", self.replica_id, error)
             except ProtocolError as e:
                 logger.error("bad message from the lighthouse at %s: %s", self.address, e)
             finally:
@@ -325,13 +350,21 @@ class AsyncLighthouseClient:
             await asyncio.sleep(backoff * (1 + random.random() / 2))
             backoff = min(backoff * 2, RECONNECT_MAX_S)
 
+    def _give_up(self, error: Exception) -> None:
+        """Retrying cannot help: every waiting and later call raises ``error``."""
+        logger.error("lighthouse refused the session of %s: %s", self.replica_id, error)
+        self._fatal = error
+        self._fail_pending(error)
+        self._registered.set()
+
     async def _one_session(self) -> None:
         assert self._channel is not None
         call = self._channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata, wait_for_ready=True)
         self._call = call
         heartbeats: asyncio.Task[None] | None = None
         try:
-            await self._write(call, Register(self.replica_id, self.member_address, self.world_size, self._step, self.last_quorum_id))
+            await self._write(call, Register(self.replica_id, self.member_address, self.world_size, self._step,
+                                             self.last_quorum_id, self.instance, self.heartbeat_interval_s))
             raw = await call.read()
             if raw is grpc.aio.EOF:
                 return

@@ -29,3 +29,11 @@ class QuorumTimeout(LighthouseError, TimeoutError):
 
 class Unauthenticated(LighthouseError, PermissionError):
     """The lighthouse rejected this client's token (gRPC status UNAUTHENTICATED)."""
+
+
+class DuplicateReplica(LighthouseError):
+    """Another live process holds this replica id (gRPC status ALREADY_EXISTS)."""
+
+
+class QuorumTooLarge(LighthouseError):
+    """A join would make the quorum larger than one message may be (gRPC RESOURCE_EXHAUSTED)."""

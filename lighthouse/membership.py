@@ -8,11 +8,21 @@ A member exists while its session is live. It is *lost* — removed, and reporte
 server can notify the others — when:
 
 * its session stream closes (process killed, host gone): at once, no heartbeat expiry;
-* its heartbeats stop for ``heartbeat_timeout_s`` (SIGSTOP, partition with the TCP
-  connection still open);
+* its session falls silent for longer than its own cadence allows (SIGSTOP, a frozen host, a
+  partition with the TCP connection still open): the limit adapts to how often it speaks,
+  between ``hung_min_s`` and ``heartbeat_timeout_s`` (liveness.py);
 * it heartbeats but its training loop does not progress for ``progress_timeout_s`` while
   it is not waiting for a quorum (hung in a collective, deadlocked);
-* a new session registers under the same replica id (the group restarted).
+* a new session registers under the same replica id (the group restarted) while the old
+  one is silent or comes from the same client instance (a reconnect). A *different*
+  instance registering while the incumbent still speaks is a second process using the same
+  replica id: it is refused (:class:`DuplicateReplica`), and the incumbent keeps training;
+  before, each fenced the other ~15 times a second, forever, and nothing said so.
+
+The quorum a member is sent must fit one gRPC message, so the members' quorum entries
+(id, address, data) are budgeted as they join: a join that would take the job's total past
+:data:`QUORUM_BUDGET_BYTES` is refused, naming the totals (issue 19: 300 members with 16 KiB
+of data each made a 4.5 MB quorum the lighthouse could not send, and every session died).
 
 Quorum ids never repeat: within an incarnation they only grow, and a registering member
 reports the last id it saw, so a restarted lighthouse continues above every id any live
@@ -26,7 +36,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from lighthouse.errors import OptionsError
+import msgpack
+
+from lighthouse.envelope import MAX_MESSAGE_BYTES
+from lighthouse.errors import DuplicateReplica, OptionsError, QuorumTooLarge
+from lighthouse.liveness import GAP_WINDOW, LivenessRules, is_silent_too_long
+from lighthouse.option_checks import check_number, check_seconds
 from lighthouse.protocol import (
     FenceRequest,
     FenceResponse,
@@ -39,6 +54,12 @@ from lighthouse.protocol import (
 from lighthouse.quorum import QuorumDecision, QuorumRules, QuorumView, Waiting, decide_quorum
 
 HISTORY_LENGTH = 64
+MAX_MEMBERS = 65536
+QUORUM_BUDGET_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
+"""What the members' entries of one quorum may add up to, encoded: a gRPC message less room
+for the envelopes around it (the answer on a session, the group server's forwarding)."""
+ENTRY_OVERHEAD_BYTES = 24
+"""A member's entry beyond its id, address and data: msgpack headers, step, world size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,20 +67,38 @@ class MembershipOptions:
     min_replicas: int = 1
     join_timeout_s: float = 2.0
     heartbeat_timeout_s: float = 2.0
+    """The longest silence any member may keep; liveness.py adapts a shorter one per member."""
     progress_timeout_s: float = 10.0
+    hung_factor: float = 3.0
+    """A member silent this many times its longest gap between messages (at least its
+    declared heartbeat interval) is hung."""
+    hung_min_s: float = 0.25
+    """No member is declared hung on a silence shorter than this."""
 
     def __post_init__(self) -> None:
-        if self.min_replicas < 1:
-            raise OptionsError(f"min_replicas={self.min_replicas}; it must be at least 1")
+        check_number("min_replicas", self.min_replicas, 1, MAX_MEMBERS, integer=True,
+                     fix="the fewest groups a quorum may have, e.g. 1")
         for name in ("join_timeout_s", "heartbeat_timeout_s", "progress_timeout_s"):
-            if getattr(self, name) <= 0:
-                raise OptionsError(f"{name}={getattr(self, name)}; it must be positive")
+            check_seconds(name, getattr(self, name))
+        check_number("hung_factor", self.hung_factor, 1.5, 100.0,
+                     fix="how many times its longest gap a member may stay silent, e.g. 3")
+        check_seconds("hung_min_s", self.hung_min_s, 0.05)
+        if self.hung_min_s > self.heartbeat_timeout_s:
+            raise OptionsError(
+                f"hung_min_s={self.hung_min_s} is above heartbeat_timeout_s={self.heartbeat_timeout_s}: "
+                f"the floor of the silence limit must not exceed its ceiling; set --hung-min at most "
+                f"{self.heartbeat_timeout_s:g}"
+            )
         if self.progress_timeout_s <= self.heartbeat_timeout_s:
             raise OptionsError(
                 f"progress_timeout_s={self.progress_timeout_s} is not above heartbeat_timeout_s="
                 f"{self.heartbeat_timeout_s}: progress is only seen through heartbeats; set "
                 f"--progress-timeout above {self.heartbeat_timeout_s}"
             )
+
+    @property
+    def liveness(self) -> LivenessRules:
+        return LivenessRules(self.heartbeat_timeout_s, self.hung_factor, self.hung_min_s)
 
 
 @dataclass(slots=True)
@@ -72,11 +111,26 @@ class MemberState:
     progress: int
     registered_at: float
     last_heartbeat: float
+    """When the session last carried anything (a heartbeat or a quorum request)."""
     last_progress: float
     quorum_id: int = -1
     """The last quorum that included this member during this session."""
     newcomer: bool = False
     """Never in a quorum, in this session or before it (quorum.py's majority guard)."""
+    instance: str = ""
+    """The client instance that opened the session (a reconnect keeps it, a new process not)."""
+    heartbeat_interval_s: float = 0.0
+    """The interval its client heartbeats a quiet stream at, as it declared (0: unknown)."""
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
+    """The last gaps between the session's messages (liveness.py)."""
+    num_gaps: int = 0
+    entry_bytes: int = 0
+    """What this member adds to a quorum, encoded (its budget share)."""
+
+    def heard(self, now: float) -> None:
+        self.gaps.append(now - self.last_heartbeat)
+        self.num_gaps += 1
+        self.last_heartbeat = now
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +176,8 @@ class Membership:
     """``current.replica_ids``, kept because the view is rebuilt on every join."""
     _survivors: int | None = None
     """How many of ``current``'s members are still healthy; None: recount (membership changed)."""
+    _entry_bytes: int = 0
+    """Sum of the members' ``entry_bytes``: the most a quorum of them could carry."""
 
     @property
     def rules(self) -> QuorumRules:
@@ -145,11 +201,25 @@ class Membership:
             self._survivors = sum(1 for rid in self._current_ids if rid in self.members)
         return len(self._joins) >= self._survivors
 
-    def register(self, reg: Register, now: float) -> tuple[int, list[Lost]]:
-        """Open a session; returns its serial and the member it superseded, if any."""
+    def register(self, reg: Register, now: float, *, peer: str = "") -> tuple[int, list[Lost]]:
+        """Open a session; returns its serial and the member it superseded, if any.
+
+        Raises DuplicateReplica when another client instance holds the replica id and still
+        speaks: a second process using the same id, refused so that the first trains on.
+        """
         lost: list[Lost] = []
         old = self.members.get(reg.replica_id)
         if old is not None:
+            silent_s = now - old.last_heartbeat
+            alive = is_silent_too_long(silent_s, old.gaps, old.num_gaps, old.heartbeat_interval_s, self.options.liveness) is None
+            if alive and reg.instance != old.instance:
+                raise DuplicateReplica(
+                    f"replica id {reg.replica_id!r} is already held by a live session (client instance "
+                    f"{old.instance!r}, at {old.address!r}, heard {silent_s:.2f}s ago, "
+                    f"at step {old.step}); this one (instance {reg.instance!r}{', from ' + peer if peer else ''}) "
+                    "is refused. Two processes are using one replica id: give each replica group its own "
+                    "REPLICAFT_REPLICA_ID, or stop the other process"
+                )
             lost = self._remove(old, "a new session registered under the same replica id")
         self._next_quorum_id = max(self._next_quorum_id, reg.last_quorum_id + 1)
         if reg.last_quorum_id >= 0 and self._reconnecting_since is None and self.current is None:
@@ -168,7 +238,10 @@ class Membership:
             last_heartbeat=now,
             last_progress=now,
             newcomer=reg.last_quorum_id < 0,
+            instance=reg.instance,
+            heartbeat_interval_s=reg.heartbeat_interval_s,
         )
+        self._set_entry_bytes(self.members[reg.replica_id], _entry_bytes(reg.replica_id, reg.address, b""))
         return session, lost
 
     def heartbeat(self, replica_id: str, session: int, hb: Heartbeat, now: float) -> bool:
@@ -176,7 +249,7 @@ class Membership:
         m = self.members.get(replica_id)
         if m is None or m.session != session:
             return False
-        m.last_heartbeat = now
+        m.heard(now)
         if (hb.step, hb.progress) != (m.step, m.progress):
             m.step, m.progress, m.last_progress = hb.step, hb.progress, now
         return True
@@ -192,11 +265,26 @@ class Membership:
         return m is not None and m.session == session
 
     def join(self, req: QuorumRequest, now: float) -> bool:
-        """Add a long-poll waiter; False when the replica has no live session."""
+        """Add a long-poll waiter; False when the replica has no live session.
+
+        Raises QuorumTooLarge when the request's entry (id, address, data) would take the
+        members' total past :data:`QUORUM_BUDGET_BYTES`: a quorum of them could not be sent.
+        """
         m = self.members.get(req.replica_id)
         if m is None:
             return False
-        m.last_heartbeat = now
+        entry = _entry_bytes(req.replica_id, req.address, msgpack.packb(req.data, use_bin_type=True) if req.data else b"")
+        total = self._entry_bytes - m.entry_bytes + entry
+        if total > QUORUM_BUDGET_BYTES:
+            raise QuorumTooLarge(
+                f"replica {req.replica_id!r} asks to join with a {entry}-byte quorum entry (data of "
+                f"{entry - _entry_bytes(req.replica_id, req.address, b'')} bytes), which would make a quorum of "
+                f"the {len(self.members)} members {total} bytes, over the {QUORUM_BUDGET_BYTES}-byte budget "
+                f"that one gRPC message allows; send less data per member (on average "
+                f"{QUORUM_BUDGET_BYTES // max(len(self.members), 1)} bytes an entry fit) or run fewer groups"
+            )
+        self._set_entry_bytes(m, entry)
+        m.heard(now)
         m.last_progress = now
         m.step = max(m.step, req.step)
         self._joins[req.replica_id] = _Join(req, Waiting(now, req.shrink_only))
@@ -210,14 +298,14 @@ class Membership:
     def expire(self, now: float) -> list[Lost]:
         """Drop members whose heartbeats stopped or whose training loop stopped progressing."""
         lost: list[Lost] = []
+        rules = self.options.liveness
         for m in list(self.members.values()):
             silent_s = now - m.last_heartbeat
             stuck_s = now - m.last_progress
-            if silent_s > self.options.heartbeat_timeout_s:
+            if (silence := is_silent_too_long(silent_s, m.gaps, m.num_gaps, m.heartbeat_interval_s, rules)) is not None:
                 lost += self._remove(
-                    m,
-                    f"no heartbeat for {silent_s:.2f}s (heartbeat_timeout_s="
-                    f"{self.options.heartbeat_timeout_s:g})",
+                    m, f"silent for {silent_s:.2f}s, beyond its limit of {silence.limit_s:.2f}s ({silence.basis}): "
+                       "hung (stopped, frozen or cut off) while its connection stays open",
                 )
             elif m.replica_id not in self._joins and stuck_s > self.options.progress_timeout_s:
                 lost += self._remove(
@@ -317,8 +405,18 @@ class Membership:
         if m is not None:
             m.last_progress = now
 
+    def _set_entry_bytes(self, m: MemberState, entry: int) -> None:
+        self._entry_bytes += entry - m.entry_bytes
+        m.entry_bytes = entry
+
     def _remove(self, m: MemberState, reason: str, *, graceful: bool = False) -> list[Lost]:
         del self.members[m.replica_id]
+        self._entry_bytes -= m.entry_bytes
         self._survivors = None
         self._joins.pop(m.replica_id, None)
         return [Lost(m.replica_id, m.session, reason, m.quorum_id, graceful)]
+
+
+def _entry_bytes(replica_id: str, address: str, data: bytes) -> int:
+    """An upper bound of a member's entry in an encoded quorum."""
+    return len(replica_id) + len(address.encode()) + len(data) + ENTRY_OVERHEAD_BYTES

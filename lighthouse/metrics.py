@@ -33,6 +33,8 @@ class Metrics:
     members_lost: int = 0
     sessions_open: int = 0
     rejected_requests: int = 0
+    duplicate_replicas_refused: int = 0
+    sessions_ended_not_reading: int = 0
     quorum_latency_s: Histogram = field(default_factory=lambda: Histogram(QUORUM_LATENCY_BUCKETS_S))
     """From the first join of a round to the quorum forming."""
 
@@ -49,6 +51,10 @@ class Metrics:
         metric("members_lost_total", "counter", "Members declared lost.", self.members_lost)
         metric("sessions_open", "gauge", "Open manager sessions.", self.sessions_open)
         metric("rejected_requests_total", "counter", "Requests rejected as invalid or unauthenticated.", self.rejected_requests)
+        metric("duplicate_replicas_refused_total", "counter",
+               "Sessions refused because another live process holds the replica id.", self.duplicate_replicas_refused)
+        metric("sessions_ended_not_reading_total", "counter",
+               "Sessions ended because the member did not read its stream.", self.sessions_ended_not_reading)
         h = self.quorum_latency_s
         name = "replicaft_lighthouse_quorum_latency_seconds"
         lines.append(f"# HELP {name} From the first join of a round to the quorum forming.")

@@ -7,8 +7,10 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from lighthouse.envelope import MAX_MESSAGE_BYTES
 from lighthouse.errors import OptionsError
 from lighthouse.membership import MembershipOptions
+from lighthouse.option_checks import check_number
 
 TOKEN_ENV = "REPLICAFT_TOKEN"
 """The shared secret; the only environment variable the lighthouse reads (in ``from_env``)."""
@@ -49,22 +51,37 @@ class LighthouseOptions:
     Event-driven transitions (a join, a session closing) are decided at once; the tick only
     bounds how late a deadline is noticed, so 20 ms keeps that error far below the deadlines.
     """
+    outbox_max_messages: int = 1024
+    """Messages waiting to be sent on one session before the member is judged not to read."""
+    outbox_max_bytes: int = 8 * MAX_MESSAGE_BYTES
+    """Bytes waiting on one session, likewise: room for a few full-size quorums."""
 
     def __post_init__(self) -> None:
-        for name in ("port", "status_port"):
-            value = getattr(self, name)
-            if value is not None and not 0 <= value <= 65535:
-                raise OptionsError(f"{name}={value} is not a TCP port; use 0..65535 (0 = any free)")
-        if not 0 < self.tick_s <= 1.0:
-            raise OptionsError(f"tick_s={self.tick_s}; use a value in (0, 1]")
-        if self.tick_s * 5 > self.membership.heartbeat_timeout_s:
+        if not isinstance(self.host, str) or not self.host:
+            raise OptionsError(f"host={self.host!r}; give an address to bind, e.g. 127.0.0.1 or 0.0.0.0")
+        check_number("port", self.port, 0, 65535, integer=True, fix="a TCP port, 0 for any free one")
+        if self.status_port is not None:
+            check_number("status_port", self.status_port, 0, 65535, integer=True, fix="a TCP port, 0 for any free one")
+        check_number("tick_s", self.tick_s, 0.001, 1.0, fix="seconds between deadline checks, e.g. 0.02")
+        check_number("outbox_max_messages", self.outbox_max_messages, 16, 2**20, integer=True)
+        check_number("outbox_max_bytes", self.outbox_max_bytes, MAX_MESSAGE_BYTES, 2**34, integer=True,
+                     fix="at least one full message")
+        if self.tick_s * 5 > min(self.membership.heartbeat_timeout_s, self.membership.hung_min_s * 2):
             raise OptionsError(
                 f"tick_s={self.tick_s} is too coarse for heartbeat_timeout_s="
-                f"{self.membership.heartbeat_timeout_s}; use a tick at most a fifth of it"
+                f"{self.membership.heartbeat_timeout_s} and hung_min_s={self.membership.hung_min_s}; use a "
+                "tick at most a fifth of the first and two fifths of the second"
             )
         if self.token is not None and not self.token:
             raise OptionsError("token is empty; pass a non-empty token or none at all")
 
     @staticmethod
     def token_from_env(environ: Mapping[str, str] = os.environ) -> str | None:
-        return environ.get(TOKEN_ENV) or None
+        """The token in ``$REPLICAFT_TOKEN``; None when unset. Set but empty is an error: it
+        used to turn authentication off without a word, while ``--token ''`` was refused."""
+        token = environ.get(TOKEN_ENV)
+        if token is not None and not token:
+            raise OptionsError(
+                f"{TOKEN_ENV} is set but empty; unset it to run without a token, or set the shared secret"
+            )
+        return token

@@ -53,6 +53,14 @@ NOTICE_KINDS: frozenset[str] = frozenset({"registered", "member_lost", "member_l
 ``member_left``: a member shut down cleanly after finishing its step (nothing to abandon)."""
 
 
+def _check_address(msg: str, name: str, value: Any) -> str:
+    """An address: it is written into lighthouse log lines, so no control characters."""
+    check_str(msg, name, value, MAX_ADDRESS_CHARS, True)
+    if not value.isprintable():
+        raise ProtocolError(f"{msg}.{name} is {value!r}; an address is printable text (host:port)")
+    return value
+
+
 def _optional_replica_id(msg: str, value: Any) -> str:
     """A replica id that may be empty (a notice about no member in particular)."""
     return value if value == "" else check_replica_id(value, where=f"{msg}.replica_id")
@@ -68,6 +76,12 @@ class Register:
     step: int
     last_quorum_id: int = -1
     """Highest quorum id this group has seen, so a restarted lighthouse never reuses ids."""
+    instance: str = ""
+    """Random per client object: the lighthouse tells a reconnect of this process (same
+    instance) from a second process using the same replica id (another instance)."""
+    heartbeat_interval_s: float = 0.0
+    """How long the stream may be quiet before the client heartbeats: the lighthouse's bound
+    on this member's gaps between messages (liveness.py). 0: not declared."""
 
     @classmethod
     def decode(cls, raw: bytes) -> Register:
@@ -75,10 +89,13 @@ class Register:
         o = unpack(raw, m)
         return cls(
             replica_id=check_replica_id(require(o, m, "replica_id"), where=f"{m}.replica_id"),
-            address=check_str(m, "address", require(o, m, "address"), MAX_ADDRESS_CHARS, True),
+            address=_check_address(m, "address", require(o, m, "address")),
             world_size=check_int(m, "world_size", require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
             step=check_int(m, "step", require(o, m, "step"), 0),
             last_quorum_id=check_int(m, "last_quorum_id", o.get("last_quorum_id", -1), -1),
+            instance=_check_address(m, "instance", o.get("instance", "")),
+            heartbeat_interval_s=check_float(m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0,
+                                             MAX_TIMEOUT_S),
         )
 
 
@@ -171,7 +188,7 @@ class QuorumRequest:
         return cls(
             replica_id=check_replica_id(require(o, m, "replica_id"), where=f"{m}.replica_id"),
             step=check_int(m, "step", require(o, m, "step"), 0),
-            address=check_str(m, "address", require(o, m, "address"), MAX_ADDRESS_CHARS, True),
+            address=_check_address(m, "address", require(o, m, "address")),
             world_size=check_int(m, "world_size", require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
             timeout_s=check_float(m, "timeout_s", require(o, m, "timeout_s"), 0.0, MAX_TIMEOUT_S),
             shrink_only=check_bool(m, "shrink_only", o.get("shrink_only", False)),
@@ -260,11 +277,19 @@ class Quorum:
             incarnation=check_int(m, "incarnation", require(o, m, "incarnation"), 0),
             created_unix_s=check_float(m, "created_unix_s", require(o, m, "created_unix_s"), 0.0, 1e12),
             replica_ids=ids,
-            addresses=check_str_column(m, "addresses", require(o, m, "addresses"), n, MAX_ADDRESS_CHARS, True),
+            addresses=_check_address_column(m, require(o, m, "addresses"), n),
             steps=check_int_column(m, "steps", require(o, m, "steps"), n, 0),
             world_sizes=check_int_column(m, "world_sizes", require(o, m, "world_sizes"), n, 1, MAX_WORLD_SIZE),
             data=check_bytes_column(m, "data", require(o, m, "data"), n, MAX_DATA_BYTES),
         )
+
+
+def _check_address_column(msg: str, value: Any, n: int) -> tuple[str, ...]:
+    column = check_str_column(msg, "addresses", value, n, MAX_ADDRESS_CHARS, True)
+    if not "".join(column).isprintable():
+        for i, address in enumerate(column):
+            _check_address(msg, f"addresses[{i}]", address)
+    return column
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,8 +314,8 @@ class QuorumAnswer:
         return cls(ask=check_int(m, "ask", require(o, m, "ask"), 1), quorum=quorum)
 
 
-FailureCode = Literal["timeout", "aborted"]
-FAILURE_CODES: frozenset[str] = frozenset({"timeout", "aborted"})
+FailureCode = Literal["timeout", "aborted", "refused"]
+FAILURE_CODES: frozenset[str] = frozenset({"timeout", "aborted", "refused"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +324,9 @@ class QuorumFailed:
 
     ``timeout``: none formed within the request's ``timeout_s`` (the reason gives the rule's
     counts; the member gives up). ``aborted``: a newer request superseded it or the member
-    was declared lost (the member asks again, on a new session if need be).
+    was declared lost (the member asks again, on a new session if need be). ``refused``: a
+    quorum with this member's entry would not fit one message (the reason gives the sizes;
+    asking again cannot help).
     """
 
     TAG: ClassVar[str] = "quorum_failed"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -29,8 +30,8 @@ from dataclasses import dataclass
 import grpc
 
 from lighthouse import envelope, protocol
-from lighthouse.errors import ProtocolError, VersionMismatch
-from lighthouse.membership import Lost, Membership
+from lighthouse.errors import DuplicateReplica, ProtocolError, QuorumTooLarge, VersionMismatch
+from lighthouse.membership import QUORUM_BUDGET_BYTES, Lost, Membership
 from lighthouse.metrics import Metrics
 from lighthouse.options import TOKEN_METADATA_KEY, LighthouseOptions, token_problem
 from lighthouse.protocol import (
@@ -57,12 +58,49 @@ class ServingAddresses:
 
 
 class _Session:
-    """One open session stream and its outbox of encoded messages (None ends the stream)."""
+    """One open session stream and its outbox of encoded messages (None ends the stream).
 
-    def __init__(self, replica_id: str, serial: int) -> None:
+    The outbox is bounded (``LighthouseOptions.outbox_max_messages`` / ``_bytes``): gRPC's
+    write waits while the member does not read (HTTP/2 flow control), and every notice for
+    it would otherwise pile up here without end. A member that lets its outbox fill is not
+    reading its session: it is ended (its handler task cancelled, so the stream closes and
+    the member is reported lost with the reason) rather than allowed to grow the
+    lighthouse's memory.
+    """
+
+    def __init__(self, replica_id: str, serial: int, max_messages: int, max_bytes: int) -> None:
         self.replica_id = replica_id
         self.serial = serial
         self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queued_bytes = 0
+        self.ended: str | None = None
+        """Why the lighthouse ended the session (it stopped reading), if it did."""
+        self.task: asyncio.Task[object] | None = None
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
+
+    def send(self, message: bytes) -> None:
+        if self.ended is not None:
+            return
+        if self.outbox.qsize() >= self._max_messages or self.queued_bytes + len(message) > self._max_bytes:
+            self.ended = (
+                f"not reading its session stream: {self.outbox.qsize()} messages ({self.queued_bytes} bytes) "
+                f"waiting to be sent (limit {self._max_messages} messages, {self._max_bytes} bytes)"
+            )
+            if self.task is not None:
+                self.task.cancel()
+            return
+        self.queued_bytes += len(message)
+        self.outbox.put_nowait(message)
+
+    async def next_message(self) -> bytes | None:
+        message = await self.outbox.get()
+        if message is not None:
+            self.queued_bytes -= len(message)
+        return message
+
+    def close(self) -> None:
+        self.outbox.put_nowait(None)
 
 
 @dataclass(slots=True)
@@ -77,6 +115,26 @@ class _Waiter:
     fail: Callable[[FailureCode, str], None]
     deadline: float = math.inf
     """Monotonic; the tick fails the wait after it (a timer per wait cost more than the scan)."""
+
+
+_FAILURE_STATUS: dict[str, grpc.StatusCode] = {
+    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "aborted": grpc.StatusCode.ABORTED,
+    "refused": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+"""How the unary ``Quorum`` call reports each way a wait ends without a quorum."""
+
+
+def _bind_problem(host: str, port: int) -> str:
+    """Why ``host:port`` cannot be bound, as the OS says it (grpc only reports that it failed)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        return e.strerror or str(e)
+    return "grpc refused it, though a plain socket could bind it"
 
 
 class _WaitFailed(Exception):
@@ -114,6 +172,13 @@ class LighthouseServer:
 
     async def start(self) -> ServingAddresses:
         o = self.options
+        try:
+            await asyncio.get_running_loop().getaddrinfo(o.host, o.port, type=socket.SOCK_STREAM)
+        except socket.gaierror as e:
+            raise OSError(
+                f"lighthouse could not resolve --host {o.host!r} ({e.strerror}); give an address of "
+                "this machine (127.0.0.1, 0.0.0.0, ::) or a name that resolves to one"
+            ) from e
         self._server = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
@@ -134,17 +199,16 @@ class LighthouseServer:
         self._server.add_generic_rpc_handlers((handler,))
         bind = f"[{o.host}]" if ":" in o.host else o.host
         cause: Exception | None = None
-        unbound = (
-            f"lighthouse could not bind {o.host}:{o.port} (address in use?); pick another "
-            "--port, or 0 for any free one"
-        )
         try:
             port = self._server.add_insecure_port(f"{bind}:{o.port}")
         except RuntimeError as e:  # recent grpcio raises where older ones returned port 0
             port, cause = 0, e
         if port == 0:
             await self.stop(0)
-            raise OSError(unbound) from cause
+            raise OSError(
+                f"lighthouse could not bind {o.host}:{o.port} ({_bind_problem(o.host, o.port)}); pick "
+                "another --port (0 for any free one), or a --host that is an address of this machine"
+            ) from cause
         await self._server.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="lighthouse-tick")
         status = None
@@ -167,7 +231,7 @@ class LighthouseServer:
         if self._ticker is not None:
             self._ticker.cancel()
         for s in self._sessions.values():
-            s.outbox.put_nowait(None)
+            s.close()
         if self._status is not None:
             await self._status.stop()
         if self._server is not None:
@@ -186,26 +250,37 @@ class LighthouseServer:
             await self._reject(context, e if isinstance(e, ProtocolError) else ProtocolError(
                 f"no Register message within {REGISTER_TIMEOUT_S:g}s of opening a session"))
             return
-        serial, lost = self.membership.register(reg, time.monotonic())
+        try:
+            serial, lost = self.membership.register(reg, time.monotonic(), peer=context.peer())
+        except DuplicateReplica as e:
+            self.metrics.duplicate_replicas_refused += 1
+            logger.error("refused a second process for replica %s: %s", reg.replica_id, e)
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
         # Before the new session takes the replica id's slot, so the superseded session is
         # the one told it is fenced.
         self._handle_lost(lost)
-        session = _Session(reg.replica_id, serial)
+        o = self.options
+        session = _Session(reg.replica_id, serial, o.outbox_max_messages, o.outbox_max_bytes)
+        session.task = asyncio.current_task()
         self._sessions[reg.replica_id] = session
         self.metrics.sessions_open += 1
         logger.info("session %d opened by %s (%s) at step %d", serial, reg.replica_id, reg.address or "-", reg.step)
         reader = asyncio.create_task(self._read_session(session, context))
-        reader.add_done_callback(lambda _: session.outbox.put_nowait(None))
+        reader.add_done_callback(lambda _: session.close())
         try:
             await context.write(envelope.encode(Notice("registered", incarnation=self.incarnation, replica_id=reg.replica_id)))
-            while (message := await session.outbox.get()) is not None:
+            while (message := await session.next_message()) is not None:
                 await context.write(message)
         finally:
             reader.cancel()
             self.metrics.sessions_open -= 1
             if self._sessions.get(reg.replica_id) is session:
                 del self._sessions[reg.replica_id]
-            self._handle_lost(self.membership.close_session(reg.replica_id, serial, "session stream closed"))
+            if session.ended is not None:
+                self.metrics.sessions_ended_not_reading += 1
+            self._handle_lost(
+                self.membership.close_session(reg.replica_id, serial, session.ended or "session stream closed")
+            )
             self._decide()
         if reader.done() and not reader.cancelled() and reader.exception() is None and (rejected := reader.result()):
             await self._reject(context, rejected)
@@ -243,10 +318,10 @@ class LighthouseServer:
             return False
 
         def answer(quorum: bytes) -> None:
-            session.outbox.put_nowait(envelope.encode(QuorumAnswer(req.ask, quorum)))
+            session.send(envelope.encode(QuorumAnswer(req.ask, quorum)))
 
         def fail(code: FailureCode, reason: str) -> None:
-            session.outbox.put_nowait(envelope.encode(QuorumFailed(req.ask, code, reason)))
+            session.send(envelope.encode(QuorumFailed(req.ask, code, reason)))
 
         return self._join(req, _Waiter(req.replica_id, req.timeout_s, answer, fail))
 
@@ -276,8 +351,7 @@ class LighthouseServer:
         try:
             return await result
         except _WaitFailed as e:
-            code = grpc.StatusCode.DEADLINE_EXCEEDED if e.code == "timeout" else grpc.StatusCode.ABORTED
-            await context.abort(code, e.reason)
+            await context.abort(_FAILURE_STATUS[e.code], e.reason)
         finally:
             if self._waiters.get(req.replica_id) is waiter:  # the caller went away first
                 del self._waiters[req.replica_id]
@@ -298,8 +372,14 @@ class LighthouseServer:
         """Make ``waiter`` the replica's one wait for a quorum, until ``req.timeout_s``;
         False when the replica has no live session."""
         now = time.monotonic()
-        if not self.membership.join(req, now):
-            return False
+        try:
+            if not self.membership.join(req, now):
+                return False
+        except QuorumTooLarge as e:
+            self.metrics.rejected_requests += 1
+            logger.error("refused a quorum request of %s: %s", req.replica_id, e)
+            waiter.fail("refused", str(e))
+            return True
         previous = self._waiters.pop(req.replica_id, None)
         if previous is not None:
             previous.fail("aborted", f"superseded by a newer quorum request from {req.replica_id!r}")
@@ -330,6 +410,9 @@ class LighthouseServer:
             self.metrics.quorum_latency_s.observe(now - self._round_started)
         self._round_started = now if self._waiters.keys() - set(quorum.replica_ids) else None
         encoded = envelope.encode(quorum)
+        if len(encoded) > QUORUM_BUDGET_BYTES:  # the join budget makes this unreachable
+            logger.error("quorum %d is %d bytes, over the %d-byte budget; not sent", quorum.quorum_id,
+                         len(encoded), QUORUM_BUDGET_BYTES)
         for rid in quorum.replica_ids:
             waiter = self._waiters.pop(rid, None)
             if waiter is not None:
@@ -342,7 +425,7 @@ class LighthouseServer:
             for rid in quorum.replica_ids:
                 s = self._sessions.get(rid)
                 if s is not None:
-                    s.outbox.put_nowait(notice)
+                    s.send(notice)
 
     def _handle_lost(self, lost: list[Lost]) -> None:
         for m in lost:
@@ -356,13 +439,13 @@ class LighthouseServer:
                 waiter.fail("aborted", f"replica {m.replica_id!r} was declared lost: {m.reason}")
             own = self._sessions.get(m.replica_id)
             if own is not None and own.serial == m.session and not m.graceful:
-                own.outbox.put_nowait(envelope.encode(Notice("fenced", m.quorum_id, m.replica_id, m.reason, self.incarnation)))
-                own.outbox.put_nowait(None)
+                own.send(envelope.encode(Notice("fenced", m.quorum_id, m.replica_id, m.reason, self.incarnation)))
+                own.close()
             kind = "member_left" if m.graceful else "member_lost"
             notice = envelope.encode(Notice(kind, m.quorum_id, m.replica_id, m.reason, self.incarnation))
             for rid, s in self._sessions.items():
                 if rid != m.replica_id:
-                    s.outbox.put_nowait(notice)
+                    s.send(notice)
 
     async def _tick_forever(self) -> None:
         while True:

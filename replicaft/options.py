@@ -63,10 +63,12 @@ class ManagerOptions:
     """Shared secret for the lighthouse, manager server and state server (``REPLICAFT_TOKEN``)."""
     backend: Literal["gloo", "nccl"] | None = None
     """Column process group backend; None picks NCCL when CUDA is available, else Gloo."""
-    heartbeat_interval_s: float = 0.25
-    """How often rank 0 heartbeats the lighthouse (with the step and a progress count). Eight
-    beats per default 2 s heartbeat timeout; faster only costs the lighthouse CPU (measured:
-    256 groups at 0.1 s kept a fifth of a core busy)."""
+    heartbeat_interval_s: float = 0.1
+    """How long rank 0's session with the lighthouse may be quiet before it heartbeats (with
+    the step and a progress count); a step's quorum request counts. The lighthouse declares a
+    group hung (SIGSTOP, frozen host) after ~3x this silence (lighthouse/liveness.py), so
+    0.1 s detects one in ~0.3 s; faster only costs the lighthouse CPU while steps are slower
+    than this (measured: 256 groups at 0.1 s kept a fifth of a core busy)."""
     collective_timeout_s: float = 10.0
     quorum_timeout_s: float = 60.0
     heal_timeout_s: float = 30.0

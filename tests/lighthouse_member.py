@@ -55,6 +55,7 @@ def main() -> int:
     p.add_argument("--step-s", type=float, default=0.05, help="duration of one 'training step'")
     p.add_argument("--quorum-timeout-s", type=float, default=10.0)
     p.add_argument("--heartbeat-interval-s", type=float, default=0.1)
+    p.add_argument("--duplicate-patience-s", type=float, default=5.0)
     args = p.parse_args()
 
     client = LighthouseClient(
@@ -63,6 +64,7 @@ def main() -> int:
         token=args.token,
         member_address=f"member-{args.replica_id}",
         heartbeat_interval_s=args.heartbeat_interval_s,
+        duplicate_patience_s=args.duplicate_patience_s,
         on_notice=on_notice,
     )
     with client:

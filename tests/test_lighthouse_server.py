@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import time
 import urllib.error
@@ -245,10 +246,17 @@ class TestHostileCalls:
 
 
 class TestHungMember:
-    def test_sigstopped_member_dropped_after_heartbeat_timeout_and_rejoins_after_sigcont(self) -> None:
-        heartbeat_timeout_s = 1.0
-        lighthouse = start_lighthouse("--heartbeat-timeout", str(heartbeat_timeout_s), status=False)
+    def test_sigstopped_member_dropped_after_its_own_cadence_not_the_heartbeat_timeout_and_rejoins(self) -> None:
+        """Its session falls silent while the TCP connection stays open: it is lost once the
+        silence exceeds ~3x its longest gap between messages (0.1 s heartbeats, 0.05 s steps),
+        far below the 5 s heartbeat timeout (issue 20: a SIGSTOP cost survivors 2.64 s)."""
+        heartbeat_timeout_s = 5.0
+        lighthouse = start_lighthouse("--heartbeat-timeout", str(heartbeat_timeout_s), "--progress-timeout", "30",
+                                      status=False)
         members = start_group(lighthouse, ["a", "b", "c"])
+        # The limit adapts once the lighthouse has seen 8 gaps of c's; until then it is the ceiling.
+        members["c"].wait_for_json(lambda o: o["event"] == "quorum" and o["step"] >= 10, EVENT_TIMEOUT_S,
+                                   what="ten committed steps")
         marks = {rid: m.mark() for rid, m in members.items()}
 
         stopped_at = time.monotonic()
@@ -256,9 +264,8 @@ class TestHungMember:
         try:
             notice = wait_notice(members["a"], "member_lost", "c", after=marks["a"])
             wait_notice(members["b"], "member_lost", "c", after=marks["b"])
-            # Its last heartbeat went out at most one interval (0.1 s) before the SIGSTOP.
-            assert notice["t"] - stopped_at > heartbeat_timeout_s - 0.15, notice
-            assert "no heartbeat" in notice["reason"], notice
+            assert notice["t"] - stopped_at < heartbeat_timeout_s / 2, notice["reason"]
+            assert "silent for" in notice["reason"] and "beyond its limit" in notice["reason"], notice
             without_c = [wait_quorum(members[rid], ["a", "b"], after=marks[rid])[1] for rid in ("a", "b")]
             resumed_mark = members["a"].mark()
         finally:
@@ -274,17 +281,82 @@ class TestHungMember:
         wait_quorum(members["a"], ["a", "b", "c"], after=resumed_mark)
         assert rejoined["quorum_id"] > max(q["quorum_id"] for q in without_c)
 
-    def test_new_session_for_same_replica_fences_the_old_one(self) -> None:
-        lighthouse = start_lighthouse(status=False)
+
+class TestIdentity:
+    def test_second_process_with_a_live_replica_id_refused_loudly_while_the_first_trains_on(self) -> None:
+        """Issue 19: two processes with one replica id fenced each other ~15 times a second,
+        forever, and nothing said so. Now the second is refused with a clear error and exits;
+        the lighthouse logs it and counts it; the first is never fenced."""
+        lighthouse = start_lighthouse(status=True)
         first = start_member(lighthouse, "a")
         wait_quorum(first, ["a"])
         mark = first.mark()
 
-        second = start_member(lighthouse, "a")
-        notice = wait_notice(first, "fenced", "a", after=mark)
+        second = start_member(lighthouse, "a", "--duplicate-patience-s", "0.5")
+        _, fatal = second.wait_for_json(lambda o: o["event"] == "fatal", EVENT_TIMEOUT_S, what="a fatal error")
+        assert fatal["error"] == "DuplicateReplica", fatal
+        assert "replica id 'a' is already held by a live session" in fatal["detail"], fatal
+        assert "give each replica group its own REPLICAFT_REPLICA_ID" in fatal["detail"], fatal
+        assert second.wait_exit(EVENT_TIMEOUT_S) == 3
+        lighthouse.process.wait_for_line(lambda t: "refused a second process for replica a" in t, EVENT_TIMEOUT_S,
+                                         what="the lighthouse's error line", stream="stderr")
+        assert lighthouse.status_url is not None
+        _, _, metrics = fetch(lighthouse.status_url + "metrics")
+        refused = re.search(r"^replicaft_lighthouse_duplicate_replicas_refused_total (\d+)$", metrics, re.M)
+        assert refused is not None and int(refused.group(1)) >= 1, metrics  # once per retry
+        wait_quorum(first, ["a"], after=first.mark())
+        assert not any(o["event"] == "notice" and o["kind"] == "fenced" for o in first.json_lines(after=mark))
+
+    def test_restarted_group_takes_over_its_replica_id(self) -> None:
+        lighthouse = start_lighthouse(status=False)
+        first = start_member(lighthouse, "a")
+        wait_quorum(first, ["a"])
         first.kill()  # the old incarnation of the group is gone, as after a real restart
-        assert "new session" in notice["reason"], notice
+        second = start_member(lighthouse, "a")
         wait_quorum(second, ["a"])
+
+
+class TestResourceBounds:
+    def test_member_that_never_reads_its_session_is_ended_and_reported_lost(self) -> None:
+        """Issue 19: the per-session outbox was unbounded, so a member that never read grew the
+        lighthouse's memory. Here it asks for quorums (16 KiB answers) and reads nothing."""
+        lighthouse = start_lighthouse(status=False)
+
+        async def never_read() -> grpc.StatusCode:
+            async with grpc.aio.insecure_channel(lighthouse.grpc_address) as channel:
+                call = await open_raw_session(channel, "hog", timeout_s=60.0)
+                data = {"pad": "x" * (protocol.MAX_DATA_BYTES - 64)}
+                for ask in range(1, 4000):
+                    request = protocol.QuorumRequest("hog", 0, "", 1, 5.0, data=data, ask=ask)
+                    try:
+                        # Once the lighthouse has cancelled the stream, a write neither fails nor ends.
+                        await asyncio.wait_for(call.write(envelope.encode(request)), 2.0)
+                    except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError):
+                        break
+                return await asyncio.wait_for(call.code(), EVENT_TIMEOUT_S)
+
+        assert asyncio.run(never_read()) == grpc.StatusCode.CANCELLED
+        line = lighthouse.process.wait_for_line(lambda t: "member hog lost" in t, EVENT_TIMEOUT_S,
+                                                what="the hog's loss", stream="stderr")
+        assert "not reading its session stream: 1024 messages" in line.text, line.text
+        member = start_member(lighthouse, "after")  # the lighthouse serves on
+        wait_quorum(member, ["after"])
+
+
+class TestStartup:
+    def test_unresolvable_host_says_it_could_not_resolve(self) -> None:
+        process = spawn_python("-m", "lighthouse", "--host", "no-such-host.invalid", "--port", "0", name="lighthouse")
+        line = process.wait_for_line(lambda t: "error" in t, EVENT_TIMEOUT_S, what="its error", stream="stderr")
+        assert "could not resolve --host 'no-such-host.invalid'" in line.text, line.text
+        assert "address in use" not in line.text.lower()
+        assert process.wait_exit(EVENT_TIMEOUT_S) == 2
+
+    def test_port_in_use_says_so(self) -> None:
+        lighthouse = start_lighthouse(status=False)
+        process = spawn_python("-m", "lighthouse", "--port", str(lighthouse.port), name="second-lighthouse")
+        line = process.wait_for_line(lambda t: "error" in t, EVENT_TIMEOUT_S, what="its error", stream="stderr")
+        assert f"could not bind 127.0.0.1:{lighthouse.port} (Address already in use)" in line.text, line.text
+        assert process.wait_exit(EVENT_TIMEOUT_S) == 2
 
 
 class TestStatusPage:
@@ -429,10 +501,13 @@ class TestCleanLeave:
         assert asyncio.run(scenario()) == ["member_left"]
 
 
-async def open_raw_session(channel: grpc.aio.Channel, replica_id: str) -> grpc.aio.StreamStreamCall:
-    """A session stream driven by hand, as a peer not using our client would: registered."""
-    call = channel.stream_stream(protocol.SESSION_METHOD)(timeout=EVENT_TIMEOUT_S)
-    await call.write(envelope.encode(protocol.Register(replica_id, "", 1, 0)))
+async def open_raw_session(
+    channel: grpc.aio.Channel, replica_id: str, *, instance: str = "", timeout_s: float = EVENT_TIMEOUT_S
+) -> grpc.aio.StreamStreamCall:
+    """A session stream driven by hand, as a peer not using our client would: registered.
+    ``instance`` the client instance it claims to be (the same as a live session's: a reconnect)."""
+    call = channel.stream_stream(protocol.SESSION_METHOD)(timeout=timeout_s)
+    await call.write(envelope.encode(protocol.Register(replica_id, "", 1, 0, instance=instance)))
     registered = protocol.decode_session_reply(await call.read())
     assert isinstance(registered, Notice) and registered.kind == "registered", registered
     return call
@@ -528,7 +603,7 @@ class TestQuorumOnSession:
                 # min_replicas=2: "a" cannot be answered until "b" asks too.
                 asking = asyncio.create_task(a.quorum(0, 3 * EVENT_TIMEOUT_S))
                 async with grpc.aio.insecure_channel(lighthouse.grpc_address) as channel:
-                    usurper = await open_raw_session(channel, "a")
+                    usurper = await open_raw_session(channel, "a", instance=a.instance)  # a reconnect
                     await asyncio.wait_for(fenced.wait(), EVENT_TIMEOUT_S)
                     usurper.cancel()
                 await b.start()

@@ -47,7 +47,7 @@ def test_defaults_are_valid_single_rank_loopback() -> None:
         pytest.param({"heartbeat_interval_s": 0.0}, "heartbeat_interval_s=0.0", "must be positive", id="heartbeat_zero"),
         pytest.param({"connect_timeout_s": -1.0}, "connect_timeout_s=-1.0", "must be positive", id="connect_negative"),
         pytest.param({"heal_timeout_s": float("nan")}, "heal_timeout_s=nan", "must be positive", id="heal_nan"),
-        pytest.param({"collective_timeout_s": 0.1}, "collective_timeout_s=0.1 is not above heartbeat_interval_s=0.25",
+        pytest.param({"collective_timeout_s": 0.05}, "collective_timeout_s=0.05 is not above heartbeat_interval_s=0.1",
                      "raise collective_timeout_s", id="collective_not_above_heartbeat"),
         pytest.param({"collective_timeout_s": 60.0}, "quorum_timeout_s=60.0 is not above collective_timeout_s=60.0",
                      "set quorum_timeout_s above 60.0", id="quorum_not_above_collective"),

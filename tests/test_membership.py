@@ -5,14 +5,16 @@ Time is an argument of every call, so each test writes down the instants it care
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lighthouse.errors import OptionsError
-from lighthouse.membership import Membership, MembershipOptions
+from lighthouse.envelope import MAX_DATA_BYTES, MAX_MESSAGE_BYTES, encode
+from lighthouse.errors import DuplicateReplica, OptionsError, QuorumTooLarge
+from lighthouse.membership import QUORUM_BUDGET_BYTES, Membership, MembershipOptions
 from lighthouse.protocol import FenceRequest, Heartbeat, QuorumRequest, Register
 from lighthouse.quorum import decide_quorum
 
@@ -23,8 +25,9 @@ def new_membership(options: MembershipOptions = OPTIONS) -> Membership:
     return Membership(options, incarnation=7)
 
 
-def register(m: Membership, rid: str, now: float = 0.0, *, step: int = 0, last_quorum_id: int = -1) -> int:
-    session, lost = m.register(Register(rid, f"host-{rid}", 1, step, last_quorum_id), now)
+def register(m: Membership, rid: str, now: float = 0.0, *, step: int = 0, last_quorum_id: int = -1,
+             interval_s: float = 0.1) -> int:
+    session, lost = m.register(Register(rid, f"host-{rid}", 1, step, last_quorum_id, heartbeat_interval_s=interval_s), now)
     assert lost == []
     return session
 
@@ -63,15 +66,83 @@ class TestOptions:
     @pytest.mark.parametrize(
         ("fields", "message"),
         [
-            ({"min_replicas": 0}, "min_replicas=0; it must be at least 1"),
-            ({"join_timeout_s": 0.0}, "join_timeout_s=0.0; it must be positive"),
-            ({"heartbeat_timeout_s": -1.0}, "heartbeat_timeout_s=-1.0; it must be positive"),
+            ({"min_replicas": 0}, "min_replicas=0 is outside [1, 65536]"),
+            ({"join_timeout_s": 0.0}, "join_timeout_s=0.0 is outside [0.001, 86400]"),
+            ({"heartbeat_timeout_s": -1.0}, "heartbeat_timeout_s=-1.0 is outside [0.001, 86400]"),
             ({"heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0}, "progress_timeout_s=5.0 is not above heartbeat_timeout_s=5.0"),
         ],
     )
     def test_invalid_options_rejected_naming_the_value(self, fields: dict[str, Any], message: str) -> None:
-        with pytest.raises(OptionsError, match="^" + message.replace("(", r"\(")):
+        with pytest.raises(OptionsError, match="^" + re.escape(message)):
             MembershipOptions(**fields)
+
+
+class TestIdentity:
+    """Issue 19: two processes with one replica id fenced each other ~15 times a second."""
+
+    def test_second_process_with_a_live_replica_id_refused_and_first_kept(self) -> None:
+        m = new_membership()
+        first, _ = m.register(Register("g0", "host-1", 1, 0, instance="aaaa", heartbeat_interval_s=0.1), 0.0)
+        m.heartbeat("g0", first, Heartbeat(step=3, progress=9), 0.4)
+        with pytest.raises(DuplicateReplica) as raised:
+            m.register(Register("g0", "host-2", 1, 0, instance="bbbb"), 0.5, peer="ipv4:127.0.0.1:5555")
+        message = str(raised.value)
+        assert "replica id 'g0' is already held by a live session (client instance 'aaaa', at 'host-1'" in message
+        assert "instance 'bbbb', from ipv4:127.0.0.1:5555" in message
+        assert "give each replica group its own REPLICAFT_REPLICA_ID" in message
+        assert m.is_session_live("g0", first) and m.members["g0"].address == "host-1"
+
+    def test_reconnect_of_the_same_instance_supersedes_its_old_session(self) -> None:
+        m = new_membership()
+        first, _ = m.register(Register("g0", "h", 1, 0, instance="aaaa", heartbeat_interval_s=0.1), 0.0)
+        second, lost = m.register(Register("g0", "h", 1, 0, instance="aaaa", heartbeat_interval_s=0.1), 0.1)
+        assert [x.session for x in lost] == [first] and m.is_session_live("g0", second)
+
+    def test_restart_after_the_old_process_fell_silent_supersedes_it(self) -> None:
+        m = new_membership(MembershipOptions(heartbeat_timeout_s=2.0, progress_timeout_s=10.0))
+        first, _ = m.register(Register("g0", "h", 1, 0, instance="aaaa", heartbeat_interval_s=0.1), 0.0)
+        for i in range(1, 11):
+            m.heartbeat("g0", first, Heartbeat(step=1, progress=i), i * 0.1)
+        second, lost = m.register(Register("g0", "h", 1, 0, instance="cccc"), 1.0 + 0.31)  # host gone: silent
+        assert [x.session for x in lost] == [first] and m.is_session_live("g0", second)
+
+
+class TestQuorumBudget:
+    def test_members_data_never_makes_a_quorum_too_large_to_send_issue_19(self) -> None:
+        """Bug 5: 300 members each within the 16 KiB data limit made a 4.5 MB quorum, over the
+        4 MiB message limit. Joins past the budget are refused; every quorum formed fits."""
+        m = new_membership()
+        data = {"ranks": "x" * (MAX_DATA_BYTES - 64)}
+        refused = []
+        for i in range(300):
+            rid = f"g{i:03d}"
+            register(m, rid)
+            try:
+                m.join(request(rid, data=data), 0.0)
+            except QuorumTooLarge as e:
+                refused.append((rid, str(e)))
+        assert len(refused) == 300 - 252, len(refused)
+        rid, message = refused[0]
+        assert rid == "g252"
+        assert f"over the {QUORUM_BUDGET_BYTES}-byte budget that one gRPC message allows" in message
+        assert "send less data per member" in message
+        for rid, _ in refused:
+            m.close_session(rid, m.members[rid].session, "gave up")
+        quorum = m.decide(0.0)
+        assert quorum is not None and len(quorum.replica_ids) == 252
+        assert len(encode(quorum)) <= MAX_MESSAGE_BYTES
+
+    def test_budget_freed_by_a_member_that_leaves(self) -> None:
+        m = new_membership()
+        data = {"ranks": "x" * (MAX_DATA_BYTES - 64)}
+        for i in range(252):
+            register(m, f"g{i:03d}")
+            m.join(request(f"g{i:03d}", data=data), 0.0)
+        register(m, "late")
+        with pytest.raises(QuorumTooLarge):
+            m.join(request("late", data=data), 0.0)
+        m.close_session("g000", m.members["g000"].session, "gone")
+        assert m.join(request("late", data=data), 0.0)
 
 
 class TestLoss:
@@ -108,7 +179,7 @@ class TestLoss:
         assert m.expire(11.0) == []  # exactly the timeout: not yet
         lost = m.expire(11.01)
         assert [x.replica_id for x in lost] == ["a"]
-        assert "no heartbeat for 1.01s (heartbeat_timeout_s=1)" in lost[0].reason
+        assert "silent for 1.01s, beyond its limit of 1.00s (heartbeat_timeout_s=1, 0 of 8 gaps observed)" in lost[0].reason
         assert m.members == {}
 
     def test_heartbeats_keep_member_alive(self) -> None:
@@ -118,6 +189,31 @@ class TestLoss:
             now = i * 0.5
             assert m.heartbeat("a", session, Heartbeat(step=i, progress=i), now)
             assert m.expire(now + 0.9) == []
+
+    def test_sigstopped_member_lost_after_three_times_its_cadence_not_the_heartbeat_timeout(self) -> None:
+        m = new_membership(MembershipOptions(heartbeat_timeout_s=2.0, progress_timeout_s=10.0))
+        session = register(m, "a")
+        for i in range(1, 21):  # 0.1 s heartbeats, then SIGSTOP: nothing more
+            assert m.heartbeat("a", session, Heartbeat(step=i, progress=i), i * 0.1)
+        assert m.expire(2.0 + 0.29) == []
+        lost = m.expire(2.0 + 0.31)
+        assert [x.replica_id for x in lost] == ["a"]
+        assert "silent for 0.31s, beyond its limit of 0.30s (3x its longest gap 0.100s)" in lost[0].reason
+
+    def test_slow_but_alive_member_never_dropped(self) -> None:
+        """Steps of 5 s: quorum requests are rare, but the client's heartbeats fill the gaps."""
+        m = new_membership(MembershipOptions(heartbeat_timeout_s=2.0, progress_timeout_s=10.0))
+        session = register(m, "a")
+        now = 0.0
+        for step in range(12):
+            m.join(request("a", step), now)
+            assert m.decide(now) is not None
+            for _ in range(50):
+                now = round(now + 0.1, 6)
+                assert m.heartbeat("a", session, Heartbeat(step=step, progress=step), now)
+                assert m.expire(now + 0.09) == []
+            m.members["a"].step = step + 1
+        assert "a" in m.members
 
     def test_member_that_heartbeats_without_progress_lost_after_progress_timeout(self) -> None:
         m = new_membership()

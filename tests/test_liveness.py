@@ -1,0 +1,45 @@
+"""When silence means hung (lighthouse/liveness.py): a table of cadences and silences."""
+
+from __future__ import annotations
+
+import pytest
+
+from lighthouse.liveness import LivenessRules, is_silent_too_long, silence_limit
+
+RULES = LivenessRules(heartbeat_timeout_s=2.0, hung_factor=3.0, hung_min_s=0.25, min_gaps=8)
+
+
+@pytest.mark.parametrize(
+    ("case", "gaps", "interval_s", "limit_s", "basis"),
+    [
+        ("0.1 s heartbeats, slow steps", [0.1, 0.1, 0.102, 0.1, 0.1, 0.1, 0.1, 0.1], 0.1, 0.306, "3x its longest gap 0.102s"),
+        ("fast steps: the declared interval still bounds the gaps", [0.03] * 16, 0.1, 0.3, "3x its longest gap 0.100s"),
+        ("0.25 s heartbeats", [0.25] * 10, 0.25, 0.75, "3x its longest gap 0.250s"),
+        ("very fast heartbeats: the floor", [0.01] * 20, 0.01, 0.25, "hung_min_s=0.25"),
+        ("a loaded machine's long gap raises its own limit", [0.1] * 10 + [0.5], 0.1, 1.5, "3x its longest gap 0.500s"),
+        ("gaps this long: the ceiling", [0.1] * 10 + [0.9], 0.1, 2.0, "heartbeat_timeout_s=2, below 3x"),
+        ("just registered: the ceiling until 8 gaps", [0.1] * 7, 0.1, 2.0, "7 of 8 gaps observed"),
+        ("no interval declared: the ceiling", [0.1] * 20, 0.0, 2.0, "no heartbeat interval declared"),
+    ],
+)
+def test_silence_limit_follows_the_members_cadence(
+    case: str, gaps: list[float], interval_s: float, limit_s: float, basis: str
+) -> None:
+    limit = silence_limit(gaps, len(gaps), interval_s, RULES)
+    assert limit.limit_s == pytest.approx(limit_s), case
+    assert basis in limit.basis, case
+
+
+@pytest.mark.parametrize(
+    ("case", "silent_s", "gaps", "hung"),
+    [
+        ("SIGSTOP of a 0.11 s stepper, 0.32 s silent: not yet", 0.32, [0.11] * 16, False),
+        ("SIGSTOP of a 0.11 s stepper, 0.34 s silent: hung", 0.34, [0.11] * 16, True),
+        ("a 0.05 s stepper whose step slows: one heartbeat interval of quiet is fine", 0.12, [0.05] * 16, False),
+        ("under the floor, whatever the cadence", 0.2, [0.01] * 16, False),
+        ("silent past the ceiling, even with no history", 2.01, [], True),
+        ("no history, silent 1.9 s: not yet", 1.9, [], False),
+    ],
+)
+def test_hung_only_when_silent_beyond_the_limit(case: str, silent_s: float, gaps: list[float], hung: bool) -> None:
+    assert (is_silent_too_long(silent_s, gaps, len(gaps), 0.1, RULES) is not None) is hung, case
