@@ -24,6 +24,19 @@ the median and counted in ``*_survivor_crashes``.
 Three configurations run in the same invocation, interleaved per repeat: replicaft's
 lighthouse with defaults; torchft's lighthouse with its CLI defaults (min_replicas 1,
 join_timeout 60 s, heartbeat timeout 5 s); torchft with a 1 s heartbeat timeout.
+
+A hung group (``hung_lost_s``): the same measurement with SIGSTOP instead of SIGKILL. The
+stopped process's TCP connection stays open, so nothing closes; the survivors, blocked in
+the step's all-reduce with it, wait for the lighthouse to declare it lost and tell them. Its
+baseline, in the same run, is replicaft's lighthouse with the adaptive silence limit turned
+off (``--hung-min`` equal to the 2 s heartbeat timeout: the fixed timeout of before, which
+cost the survivors 2.64 s in the demo), and the SIGKILL figure of the same run is repeated
+beside it (``hung_lost_s_vs_sigkill``), since a SIGKILL is detected at once and so is the
+floor for any failure. The stopped process is SIGKILLed when its run ends. The hung runs
+warm up for 40 steps, not 10: the lighthouse's limit for a member is its longest recent gap
+between messages plus two heartbeat intervals (lighthouse/liveness.py), and the window of
+gaps should hold steady training; right after start-up it still holds start-up's scheduling
+delays on this loaded machine, and a SIGSTOP there cost survivors ~0.5 s in trial runs.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ import dataclasses
 import json
 import os
 import random
+import signal
 import statistics
 import tempfile
 import time
@@ -45,7 +59,7 @@ from benchmarks.results import BenchmarkResult
 GROUPS = 3
 STEP_SLEEP_S = 0.08
 WARM_STEPS = 10
-"""Commits every group makes in a full (three-group) quorum before the kill."""
+"""Commits every group makes in a full (three-group) quorum before the kill (Config.warm_steps)."""
 AFTER_COMMITS = 3
 """K: commits after the kill over which the loss is measured (see the module docstring)."""
 START_TIMEOUT_S = 180.0
@@ -66,16 +80,30 @@ class Config:
     """The name of this configuration's loss figure (replicaft) or baseline (torchft)."""
     crashes: str
     heartbeat_timeout_ms: int | None = None
+    fault: str = "SIGKILL"
+    lighthouse_args: tuple[str, ...] = ()
+    is_figure: bool = False
+    """A figure of replicaft's (else a baseline): the fixed-timeout replicaft run is a baseline."""
+    warm_steps: int = WARM_STEPS
+    """Full-quorum commits before the fault."""
 
 
+FIXED_TIMEOUT_ARGS = ("--heartbeat-timeout", "2", "--hung-min", "2")
+"""The lighthouse as it was: a hung group is lost after the fixed 2 s heartbeat timeout."""
 CONFIGS = (
-    Config("replicaft", "replicaft", "survivor_lost_s", "survivor_crashes"),
+    Config("replicaft", "replicaft", "survivor_lost_s", "survivor_crashes", is_figure=True),
     Config("torchft", "torchft", "torchft_survivor_lost_s", "torchft_survivor_crashes", heartbeat_timeout_ms=5000),
     Config("torchft_hb1", "torchft", "torchft_survivor_lost_s_hb1", "torchft_survivor_crashes_hb1",
            heartbeat_timeout_ms=1000),
+    Config("replicaft_hung", "replicaft", "hung_lost_s", "hung_survivor_crashes", fault="SIGSTOP", is_figure=True,
+           warm_steps=40),
+    Config("replicaft_hung_fixed", "replicaft", "fixed_timeout_hung_lost_s", "fixed_timeout_hung_survivor_crashes",
+           fault="SIGSTOP", lighthouse_args=FIXED_TIMEOUT_ARGS, warm_steps=40),
 )
 SECOND_RATIO = "survivor_lost_s_vs_hb1"
 """The replicaft loss again, so it can carry its ratio to the second baseline (one baseline per figure)."""
+HUNG_VS_SIGKILL = "hung_lost_s_vs_sigkill"
+"""The hung loss again, against the SIGKILL loss of the same run (a baseline there)."""
 
 
 class Worker:
@@ -128,7 +156,8 @@ async def _until(changed: asyncio.Event, deadline: float, predicate: Any) -> boo
 
 async def _start_lighthouse(children: ChildProcesses, config: Config, deadline: float) -> str:
     if config.impl == "replicaft":
-        lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0", "--log-level", "WARNING")
+        lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0", "--log-level",
+                                                 "WARNING", *config.lighthouse_args)
         return (await lighthouse.expect_line("lighthouse serving gRPC at ", deadline)).strip()
     lighthouse = await children.start_python(
         "torchft-lighthouse", "-m", "benchmarks.failover_worker", "--impl", "torchft-lighthouse",
@@ -197,11 +226,11 @@ async def _kill_and_watch(
         for w in workers:
             if w.ended is not None or w.crash() is not None:
                 raise ChildFailed(f"{config.impl} {w.name} stopped before the kill: {w.crash() or w.ended}")
-        return all(w.full_commits() >= WARM_STEPS for w in workers)
+        return all(w.full_commits() >= config.warm_steps for w in workers)
 
     if not await _until(changed, deadline, warmed):
         tails = "".join(f"\n--- {w.name} stderr ends with:\n{w.child.stderr_tail()[-800:]}" for w in workers)
-        raise ChildFailed(f"{config.impl}: groups did not reach {WARM_STEPS} full-quorum commits in "
+        raise ChildFailed(f"{config.impl}: groups did not reach {config.warm_steps} full-quorum commits in "
                           f"{START_TIMEOUT_S:g}s (commits: {[len(w.commits()) for w in workers]}, "
                           f"full-quorum commits: {[w.full_commits() for w in workers]}){tails}")
     victim = workers[victim_index]
@@ -214,7 +243,10 @@ async def _kill_and_watch(
     # counted from its commit timestamp (not from when we read the line, which lags under load).
     target = victim.commits()[-1]["ts"] + rng.uniform(0.0, min(t_victim, KILL_OFFSET_CAP_S))
     await asyncio.sleep(max(0.0, target - time.time()))
-    victim.child.kill()
+    if config.fault == "SIGSTOP":
+        victim.child.send_signal(signal.SIGSTOP)
+    else:
+        victim.child.kill()
     t_kill = time.time()
     kill_offset = t_kill - victim.commits()[-1]["ts"]
 
@@ -224,6 +256,7 @@ async def _kill_and_watch(
 
     recovered = await _until(changed, time.monotonic() + RECOVERY_TIMEOUT_S, lambda: all(settled(w) for w in survivors))
     record: dict[str, Any] = {
+        "fault": config.fault,
         "victim": victim.name,
         "kill_offset_s": round(kill_offset, 4),
         "startup_s": round(time.monotonic() - started, 1),
@@ -284,7 +317,7 @@ def run(*, quick: bool) -> BenchmarkResult:
                         raise
             runs[config.label].append(record)
             lost = {n: s.get("lost_s", "crashed") for n, s in record["survivors"].items()}
-            print(f"failover {config.label} run {r + 1}/{repeats}: killed {record['victim']} "
+            print(f"failover {config.label} run {r + 1}/{repeats}: {config.fault} to {record['victim']} "
                   f"{record['kill_offset_s']:.3f}s after its commit, survivors lost {lost} "
                   f"(load {record['load_1min']})", flush=True)
 
@@ -303,7 +336,7 @@ def run(*, quick: bool) -> BenchmarkResult:
         if not losses:  # every survivor crashed: no finite loss to report, and no fake number either
             missing.append(config.lost)
             continue
-        (figures if config.impl == "replicaft" else baselines)[config.lost] = statistics.median(losses)
+        (figures if config.is_figure else baselines)[config.lost] = statistics.median(losses)
     compared: dict[str, str] = {}
     if "survivor_lost_s" in figures:
         if baselines.get("torchft_survivor_lost_s", 0) > 0:
@@ -311,6 +344,13 @@ def run(*, quick: bool) -> BenchmarkResult:
         if baselines.get("torchft_survivor_lost_s_hb1", 0) > 0:
             figures[SECOND_RATIO] = figures["survivor_lost_s"]
             compared[SECOND_RATIO] = "torchft_survivor_lost_s_hb1"
+    if "hung_lost_s" in figures:
+        if baselines.get("fixed_timeout_hung_lost_s", 0) > 0:
+            compared["hung_lost_s"] = "fixed_timeout_hung_lost_s"
+        if figures.get("survivor_lost_s", 0) > 0:
+            figures[HUNG_VS_SIGKILL] = figures["hung_lost_s"]
+            baselines["sigkill_survivor_lost_s"] = figures["survivor_lost_s"]
+            compared[HUNG_VS_SIGKILL] = "sigkill_survivor_lost_s"
     return BenchmarkResult(
         name="failover",
         figures=figures,
@@ -325,7 +365,10 @@ def run(*, quick: bool) -> BenchmarkResult:
             + "; torchft baselines: its lighthouse with CLI defaults (heartbeat timeout 5 s) and with a 1 s "
             f"heartbeat timeout (_hb1); {SECOND_RATIO} repeats survivor_lost_s to carry the ratio to _hb1; "
             "steps after the kill run with 2 groups and are a few ms shorter than T_steady, which hides "
-            "that much of the loss on both sides; *_survivor_crashes counts survivors that raised or did not commit K steps within "
+            "that much of the loss on both sides; hung_lost_s: the same with SIGSTOP instead of SIGKILL (the stopped "
+            "process's connection stays open), against replicaft's lighthouse with the adaptive silence limit off "
+            f"({' '.join(FIXED_TIMEOUT_ARGS)}: the fixed timeout of before) and against the SIGKILL loss of the same run; "
+            "*_survivor_crashes counts survivors that raised or did not commit K steps within "
             f"{RECOVERY_TIMEOUT_S:g} s of the kill (left out of the median)"
             + (f"; no survivor recovered, so not reported: {', '.join(missing)}" if missing else "")
         ),
@@ -334,7 +377,7 @@ def run(*, quick: bool) -> BenchmarkResult:
             "repeats": repeats,
             "groups": GROUPS,
             "step_sleep_s": STEP_SLEEP_S,
-            "warm_steps": WARM_STEPS,
+            "warm_steps": {c.label: c.warm_steps for c in CONFIGS},
             "after_commits_k": AFTER_COMMITS,
             "t_steady_s": t_steady,
             "gap1_lost_s_median": gap1,

@@ -15,6 +15,7 @@ import sys
 from lighthouse.errors import OptionsError
 from lighthouse.membership import MembershipOptions
 from lighthouse.options import TOKEN_ENV, LighthouseOptions
+from lighthouse.replicated import ReplicatedLighthouse, ReplicationOptions
 from lighthouse.server import LighthouseServer
 
 
@@ -35,13 +36,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout_s, metavar="SECONDS",
                    help="the longest silence after which a group is lost (default: %(default)s)")
     p.add_argument("--hung-factor", type=float, default=d.hung_factor,
-                   help="a group silent this many times its longest recent gap between messages is hung "
+                   help="a group silent for its longest recent gap between messages plus this many heartbeat intervals less one is hung "
                         "(default: %(default)s)")
     p.add_argument("--hung-min", type=float, default=d.hung_min_s, metavar="SECONDS",
                    help="no group is declared hung on a shorter silence (default: %(default)s)")
     p.add_argument("--progress-timeout", type=float, default=d.progress_timeout_s, metavar="SECONDS",
                    help="time without training progress after which a group is lost (default: %(default)s)")
     p.add_argument("--token", default=None, help=f"shared secret every RPC must carry (or ${TOKEN_ENV})")
+    ha = p.add_argument_group("replicated lighthouse (optional; see README)")
+    ha.add_argument("--etcd", default=None, metavar="HOST:PORT[,HOST:PORT...]",
+                    help="run as one of a replicated set, leading through a lease in this etcd cluster")
+    ha.add_argument("--advertise", default=None, metavar="HOST:PORT",
+                    help="address members reach this lighthouse at (default: --host:--port once bound)")
+    ha.add_argument("--etcd-prefix", default="/replicaft/default", help="this job's keys in etcd (default: %(default)s)")
+    ha.add_argument("--lease-ttl", type=int, default=2, metavar="SECONDS",
+                    help="the leader's etcd lease; a partitioned leader costs about this long (default: %(default)s)")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -63,13 +72,29 @@ def options_from_args(args: argparse.Namespace) -> LighthouseOptions:
     )
 
 
-async def _serve(options: LighthouseOptions) -> None:
+def replication_from_args(args: argparse.Namespace, options: LighthouseOptions) -> ReplicationOptions | None:
+    if args.etcd is None:
+        return None
+    if args.advertise is None and (options.port == 0 or options.host in ("0.0.0.0", "::")):
+        raise OptionsError("--advertise is required with --etcd when --port is 0 or --host is a wildcard: "
+                           "followers and members must be told a reachable host:port")
+    return ReplicationOptions(
+        etcd_endpoints=tuple(e.strip() for e in args.etcd.split(",") if e.strip()),
+        advertise=args.advertise or f"{options.host}:{options.port}",
+        prefix=args.etcd_prefix,
+        lease_ttl_s=args.lease_ttl,
+    )
+
+
+async def _serve(options: LighthouseOptions, replication: ReplicationOptions | None) -> None:
     # Handlers first: whoever reads the address below may send SIGTERM at once.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    server = LighthouseServer(options)
+    server: LighthouseServer | ReplicatedLighthouse = (
+        LighthouseServer(options) if replication is None else ReplicatedLighthouse(options, replication)
+    )
     addresses = await server.start()
     print(f"lighthouse serving gRPC at {addresses.grpc}", flush=True)
     if addresses.status:
@@ -84,12 +109,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         options = options_from_args(args)
+        replication = replication_from_args(args, options)
     except OptionsError as e:
         print(f"replicaft-lighthouse: error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(_serve(options))
+        asyncio.run(_serve(options, replication))
     except OSError as e:
         print(f"replicaft-lighthouse: error: {e}", file=sys.stderr)
         return 2

@@ -37,3 +37,11 @@ class DuplicateReplica(LighthouseError):
 
 class QuorumTooLarge(LighthouseError):
     """A join would make the quorum larger than one message may be (gRPC RESOURCE_EXHAUSTED)."""
+
+
+class EtcdUnavailable(LighthouseError, ConnectionError):
+    """No etcd endpoint answered (or none could reach etcd's own quorum) before the deadline."""
+
+
+class NotLeader(LighthouseError):
+    """This lighthouse of a replicated set is not the leader (gRPC UNAVAILABLE naming the leader)."""

@@ -12,16 +12,20 @@ progress deadline's case (membership.py), not this one.
 The rule. A live member's longest gap between two messages is bounded by the heartbeat
 interval it declared when it registered (its client heartbeats whenever the stream has been
 quiet that long; faster steps only shorten the gaps), plus scheduling jitter, which the
-lighthouse observes. So a member is hung once it has been silent for
+lighthouse observes as the gaps it sees. So a member is hung once it has been silent longer
+than the longest silence it showed recently plus ``hung_factor - 1`` more heartbeat
+intervals (two missed heartbeats by default), and never less than ``hung_factor`` intervals:
 
-    clamp(hung_factor x max(declared interval, longest of its last GAP_WINDOW gaps),
+    clamp(max(longest of its last GAP_WINDOW gaps, interval) + (hung_factor - 1) x interval,
           hung_min_s, heartbeat_timeout_s)
 
 and a member that declared no interval, or with fewer than ``min_gaps`` observed gaps (just
 registered), gets the ceiling, ``heartbeat_timeout_s``, the old fixed limit. A fixed timeout
 must cover the slowest cadence and the worst jitter of every job (2 s by default, which cost
 survivors 2.64 s per SIGSTOP in the demo); the adaptive limit follows each member: with the
-managers' 0.1 s heartbeats it is 0.3 s. A slow-but-alive member is not dropped: slow steps
+managers' 0.1 s heartbeats it is 0.3 s on a quiet machine, 0.45 s where scheduling delayed
+one heartbeat by 0.15 s. (Multiplying the longest gap instead, 3 x 0.25 s, made 0.75 s of
+such a delay: jitter was paid for three times.) A slow-but-alive member is not dropped: slow steps
 do not lengthen its gaps (heartbeats fill them), and a member whose gaps do grow (a loaded
 machine starving its loop thread) raises its own limit within a window. Observed gaps alone
 would not do: a member stepping every 50 ms shows 50 ms gaps, then a slower step (a heal, a
@@ -48,7 +52,7 @@ class LivenessRules:
     heartbeat_timeout_s: float
     """The ceiling: silence after which any member is lost, whatever its cadence."""
     hung_factor: float = 3.0
-    """Silence this many times the member's longest gap (declared or seen) means hung."""
+    """Silence of the member's longest gap plus ``hung_factor - 1`` heartbeat intervals means hung."""
     hung_min_s: float = 0.25
     """The floor: no member is declared hung on a shorter silence."""
     min_gaps: int = 8
@@ -73,14 +77,14 @@ def silence_limit(gaps: Iterable[float], num_gaps: int, interval_s: float, rules
         return Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, "
                                                   f"{num_gaps} of {rules.min_gaps} gaps observed")
     longest = max(interval_s, max(gaps))
-    adaptive = rules.hung_factor * longest
+    missed = rules.hung_factor - 1
+    adaptive = longest + missed * interval_s
+    rule = f"its longest gap {longest:.3f}s + {missed:g} heartbeat intervals of {interval_s:g}s"
     if adaptive >= rules.heartbeat_timeout_s:
-        return Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, "
-                                                  f"below {rules.hung_factor:g}x its longest gap {longest:.3f}s")
+        return Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, below {rule}")
     if adaptive <= rules.hung_min_s:
-        return Silence(rules.hung_min_s, f"hung_min_s={rules.hung_min_s:g}, above {rules.hung_factor:g}x its "
-                                         f"longest gap {longest:.3f}s")
-    return Silence(adaptive, f"{rules.hung_factor:g}x its longest gap {longest:.3f}s")
+        return Silence(rules.hung_min_s, f"hung_min_s={rules.hung_min_s:g}, above {rule}")
+    return Silence(adaptive, rule)
 
 
 def is_silent_too_long(

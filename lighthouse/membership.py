@@ -70,8 +70,8 @@ class MembershipOptions:
     """The longest silence any member may keep; liveness.py adapts a shorter one per member."""
     progress_timeout_s: float = 10.0
     hung_factor: float = 3.0
-    """A member silent this many times its longest gap between messages (at least its
-    declared heartbeat interval) is hung."""
+    """A member silent for its longest recent gap between messages plus ``hung_factor - 1``
+    of its heartbeat intervals (at least ``hung_factor`` intervals) is hung (liveness.py)."""
     hung_min_s: float = 0.25
     """No member is declared hung on a silence shorter than this."""
 
@@ -178,6 +178,9 @@ class Membership:
     """How many of ``current``'s members are still healthy; None: recount (membership changed)."""
     _entry_bytes: int = 0
     """Sum of the members' ``entry_bytes``: the most a quorum of them could carry."""
+    _restored: frozenset[str] | None = None
+    """A replicated lighthouse's new leader: the last quorum's members, as etcd recorded them."""
+    _restored_at: float = 0.0
 
     @property
     def rules(self) -> QuorumRules:
@@ -185,6 +188,10 @@ class Membership:
 
     def waiting_ids(self) -> list[str]:
         return sorted(self._joins)
+
+    @property
+    def next_quorum_id(self) -> int:
+        return self._next_quorum_id
 
     def may_form_now(self) -> bool:
         """Cheap: can the members waiting now form a quorum without waiting for a deadline?
@@ -200,6 +207,25 @@ class Membership:
         if self._survivors is None:
             self._survivors = sum(1 for rid in self._current_ids if rid in self.members)
         return len(self._joins) >= self._survivors
+
+    def successor(self, incarnation: int) -> Membership:
+        """A fresh, empty state machine whose session serials continue this one's, so that a
+        session of this one that closes late can never be taken for one of the successor's."""
+        fresh = Membership(self.options, incarnation)
+        fresh._next_session = self._next_session
+        return fresh
+
+    def restore(self, last_quorum: tuple[str, ...], next_quorum_id: int, now: float) -> None:
+        """Take over from a replicated lighthouse's previous leader (its state from etcd).
+
+        Quorum ids continue above every id it issued. The first quorum waits until every
+        member of the last one has registered again (they report the steps they committed,
+        so no step is committed twice in two histories), or ``join_timeout_s`` for one that
+        is gone: a restarted single lighthouse, knowing nothing, always waits the timeout.
+        """
+        self._next_quorum_id = max(self._next_quorum_id, next_quorum_id)
+        self._restored = frozenset(last_quorum)
+        self._restored_at = now
 
     def register(self, reg: Register, now: float, *, peer: str = "") -> tuple[int, list[Lost]]:
         """Open a session; returns its serial and the member it superseded, if any.
@@ -328,12 +354,15 @@ class Membership:
         """Form a quorum if the rules allow; returns it (already recorded) or None."""
         decision = decide_quorum(self.view(), now, self.rules)
         if decision.participants is not None and self._awaiting_reconnects(now):
-            decision = QuorumDecision(
-                None,
-                "this lighthouse restarted: waiting join_timeout "
-                f"{self.options.join_timeout_s:g}s for the members of the last quorum to reconnect "
-                "before forming the first one",
-            )
+            if self._restored is not None:
+                missing = sorted(self._restored - self.members.keys())
+                reason = (f"new leader: waiting for the last quorum's members {missing} to reconnect (at most "
+                          f"join_timeout {self.options.join_timeout_s:g}s) before forming the first quorum")
+            else:
+                reason = ("this lighthouse restarted: waiting join_timeout "
+                          f"{self.options.join_timeout_s:g}s for the members of the last quorum to reconnect "
+                          "before forming the first one")
+            decision = QuorumDecision(None, reason)
         self.last_decision = decision
         if decision.participants is None:
             return None
@@ -377,11 +406,11 @@ class Membership:
         restarted lighthouse forms only once join_timeout has passed since the first such
         member registered (at a fresh start nobody reports an id, and nothing waits).
         """
-        return (
-            self.current is None
-            and self._reconnecting_since is not None
-            and now - self._reconnecting_since < self.options.join_timeout_s
-        )
+        if self.current is not None:
+            return False
+        if self._restored is not None:
+            return not self._restored <= self.members.keys() and now - self._restored_at < self.options.join_timeout_s
+        return self._reconnecting_since is not None and now - self._reconnecting_since < self.options.join_timeout_s
 
     def fence(self, req: FenceRequest) -> FenceResponse:
         """A group may commit only while its quorum is the current one and it is in it."""

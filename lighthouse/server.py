@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
 
 from lighthouse import envelope, protocol
 from lighthouse.errors import DuplicateReplica, ProtocolError, QuorumTooLarge, VersionMismatch
+from lighthouse.leadership import Leadership
 from lighthouse.membership import QUORUM_BUDGET_BYTES, Lost, Membership
 from lighthouse.metrics import Metrics
 from lighthouse.options import TOKEN_METADATA_KEY, LighthouseOptions, token_problem
@@ -38,11 +38,13 @@ from lighthouse.protocol import (
     FailureCode,
     FenceRequest,
     Notice,
+    Quorum,
     QuorumAnswer,
     QuorumFailed,
     QuorumRequest,
     Register,
 )
+from lighthouse.session import FAILURE_STATUS, Session, Waiter, WaitFailed, check_on_session
 from lighthouse.status import StatusServer, status_snapshot
 
 logger = logging.getLogger(__name__)
@@ -57,74 +59,6 @@ class ServingAddresses:
     status: str | None
 
 
-class _Session:
-    """One open session stream and its outbox of encoded messages (None ends the stream).
-
-    The outbox is bounded (``LighthouseOptions.outbox_max_messages`` / ``_bytes``): gRPC's
-    write waits while the member does not read (HTTP/2 flow control), and every notice for
-    it would otherwise pile up here without end. A member that lets its outbox fill is not
-    reading its session: it is ended (its handler task cancelled, so the stream closes and
-    the member is reported lost with the reason) rather than allowed to grow the
-    lighthouse's memory.
-    """
-
-    def __init__(self, replica_id: str, serial: int, max_messages: int, max_bytes: int) -> None:
-        self.replica_id = replica_id
-        self.serial = serial
-        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.queued_bytes = 0
-        self.ended: str | None = None
-        """Why the lighthouse ended the session (it stopped reading), if it did."""
-        self.task: asyncio.Task[object] | None = None
-        self._max_messages = max_messages
-        self._max_bytes = max_bytes
-
-    def send(self, message: bytes) -> None:
-        if self.ended is not None:
-            return
-        if self.outbox.qsize() >= self._max_messages or self.queued_bytes + len(message) > self._max_bytes:
-            self.ended = (
-                f"not reading its session stream: {self.outbox.qsize()} messages ({self.queued_bytes} bytes) "
-                f"waiting to be sent (limit {self._max_messages} messages, {self._max_bytes} bytes)"
-            )
-            if self.task is not None:
-                self.task.cancel()
-            return
-        self.queued_bytes += len(message)
-        self.outbox.put_nowait(message)
-
-    async def next_message(self) -> bytes | None:
-        message = await self.outbox.get()
-        if message is not None:
-            self.queued_bytes -= len(message)
-        return message
-
-    def close(self) -> None:
-        self.outbox.put_nowait(None)
-
-
-@dataclass(slots=True)
-class _Waiter:
-    """A member waiting for a quorum, and where its answer goes: into its session's outbox
-    (a stream request) or into the future a unary call awaits."""
-
-    replica_id: str
-    timeout_s: float
-    answer: Callable[[bytes], None]
-    """Called with the encoded quorum."""
-    fail: Callable[[FailureCode, str], None]
-    deadline: float = math.inf
-    """Monotonic; the tick fails the wait after it (a timer per wait cost more than the scan)."""
-
-
-_FAILURE_STATUS: dict[str, grpc.StatusCode] = {
-    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
-    "aborted": grpc.StatusCode.ABORTED,
-    "refused": grpc.StatusCode.RESOURCE_EXHAUSTED,
-}
-"""How the unary ``Quorum`` call reports each way a wait ends without a quorum."""
-
-
 def _bind_problem(host: str, port: int) -> str:
     """Why ``host:port`` cannot be bound, as the OS says it (grpc only reports that it failed)."""
     try:
@@ -137,34 +71,21 @@ def _bind_problem(host: str, port: int) -> str:
     return "grpc refused it, though a plain socket could bind it"
 
 
-class _WaitFailed(Exception):
-    def __init__(self, code: FailureCode, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason
-
-
-def _check_on_session(req: QuorumRequest, replica_id: str) -> None:
-    """A session joins quorums only for the replica it registered, numbering its requests."""
-    if req.replica_id != replica_id:
-        raise ProtocolError(
-            f"QuorumRequest.replica_id is {req.replica_id!r} on the session of {replica_id!r}; a "
-            "session asks for quorums only for the replica it registered"
-        )
-    if req.ask < 1:
-        raise ProtocolError(f"QuorumRequest.ask is {req.ask} on a session stream; number requests from 1")
-
-
 class LighthouseServer:
     """Build with options; ``start()`` binds and serves; ``stop()`` shuts down cleanly."""
 
-    def __init__(self, options: LighthouseOptions, *, incarnation: int | None = None) -> None:
+    def __init__(
+        self, options: LighthouseOptions, *, incarnation: int | None = None, leadership: Leadership | None = None
+    ) -> None:
         self.options = options
         self.incarnation = incarnation if incarnation is not None else time.time_ns() // 1000
+        self.leadership = leadership
+        """None: the single lighthouse, always serving. Otherwise one of a replicated set,
+        serving only while ``leadership.serving()`` (replicated.py)."""
         self.membership = Membership(options.membership, self.incarnation)
         self.metrics = Metrics()
-        self._sessions: dict[str, _Session] = {}
-        self._waiters: dict[str, _Waiter] = {}
+        self._sessions: dict[str, Session] = {}
+        self._waiters: dict[str, Waiter] = {}
         self._round_started: float | None = None
         self._server: grpc.aio.Server | None = None
         self._status: StatusServer | None = None
@@ -241,6 +162,7 @@ class LighthouseServer:
 
     async def _session(self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         await self._authenticate(context)
+        await self._require_leader(context)
         try:
             first = await asyncio.wait_for(context.read(), REGISTER_TIMEOUT_S)
             if first is grpc.aio.EOF:
@@ -260,7 +182,7 @@ class LighthouseServer:
         # the one told it is fenced.
         self._handle_lost(lost)
         o = self.options
-        session = _Session(reg.replica_id, serial, o.outbox_max_messages, o.outbox_max_bytes)
+        session = Session(reg.replica_id, serial, o.outbox_max_messages, o.outbox_max_bytes)
         session.task = asyncio.current_task()
         self._sessions[reg.replica_id] = session
         self.metrics.sessions_open += 1
@@ -284,8 +206,9 @@ class LighthouseServer:
             self._decide()
         if reader.done() and not reader.cancelled() and reader.exception() is None and (rejected := reader.result()):
             await self._reject(context, rejected)
+        await self._require_leader(context)  # ended by a step-down: say where to go
 
-    async def _read_session(self, session: _Session, context: grpc.aio.ServicerContext) -> ProtocolError | None:
+    async def _read_session(self, session: Session, context: grpc.aio.ServicerContext) -> ProtocolError | None:
         """Take a session's heartbeats and quorum requests until it ends; returns the error
         that ended it, if a message was malformed (the handler then aborts the stream with it)."""
         while True:
@@ -295,7 +218,7 @@ class LighthouseServer:
             try:
                 message = protocol.decode_session_request(raw)
                 if isinstance(message, QuorumRequest):
-                    _check_on_session(message, session.replica_id)
+                    check_on_session(message, session.replica_id)
             except ProtocolError as e:
                 return e
             if isinstance(message, QuorumRequest):
@@ -312,7 +235,7 @@ class LighthouseServer:
             elif not self.membership.heartbeat(session.replica_id, session.serial, message, time.monotonic()):
                 return None
 
-    def _join_on_session(self, session: _Session, req: QuorumRequest) -> bool:
+    def _join_on_session(self, session: Session, req: QuorumRequest) -> bool:
         """A quorum request on a session stream; False when the session was superseded."""
         if not self.membership.is_session_live(session.replica_id, session.serial):
             return False
@@ -323,10 +246,11 @@ class LighthouseServer:
         def fail(code: FailureCode, reason: str) -> None:
             session.send(envelope.encode(QuorumFailed(req.ask, code, reason)))
 
-        return self._join(req, _Waiter(req.replica_id, req.timeout_s, answer, fail))
+        return self._join(req, Waiter(req.replica_id, req.timeout_s, answer, fail))
 
     async def _quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)
+        await self._require_leader(context)
         try:
             req = QuorumRequest.decode(raw)
         except ProtocolError as e:
@@ -339,9 +263,9 @@ class LighthouseServer:
 
         def fail(code: FailureCode, reason: str) -> None:
             if not result.done():
-                result.set_exception(_WaitFailed(code, reason))
+                result.set_exception(WaitFailed(code, reason))
 
-        waiter = _Waiter(req.replica_id, req.timeout_s, answer, fail)
+        waiter = Waiter(req.replica_id, req.timeout_s, answer, fail)
         if not self._join(req, waiter):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
@@ -350,8 +274,8 @@ class LighthouseServer:
             )
         try:
             return await result
-        except _WaitFailed as e:
-            await context.abort(_FAILURE_STATUS[e.code], e.reason)
+        except WaitFailed as e:
+            await context.abort(FAILURE_STATUS[e.code], e.reason)
         finally:
             if self._waiters.get(req.replica_id) is waiter:  # the caller went away first
                 del self._waiters[req.replica_id]
@@ -360,6 +284,7 @@ class LighthouseServer:
 
     async def _fence(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)
+        await self._require_leader(context)
         try:
             req = FenceRequest.decode(raw)
         except ProtocolError as e:
@@ -368,7 +293,7 @@ class LighthouseServer:
 
     # -- state-machine plumbing -------------------------------------------------------------
 
-    def _join(self, req: QuorumRequest, waiter: _Waiter) -> bool:
+    def _join(self, req: QuorumRequest, waiter: Waiter) -> bool:
         """Make ``waiter`` the replica's one wait for a quorum, until ``req.timeout_s``;
         False when the replica has no live session."""
         now = time.monotonic()
@@ -400,6 +325,8 @@ class LighthouseServer:
             waiter.fail("timeout", f"no quorum with {waiter.replica_id!r} formed within {waiter.timeout_s:g}s: {reason}")
 
     def _decide(self) -> None:
+        if not self.serving():
+            return
         now = time.monotonic()
         previous_id = self.membership.current.quorum_id if self.membership.current else None
         quorum = self.membership.decide(now)
@@ -413,11 +340,28 @@ class LighthouseServer:
         if len(encoded) > QUORUM_BUDGET_BYTES:  # the join budget makes this unreachable
             logger.error("quorum %d is %d bytes, over the %d-byte budget; not sent", quorum.quorum_id,
                          len(encoded), QUORUM_BUDGET_BYTES)
-        for rid in quorum.replica_ids:
-            waiter = self._waiters.pop(rid, None)
-            if waiter is not None:
-                waiter.answer(encoded)
-        if quorum.quorum_id != previous_id:
+        waiters = [w for rid in quorum.replica_ids if (w := self._waiters.pop(rid, None)) is not None]
+        new_id = quorum.quorum_id != previous_id
+        if new_id and self.leadership is not None:
+            # A new quorum id reaches members only once etcd holds it (replicated.py).
+            asyncio.create_task(self._publish_then_send(quorum, encoded, waiters))
+        else:
+            self._send_quorum(quorum, encoded, waiters, new_id)
+
+    async def _publish_then_send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter]) -> None:
+        assert self.leadership is not None
+        published = await self.leadership.publish(quorum, self.membership.next_quorum_id)
+        if published and self.serving() and self.membership.current is quorum:
+            self._send_quorum(quorum, encoded, waiters, True)
+            return
+        why = "this lighthouse lost the lead" if not published else "a newer quorum replaced it"
+        for w in waiters:
+            w.fail("aborted", f"quorum {quorum.quorum_id} was not published: {why}")
+
+    def _send_quorum(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter], new_id: bool) -> None:
+        for waiter in waiters:
+            waiter.answer(encoded)
+        if new_id:
             self.metrics.quorum_ids_issued += 1
             logger.info("quorum %d formed with %s (%s)", quorum.quorum_id, list(quorum.replica_ids),
                         self.membership.last_decision.reason if self.membership.last_decision else "")
@@ -426,6 +370,40 @@ class LighthouseServer:
                 s = self._sessions.get(rid)
                 if s is not None:
                     s.send(notice)
+
+    # -- leadership (a replicated lighthouse) -----------------------------------------------
+
+    def serving(self) -> bool:
+        return self.leadership is None or self.leadership.serving()
+
+    def take_leadership(self, incarnation: int, last_quorum: tuple[str, ...], next_quorum_id: int) -> None:
+        """Start serving as the leader, from the previous leader's state (read from etcd)."""
+        self.incarnation = incarnation
+        self.membership = self.membership.successor(incarnation)
+        self.membership.restore(last_quorum, next_quorum_id, time.monotonic())
+        self._round_started = None
+        logger.warning("lighthouse leads (incarnation %d): quorum ids from %d; waiting for %s", incarnation,
+                       next_quorum_id, sorted(last_quorum))
+
+    def step_down(self, reason: str) -> None:
+        """Stop serving: every session ends (told where the leader is) and every wait fails.
+        Idempotent; the membership is dropped, a later lead restores it from etcd."""
+        if not self._sessions and not self._waiters and not self.membership.members:
+            return
+        logger.warning("lighthouse stops serving: %s", reason)
+        for waiter in list(self._waiters.values()):
+            waiter.fail("aborted", f"the lighthouse stopped leading: {reason}")
+        self._waiters.clear()
+        for session in self._sessions.values():
+            session.close()
+        self.membership = self.membership.successor(self.incarnation)
+        self._round_started = None
+
+    async def _require_leader(self, context: grpc.aio.ServicerContext) -> None:
+        if not self.serving():
+            assert self.leadership is not None
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                f"this lighthouse is not the leader ({self.leadership.leader_hint()})")
 
     def _handle_lost(self, lost: list[Lost]) -> None:
         for m in lost:
@@ -451,6 +429,9 @@ class LighthouseServer:
         while True:
             await asyncio.sleep(self.options.tick_s)
             try:
+                if not self.serving():
+                    self.step_down("its leadership ended")
+                    continue
                 self._handle_lost(self.membership.expire(time.monotonic()))
                 self._decide()
                 self._expire_waits(time.monotonic())

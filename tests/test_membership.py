@@ -184,7 +184,7 @@ class TestLoss:
 
     def test_heartbeats_keep_member_alive(self) -> None:
         m = new_membership()
-        session = register(m, "a")
+        session = register(m, "a", interval_s=0.5)
         for i in range(1, 40):
             now = i * 0.5
             assert m.heartbeat("a", session, Heartbeat(step=i, progress=i), now)
@@ -198,7 +198,7 @@ class TestLoss:
         assert m.expire(2.0 + 0.29) == []
         lost = m.expire(2.0 + 0.31)
         assert [x.replica_id for x in lost] == ["a"]
-        assert "silent for 0.31s, beyond its limit of 0.30s (3x its longest gap 0.100s)" in lost[0].reason
+        assert "silent for 0.31s, beyond its limit of 0.30s (its longest gap 0.100s + 2 heartbeat intervals of 0.1s)" in lost[0].reason
 
     def test_slow_but_alive_member_never_dropped(self) -> None:
         """Steps of 5 s: quorum requests are rare, but the client's heartbeats fill the gaps."""

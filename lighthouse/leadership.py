@@ -1,0 +1,64 @@
+"""What a lighthouse of a replicated set must know about its leadership, as a seam and a rule.
+
+:class:`Leadership` is the seam between the lighthouse server (which serves members) and
+whatever decides whether it may serve (replicated.py: an etcd lease). The single embedded
+lighthouse has none and always serves.
+
+:class:`LeaseClock` is the rule that keeps a deposed leader from serving: etcd expires a
+lease ``ttl`` after the last keepalive *it received*; this side counts from when it *sent*
+the keepalive that etcd answered, which is earlier, and stops a margin before that. So the
+moment this lighthouse stops serving always precedes the moment etcd lets another take the
+lead, whatever the network did in between; a partitioned leader stops on its own clock,
+without hearing from anyone. Pure: times are arguments (tests/test_leadership.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from lighthouse.protocol import Quorum
+
+LEASE_MARGIN = 0.2
+"""Stop serving this fraction of the lease before it could expire in etcd: room for this
+machine's clock to run slow against etcd's over one lease (real drift is ppm) and for the
+event loop to notice late."""
+
+
+class Leadership(Protocol):
+    """Asked by the lighthouse server on every action that members could act on."""
+
+    def serving(self) -> bool:
+        """May this lighthouse answer members now (leader, lease still valid)?"""
+        ...
+
+    def leader_hint(self) -> str:
+        """Where members should go instead (the leader's address), or why there is none."""
+        ...
+
+    async def publish(self, quorum: Quorum, next_quorum_id: int) -> bool:
+        """Record a quorum with a new id before any member hears of it; False when this
+        lighthouse was deposed meanwhile (it must then not send it)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseClock:
+    """When a leader must stop serving, from the keepalives etcd answered."""
+
+    ttl_s: float
+    valid_until: float = 0.0
+    """Monotonic; before the first renewal nothing is valid."""
+
+    def renewed(self, sent_at: float, granted_ttl_s: float) -> LeaseClock:
+        """A keepalive (or the grant) sent at ``sent_at`` was answered with ``granted_ttl_s``."""
+        if granted_ttl_s <= 0:
+            return LeaseClock(self.ttl_s, 0.0)
+        until = sent_at + granted_ttl_s * (1 - LEASE_MARGIN)
+        return LeaseClock(self.ttl_s, max(self.valid_until, until))
+
+    def valid(self, now: float) -> bool:
+        return now < self.valid_until
+
+    def remaining_s(self, now: float) -> float:
+        return max(self.valid_until - now, 0.0)

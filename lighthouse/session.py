@@ -1,0 +1,105 @@
+"""Sessions and waits on the lighthouse: a session stream's bounded outbox, and a member
+waiting for a quorum.
+
+Split from server.py, which owns the streams: these are the queues between the state
+machine's synchronous calls (which produce notices and answers) and the handler coroutines
+that write them to gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from lighthouse.errors import ProtocolError
+from lighthouse.protocol import FailureCode, QuorumRequest
+
+
+class Session:
+    """One open session stream and its outbox of encoded messages (None ends the stream).
+
+    The outbox is bounded (``LighthouseOptions.outbox_max_messages`` / ``_bytes``): gRPC's
+    write waits while the member does not read (HTTP/2 flow control), and every notice for
+    it would otherwise pile up here without end. A member that lets its outbox fill is not
+    reading its session: it is ended (its handler task cancelled, so the stream closes and
+    the member is reported lost with the reason) rather than allowed to grow the
+    lighthouse's memory.
+    """
+
+    def __init__(self, replica_id: str, serial: int, max_messages: int, max_bytes: int) -> None:
+        self.replica_id = replica_id
+        self.serial = serial
+        self.outbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.queued_bytes = 0
+        self.ended: str | None = None
+        """Why the lighthouse ended the session (it stopped reading), if it did."""
+        self.task: asyncio.Task[object] | None = None
+        self._max_messages = max_messages
+        self._max_bytes = max_bytes
+
+    def send(self, message: bytes) -> None:
+        if self.ended is not None:
+            return
+        if self.outbox.qsize() >= self._max_messages or self.queued_bytes + len(message) > self._max_bytes:
+            self.ended = (
+                f"not reading its session stream: {self.outbox.qsize()} messages ({self.queued_bytes} bytes) "
+                f"waiting to be sent (limit {self._max_messages} messages, {self._max_bytes} bytes)"
+            )
+            if self.task is not None:
+                self.task.cancel()
+            return
+        self.queued_bytes += len(message)
+        self.outbox.put_nowait(message)
+
+    async def next_message(self) -> bytes | None:
+        message = await self.outbox.get()
+        if message is not None:
+            self.queued_bytes -= len(message)
+        return message
+
+    def close(self) -> None:
+        self.outbox.put_nowait(None)
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A member waiting for a quorum, and where its answer goes: into its session's outbox
+    (a stream request) or into the future a unary call awaits."""
+
+    replica_id: str
+    timeout_s: float
+    answer: Callable[[bytes], None]
+    """Called with the encoded quorum."""
+    fail: Callable[[FailureCode, str], None]
+    deadline: float = math.inf
+    """Monotonic; the tick fails the wait after it (a timer per wait cost more than the scan)."""
+
+
+FAILURE_STATUS: dict[str, grpc.StatusCode] = {
+    "timeout": grpc.StatusCode.DEADLINE_EXCEEDED,
+    "aborted": grpc.StatusCode.ABORTED,
+    "refused": grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+"""How the unary ``Quorum`` call reports each way a wait ends without a quorum."""
+
+
+class WaitFailed(Exception):
+    def __init__(self, code: FailureCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+def check_on_session(req: QuorumRequest, replica_id: str) -> None:
+    """A session joins quorums only for the replica it registered, numbering its requests."""
+    if req.replica_id != replica_id:
+        raise ProtocolError(
+            f"QuorumRequest.replica_id is {req.replica_id!r} on the session of {replica_id!r}; a "
+            "session asks for quorums only for the replica it registered"
+        )
+    if req.ask < 1:
+        raise ProtocolError(f"QuorumRequest.ask is {req.ask} on a session stream; number requests from 1")

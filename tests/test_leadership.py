@@ -1,0 +1,41 @@
+"""The lease rule (lighthouse/leadership.py): a leader stops serving before etcd could let
+another lead, counting from when it sent each keepalive."""
+
+from __future__ import annotations
+
+import pytest
+
+from lighthouse.leadership import LEASE_MARGIN, LeaseClock
+
+
+def test_nothing_is_valid_before_the_first_renewal() -> None:
+    assert not LeaseClock(2.0).valid(0.0)
+
+
+@pytest.mark.parametrize(
+    ("case", "sent_at", "answered_at", "now", "valid"),
+    [
+        ("just renewed", 10.0, 10.01, 10.02, True),
+        ("answered late: counted from the send, not the answer", 10.0, 11.5, 11.59, True),
+        ("the margin before etcd's expiry", 10.0, 10.01, 10.0 + 2.0 * (1 - LEASE_MARGIN), False),
+        ("partitioned: no renewal for a whole lease", 10.0, 10.01, 12.0, False),
+    ],
+)
+def test_valid_only_until_the_margin_before_etcds_earliest_expiry(
+    case: str, sent_at: float, answered_at: float, now: float, valid: bool
+) -> None:
+    clock = LeaseClock(2.0).renewed(sent_at, 2.0)
+    assert clock.valid(now) is valid, case
+    # etcd expires the lease no earlier than ttl after it received the keepalive, which it
+    # did after we sent it: whenever we are still valid, so is the lease in etcd.
+    if clock.valid(now):
+        assert now < sent_at + 2.0
+
+
+def test_a_late_answer_to_an_older_keepalive_never_shortens_validity() -> None:
+    clock = LeaseClock(2.0).renewed(10.0, 2.0).renewed(9.0, 2.0)
+    assert clock.valid_until == pytest.approx(10.0 + 2.0 * (1 - LEASE_MARGIN))
+
+
+def test_lease_gone_from_etcd_ends_validity_at_once() -> None:
+    assert not LeaseClock(2.0).renewed(10.0, 2.0).renewed(10.5, 0).valid(10.6)
