@@ -26,14 +26,14 @@ from typing import Any
 import grpc
 
 from lighthouse import envelope, protocol
+from lighthouse.channels import CHANNEL_OPTIONS, FATAL, Targets, parse_addresses, translate
 from lighthouse.errors import (
     DuplicateReplica,
     LighthouseUnavailable,
+    NotLeader,
     ProtocolError,
     QuorumTimeout,
     QuorumTooLarge,
-    Unauthenticated,
-    VersionMismatch,
 )
 from lighthouse.options import TOKEN_METADATA_KEY
 from lighthouse.protocol import (
@@ -50,8 +50,6 @@ from lighthouse.protocol import (
 
 logger = logging.getLogger(__name__)
 
-RECONNECT_INITIAL_S = 0.05
-RECONNECT_MAX_S = 1.0
 RETRY_PAUSE_S = 0.02
 DEADLINE_GRACE_S = 1.0
 """The RPC deadline exceeds the server-side wait so the server's reason arrives first."""
@@ -60,42 +58,6 @@ DUPLICATE_PATIENCE_S = 5.0
 before the refusal is final. A restarted group whose predecessor's host vanished (its
 session silent, not closed) is refused until the lighthouse drops that session, at most its
 heartbeat timeout (2 s by default); a second live process is refused every time."""
-
-_CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", envelope.MAX_MESSAGE_BYTES),
-    # grpc's default reconnect backoff starts at 1 s and grows to 2 min; a lighthouse that
-    # restarts in 2 s must be found again within a fraction of a second.
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.min_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 1000),
-    ("grpc.keepalive_time_ms", 2000),
-    ("grpc.keepalive_timeout_ms", 2000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-    ("grpc.enable_retries", 0),
-]
-
-
-def _translate(e: grpc.aio.AioRpcError) -> Exception:
-    code, details = e.code(), e.details() or ""
-    if code == grpc.StatusCode.UNAUTHENTICATED:
-        return Unauthenticated(details)
-    if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return VersionMismatch(details)
-    if code == grpc.StatusCode.INVALID_ARGUMENT:
-        return ProtocolError(details)
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return QuorumTimeout(details)
-    if code == grpc.StatusCode.ALREADY_EXISTS:
-        return DuplicateReplica(details)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return QuorumTooLarge(details)
-    return LighthouseUnavailable(f"{code.name}: {details}")
-
-
-_FATAL = (Unauthenticated, VersionMismatch, ProtocolError, QuorumTooLarge)
-
 
 @dataclass(frozen=True, slots=True)
 class _Pending:
@@ -121,7 +83,8 @@ class AsyncLighthouseClient:
         on_notice: Callable[[Notice], None] | None = None,
         duplicate_patience_s: float = DUPLICATE_PATIENCE_S,
     ) -> None:
-        self.address = address
+        self.targets = Targets(parse_addresses(address))
+        """The lighthouse (or the replicated set's members) this client may talk to."""
         self.replica_id = replica_id
         self.world_size = world_size
         self.member_address = member_address
@@ -139,7 +102,7 @@ class AsyncLighthouseClient:
         self._progress = 0
         self._registered = asyncio.Event()
         self._fatal: Exception | None = None
-        self._channel: grpc.aio.Channel | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}
         self._session_task: asyncio.Task[None] | None = None
         self._call: grpc.aio.StreamStreamCall | None = None
         self._write_lock = asyncio.Lock()
@@ -156,7 +119,7 @@ class AsyncLighthouseClient:
         self._progress += 1
 
     async def start(self) -> None:
-        self._channel = grpc.aio.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        self._channel_to(self.targets.current)
         self._session_task = asyncio.create_task(self._run_session(), name=f"lighthouse-session-{self.replica_id}")
 
     async def close(self) -> None:
@@ -175,8 +138,9 @@ class AsyncLighthouseClient:
                 await self._session_task
             except asyncio.CancelledError:
                 pass
-        if self._channel is not None:
-            await self._channel.close()
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
 
     async def wait_registered(self, timeout_s: float) -> None:
         if self._fatal is not None:
@@ -312,43 +276,60 @@ class AsyncLighthouseClient:
             )
             return FenceResponse.decode(raw)
         except grpc.aio.AioRpcError as e:
-            return FenceResponse(False, f"lighthouse did not confirm the quorum: {_translate(e)}")
+            return FenceResponse(False, f"lighthouse did not confirm the quorum: {translate(e)}")
+
+    @property
+    def address(self) -> str:
+        """The lighthouse the session is (or will next be) with."""
+        return self.targets.current
+
+    def _channel_to(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return channel
 
     async def _unary(self, method: str, body: bytes, timeout_s: float) -> bytes:
-        assert self._channel is not None, "start() the client first"
-        call = self._channel.unary_unary(method)
-        return await call(body, timeout=timeout_s, metadata=self._metadata, wait_for_ready=True)
+        assert self._channels, "start() the client first"
+        call = self._channel_to(self.targets.current).unary_unary(method)
+        # One lighthouse: wait for it through a restart. A replicated set: fail fast, the
+        # session moves on to the leader.
+        return await call(body, timeout=timeout_s, metadata=self._metadata, wait_for_ready=not self.targets.replicated)
 
     async def _run_session(self) -> None:
-        backoff = RECONNECT_INITIAL_S
         refused_since: float | None = None
         while not self._closing:
             try:
-                await self._one_session()
-                backoff = RECONNECT_INITIAL_S
+                registered = await self._one_session()
+                pause = self.targets.after_session() if registered else self.targets.after_failure()
                 refused_since = None
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
-                error = _translate(e)
-                if isinstance(error, DuplicateReplica):
+                error = translate(e)
+                if isinstance(error, NotLeader):
+                    pause = self.targets.after_not_leader(str(error))
+                    logger.debug("%s: %s; trying %s", self.replica_id, error, self.targets.current)
+                elif isinstance(error, DuplicateReplica):
                     refused_since = time.monotonic() if refused_since is None else refused_since
                     if time.monotonic() - refused_since >= self.duplicate_patience_s:
                         self._give_up(error)
                         return
                     logger.warning("lighthouse refused the session of %s, retrying for up to %gs: %s",
                                    self.replica_id, self.duplicate_patience_s, error)
-                elif isinstance(error, _FATAL):
+                    pause = self.targets.after_failure()
+                elif isinstance(error, FATAL):
                     self._give_up(error)
                     return
                 else:
-                    logger.debug("lighthouse session of %s broke: %s", self.replica_id, error)
+                    logger.debug("lighthouse session of %s at %s broke: %s", self.replica_id, self.address, error)
+                    pause = self.targets.after_failure()
             except ProtocolError as e:
                 logger.error("bad message from the lighthouse at %s: %s", self.address, e)
+                pause = self.targets.after_failure()
             finally:
                 self._registered.clear()
-            await asyncio.sleep(backoff * (1 + random.random() / 2))
-            backoff = min(backoff * 2, RECONNECT_MAX_S)
+            await asyncio.sleep(pause * (1 + random.random() / 2))
 
     def _give_up(self, error: Exception) -> None:
         """Retrying cannot help: every waiting and later call raises ``error``."""
@@ -357,9 +338,11 @@ class AsyncLighthouseClient:
         self._fail_pending(error)
         self._registered.set()
 
-    async def _one_session(self) -> None:
-        assert self._channel is not None
-        call = self._channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata, wait_for_ready=True)
+    async def _one_session(self) -> bool:
+        """One session with ``targets.current``; True if it registered before it ended."""
+        channel = self._channel_to(self.targets.current)
+        call = channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata,
+                                                              wait_for_ready=not self.targets.replicated)
         self._call = call
         heartbeats: asyncio.Task[None] | None = None
         try:
@@ -367,7 +350,7 @@ class AsyncLighthouseClient:
                                              self.last_quorum_id, self.instance, self.heartbeat_interval_s))
             raw = await call.read()
             if raw is grpc.aio.EOF:
-                return
+                return False
             first = protocol.decode_session_reply(raw)
             if not isinstance(first, Notice) or first.kind != "registered":
                 raise ProtocolError(f"expected a 'registered' notice first, got {first!r}")
@@ -378,7 +361,7 @@ class AsyncLighthouseClient:
             while True:
                 raw = await call.read()
                 if raw is grpc.aio.EOF:
-                    return
+                    return True
                 reply = protocol.decode_session_reply(raw)
                 if not isinstance(reply, Notice):
                     self._settle(reply)
@@ -389,7 +372,7 @@ class AsyncLighthouseClient:
                     except Exception:
                         logger.exception("on_notice callback failed for %s", reply)
                 if reply.kind == "fenced":
-                    return
+                    return True
         finally:
             self._call = None
             self._fail_pending(LighthouseUnavailable("the session with the lighthouse ended"))
