@@ -33,10 +33,11 @@ class EtcdNotAvailable(RuntimeError):
 
 
 def etcd_binary(*, install: bool = True) -> str:
-    """Path of ``etcd``, installing Debian's ``etcd-server`` with apt-get when missing and
-    allowed (root with apt-get); raises EtcdNotAvailable saying why not otherwise."""
+    """Path of ``etcd``, installing Debian's ``etcd-server`` (and ``etcd-client``, whose
+    ``etcdctl`` checks the cluster's health) with apt-get when missing and allowed (root with
+    apt-get); raises EtcdNotAvailable saying why not otherwise."""
     found = shutil.which("etcd")
-    if found:
+    if found and shutil.which("etcdctl"):
         return found
     if not install:
         raise EtcdNotAvailable("no etcd on PATH; install Debian's etcd-server (apt-get install etcd-server)")
@@ -44,11 +45,11 @@ def etcd_binary(*, install: bool = True) -> str:
         raise EtcdNotAvailable("no etcd on PATH and cannot install it here (needs root and apt-get); "
                                "install Debian's etcd-server")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    result = subprocess.run(["apt-get", "install", "-y", "-qq", "etcd-server"], env=env, capture_output=True,
+    result = subprocess.run(["apt-get", "install", "-y", "-qq", "etcd-server", "etcd-client"], env=env, capture_output=True,
                             text=True, timeout=600)
     if result.returncode != 0:
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        result = subprocess.run(["apt-get", "install", "-y", "-qq", "etcd-server"], env=env, capture_output=True,
+        result = subprocess.run(["apt-get", "install", "-y", "-qq", "etcd-server", "etcd-client"], env=env, capture_output=True,
                                 text=True, timeout=600)
     found = shutil.which("etcd")
     if result.returncode != 0 or not found:

@@ -20,12 +20,12 @@ import random
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from lighthouse import envelope, protocol
+from lighthouse.asks import PendingAsk
 from lighthouse.channels import CHANNEL_OPTIONS, FATAL, Targets, parse_addresses, translate
 from lighthouse.errors import (
     DuplicateReplica,
@@ -33,7 +33,6 @@ from lighthouse.errors import (
     NotLeader,
     ProtocolError,
     QuorumTimeout,
-    QuorumTooLarge,
 )
 from lighthouse.options import TOKEN_METADATA_KEY
 from lighthouse.protocol import (
@@ -58,15 +57,6 @@ DUPLICATE_PATIENCE_S = 5.0
 before the refusal is final. A restarted group whose predecessor's host vanished (its
 session silent, not closed) is refused until the lighthouse drops that session, at most its
 heartbeat timeout (2 s by default); a second live process is refused every time."""
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """The quorum request in flight on the session, and where its answer (the encoded
-    quorum) or failure goes."""
-
-    ask: int
-    answer: asyncio.Future[bytes]
-
 
 class AsyncLighthouseClient:
     """A replica group's connection to the lighthouse (used by group rank 0's manager)."""
@@ -110,7 +100,7 @@ class AsyncLighthouseClient:
         self._last_write = 0.0
         """When the session last sent anything (monotonic): heartbeats fill only the silences."""
         self._num_asks = 0
-        self._pending: _Pending | None = None
+        self._pending: PendingAsk | None = None
         self._closing = False
 
     def record_progress(self, step: int) -> None:
@@ -216,12 +206,14 @@ class AsyncLighthouseClient:
         if call is None or not self._registered.is_set():
             raise LighthouseUnavailable("the session with the lighthouse ended before the request was sent")
         self._num_asks = request.ask
-        pending = _Pending(request.ask, asyncio.get_running_loop().create_future())
+        pending = PendingAsk(request.ask, asyncio.get_running_loop().create_future())
         self._pending = pending
         # A timer that fails the answer, rather than asyncio.wait/wait_for around it: ~15 µs
         # less per request (measured), and the answer's own QuorumTimeout, the lighthouse's
         # reason, is never confused with this side's deadline.
-        timer = asyncio.get_running_loop().call_later(timeout_s, self._give_up, pending, timeout_s)
+        timer = asyncio.get_running_loop().call_later(
+            timeout_s, pending.fail, QuorumTimeout(f"the lighthouse at {self.address} did not answer quorum request "
+                                                   f"{pending.ask} of {self.replica_id!r} within {timeout_s:g}s"))
         try:
             await self._write(call, request)
             return await pending.answer
@@ -234,33 +226,13 @@ class AsyncLighthouseClient:
             if self._pending is pending:
                 self._pending = None
 
-    def _give_up(self, pending: _Pending, timeout_s: float) -> None:
-        if not pending.answer.done():
-            pending.answer.set_exception(
-                QuorumTimeout(
-                    f"the lighthouse at {self.address} did not answer quorum request {pending.ask} of "
-                    f"{self.replica_id!r} within {timeout_s:g}s"
-                )
-            )
-
     def _settle(self, reply: QuorumAnswer | QuorumFailed) -> None:
-        pending = self._pending
-        if pending is None or pending.ask != reply.ask or pending.answer.done():
+        if self._pending is None or not self._pending.settle(reply):
             logger.debug("%s ignores a late reply to quorum request %d", self.replica_id, reply.ask)
-            return
-        if isinstance(reply, QuorumAnswer):
-            pending.answer.set_result(reply.quorum)
-        elif reply.code == "timeout":
-            pending.answer.set_exception(QuorumTimeout(reply.reason))
-        elif reply.code == "refused":
-            pending.answer.set_exception(QuorumTooLarge(reply.reason))
-        else:
-            pending.answer.set_exception(LighthouseUnavailable(f"quorum request aborted: {reply.reason}"))
 
     def _fail_pending(self, error: Exception) -> None:
-        pending = self._pending
-        if pending is not None and not pending.answer.done():
-            pending.answer.set_exception(error)
+        if self._pending is not None:
+            self._pending.fail(error)
 
     async def fence(self, quorum_id: int, step: int, timeout_s: float) -> FenceResponse:
         """Ask whether this group may commit ``step`` of ``quorum_id``; never raises for I/O.
@@ -313,13 +285,13 @@ class AsyncLighthouseClient:
                 elif isinstance(error, DuplicateReplica):
                     refused_since = time.monotonic() if refused_since is None else refused_since
                     if time.monotonic() - refused_since >= self.duplicate_patience_s:
-                        self._give_up(error)
+                        self._refuse(error)
                         return
                     logger.warning("lighthouse refused the session of %s, retrying for up to %gs: %s",
                                    self.replica_id, self.duplicate_patience_s, error)
                     pause = self.targets.after_failure()
                 elif isinstance(error, FATAL):
-                    self._give_up(error)
+                    self._refuse(error)
                     return
                 else:
                     logger.debug("lighthouse session of %s at %s broke: %s", self.replica_id, self.address, error)
@@ -331,7 +303,7 @@ class AsyncLighthouseClient:
                 self._registered.clear()
             await asyncio.sleep(pause * (1 + random.random() / 2))
 
-    def _give_up(self, error: Exception) -> None:
+    def _refuse(self, error: Exception) -> None:
         """Retrying cannot help: every waiting and later call raises ``error``."""
         logger.error("lighthouse refused the session of %s: %s", self.replica_id, error)
         self._fatal = error

@@ -40,7 +40,8 @@ import msgpack
 
 from lighthouse.envelope import MAX_MESSAGE_BYTES
 from lighthouse.errors import DuplicateReplica, OptionsError, QuorumTooLarge
-from lighthouse.liveness import GAP_WINDOW, LivenessRules, is_silent_too_long
+from lighthouse.liveness import LivenessRules, is_silent_too_long
+from lighthouse.members import Lost, MemberState, QuorumRecord, entry_bytes
 from lighthouse.option_checks import check_number, check_seconds
 from lighthouse.protocol import (
     FenceRequest,
@@ -58,8 +59,6 @@ MAX_MEMBERS = 65536
 QUORUM_BUDGET_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 """What the members' entries of one quorum may add up to, encoded: a gRPC message less room
 for the envelopes around it (the answer on a session, the group server's forwarding)."""
-ENTRY_OVERHEAD_BYTES = 24
-"""A member's entry beyond its id, address and data: msgpack headers, step, world size."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,57 +98,6 @@ class MembershipOptions:
     @property
     def liveness(self) -> LivenessRules:
         return LivenessRules(self.heartbeat_timeout_s, self.hung_factor, self.hung_min_s)
-
-
-@dataclass(slots=True)
-class MemberState:
-    replica_id: str
-    session: int
-    address: str
-    world_size: int
-    step: int
-    progress: int
-    registered_at: float
-    last_heartbeat: float
-    """When the session last carried anything (a heartbeat or a quorum request)."""
-    last_progress: float
-    quorum_id: int = -1
-    """The last quorum that included this member during this session."""
-    newcomer: bool = False
-    """Never in a quorum, in this session or before it (quorum.py's majority guard)."""
-    instance: str = ""
-    """The client instance that opened the session (a reconnect keeps it, a new process not)."""
-    heartbeat_interval_s: float = 0.0
-    """The interval its client heartbeats a quiet stream at, as it declared (0: unknown)."""
-    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
-    """The last gaps between the session's messages (liveness.py)."""
-    num_gaps: int = 0
-    entry_bytes: int = 0
-    """What this member adds to a quorum, encoded (its budget share)."""
-
-    def heard(self, now: float) -> None:
-        self.gaps.append(now - self.last_heartbeat)
-        self.num_gaps += 1
-        self.last_heartbeat = now
-
-
-@dataclass(frozen=True, slots=True)
-class Lost:
-    replica_id: str
-    session: int
-    reason: str
-    quorum_id: int
-    graceful: bool = False
-    """It left cleanly (announced in its last heartbeat) rather than failed."""
-
-
-@dataclass(frozen=True, slots=True)
-class QuorumRecord:
-    quorum_id: int
-    participants: tuple[str, ...]
-    created_unix_s: float
-    path: str
-    reason: str
 
 
 @dataclass(slots=True)
@@ -267,7 +215,7 @@ class Membership:
             instance=reg.instance,
             heartbeat_interval_s=reg.heartbeat_interval_s,
         )
-        self._set_entry_bytes(self.members[reg.replica_id], _entry_bytes(reg.replica_id, reg.address, b""))
+        self._set_entry_bytes(self.members[reg.replica_id], entry_bytes(reg.replica_id, reg.address, b""))
         return session, lost
 
     def heartbeat(self, replica_id: str, session: int, hb: Heartbeat, now: float) -> bool:
@@ -299,12 +247,12 @@ class Membership:
         m = self.members.get(req.replica_id)
         if m is None:
             return False
-        entry = _entry_bytes(req.replica_id, req.address, msgpack.packb(req.data, use_bin_type=True) if req.data else b"")
+        entry = entry_bytes(req.replica_id, req.address, msgpack.packb(req.data, use_bin_type=True) if req.data else b"")
         total = self._entry_bytes - m.entry_bytes + entry
         if total > QUORUM_BUDGET_BYTES:
             raise QuorumTooLarge(
                 f"replica {req.replica_id!r} asks to join with a {entry}-byte quorum entry (data of "
-                f"{entry - _entry_bytes(req.replica_id, req.address, b'')} bytes), which would make a quorum of "
+                f"{entry - entry_bytes(req.replica_id, req.address, b'')} bytes), which would make a quorum of "
                 f"the {len(self.members)} members {total} bytes, over the {QUORUM_BUDGET_BYTES}-byte budget "
                 f"that one gRPC message allows; send less data per member (on average "
                 f"{QUORUM_BUDGET_BYTES // max(len(self.members), 1)} bytes an entry fit) or run fewer groups"
@@ -445,7 +393,3 @@ class Membership:
         self._joins.pop(m.replica_id, None)
         return [Lost(m.replica_id, m.session, reason, m.quorum_id, graceful)]
 
-
-def _entry_bytes(replica_id: str, address: str, data: bytes) -> int:
-    """An upper bound of a member's entry in an encoded quorum."""
-    return len(replica_id) + len(address.encode()) + len(data) + ENTRY_OVERHEAD_BYTES

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -29,18 +28,17 @@ from dataclasses import dataclass
 import grpc
 
 from lighthouse import envelope, protocol
+from lighthouse.binding import bind_grpc
 from lighthouse.errors import DuplicateReplica, ProtocolError, QuorumTooLarge, VersionMismatch
 from lighthouse.leadership import Leadership
-from lighthouse.membership import QUORUM_BUDGET_BYTES, Lost, Membership
+from lighthouse.members import Lost
+from lighthouse.membership import QUORUM_BUDGET_BYTES, Membership
 from lighthouse.metrics import Metrics
 from lighthouse.options import TOKEN_METADATA_KEY, LighthouseOptions, token_problem
 from lighthouse.protocol import (
-    FailureCode,
     FenceRequest,
     Notice,
     Quorum,
-    QuorumAnswer,
-    QuorumFailed,
     QuorumRequest,
     Register,
 )
@@ -57,18 +55,6 @@ REGISTER_TIMEOUT_S = 10.0
 class ServingAddresses:
     grpc: str
     status: str | None
-
-
-def _bind_problem(host: str, port: int) -> str:
-    """Why ``host:port`` cannot be bound, as the OS says it (grpc only reports that it failed)."""
-    try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind((host, port))
-    except OSError as e:
-        return e.strerror or str(e)
-    return "grpc refused it, though a plain socket could bind it"
 
 
 class LighthouseServer:
@@ -93,22 +79,6 @@ class LighthouseServer:
 
     async def start(self) -> ServingAddresses:
         o = self.options
-        try:
-            await asyncio.get_running_loop().getaddrinfo(o.host, o.port, type=socket.SOCK_STREAM)
-        except socket.gaierror as e:
-            raise OSError(
-                f"lighthouse could not resolve --host {o.host!r} ({e.strerror}); give an address of "
-                "this machine (127.0.0.1, 0.0.0.0, ::) or a name that resolves to one"
-            ) from e
-        self._server = grpc.aio.server(
-            options=[
-                ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
-                ("grpc.max_send_message_length", envelope.MAX_MESSAGE_BYTES),
-                ("grpc.so_reuseport", 0),
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_ping_interval_without_data_ms", 1000),
-            ]
-        )
         handler = grpc.method_handlers_generic_handler(
             protocol.SERVICE,
             {
@@ -117,19 +87,8 @@ class LighthouseServer:
                 "Fence": grpc.unary_unary_rpc_method_handler(self._fence),
             },
         )
-        self._server.add_generic_rpc_handlers((handler,))
+        self._server, port = await bind_grpc(o.host, o.port, handler)
         bind = f"[{o.host}]" if ":" in o.host else o.host
-        cause: Exception | None = None
-        try:
-            port = self._server.add_insecure_port(f"{bind}:{o.port}")
-        except RuntimeError as e:  # recent grpcio raises where older ones returned port 0
-            port, cause = 0, e
-        if port == 0:
-            await self.stop(0)
-            raise OSError(
-                f"lighthouse could not bind {o.host}:{o.port} ({_bind_problem(o.host, o.port)}); pick "
-                "another --port (0 for any free one), or a --host that is an address of this machine"
-            ) from cause
         await self._server.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="lighthouse-tick")
         status = None
@@ -137,13 +96,10 @@ class LighthouseServer:
             self._status = StatusServer(lambda: status_snapshot(self.membership, self.metrics), self.metrics.render)
             try:
                 status = await self._status.start(o.host, o.status_port)
-            except OSError as e:
+            except OSError:
                 self._status = None
                 await self.stop(0)
-                raise OSError(
-                    f"lighthouse could not serve its status page on {o.host}:{o.status_port} "
-                    f"({e.strerror or e}); pick another --status-port, or 0 for any free one"
-                ) from e
+                raise
         grpc_address = f"{bind}:{port}"
         logger.info("lighthouse incarnation %d serving gRPC at %s", self.incarnation, grpc_address)
         return ServingAddresses(grpc_address, status)
@@ -239,14 +195,7 @@ class LighthouseServer:
         """A quorum request on a session stream; False when the session was superseded."""
         if not self.membership.is_session_live(session.replica_id, session.serial):
             return False
-
-        def answer(quorum: bytes) -> None:
-            session.send(envelope.encode(QuorumAnswer(req.ask, quorum)))
-
-        def fail(code: FailureCode, reason: str) -> None:
-            session.send(envelope.encode(QuorumFailed(req.ask, code, reason)))
-
-        return self._join(req, Waiter(req.replica_id, req.timeout_s, answer, fail))
+        return self._join(req, Waiter.on_session(session, req))
 
     async def _quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)
@@ -256,16 +205,7 @@ class LighthouseServer:
         except ProtocolError as e:
             await self._reject(context, e)
         result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
-
-        def answer(quorum: bytes) -> None:
-            if not result.done():
-                result.set_result(quorum)
-
-        def fail(code: FailureCode, reason: str) -> None:
-            if not result.done():
-                result.set_exception(WaitFailed(code, reason))
-
-        waiter = Waiter(req.replica_id, req.timeout_s, answer, fail)
+        waiter = Waiter.on_future(req, result)
         if not self._join(req, waiter):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,

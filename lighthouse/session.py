@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import grpc
 
+from lighthouse import envelope
 from lighthouse.errors import ProtocolError
-from lighthouse.protocol import FailureCode, QuorumRequest
+from lighthouse.protocol import FailureCode, QuorumAnswer, QuorumFailed, QuorumRequest
 
 
 class Session:
@@ -77,6 +78,32 @@ class Waiter:
     fail: Callable[[FailureCode, str], None]
     deadline: float = math.inf
     """Monotonic; the tick fails the wait after it (a timer per wait cost more than the scan)."""
+
+    @classmethod
+    def on_session(cls, session: Session, req: QuorumRequest) -> Waiter:
+        """A request on a session stream: answered (or failed) down that stream."""
+
+        def answer(quorum: bytes) -> None:
+            session.send(envelope.encode(QuorumAnswer(req.ask, quorum)))
+
+        def fail(code: FailureCode, reason: str) -> None:
+            session.send(envelope.encode(QuorumFailed(req.ask, code, reason)))
+
+        return cls(req.replica_id, req.timeout_s, answer, fail)
+
+    @classmethod
+    def on_future(cls, req: QuorumRequest, result: asyncio.Future[bytes]) -> Waiter:
+        """A unary ``Quorum`` call: answered through the future its handler awaits."""
+
+        def answer(quorum: bytes) -> None:
+            if not result.done():
+                result.set_result(quorum)
+
+        def fail(code: FailureCode, reason: str) -> None:
+            if not result.done():
+                result.set_exception(WaitFailed(code, reason))
+
+        return cls(req.replica_id, req.timeout_s, answer, fail)
 
 
 FAILURE_STATUS: dict[str, grpc.StatusCode] = {

@@ -132,7 +132,13 @@ class StatusServer:
         self._server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> str:
-        self._server = await asyncio.start_server(self._handle, host, port)
+        try:
+            self._server = await asyncio.start_server(self._handle, host, port)
+        except OSError as e:
+            raise OSError(
+                f"lighthouse could not serve its status page on {host}:{port} "
+                f"({e.strerror or e}); pick another --status-port, or 0 for any free one"
+            ) from e
         bound = self._server.sockets[0].getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
         return f"http://{shown}:{bound[1]}/"

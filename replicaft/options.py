@@ -44,7 +44,8 @@ over two."""
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ManagerOptions:
     lighthouse: str
-    """``host:port`` of the lighthouse (``REPLICAFT_LIGHTHOUSE``)."""
+    """``host:port`` of the lighthouse (``REPLICAFT_LIGHTHOUSE``); for a replicated lighthouse,
+    every one of the set, comma-separated (the session moves to the leader)."""
     replica_id: str
     """Stable name of this replica group (``REPLICAFT_REPLICA_ID``); a restarted group keeps it."""
     group_rank: int = 0
@@ -112,8 +113,9 @@ class ManagerOptions:
     def __post_init__(self) -> None:
         if not self.replica_id:
             raise OptionsError("replica_id is empty; name each replica group (e.g. --replica-id g0)")
-        if not _is_host_port(self.lighthouse):
-            raise OptionsError(f"lighthouse={self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510)")
+        if not all(_is_host_port(a.strip()) for a in self.lighthouse.split(",")):
+            raise OptionsError(f"lighthouse={self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510), or every "
+                               "lighthouse of a replicated set as host:port,host:port,...")
         if self.group_world_size < 1 or not 0 <= self.group_rank < self.group_world_size:
             raise OptionsError(
                 f"group_rank={self.group_rank} with group_world_size={self.group_world_size}; "

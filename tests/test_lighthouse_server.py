@@ -29,7 +29,7 @@ from conftest import (
     stop_gracefully,
 )
 
-from lighthouse import LighthouseUnavailable, envelope, protocol
+from lighthouse import LighthouseUnavailable, QuorumTimeout, envelope, protocol
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.protocol import Notice
 
@@ -666,3 +666,35 @@ class TestSessionEndingMidSend:
                 await asking
 
         asyncio.run(scenario())
+
+
+class TestClientDeadline:
+    def test_lighthouse_that_never_answers_a_quorum_request_gives_a_quorum_timeout(self) -> None:
+        """The client's own deadline for a request in flight (lighthouse/asks.py), against a
+        server that registers sessions and then answers nothing."""
+
+        async def silent_session(request_iterator: Any, context: grpc.aio.ServicerContext) -> Any:
+            await context.read()  # Register
+            yield envelope.encode(Notice("registered", incarnation=1))
+            while await context.read() is not grpc.aio.EOF:
+                pass
+
+        async def scenario() -> str:
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+                protocol.SERVICE, {"Session": grpc.stream_stream_rpc_method_handler(silent_session)}),))
+            port = server.add_insecure_port("127.0.0.1:0")
+            await server.start()
+            client = AsyncLighthouseClient(f"127.0.0.1:{port}", "a")
+            await client.start()
+            try:
+                await client.wait_registered(EVENT_TIMEOUT_S)
+                with pytest.raises(QuorumTimeout) as raised:
+                    await client.quorum(0, 0.2)
+                return str(raised.value)
+            finally:
+                await client.close()
+                await server.stop(0)
+
+        message = asyncio.run(scenario())
+        assert "did not answer quorum request 1 of 'a' within 1." in message, message

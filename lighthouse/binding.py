@@ -1,0 +1,62 @@
+"""Binding the lighthouse's gRPC server, with errors that say what failed.
+
+A ``--host`` that does not resolve used to be reported as "address in use?" (issue 19): grpc
+only says that binding failed. So the name is resolved first, and when grpc still fails the
+OS is asked why, with a plain socket bound the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import grpc
+
+from lighthouse import envelope
+
+SERVER_OPTIONS = [
+    ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", envelope.MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", 1000),
+]
+
+
+async def bind_grpc(host: str, port: int, handler: grpc.GenericRpcHandler) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server with ``handler``, bound to ``host:port`` but not started, and the
+    port it bound (``port`` 0 picks one). Raises OSError naming what failed and the fix."""
+    try:
+        await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        raise OSError(
+            f"lighthouse could not resolve --host {host!r} ({e.strerror}); give an address of "
+            "this machine (127.0.0.1, 0.0.0.0, ::) or a name that resolves to one"
+        ) from e
+    server = grpc.aio.server(options=SERVER_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    bind = f"[{host}]" if ":" in host else host
+    cause: Exception | None = None
+    try:
+        bound = server.add_insecure_port(f"{bind}:{port}")
+    except RuntimeError as e:  # recent grpcio raises where older ones returned port 0
+        bound, cause = 0, e
+    if bound == 0:
+        await server.stop(0)
+        raise OSError(
+            f"lighthouse could not bind {host}:{port} ({_bind_problem(host, port)}); pick "
+            "another --port (0 for any free one), or a --host that is an address of this machine"
+        ) from cause
+    return server, bound
+
+
+def _bind_problem(host: str, port: int) -> str:
+    """Why ``host:port`` cannot be bound, as the OS says it (grpc only reports that it failed)."""
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        return e.strerror or str(e)
+    return "grpc refused it, though a plain socket could bind it"

@@ -1,0 +1,72 @@
+"""What the lighthouse's membership records about each member, and what it reports.
+
+Plain records, split from membership.py (the state machine that changes them): a member's
+session, cadence and budget share; a member lost; a quorum formed (the status page's history).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from lighthouse.liveness import GAP_WINDOW
+
+ENTRY_OVERHEAD_BYTES = 24
+"""A member's entry in an encoded quorum beyond its id, address and data: msgpack headers,
+step, world size."""
+
+
+@dataclass(slots=True)
+class MemberState:
+    replica_id: str
+    session: int
+    address: str
+    world_size: int
+    step: int
+    progress: int
+    registered_at: float
+    last_heartbeat: float
+    """When the session last carried anything (a heartbeat or a quorum request)."""
+    last_progress: float
+    quorum_id: int = -1
+    """The last quorum that included this member during this session."""
+    newcomer: bool = False
+    """Never in a quorum, in this session or before it (quorum.py's majority guard)."""
+    instance: str = ""
+    """The client instance that opened the session (a reconnect keeps it, a new process not)."""
+    heartbeat_interval_s: float = 0.0
+    """The interval its client heartbeats a quiet stream at, as it declared (0: unknown)."""
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
+    """The last gaps between the session's messages (liveness.py)."""
+    num_gaps: int = 0
+    entry_bytes: int = 0
+    """What this member adds to a quorum, encoded (its budget share)."""
+
+    def heard(self, now: float) -> None:
+        self.gaps.append(now - self.last_heartbeat)
+        self.num_gaps += 1
+        self.last_heartbeat = now
+
+
+@dataclass(frozen=True, slots=True)
+class Lost:
+    replica_id: str
+    session: int
+    reason: str
+    quorum_id: int
+    graceful: bool = False
+    """It left cleanly (announced in its last heartbeat) rather than failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumRecord:
+    quorum_id: int
+    participants: tuple[str, ...]
+    created_unix_s: float
+    path: str
+    reason: str
+
+
+def entry_bytes(replica_id: str, address: str, data: bytes) -> int:
+    """An upper bound of a member's entry in an encoded quorum."""
+    return len(replica_id) + len(address.encode()) + len(data) + ENTRY_OVERHEAD_BYTES
