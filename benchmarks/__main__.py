@@ -29,10 +29,12 @@ from benchmarks.results import (
 BENCHMARKS: dict[str, str] = {
     "failover": "benchmarks.failover",
     "checkpoint": "benchmarks.checkpoint",
+    "diloco": "benchmarks.diloco",
     "heal": "benchmarks.heal",
     "lighthouse": "benchmarks.lighthouse",
     "recovery": "benchmarks.recovery",
     "step_overhead": "benchmarks.step_overhead",
+    "torchft_suite": "benchmarks.torchft_suite",
 }
 """name -> module exposing ``run(*, quick: bool) -> BenchmarkResult``."""
 

@@ -22,6 +22,7 @@ The model, corpus and options are the GPT example's (``examples/train_gpt.py``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -81,6 +82,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip-norm", type=float, default=1.0)
     p.add_argument("--eval-windows", type=int, default=32)
+    p.add_argument("--eval-every", type=int, default=0, help="held-out loss in the sync line every N syncs (0: never)")
     p.add_argument("--corpus-bytes", type=int, default=0, help="use only the first N bytes of the corpus (0: all)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per inner step (test pacing)")
@@ -98,6 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     except replicaft.OptionsError as e:
         print(f"train_diloco: error: {e}", file=sys.stderr)
         return 2
+    # DiLoCo's sync digests (on each commit event) cover the state the groups share; the
+    # manager's per-step digest would also cover each group's own inner optimizer.
+    options = dataclasses.replace(options, digest_every_steps=0)
     if args.threads:
         torch.set_num_threads(args.threads)
     corpus = load_stdlib_corpus(max_bytes=args.corpus_bytes)
@@ -132,10 +137,12 @@ def main(argv: list[str] | None = None) -> int:
                 inner.zero_grad()
                 tokens += x.numel()
                 if manager.current_step() != step:
-                    print(json.dumps({"event": "sync", "replica_id": options.replica_id, "step": manager.current_step(),
-                                      "loss": round(loss.item(), 4), "tokens": tokens,
-                                      "seconds": round(time.monotonic() - started, 3),
-                                      "retried": algo.syncs_retried}), flush=True)
+                    line = {"event": "sync", "replica_id": options.replica_id, "step": manager.current_step(),
+                            "loss": round(loss.item(), 4), "tokens": tokens, "seconds": round(time.monotonic() - started, 3),
+                            "retried": algo.syncs_retried}
+                    if args.eval_every and manager.current_step() % args.eval_every == 0:
+                        line["held_out_loss"] = round(evaluate(model, held_out, args.eval_windows), 4)
+                    print(json.dumps(line), flush=True)
         print(json.dumps({"event": "final", "replica_id": options.replica_id, "step": manager.current_step(),
                           "digest": algo.state_digest(), "held_out_loss": round(evaluate(model, held_out, args.eval_windows), 4),
                           "tokens": tokens, "seconds": round(time.monotonic() - started, 3)}), flush=True)

@@ -86,10 +86,16 @@ def test_import_torchft_resolves_to_the_shim_through_the_alias_folder() -> None:
     assert out.stdout.split() == ["True", "True", "True"]
 
 
-@pytest.mark.parametrize("cls", [torchft.ProcessGroupXCCL, FakeProcessGroupWrapper])
-def test_process_groups_replicaft_cannot_honour_fail_at_construction(cls: type) -> None:
-    with pytest.raises(OptionsError, match="replicaft"):
-        cls()
+@pytest.mark.parametrize("build", [torchft.ProcessGroupXCCL, lambda: FakeProcessGroupWrapper(object())])
+def test_process_groups_replicaft_cannot_honour_fail_at_construction(build: type) -> None:
+    with pytest.raises(OptionsError, match="XCCL|wrap a process group"):
+        build()
+
+
+def test_an_error_injected_through_fake_process_group_wrapper_fails_the_step() -> None:
+    wrapper = FakeProcessGroupWrapper(torchft.ProcessGroupGloo())
+    wrapper.report_future_error(RuntimeError("injected allreduce error"))
+    assert str(wrapper.take_error()) == "injected allreduce error" and wrapper.take_error() is None
 
 
 def test_a_checkpoint_transport_is_accepted_and_the_log_says_replicaft_moves_the_state(caplog: pytest.LogCaptureFixture,

@@ -100,6 +100,7 @@ class DiLoCo(StepHooks):
         batch_size: int | None = None,
         data_seed: int = 0,
         digest_syncs: bool | None = None,
+        join_on_enter: bool = True,
         state_name: str = "diloco",
     ) -> None:
         modules = [model_fragments] if isinstance(model_fragments, nn.Module) else list(model_fragments)
@@ -129,6 +130,10 @@ class DiLoCo(StepHooks):
         self._pending: _Sync | None = None
         self._current: _Record | None = None
         self._joined = False
+        self._join_on_enter = join_on_enter
+        """False: the first inner step ends with the join sync, whose weights replace that
+        step's update (torchft's context managers do not communicate on entry, and torchft
+        scripts rely on it)."""
         self._hook: Any = None
         manager.register_state(state_name, self._state_dict, self._load_state_dict)
         # With a delay, inner steps run while a sync's snapshot may be served to a healer
@@ -142,7 +147,8 @@ class DiLoCo(StepHooks):
     # -- the loop's side -------------------------------------------------------------------------
 
     def __enter__(self) -> DiLoCo:
-        self.join()
+        if self._join_on_enter:
+            self.join()
         self._hook = self.inner.register_step_post_hook(lambda *_: self.after_inner_step())
         return self
 
@@ -159,7 +165,10 @@ class DiLoCo(StepHooks):
     def after_inner_step(self) -> None:
         """Count an inner step; start, finish or run the sync it makes due (the optimizer hook)."""
         if not self._joined:
-            raise GroupError("an inner step before DiLoCo joined the job: enter `with DiLoCo(...)` (or call join()) first")
+            if self._join_on_enter:
+                raise GroupError("an inner step before DiLoCo joined the job: enter `with DiLoCo(...)` (or call join()) first")
+            self.join()
+            return
         self.local_step += 1
         _report_progress(self.manager)
         if self._pending is None and self.local_step >= self.schedule.start_at:

@@ -1,9 +1,9 @@
 """torchft's ``LocalSGD`` and ``DiLoCo`` (with torchft's arguments) on replicaft.local_sgd.
 
-What differs from torchft, and why (replicaft/local_sgd/diloco.py has the design): entering
-the context syncs once at once, so a restarted group joins at the others' next sync instead
-of training a round on stale weights; a sync that does not commit is retried at once instead
-of discarding the round; ``should_quantize=True`` sends packed 8-bit pseudo-gradients
+What differs from torchft, and why (replicaft/local_sgd/diloco.py has the design): the first
+inner step ends with a join sync (all groups take the same weights, a restarted group heals
+and joins at the others' next sync) and that step's update is replaced by the synced weights;
+a sync that does not commit is retried at once instead of discarding the round; ``should_quantize=True`` sends packed 8-bit pseudo-gradients
 (replicaft/local_sgd/wire.py) where torchft sends fp8. ``backup_device``, ``pin_memory``,
 ``use_bucketization`` and ``bucket_cap_mb`` are accepted: the synced copy lives beside the
 parameters and each fragment's pseudo-gradient travels as one flat buffer.
@@ -12,7 +12,8 @@ parameters and each fragment's pseudo-gradient travels as one flat buffer.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 class LocalSGD(_LocalSGD):
     def __init__(self, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer, sync_every: int) -> None:
-        super().__init__(manager.inner, model, optimizer, sync_every)
+        super().__init__(manager.inner, model, optimizer, sync_every, join_on_enter=False)
 
 
 class DiLoCo(_DiLoCo):
@@ -52,5 +53,10 @@ class DiLoCo(_DiLoCo):
         super().__init__(
             manager.inner, model_fragments, inner_optimizer, outer_optimizer, sync_every,
             fragment_sync_delay=fragment_sync_delay, fragment_update_alpha=fragment_update_alpha,
-            wire="int8" if should_quantize else "fp32",
+            wire="int8" if should_quantize else "fp32", join_on_enter=False,
         )
+        manager._views.update({f"StreamingDiLoCoFragment_{f.index}": self._fragment_view(f.index) for f in self.fragments})
+
+    def _fragment_view(self, index: int) -> Callable[[], dict[str, Any]]:
+        fragment = self.fragments[index]
+        return lambda: {"original_parameters": dict(fragment.synced), "outer_optimizer": fragment.outer.state_dict()}

@@ -9,7 +9,8 @@ unused because replicaft binds its own ports) and the methods (``register_state_
 ``start_quorum``, ``wait_quorum``, ``allreduce``, ``should_commit``, ``report_error``,
 ``errored``, ``current_step``, ``batches_committed``, ``num_participants``,
 ``participating_rank``, ``is_participating``, ``shutdown``); the environment variables
-``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID``, ``TORCHFT_TIMEOUT_SEC``,
+``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID`` (or replicaft's ``REPLICAFT_LIGHTHOUSE`` and
+``REPLICAFT_REPLICA_ID``, which the launcher sets), ``TORCHFT_TIMEOUT_SEC``,
 ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_RETRIES``,
 ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
 
@@ -35,7 +36,7 @@ import torch
 
 import replicaft
 from replicaft.compat.torchft.checkpointing.transport import CheckpointTransport
-from replicaft.compat.torchft.process_group import ProcessGroup
+from replicaft.compat.torchft.process_group import FakeProcessGroupWrapper, ProcessGroup
 from replicaft.errors import OptionsError
 from replicaft.manager import ManagedWork
 
@@ -106,7 +107,8 @@ class Manager:
         if not isinstance(pg, ProcessGroup):
             raise OptionsError(f"pg={pg!r}: pass a process group from torchft.process_group (ProcessGroupGloo, "
                                "ProcessGroupNCCL, ProcessGroupBabyNCCL, ...)")
-        lighthouse = lighthouse_addr or os.environ.get("TORCHFT_LIGHTHOUSE")
+        # REPLICAFT_*: set by replicaft-launch (and the chaos harness) for the groups they start.
+        lighthouse = lighthouse_addr or os.environ.get("TORCHFT_LIGHTHOUSE") or os.environ.get("REPLICAFT_LIGHTHOUSE")
         if not lighthouse:
             raise OptionsError("no lighthouse: pass lighthouse_addr or set TORCHFT_LIGHTHOUSE")
         lighthouse = lighthouse.removeprefix("http://").removeprefix("https://").rstrip("/")
@@ -119,7 +121,7 @@ class Manager:
         quorum = _seconds(quorum_timeout) if quorum_timeout is not None else _env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC")
         options = replicaft.ManagerOptions(
             lighthouse=lighthouse,
-            replica_id=replica_id or os.environ.get("REPLICA_GROUP_ID") or str(uuid.uuid4()),
+            replica_id=replica_id or os.environ.get("REPLICA_GROUP_ID") or os.environ.get("REPLICAFT_REPLICA_ID") or str(uuid.uuid4()),
             group_rank=rank if rank is not None else int(os.environ.get("RANK", "0")),
             group_world_size=world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),
             group_store=group_store,
@@ -135,11 +137,15 @@ class Manager:
             events_dir=os.environ.get("REPLICAFT_EVENTS_DIR"),
         )
         self._use_async_quorum = use_async_quorum
+        self._pg = pg
+        self._user_states: list[str] = []
+        self._views: dict[str, Callable[[], Any]] = {}
+        """torchft-shaped views of replicaft state for ``_manager_state_dict`` (compat DiLoCo)."""
         self._max_retries = max_retries
         self._failed_commits = 0
         self._manager = replicaft.Manager(options, init_sync=init_sync)
         if state_dict is not None and load_state_dict is not None:
-            self._manager.register_state("default", state_dict, load_state_dict)
+            self.register_state_dict_fn("default", load_state_dict, state_dict)
         self._manager.start()
 
     @property
@@ -149,6 +155,17 @@ class Manager:
 
     def register_state_dict_fn(self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]) -> None:
         self._manager.register_state(key, state_dict, load_state_dict)
+        self._user_states.append(key)
+
+    def _manager_state_dict(self) -> dict[str, Any]:
+        """torchft's private layout of the state a heal moves, which its own tests read:
+        ``{"user": {key: state}, "torchft": {"step": ...}}``, DiLoCo fragments included as
+        ``StreamingDiLoCoFragment_<i>`` (``original_parameters``, ``outer_optimizer``)."""
+        everything = self._manager.state_dict()
+        user = {key: everything[key] for key in self._user_states}
+        for key, view in self._views.items():
+            user[key] = view()
+        return {"user": user, "torchft": {"step": self._manager.current_step(), "batches_committed": self._manager.current_step()}}
 
     def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: datetime.timedelta | None = None) -> None:
         if not allow_heal or shrink_only:
@@ -162,7 +179,11 @@ class Manager:
 
     def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False) -> ManagedWork:
         if should_quantize:
-            raise OptionsError("should_quantize=True is not supported by replicaft")
+            raise OptionsError("should_quantize=True is not supported by replicaft; DiLoCo's should_quantize is")
+        if isinstance(self._pg, FakeProcessGroupWrapper):
+            injected = self._pg.take_error()
+            if injected is not None:
+                self._manager.report_error(injected)
         return self._manager.allreduce(tensor)
 
     def should_commit(self, timeout: datetime.timedelta | None = None) -> bool:

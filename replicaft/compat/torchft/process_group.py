@@ -4,9 +4,9 @@ A torchft script builds a ``ProcessGroupGloo`` (or NCCL, Baby*, XCCL) and hands 
 ``Manager``, which reconfigures it on every quorum. replicaft's manager owns its column
 groups (rebuilt per quorum under a unique store prefix, abandoned rather than aborted), so
 these objects only carry the backend and the timeout. What replicaft cannot honour fails
-here, at construction: XCCL (Intel GPUs) has no replicaft backend, and the fault-injecting
-``FakeProcessGroupWrapper`` of torchft's own tests has no counterpart (replicaft injects
-real faults: ``REPLICAFT_FAULT_POINTS`` and the chaos harness).
+here, at construction: XCCL (Intel GPUs) has no replicaft backend. ``FakeProcessGroupWrapper``
+(torchft's tests inject a collective error with it) wraps a group and hands a reported error
+to the compat manager, which records it on the step, as a failed all-reduce would be.
 """
 
 from __future__ import annotations
@@ -65,8 +65,18 @@ class ProcessGroupBabyXCCL(ProcessGroupXCCL):
 
 
 class FakeProcessGroupWrapper(ProcessGroup):
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        raise OptionsError(
-            "FakeProcessGroupWrapper (torchft's in-process fault injector for its own tests) has no replicaft "
-            "counterpart; inject real faults with REPLICAFT_FAULT_POINTS (e.g. allreduce@5) or `python -m chaos`"
-        )
+    """Wraps a group; ``report_future_error(e)`` fails the next all-reduce through the manager."""
+
+    def __init__(self, pg: ProcessGroup) -> None:
+        if not isinstance(pg, ProcessGroup):
+            raise OptionsError(f"FakeProcessGroupWrapper({pg!r}): wrap a process group from torchft.process_group")
+        super().__init__(pg.timeout)
+        self.backend = pg.backend
+        self._error: Exception | None = None
+
+    def report_future_error(self, e: Exception) -> None:
+        self._error = e
+
+    def take_error(self) -> Exception | None:
+        error, self._error = self._error, None
+        return error

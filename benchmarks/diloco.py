@@ -1,0 +1,283 @@
+"""Why DiLoCo exists: tokens/s and loss over a slow link, DDP against (streaming) DiLoCo and torchft's.
+
+Three groups of the GPT example (examples/train_gpt.py's model and corpus), each in its own
+network namespace (chaos/network.py) whose link to the bridge is shaped with ``tc tbf`` to
+``RATE_MBIT`` both ways, the lighthouse in a fourth. One run per mode, one after another, each
+for the same wall time from its first commit: DDP (``examples/train_gpt.py``: an all-reduce
+of every gradient every step), replicaft DiLoCo at H = 20 and H = 100, streaming DiLoCo
+(4 fragments, each all-reduce overlapping inner steps), torchft 0.2.0's DiLoCo at H = 20
+(benchmarks/diloco_torchft_worker.py, torchft's own lighthouse), and a replicaft DiLoCo
+H = 20 run in which one group is SIGKILLed in the middle of a round and restarted.
+
+Figures: job tokens/s (tokens of committed steps or syncs, all groups, over the time to the
+last commit), the held-out loss at the end, and for DiLoCo the held-out loss at the first
+sync whose job tokens reach DDP's final count (DiLoCo is meant to be as good per token and
+faster per second). The fault's cost to a survivor: the longest of its three rounds after
+the kill, less its median round, in inner steps (a round's time / H). Needs root, ``ip``
+and ``tc`` (network namespaces); nothing leaves the namespaces this benchmark creates.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.results import BenchmarkResult
+from chaos.network import NetworkLab
+from replicaft.events import read_events_dir
+
+REPO = Path(__file__).resolve().parent.parent
+GROUPS = ("g0", "g1", "g2")
+RATE_MBIT = 100.0
+LIGHTHOUSE_PORT = 29510
+MODEL = ("--layers", "4", "--heads", "4", "--d-model", "256", "--context", "64", "--batch-size", "4", "--threads", "1")
+CONTEXT = 64
+_EVAL_LINE = re.compile(r"held-out loss ([0-9.]+)")
+
+
+@dataclass
+class Proc:
+    """A process in a namespace, its stdout lines (with arrival times) read by a thread."""
+
+    name: str
+    popen: subprocess.Popen[str]
+    lines: list[tuple[float, str]] = field(default_factory=list)
+
+    def read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def json_lines(self) -> list[dict[str, Any]]:
+        out = []
+        for _, line in self.lines:
+            if line.startswith("{"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def wait_for(self, pattern: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for _, line in self.lines:
+                if pattern in line:
+                    return line
+            if self.popen.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} printed no line with {pattern!r} within {timeout_s:g}s; last: {self.lines[-3:]}")
+
+
+def _die_with_parent() -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
+def start(lab: NetworkLab, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Proc:
+    stderr = (log_dir / f"{name}.stderr").open("ab")
+    popen = subprocess.Popen(lab.wrap(name, args), stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+                             cwd=REPO, preexec_fn=_die_with_parent)
+    proc = Proc(name, popen)
+    threading.Thread(target=proc.read, daemon=True).start()
+    return proc
+
+
+def stop(procs: list[Proc]) -> None:
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.kill()
+    for p in procs:
+        p.popen.wait(10)
+
+
+def run_mode(lab: NetworkLab, mode: str, seconds: float, log_dir: Path, *, kill_mid_round: bool = False) -> dict[str, Any]:
+    """One mode's run; returns its measurements."""
+    lh_addr = f"{lab.address('lh')}:{LIGHTHOUSE_PORT}"
+    events = log_dir / f"{mode}-events"
+    env = dict(os.environ, PYTHONPATH=str(REPO), GLOO_SOCKET_IFNAME="eth0", REPLICAFT_LIGHTHOUSE=lh_addr,
+               TORCHFT_LIGHTHOUSE=f"http://{lh_addr}", REPLICAFT_EVENTS_DIR=str(events),
+               REPLICAFT_COLLECTIVE_TIMEOUT_S="60", REPLICAFT_QUORUM_TIMEOUT_S="180", REPLICAFT_HEAL_TIMEOUT_S="120")
+    py = sys.executable
+    torchft = mode.startswith("torchft")
+    lighthouse = ([str(Path(py).parent / "torchft_lighthouse"), "--bind", f"{lab.address('lh')}:{LIGHTHOUSE_PORT}",
+                   "--min_replicas", "1", "--join_timeout_ms", "2000"] if torchft else
+                  [py, "-m", "lighthouse", "--host", lab.address("lh"), "--port", str(LIGHTHOUSE_PORT),
+                   "--progress-timeout", "60", "--heartbeat-timeout", "5"])
+    procs = [start(lab, "lh", lighthouse, env, log_dir)]
+    try:
+        if not torchft:
+            procs[0].wait_for("serving gRPC", 30)
+        groups = {}
+        for i, g in enumerate(GROUPS):
+            genv = dict(env, REPLICAFT_REPLICA_ID=g, REPLICA_GROUP_ID=g, REPLICAFT_HOST=lab.address(g))
+            groups[g] = start(lab, g, _group_args(mode, i, seconds, lab.address(g)), genv, log_dir)
+        procs += groups.values()
+        groups["g0"].wait_for("step" if mode == "ddp" else '"sync"', 300)
+        killed_at = None
+        if kill_mid_round:
+            killed_at, groups["g2"] = _kill_and_restart(lab, groups["g2"], mode, seconds, env, log_dir)
+            procs.append(groups["g2"])
+        if mode == "ddp":
+            time.sleep(seconds)  # DDP has no time limit of its own: measured over the same wall time
+            for p in groups.values():
+                p.popen.send_signal(signal.SIGTERM)
+        for p in groups.values():
+            p.popen.wait(seconds + 300)
+    finally:
+        stop(procs)
+    if mode == "ddp":
+        return _ddp_figures(groups, events, seconds)
+    return _diloco_figures(groups, killed_at)
+
+
+def _group_args(mode: str, rank: int, seconds: float, host: str) -> list[str]:
+    py = sys.executable
+    if mode == "ddp":
+        return [py, "examples/train_gpt.py", "--steps", "100000", "--eval-every", "10", "--log-every", "10", *MODEL]
+    if mode.startswith("torchft"):
+        return [py, "benchmarks/diloco_torchft_worker.py", "--host", host, "--rank", str(rank), "--groups", str(len(GROUPS)),
+                "--seconds", str(seconds), "--sync-every", "20", *MODEL[:-2]]
+    h = {"diloco_h20": ["--sync-every", "20"], "diloco_h100": ["--sync-every", "100"],
+         "streaming": ["--sync-every", "100", "--fragments", "4", "--delay", "5"],
+         "diloco_h20_fault": ["--sync-every", "20"]}[mode]
+    return [py, "examples/train_diloco.py", "--syncs", "100000", "--seconds", str(seconds), "--eval-every", "1", *h, *MODEL]
+
+
+def _kill_and_restart(lab: NetworkLab, victim: Proc, mode: str, seconds: float, env: dict[str, str],
+                      log_dir: Path) -> tuple[float, Proc]:
+    """SIGKILL ``victim`` in the middle of the round after its fourth sync, restart it a second
+    later (an orchestrator's delay); returns the time of the kill and the new process."""
+    victim.wait_for('"step": 4,', 300)
+    rounds = [o["seconds"] for o in victim.json_lines() if o.get("event") == "sync"]
+    time.sleep((rounds[-1] - rounds[-2]) / 2 if len(rounds) > 1 else 1.0)
+    victim.popen.kill()
+    killed_at = time.monotonic()
+    time.sleep(1.0)
+    genv = dict(env, REPLICAFT_REPLICA_ID=victim.name, REPLICA_GROUP_ID=victim.name, REPLICAFT_HOST=lab.address(victim.name))
+    return killed_at, start(lab, victim.name, _group_args(mode, GROUPS.index(victim.name), seconds, lab.address(victim.name)), genv, log_dir)
+
+
+def _ddp_figures(groups: dict[str, Proc], events_dir: Path, seconds: float) -> dict[str, Any]:
+    commits: dict[int, tuple[float, int]] = {}
+    for e in read_events_dir(events_dir):
+        if e["event"] == "commit" and e.get("committed") and isinstance(e.get("samples"), list):
+            commits.setdefault(int(e["step"]), (float(e["ts"]), (e["samples"][1] - e["samples"][0]) * CONTEXT))
+    if not commits:
+        raise RuntimeError(f"DDP committed no step with samples; see {events_dir}")
+    times = sorted(ts for ts, _ in commits.values())
+    t0 = times[0]
+    inside = [n for ts, n in commits.values() if ts <= t0 + seconds]
+    last = max(ts for ts, _ in commits.values() if ts <= t0 + seconds)
+    evals = [float(m.group(1)) for _, line in groups["g0"].lines if (m := _EVAL_LINE.search(line))]
+    return {"tokens": sum(inside), "tokens_per_s": sum(inside) / max(last - t0, 1e-9), "steps": len(inside),
+            "held_out_loss": evals[-1] if evals else None}
+
+
+def _diloco_figures(groups: dict[str, Proc], killed_at: float | None) -> dict[str, Any]:
+    by_step: dict[int, list[dict[str, Any]]] = {}
+    for name in GROUPS:
+        for o in groups[name].json_lines():
+            if o.get("event") == "sync":
+                by_step.setdefault(int(o["step"]), []).append(o)
+    if not by_step:
+        raise RuntimeError("no group committed a sync")
+    curve = []
+    for step in sorted(by_step):
+        lines = by_step[step]
+        curve.append((sum(o["tokens"] for o in lines), max(o["seconds"] for o in lines),
+                      statistics.mean(o["held_out_loss"] for o in lines if o.get("held_out_loss") is not None)))
+    tokens, elapsed, loss = curve[-1]
+    out: dict[str, Any] = {"tokens": tokens, "tokens_per_s": tokens / max(elapsed, 1e-9), "syncs": len(curve),
+                           "held_out_loss": loss, "curve": curve,
+                           "retried_syncs": max(o.get("retried", 0) for lines in by_step.values() for o in lines)}
+    if killed_at is not None:
+        out["fault_cost_inner_steps"] = max(_fault_cost(groups[g], killed_at) for g in ("g0", "g1"))
+    return out
+
+
+def _fault_cost(survivor: Proc, killed_at: float) -> float:
+    """The longest of the survivor's three rounds after the kill less its median round, in
+    inner steps (its median round / H)."""
+    syncs = [(t, json.loads(line)) for t, line in survivor.lines if line.startswith('{"event": "sync"')]
+    ends = [t for t, _ in syncs]
+    rounds = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    after = [b - a for a, b in zip(ends, ends[1:], strict=False) if b > killed_at][:3]
+    if not after:
+        raise RuntimeError(f"{survivor.name} committed no sync after the kill")
+    median = statistics.median(rounds)
+    return max(0.0, max(after) - median) / (median / 20)
+
+
+MODES = ("ddp", "diloco_h20", "diloco_h100", "streaming", "torchft_diloco", "diloco_h20_fault")
+
+
+def run(*, quick: bool) -> BenchmarkResult:
+    seconds = 40.0 if quick else 150.0
+    lab = NetworkLab(GROUPS)
+    results: dict[str, dict[str, Any]] = {}
+    with tempfile.TemporaryDirectory(prefix="replicaft-diloco-") as tmp:
+        lab.create()
+        try:
+            for g in GROUPS:
+                lab.shape(g, RATE_MBIT, None)
+            for mode in MODES:
+                try:
+                    results[mode] = run_mode(lab, mode, seconds, Path(tmp), kill_mid_round=mode.endswith("_fault"))
+                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+                    if not mode.startswith("torchft"):
+                        raise
+                    results[mode] = {"error": str(e)}
+                print(f"diloco benchmark: {mode}: {({k: v for k, v in results[mode].items() if k != 'curve'})}", flush=True)
+        finally:
+            lab.close()
+    return _result(results, seconds)
+
+
+def _loss_at_tokens(curve: list[tuple[int, float, float]], tokens: int) -> float | None:
+    return next((loss for t, _, loss in curve if t >= tokens), None)
+
+
+def _result(r: dict[str, dict[str, Any]], seconds: float) -> BenchmarkResult:
+    ddp = r["ddp"]
+    figures: dict[str, float] = {}
+    for mode in ("diloco_h20", "diloco_h100", "streaming"):
+        figures[f"{mode}_tokens_per_s"] = r[mode]["tokens_per_s"]
+        figures[f"{mode}_held_out_loss"] = r[mode]["held_out_loss"]
+        at = _loss_at_tokens(r[mode]["curve"], ddp["tokens"])
+        if at is not None:
+            figures[f"{mode}_held_out_loss_at_ddp_tokens"] = at
+    figures["diloco_h20_vs_torchft_tokens_per_s"] = r["diloco_h20"]["tokens_per_s"]
+    figures["fault_cost_inner_steps"] = r["diloco_h20_fault"]["fault_cost_inner_steps"]
+    figures["fault_run_tokens_per_s"] = r["diloco_h20_fault"]["tokens_per_s"]
+    baselines = {"ddp_tokens_per_s": ddp["tokens_per_s"], "ddp_held_out_loss": ddp["held_out_loss"] or 0.0}
+    torchft = r["torchft_diloco"]
+    if "error" not in torchft:
+        baselines["torchft_diloco_h20_tokens_per_s"] = torchft["tokens_per_s"]
+        baselines["torchft_diloco_h20_held_out_loss"] = torchft["held_out_loss"]
+    compared = {f"{m}_tokens_per_s": "ddp_tokens_per_s" for m in ("diloco_h20", "diloco_h100", "streaming")}
+    compared.update({f"{m}_held_out_loss_at_ddp_tokens": "ddp_held_out_loss" for m in ("diloco_h20", "diloco_h100", "streaming")
+                     if f"{m}_held_out_loss_at_ddp_tokens" in figures and baselines["ddp_held_out_loss"] > 0})
+    if "error" not in torchft:
+        compared["diloco_h20_vs_torchft_tokens_per_s"] = "torchft_diloco_h20_tokens_per_s"
+    return BenchmarkResult(
+        name="diloco", figures=figures, baselines=baselines, compared_to=compared,
+        notes=(f"3 groups of the GPT example (4 layers, d_model 256, context 64, 4 windows per step, 1 thread each), "
+               f"each group's link shaped to {RATE_MBIT:g} Mbit/s (tc tbf) in its own network namespace; every mode runs "
+               f"{seconds:g} s from its first commit. tokens/s counts committed steps or syncs of all groups; losses are "
+               "held-out (32 windows). fault_cost_inner_steps: a survivor's longest round among the three after a group "
+               "was SIGKILLed mid-round (and restarted 1 s later), less its median round, in inner steps."),
+        params={"seconds": seconds, "rate_mbit": RATE_MBIT, "runs": {m: {k: v for k, v in x.items() if k != "curve"} for m, x in r.items()}},
+    )

@@ -1,0 +1,88 @@
+"""torchft 0.2.0's own integration tests, run against replicaft's shim and against torchft.
+
+The files come from the installed torchft wheel (the ``bench`` and ``dev`` extras install it):
+``manager_integ_test.py``, ``local_sgd_integ_test.py`` and ``diloco_regression_test.py``.
+Each suite runs in its own pytest process, once with ``import torchft`` resolved to
+``replicaft.compat.torchft`` (benchmarks/torchft_suite_plugin.py, the alias folder of
+``replicaft-launch --torchft``) and once against torchft itself, the baseline from the same
+run. Every test's outcome and, when it does not pass, the first lines of its failure are kept
+in ``params.tests``; the README's list of reasons is written from them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+from benchmarks.results import BenchmarkResult
+from benchmarks.torchft_suite_plugin import installed_torchft_dir
+
+REPO = Path(__file__).resolve().parent.parent
+SUITES = ("manager_integ_test.py", "local_sgd_integ_test.py", "diloco_regression_test.py")
+QUICK = ("manager_integ_test.py::ManagerIntegTest::test_ddp_healthy",
+         "manager_integ_test.py::ManagerIntegTest::test_ddp_recovery_0_async_quorum")
+PER_TEST_TIMEOUT_S = 90
+
+
+def run_suite(targets: list[str], *, real: bool, per_test_timeout_s: int = PER_TEST_TIMEOUT_S) -> dict[str, dict[str, str]]:
+    """Run pytest on ``targets`` (paths under the installed torchft); outcome and reason per test."""
+    with tempfile.TemporaryDirectory(prefix="torchft-suite-") as tmp:
+        report = Path(tmp) / "report.xml"
+        env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+        env["TORCHFT_SUITE_REAL"] = "1" if real else "0"
+        cmd = [sys.executable, "-m", "pytest", "-p", "benchmarks.torchft_suite_plugin", "-p", "no:cacheprovider",
+               "--rootdir", tmp, "-q", "--timeout", str(per_test_timeout_s), f"--junitxml={report}", *targets]
+        subprocess.run(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=per_test_timeout_s * 60, check=False)
+        return parse_junit(report) if report.exists() else {}
+
+
+def parse_junit(path: Path) -> dict[str, dict[str, str]]:
+    tests: dict[str, dict[str, str]] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').rsplit('.', 1)[-1]}::{case.get('name')}"
+        outcome, reason = "passed", ""
+        for child in case:
+            if child.tag in ("failure", "error", "skipped"):
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
+                reason = _first_lines(child.get("message") or child.text or "")
+                break
+        tests[name] = {"outcome": outcome, "reason": reason, "seconds": case.get("time", "")}
+    return tests
+
+
+def _first_lines(text: str, limit: int = 400) -> str:
+    return " ".join(text.strip().split())[:limit]
+
+
+def run(*, quick: bool) -> BenchmarkResult:
+    root = installed_torchft_dir()
+    targets = [str(root / t) for t in (QUICK if quick else SUITES)]
+    shim = run_suite(targets, real=False)
+    real = run_suite(targets, real=True)
+    figures: dict[str, float] = {"shim_tests_passed": _count(shim, "passed"), "shim_tests_run": _ran(shim)}
+    baselines: dict[str, float] = {"torchft_tests_passed": _count(real, "passed"), "torchft_tests_run": _ran(real)}
+    tests: dict[str, Any] = {name: {"shim": shim.get(name), "torchft": real.get(name)} for name in sorted(shim.keys() | real.keys())}
+    return BenchmarkResult(
+        name="torchft_suite",
+        figures=figures,
+        baselines=baselines,
+        compared_to={"shim_tests_passed": "torchft_tests_passed"} if baselines["torchft_tests_passed"] else {},
+        notes=("torchft 0.2.0's integration test files from its wheel, run unmodified with `import torchft` resolved to "
+               "replicaft.compat.torchft, and against torchft itself in the same run; skipped tests (CUDA, torchcomms) "
+               "are not counted as run. Per-test outcomes and failure reasons are in params.tests."),
+        params={"suites": list(QUICK if quick else SUITES), "per_test_timeout_s": PER_TEST_TIMEOUT_S, "tests": tests},
+    )
+
+
+def _count(tests: dict[str, dict[str, str]], outcome: str) -> float:
+    return float(sum(1 for t in tests.values() if t["outcome"] == outcome))
+
+
+def _ran(tests: dict[str, dict[str, str]]) -> float:
+    return float(sum(1 for t in tests.values() if t["outcome"] != "skipped"))
