@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     model = GPT(GPTConfig(args.layers, args.heads, args.d_model, args.context))
     inner = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
     data = {"dataset_len": train.count, "batch_size": args.batch_size}
-    with replicaft.Manager(options) as manager:
+    # No heal at step 0: DiLoCo's join sync hands every group the first one's weights itself,
+    # so no group spends the first round waiting for a heal (replicaft/local_sgd/diloco.py).
+    with replicaft.Manager(options, init_sync=False) as manager:
         manager.register_state("corpus", lambda: {"digest": corpus.digest}, lambda s: check_corpus(s, corpus))
         if args.local_sgd:
             algo: DiLoCo = LocalSGD(manager, model, inner, args.sync_every, wire=args.wire, **data)

@@ -16,7 +16,10 @@ SCRIPT = str(REPO_ROOT / "tests" / "torchft_style_train.py")
 
 
 def start(lighthouse: str, replica_id: str, steps: int) -> ManagedProcess:
-    env = dict(os.environ, TORCHFT_LIGHTHOUSE=f"http://{lighthouse}", REPLICA_GROUP_ID=replica_id)
+    # The alias folder first on the path: the script imports `torchft` and runs unmodified.
+    alias = REPO_ROOT / "replicaft" / "compat" / "torchft_alias"
+    env = dict(os.environ, TORCHFT_LIGHTHOUSE=f"http://{lighthouse}", REPLICA_GROUP_ID=replica_id,
+               REPLICA_GROUP_NUM=replica_id.removeprefix("g"), PYTHONPATH=f"{alias}{os.pathsep}{REPO_ROOT}")
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return spawn_python(SCRIPT, str(steps), "0.1", name=replica_id, env=env)
@@ -24,7 +27,7 @@ def start(lighthouse: str, replica_id: str, steps: int) -> ManagedProcess:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_torchft_style_script_survives_a_killed_group_and_ends_identical(tmp_path: Path) -> None:
+def test_unmodified_torchft_script_survives_a_killed_group_with_equal_weights_at_every_step(tmp_path: Path) -> None:
     lh = start_lighthouse(status=False)
     g0 = start(lh.grpc_address, "g0", 80)
     g1 = start(lh.grpc_address, "g1", 80)
@@ -35,6 +38,12 @@ def test_torchft_style_script_survives_a_killed_group_and_ends_identical(tmp_pat
     _, final1 = g1.wait_for_json(lambda o: o.get("event") == "final", 120, what="g1 final weights")
     assert g0.wait_exit(30) == 0 and g1.wait_exit(30) == 0
     assert final0["digest"] == final1["digest"]
+    by_step: dict[int, set[str]] = {}
+    for g in (g0, g1):
+        for o in g.json_lines():
+            if o.get("event") == "step":
+                by_step.setdefault(o["step"], set()).add(o["digest"])
+    assert all(len(d) == 1 for d in by_step.values()), {s: d for s, d in by_step.items() if len(d) > 1}
     steps_after_restart = [o["step"] for o in g1.json_lines() if o.get("event") == "step"]
     assert steps_after_restart and steps_after_restart[0] > 8, "the restarted group should heal, not start over"
 

@@ -46,7 +46,7 @@ from torch import nn
 
 from lighthouse.plan import StepPlan
 from replicaft.data import sample_ids
-from replicaft.errors import GroupError, OptionsError
+from replicaft.errors import GroupError, OptionsError, StateError
 from replicaft.local_sgd import leases as lease_rules
 from replicaft.local_sgd.fragment import Fragment
 from replicaft.local_sgd.leases import Leases
@@ -210,10 +210,19 @@ class DiLoCo(StepHooks):
         if plan is None:
             return _Sync(None, None, None)
         fragment = self.schedule.fragment_of(plan.max_step)
-        pending = None
-        if fragment is not None:
-            pending = start_reduce(m, plan, self.fragments[fragment].pseudo_gradient(), self.wire)
-        return _Sync(plan, fragment, pending)
+        if fragment is None:
+            return _Sync(plan, None, start_reduce(m, plan, self._join_payload(plan), "fp32"))
+        return _Sync(plan, fragment, start_reduce(m, plan, self.fragments[fragment].pseudo_gradient(), self.wire))
+
+    def _join_payload(self, plan: StepPlan) -> torch.Tensor:
+        """The join sync (step 0) carries the first contributor's weights and zeros from the
+        others, so every group leaves it with the same weights even when the manager does not
+        heal at step 0 (``Manager(options, init_sync=False)``): then nobody waits for a heal
+        and misses the first round. The average times the contributors is that sum."""
+        flat = torch.cat([f.synced_flat() for f in self.fragments])
+        if not plan.donors or plan.donors[0] != plan.replica_id:
+            flat.zero_()
+        return flat
 
     def _until_committed(self, sync: _Sync) -> None:
         while not self._finish(sync):
@@ -235,7 +244,7 @@ class DiLoCo(StepHooks):
         if not committed:
             logger.info("sync at step %d did not commit; retrying at once", m.current_step())
             return False
-        assert plan is not None and record is not None and (sync.fragment is None or average is not None)
+        assert plan is not None and record is not None and average is not None
         self._apply(record)
         if plan.healing or sync.fragment is None:
             for f in self.fragments:
@@ -248,9 +257,15 @@ class DiLoCo(StepHooks):
 
     def _apply(self, record: _Record) -> None:
         """What a committed sync does to the replicated state (also a healer's replay)."""
+        assert record.average is not None
         if record.fragment is not None:
-            assert record.average is not None
             self.fragments[record.fragment].outer_step(record.average)
+        else:
+            weights = record.average * len(record.contributors)
+            offset = 0
+            for f in self.fragments:
+                f.load_synced_flat(weights[offset : offset + f.numel])
+                offset += f.numel
         self.leases, _ = lease_rules.settle(self.leases, record.participants, record.contributors,
                                             self.schedule.interval * self.batch_size)
 
@@ -264,7 +279,8 @@ class DiLoCo(StepHooks):
             fields["sample_ranges"] = [list(r) for r in consumed]
             fields["samples_open"] = [list(r) for r in after.open_ranges()]
             fields["samples_cursor"] = after.cursor
-        if self.digest_syncs:
+        if self.digest_syncs and record.fragment is not None:
+            # Not at the join: groups may enter it with different weights; it makes them equal.
             fields["sync_digest"] = self.state_digest()
         self.manager.annotate_commit(**fields)
 
@@ -277,8 +293,11 @@ class DiLoCo(StepHooks):
         return _Record(record.fragment, record.average.clone(), record.participants, record.contributors)
 
     def replay_apply(self, record: _Record | None) -> None:
-        if record is not None:
-            self._apply(record)
+        if record is None or record.average is None:
+            # The donors committed a sync whose average this healer never received (its own
+            # all-reduce failed, theirs did not): replaying without it would diverge silently.
+            raise StateError("a recorded sync has no averaged pseudo-gradient to replay; restart the group to heal again")
+        self._apply(record)
 
     def state_digest(self) -> str:
         """Digest of the replicated state (synced copies, outer optimizers, leases): equal

@@ -50,6 +50,18 @@ class Fragment:
                 offset += n
         return out
 
+    def synced_flat(self) -> torch.Tensor:
+        """The synced copy as one flat float32 tensor (a new one)."""
+        return torch.cat([self.synced[name].reshape(-1).float() for name, _ in self.named])
+
+    def load_synced_flat(self, flat: torch.Tensor) -> None:
+        offset = 0
+        with torch.no_grad():
+            for name, p in self.named:
+                n = p.numel()
+                self.synced[name].copy_(flat[offset : offset + n].view_as(p))
+                offset += n
+
     def outer_step(self, average: torch.Tensor) -> None:
         """Apply the averaged pseudo-gradient to the synced copy with the outer optimizer.
 

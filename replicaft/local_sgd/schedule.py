@@ -2,8 +2,8 @@
 
 A sync is one manager step (quorum, all-reduce, commit), so the manager's committed step
 names the sync and travels with a heal: the schedule needs no state of its own. Step 0 is the
-*join* sync: it carries no pseudo-gradient, only makes every group start from the same
-weights (the manager's ``init_sync``); step ``s >= 1`` syncs fragment ``(s - 1) % F``.
+*join* sync: it carries no pseudo-gradient but the first contributor's weights, so every
+group starts from the same ones; step ``s >= 1`` syncs fragment ``(s - 1) % F``.
 
 With ``F`` fragments and ``sync_every = H``, a sync falls every ``H / F`` inner steps, so each
 fragment still syncs every ``H`` inner steps (Streaming DiLoCo, arXiv 2501.18512). A sync
