@@ -32,6 +32,7 @@ BENCHMARKS: dict[str, str] = {
     "diloco": "benchmarks.diloco",
     "heal": "benchmarks.heal",
     "lighthouse": "benchmarks.lighthouse",
+    "lighthouse_ha": "benchmarks.lighthouse_ha",
     "recovery": "benchmarks.recovery",
     "step_overhead": "benchmarks.step_overhead",
     "torchft_suite": "benchmarks.torchft_suite",

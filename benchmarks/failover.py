@@ -140,7 +140,7 @@ class Worker:
         return sum(1 for e in self.commits() if e.get("participants") == GROUPS)
 
 
-async def _until(changed: asyncio.Event, deadline: float, predicate: Any) -> bool:
+async def until(changed: asyncio.Event, deadline: float, predicate: Any) -> bool:
     """Wait for ``predicate()``, re-checked whenever a worker prints; False at the deadline."""
     while not predicate():
         changed.clear()
@@ -166,7 +166,7 @@ async def _start_lighthouse(children: ChildProcesses, config: Config, deadline: 
     return str((await lighthouse.expect_event("lighthouse", deadline))["address"])
 
 
-def _median_interval(commits: list[dict[str, Any]]) -> float:
+def median_interval(commits: list[dict[str, Any]]) -> float:
     intervals = [b["ts"] - a["ts"] for a, b in zip(commits, commits[1:], strict=False)
                  if b["step"] == a["step"] + 1 and a.get("participants") == GROUPS]
     return statistics.median(intervals)
@@ -228,16 +228,16 @@ async def _kill_and_watch(
                 raise ChildFailed(f"{config.impl} {w.name} stopped before the kill: {w.crash() or w.ended}")
         return all(w.full_commits() >= config.warm_steps for w in workers)
 
-    if not await _until(changed, deadline, warmed):
+    if not await until(changed, deadline, warmed):
         tails = "".join(f"\n--- {w.name} stderr ends with:\n{w.child.stderr_tail()[-800:]}" for w in workers)
         raise ChildFailed(f"{config.impl}: groups did not reach {config.warm_steps} full-quorum commits in "
                           f"{START_TIMEOUT_S:g}s (commits: {[len(w.commits()) for w in workers]}, "
                           f"full-quorum commits: {[w.full_commits() for w in workers]}){tails}")
     victim = workers[victim_index]
     survivors = [w for i, w in enumerate(workers) if i != victim_index]
-    t_victim = _median_interval(victim.commits())
+    t_victim = median_interval(victim.commits())
     seen = len(victim.commits())
-    if not await _until(changed, time.monotonic() + 30.0, lambda: len(victim.commits()) > seen):
+    if not await until(changed, time.monotonic() + 30.0, lambda: len(victim.commits()) > seen):
         raise ChildFailed(f"{config.impl}: victim {victim.name} stopped committing before the kill")
     # The fault's timing, not a synchronisation: a random point of the victim's next step,
     # counted from its commit timestamp (not from when we read the line, which lags under load).
@@ -254,7 +254,7 @@ async def _kill_and_watch(
         return w.ended is not None or w.crash() is not None or \
             sum(1 for c in w.commits() if c["ts"] > t_kill) >= AFTER_COMMITS
 
-    recovered = await _until(changed, time.monotonic() + RECOVERY_TIMEOUT_S, lambda: all(settled(w) for w in survivors))
+    recovered = await until(changed, time.monotonic() + RECOVERY_TIMEOUT_S, lambda: all(settled(w) for w in survivors))
     record: dict[str, Any] = {
         "fault": config.fault,
         "victim": victim.name,
@@ -267,7 +267,7 @@ async def _kill_and_watch(
         commits = w.commits()
         before = [c for c in commits if c["ts"] <= t_kill]
         after = [c for c in commits if c["ts"] > t_kill]
-        t_steady = _median_interval(before)
+        t_steady = median_interval(before)
         s: dict[str, Any] = {"t_steady_s": round(t_steady, 4)}
         crash = w.crash()
         if crash is not None or len(after) < AFTER_COMMITS:
@@ -281,17 +281,17 @@ async def _kill_and_watch(
             last = before[-1]["ts"]
             s["lost_s"] = round(after[AFTER_COMMITS - 1]["ts"] - last - AFTER_COMMITS * t_steady, 4)
             s["gap1_lost_s"] = round(after[0]["ts"] - last - t_steady, 4)
-        until = after[min(len(after), AFTER_COMMITS) - 1]["ts"] if after else time.time()
+        trace_end = after[min(len(after), AFTER_COMMITS) - 1]["ts"] if after else time.time()
         since = before[-1]["ts"] if before else t_kill
         # Every line the survivor printed from its last commit before the kill to the K-th after.
         s["trace"] = [
             [round(e["ts"] - t_kill, 3), e["event"], e.get("step"), e.get("participants")]
             + ([e["error"]] if "error" in e else [])
-            for e in w.events if "ts" in e and since <= e["ts"] <= until + 0.001
+            for e in w.events if "ts" in e and since <= e["ts"] <= trace_end + 0.001
         ]
         if config.impl == "replicaft":
             s["manager_events"] = [[round(ts - t_kill, 3), *rest]
-                                   for ts, *rest in _replicaft_events(events_dir, w.name, since, until)]
+                                   for ts, *rest in _replicaft_events(events_dir, w.name, since, trace_end)]
         record["survivors"][w.name] = s
     record["recovered_in_time"] = recovered
     return record

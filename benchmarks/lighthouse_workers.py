@@ -41,15 +41,8 @@ import grpc
 
 from lighthouse import AsyncLighthouseClient, Quorum
 from lighthouse.envelope import encode
-from lighthouse.protocol import (
-    SESSION_METHOD,
-    Notice,
-    QuorumAnswer,
-    QuorumFailed,
-    QuorumRequest,
-    Register,
-    decode_session_reply,
-)
+from lighthouse.protocol import SESSION_METHOD, Notice, QuorumRequest, Register
+from lighthouse.replies import QuorumAnswer, QuorumFailed, QuorumUpdate, decode_session_reply
 
 ECHO_METHOD = "/bench.Echo/Echo"
 BARRIER_METHOD = "/bench.Echo/Barrier"
@@ -178,6 +171,7 @@ async def quorum_members(address: str, wire_address: str, barrier_address: str, 
         barrier_streams = [ch.stream_stream(BARRIER_METHOD)() for ch in barrier_channels]
         unary_barriers = [ch.unary_unary(UNARY_BARRIER_METHOD) for ch in barrier_channels]
         _emit("ready", members=len(clients))
+        wire_roster = 0
         async for line in _stdin_lines():
             _, step_text, mode, size_text = line.split()
             step, size = int(step_text), int(size_text)
@@ -188,8 +182,10 @@ async def quorum_members(address: str, wire_address: str, barrier_address: str, 
                     encode(QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=WAIT_S, ask=step))
                     for rid in replica_ids
                 ]
-                times, raw = await _stream_round(sessions, bodies, _answer_to(step))
-                answered = len(Quorum.decode(raw).replica_ids)
+                times, reply = await _stream_round(sessions, bodies, _answer_to(step))
+                if isinstance(reply, QuorumAnswer):  # the first round, or a new roster
+                    wire_roster = len(Quorum.decode(reply.quorum).replica_ids)
+                answered = wire_roster
             elif mode == "barrier":
                 times, raw = await _stream_round(barrier_streams, [str(size).encode()] * len(barrier_streams), bytes)
                 answered = int(raw)
@@ -213,15 +209,15 @@ async def _register(session: grpc.aio.StreamStreamCall, replica_id: str) -> None
         raise RuntimeError(f"{replica_id}: expected a 'registered' notice, got {registered!r}")
 
 
-def _answer_to(ask: int) -> Callable[[bytes], bytes | None]:
-    """The encoded quorum if ``raw`` answers request ``ask``, else None (a notice): only the
-    envelope is decoded, and the quorum inside only after the clock stopped."""
+def _answer_to(ask: int) -> Callable[[bytes], QuorumAnswer | QuorumUpdate | None]:
+    """The reply if ``raw`` answers request ``ask``, else None (a notice): only the envelope
+    is decoded, and a whole quorum inside only after the clock stopped."""
 
-    def answer(raw: bytes) -> bytes | None:
+    def answer(raw: bytes) -> QuorumAnswer | QuorumUpdate | None:
         reply = decode_session_reply(raw)
         if isinstance(reply, QuorumFailed):
             raise RuntimeError(f"quorum request {ask} failed: {reply.code}: {reply.reason}")
-        return reply.quorum if isinstance(reply, QuorumAnswer) and reply.ask == ask else None
+        return reply if isinstance(reply, (QuorumAnswer, QuorumUpdate)) and reply.ask == ask else None
 
     return answer
 
@@ -237,12 +233,12 @@ async def _client_round(clients: list[AsyncLighthouseClient], step: int) -> tupl
 
 
 async def _stream_round(
-    streams: list[grpc.aio.StreamStreamCall], bodies: list[bytes], answer: Callable[[bytes], bytes | None]
-) -> tuple[list[tuple[float, float]], bytes]:
+    streams: list[grpc.aio.StreamStreamCall], bodies: list[bytes], answer: Callable[[bytes], Any]
+) -> tuple[list[tuple[float, float]], Any]:
     """Every member writes its message at once and reads until ``answer`` accepts a reply;
     returns (asked, answered) times and one accepted reply."""
 
-    async def ask(stream: grpc.aio.StreamStreamCall, body: bytes) -> tuple[float, float, bytes]:
+    async def ask(stream: grpc.aio.StreamStreamCall, body: bytes) -> tuple[float, float, Any]:
         start = time.monotonic()
         await stream.write(body)
         while (accepted := answer(await asyncio.wait_for(stream.read(), WAIT_S))) is None:

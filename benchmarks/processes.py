@@ -58,6 +58,11 @@ class Child:
     def pid(self) -> int:
         return self._process.pid
 
+    @property
+    def returncode(self) -> int | None:
+        """None while it runs."""
+        return self._process.returncode
+
     async def next_line(self, deadline: float) -> str:
         """The next stdout line (stripped); raises ChildFailed at the deadline or at EOF."""
         assert self._process.stdout is not None

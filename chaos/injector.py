@@ -38,7 +38,13 @@ from chaos.disk import DiskUnavailable, SmallDisk, corrupt_newest_checkpoint, pu
 from chaos.job_view import JobView
 from chaos.network import NetworkLab, NetworkUnavailable
 from chaos.record import ALL_GROUPS, DISK, LIGHTHOUSE, InjectedFault
-from chaos.scenario import NETWORK_KINDS, SELF_ARMED_KINDS, FaultSpec, Scenario
+from chaos.scenario import (
+    NETWORK_KINDS,
+    REPLICATED_LIGHTHOUSE_KINDS,
+    SELF_ARMED_KINDS,
+    FaultSpec,
+    Scenario,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +76,10 @@ class Supervision(Protocol):
 
     def kill_lighthouse(self) -> bool:
         """SIGKILL the lighthouse; False when it is not running (being restarted)."""
+        ...
+
+    def lighthouse_fault(self, kind: str, duration_s: float) -> str | None:
+        """A replicated-lighthouse fault (chaos/lighthouse_set.py); why not now, or None."""
         ...
 
 
@@ -203,6 +213,8 @@ class Injector:
             if not self._sup.kill_lighthouse():
                 return "the lighthouse was not running (being restarted)"
             return self._done(i, spec, LIGHTHOUSE)
+        if kind in REPLICATED_LIGHTHOUSE_KINDS:
+            return self._sup.lighthouse_fault(kind, spec.duration_s) or self._done(i, spec, LIGHTHOUSE)
         if kind in ("kill_all_groups", "corrupt_checkpoint"):
             return self._kill_all(i, spec)
         if kind == "fill_disk":

@@ -46,6 +46,7 @@ from chaos.commands import REPO_ROOT, GroupPlacement, group_command, group_env, 
 from chaos.environment import RunEnvironment
 from chaos.injector import Injector
 from chaos.job_view import JobView
+from chaos.lighthouse_set import LighthouseSet
 from chaos.network import LIGHTHOUSE as LAB_LIGHTHOUSE
 from chaos.processes import Child, descendants, python_env
 from chaos.record import ALL_GROUPS, LIGHTHOUSE, ProcessExit, RunRecord
@@ -113,6 +114,8 @@ class Runner:
         self._lighthouse_address = ""
         self._lighthouse_incarnation = 0
         self._lighthouse_restart_at: float | None = None
+        self._lighthouse_set: LighthouseSet | None = None
+        """The replicated lighthouse (``lighthouse_replicas = 3``), which then replaces the single one."""
         self._tail = EventTail(self.events_dir)
         self._env = RunEnvironment(scenario, self.checkpoint_dir)
         self._injector = Injector(scenario, self, checkpoint_dir=self.checkpoint_dir)
@@ -253,6 +256,10 @@ class Runner:
             elif g.restart_at is not None:
                 g.restart_at = now_m + self.scenario.restart_delay_s  # all come back together
 
+    def lighthouse_fault(self, kind: str, duration_s: float) -> str | None:
+        assert self._lighthouse_set is not None, "the scenario check requires lighthouse_replicas = 3"
+        return self._lighthouse_set.fault(kind, duration_s)
+
     def kill_lighthouse(self) -> bool:
         if self._lighthouse is None or self._lighthouse.poll() is not None:
             return False
@@ -368,6 +375,14 @@ class Runner:
 
     def _start_lighthouse(self) -> None:
         """Start the lighthouse, wait (bounded) for its address; restarts reuse the first port."""
+        if self.scenario.lighthouse_replicas > 1:
+            extra = ["--heartbeat-timeout", str(self.scenario.heartbeat_timeout_s),
+                     "--progress-timeout", str(self.scenario.progress_timeout_s)]
+            self._lighthouse_set = LighthouseSet(self.logs_dir, self.out_dir / "etcd", python_env(REPO_ROOT, {}),
+                                                 REPO_ROOT, extra, self.scenario.restart_delay_s)
+            self._lighthouse_address = self._lighthouse_set.start()
+            logger.info("replicated lighthouse serving at %s", self._lighthouse_address)
+            return
         child = self._lighthouse_child().start()
         self._lighthouse = child
         match = child.wait_for_output(_GRPC_LINE, LIGHTHOUSE_START_TIMEOUT_S)
@@ -388,6 +403,9 @@ class Runner:
         self._injector.target_back(LIGHTHOUSE)
 
     def _reap_lighthouse(self, now_m: float) -> None:
+        if self._lighthouse_set is not None:
+            self._lighthouse_set.tick(now_m, restarting=self._finishing_since is None)
+            return
         lh = self._lighthouse
         if lh is None or self._lighthouse_restart_at is not None or lh.poll() is None:
             return
@@ -408,3 +426,5 @@ class Runner:
                 g.child.kill()
         if self._lighthouse is not None:
             self._lighthouse.kill()
+        if self._lighthouse_set is not None:
+            self._lighthouse_set.stop()

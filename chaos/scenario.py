@@ -72,18 +72,23 @@ from chaos.random_faults import random_faults_from_dict
 FaultKind = Literal[
     "sigkill", "sigkill_rank", "sigstop", "sigterm", "kill_donor_mid_heal", "kill_lighthouse", "kill_all_groups",
     "corrupt_checkpoint", "fill_disk", "partition", "slow_link", "fault_point",
+    "kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member", "lose_etcd_quorum",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 FAULT_POINTS = ("allreduce", "heal", "serve", "commit")
 """Mirrors ``replicaft.faults.POINTS``; kept here so loading a scenario does not import torch."""
 
-JOB_WIDE_KINDS = frozenset({"kill_lighthouse", "kill_all_groups", "corrupt_checkpoint", "fill_disk"})
+REPLICATED_LIGHTHOUSE_KINDS = frozenset({"kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member",
+                                        "lose_etcd_quorum"})
+"""Kinds of the replicated lighthouse (``lighthouse_replicas = 3``; chaos/lighthouse_set.py)."""
+JOB_WIDE_KINDS = frozenset({"kill_lighthouse", "kill_all_groups", "corrupt_checkpoint", "fill_disk"}) | REPLICATED_LIGHTHOUSE_KINDS
 """Kinds that hit the job rather than one group: they take no ``target``."""
 ALL_GROUPS_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint"})
 """Kinds after which every group resumes from disk (a sanctioned rollback to a checkpoint)."""
 CHECKPOINT_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint", "fill_disk"})
 NETWORK_KINDS = frozenset({"partition", "slow_link"})
-TIMED_KINDS = frozenset({"sigstop", "partition", "slow_link", "fill_disk"})
+TIMED_KINDS = frozenset({"sigstop", "partition", "slow_link", "fill_disk", "partition_lighthouse_leader",
+                         "kill_etcd_member", "lose_etcd_quorum"})
 """Kinds that last ``duration_s`` and are then undone."""
 SELF_ARMED_KINDS = frozenset({"fault_point", "kill_donor_mid_heal"})
 """Kinds whose death the group inflicts on itself (``REPLICAFT_FAULT_POINTS``), armed at its first start."""
@@ -157,6 +162,9 @@ class Scenario:
     script_args: tuple[str, ...] = ()
     """Arguments of ``script``."""
     faults: tuple[FaultSpec, ...] = ()
+    lighthouse_replicas: int = 1
+    """1: the single lighthouse. 3: a replicated one on a three-node etcd started on loopback
+    (chaos/lighthouse_set.py), which the replicated-lighthouse fault kinds need."""
     restart_delay_s: float = 1.0
     """How long the supervisor waits before restarting a dead group or lighthouse, as an
     orchestrator would (Kubernetes' back-off, Slurm's requeue)."""
@@ -224,8 +232,14 @@ class Scenario:
                 f"ranks_per_group={self.ranks_per_group}: W > 1 checkpoints need torch.distributed initialised "
                 "inside the group, which examples/train_ddp.py does not do; use ranks_per_group = 1"
             )
+        if self.lighthouse_replicas not in (1, 3):
+            raise ScenarioError(f"scenario {self.name!r}: lighthouse_replicas={self.lighthouse_replicas!r}; use 1 "
+                                "(the single lighthouse) or 3 (replicated on etcd)")
         for i, fault in enumerate(self.faults):
             self._check_fault(i, fault)
+            if fault.kind in REPLICATED_LIGHTHOUSE_KINDS and self.lighthouse_replicas == 1:
+                raise ScenarioError(f"scenario {self.name!r}, faults[{i}] ({fault.kind}): needs a replicated "
+                                    "lighthouse; set lighthouse_replicas = 3")
 
     def _check_fault(self, i: int, f: FaultSpec) -> None:
         where = f"scenario {self.name!r}, faults[{i}] ({f.kind})"

@@ -2,6 +2,8 @@
 
 Requests are numbered (``ask``); a reply carries the number it answers, so a late reply to an
 earlier request is never taken for the current one's. Split from client.py, which sends.
+The client turns every quorum reply into a :class:`Quorum` first (replies.py: a whole one,
+or an update of the last one on the session), then hands it here if it is for this request.
 """
 
 from __future__ import annotations
@@ -10,22 +12,24 @@ import asyncio
 from dataclasses import dataclass
 
 from lighthouse.errors import LighthouseUnavailable, QuorumTimeout, QuorumTooLarge
-from lighthouse.protocol import QuorumAnswer, QuorumFailed
+from lighthouse.protocol import Quorum
+from lighthouse.replies import QuorumFailed
 
 
 @dataclass(frozen=True, slots=True)
 class PendingAsk:
-    """Request ``ask``; ``answer`` gets the encoded quorum, or the error that ended the wait."""
+    """Request ``ask``; ``answer`` gets the quorum, or the error that ended the wait."""
 
     ask: int
-    answer: asyncio.Future[bytes]
+    answer: asyncio.Future[Quorum]
 
-    def settle(self, reply: QuorumAnswer | QuorumFailed) -> bool:
-        """Take the lighthouse's reply; False when it is not for this request (or too late)."""
-        if reply.ask != self.ask or self.answer.done():
+    def settle(self, ask: int, reply: Quorum | QuorumFailed) -> bool:
+        """Take the lighthouse's reply to request ``ask``; False when it is not for this
+        request (or too late)."""
+        if ask != self.ask or self.answer.done():
             return False
-        if isinstance(reply, QuorumAnswer):
-            self.answer.set_result(reply.quorum)
+        if isinstance(reply, Quorum):
+            self.answer.set_result(reply)
         elif reply.code == "timeout":
             self.answer.set_exception(QuorumTimeout(reply.reason))
         elif reply.code == "refused":

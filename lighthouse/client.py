@@ -41,11 +41,10 @@ from lighthouse.protocol import (
     Heartbeat,
     Notice,
     Quorum,
-    QuorumAnswer,
-    QuorumFailed,
     QuorumRequest,
     Register,
 )
+from lighthouse.replies import QuorumAnswer, QuorumFailed, QuorumUpdate, decode_session_reply
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +100,8 @@ class AsyncLighthouseClient:
         """When the session last sent anything (monotonic): heartbeats fill only the silences."""
         self._num_asks = 0
         self._pending: PendingAsk | None = None
+        self._session_quorum: Quorum | None = None
+        """The last quorum sent on the current session: what a QuorumUpdate changes."""
         self._closing = False
 
     def record_progress(self, step: int) -> None:
@@ -185,18 +186,17 @@ class AsyncLighthouseClient:
                 ask=self._num_asks + 1,
             )
             try:
-                raw = await self._ask(request, remaining + DEADLINE_GRACE_S)
+                quorum = await self._ask(request, remaining + DEADLINE_GRACE_S)
             except LighthouseUnavailable as e:
                 last = str(e)
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
-            quorum = Quorum.decode(raw)
             self.last_quorum_id = max(self.last_quorum_id, quorum.quorum_id)
             return quorum
 
-    async def _ask(self, request: QuorumRequest, timeout_s: float) -> bytes:
+    async def _ask(self, request: QuorumRequest, timeout_s: float) -> Quorum:
         """Send ``request`` (numbered one above the last) on the current session and wait for
-        its answer, the encoded quorum.
+        its answer, the quorum.
 
         Raises LighthouseUnavailable when the session ends first or the lighthouse aborted
         the request (the caller asks again), QuorumTimeout when the lighthouse found no
@@ -226,8 +226,19 @@ class AsyncLighthouseClient:
             if self._pending is pending:
                 self._pending = None
 
-    def _settle(self, reply: QuorumAnswer | QuorumFailed) -> None:
-        if self._pending is None or not self._pending.settle(reply):
+    def _settle(self, reply: QuorumAnswer | QuorumUpdate | QuorumFailed) -> None:
+        """Take a quorum reply. Every quorum sent on the session becomes the base of the next
+        update, whether or not it is still awaited: the lighthouse counts what it sent."""
+        result: Quorum | QuorumFailed
+        if isinstance(reply, QuorumAnswer):
+            result = self._session_quorum = Quorum.decode(reply.quorum)
+        elif isinstance(reply, QuorumUpdate):
+            if self._session_quorum is None:
+                raise ProtocolError(f"QuorumUpdate for request {reply.ask} before any quorum on this session")
+            result = self._session_quorum = reply.apply(self._session_quorum)
+        else:
+            result = reply
+        if self._pending is None or not self._pending.settle(reply.ask, result):
             logger.debug("%s ignores a late reply to quorum request %d", self.replica_id, reply.ask)
 
     def _fail_pending(self, error: Exception) -> None:
@@ -315,6 +326,7 @@ class AsyncLighthouseClient:
         channel = self._channel_to(self.targets.current)
         call = channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata,
                                                               wait_for_ready=not self.targets.replicated)
+        self._session_quorum = None
         self._call = call
         heartbeats: asyncio.Task[None] | None = None
         try:
@@ -323,7 +335,7 @@ class AsyncLighthouseClient:
             raw = await call.read()
             if raw is grpc.aio.EOF:
                 return False
-            first = protocol.decode_session_reply(raw)
+            first = decode_session_reply(raw)
             if not isinstance(first, Notice) or first.kind != "registered":
                 raise ProtocolError(f"expected a 'registered' notice first, got {first!r}")
             self.incarnation = first.incarnation
@@ -334,7 +346,7 @@ class AsyncLighthouseClient:
                 raw = await call.read()
                 if raw is grpc.aio.EOF:
                     return True
-                reply = protocol.decode_session_reply(raw)
+                reply = decode_session_reply(raw)
                 if not isinstance(reply, Notice):
                     self._settle(reply)
                     continue

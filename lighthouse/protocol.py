@@ -292,69 +292,13 @@ def _check_address_column(msg: str, value: Any, n: int) -> tuple[str, ...]:
     return column
 
 
-@dataclass(frozen=True, slots=True)
-class QuorumAnswer:
-    """Down the session stream: the quorum formed for the member's request number ``ask``.
-
-    ``quorum`` is the encoded :class:`Quorum`, the same bytes for every member: the
-    lighthouse encodes a quorum once per round and wraps it in this small envelope per
-    member. The member validates it with ``Quorum.decode`` when it takes the answer.
-    """
-
-    TAG: ClassVar[str] = "answer"
-    ask: int
-    quorum: bytes
-
-    @classmethod
-    def from_map(cls, o: Mapping[str, Any]) -> QuorumAnswer:
-        m = "QuorumAnswer"
-        quorum = require(o, m, "quorum")
-        if not isinstance(quorum, bytes):
-            raise ProtocolError(f"QuorumAnswer.quorum is {type(quorum).__name__}; expected bytes (msgpack bin)")
-        return cls(ask=check_int(m, "ask", require(o, m, "ask"), 1), quorum=quorum)
-
-
-FailureCode = Literal["timeout", "aborted", "refused"]
-FAILURE_CODES: frozenset[str] = frozenset({"timeout", "aborted", "refused"})
-
-
-@dataclass(frozen=True, slots=True)
-class QuorumFailed:
-    """Down the session stream: request ``ask`` ended without a quorum.
-
-    ``timeout``: none formed within the request's ``timeout_s`` (the reason gives the rule's
-    counts; the member gives up). ``aborted``: a newer request superseded it or the member
-    was declared lost (the member asks again, on a new session if need be). ``refused``: a
-    quorum with this member's entry would not fit one message (the reason gives the sizes;
-    asking again cannot help).
-    """
-
-    TAG: ClassVar[str] = "quorum_failed"
-    ask: int
-    code: str
-    reason: str
-
-    @classmethod
-    def from_map(cls, o: Mapping[str, Any]) -> QuorumFailed:
-        m = "QuorumFailed"
-        return cls(
-            ask=check_int(m, "ask", require(o, m, "ask"), 1),
-            code=check_choice(m, "code", require(o, m, "code"), FAILURE_CODES),
-            reason=check_str(m, "reason", require(o, m, "reason"), MAX_REASON_CHARS, True),
-        )
-
-
 def decode_session_request(raw: bytes) -> Heartbeat | QuorumRequest:
     """A message a member sends on its session stream after ``Register``, by its ``t`` tag."""
-    return _decode_tagged(raw, "SessionRequest", (Heartbeat, QuorumRequest))
+    return decode_tagged(raw, "SessionRequest", (Heartbeat, QuorumRequest))
 
 
-def decode_session_reply(raw: bytes) -> Notice | QuorumAnswer | QuorumFailed:
-    """A message the lighthouse sends on a session stream, by its ``t`` tag."""
-    return _decode_tagged(raw, "SessionReply", (Notice, QuorumAnswer, QuorumFailed))
-
-
-def _decode_tagged(raw: bytes, msg: str, classes: tuple[Any, ...]) -> Any:
+def decode_tagged(raw: bytes, msg: str, classes: tuple[Any, ...]) -> Any:
+    """The message among ``classes`` that ``raw``'s ``t`` tag names, decoded by its ``from_map``."""
     o = unpack(raw, msg)
     tag = o.get("t")
     for cls in classes:

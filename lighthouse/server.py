@@ -42,7 +42,15 @@ from lighthouse.protocol import (
     QuorumRequest,
     Register,
 )
-from lighthouse.session import FAILURE_STATUS, Session, Waiter, WaitFailed, check_on_session
+from lighthouse.replies import QuorumUpdate
+from lighthouse.session import (
+    FAILURE_STATUS,
+    SentQuorum,
+    Session,
+    Waiter,
+    WaitFailed,
+    check_on_session,
+)
 from lighthouse.status import StatusServer, status_snapshot
 
 logger = logging.getLogger(__name__)
@@ -73,6 +81,9 @@ class LighthouseServer:
         self._sessions: dict[str, Session] = {}
         self._waiters: dict[str, Waiter] = {}
         self._round_started: float | None = None
+        self._roster: tuple[object, ...] = ()
+        self._roster_version = 0
+        """Counts distinct rosters sent (replies.py); sessions remember the one they hold."""
         self._server: grpc.aio.Server | None = None
         self._status: StatusServer | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -299,8 +310,12 @@ class LighthouseServer:
             w.fail("aborted", f"quorum {quorum.quorum_id} was not published: {why}")
 
     def _send_quorum(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter], new_id: bool) -> None:
+        roster = (quorum.replica_ids, quorum.addresses, quorum.world_sizes, quorum.data)
+        if roster != self._roster:  # one O(N) comparison per round; members compare versions
+            self._roster, self._roster_version = roster, self._roster_version + 1
+        sent = SentQuorum(quorum, encoded, self._roster_version, QuorumUpdate.encode_steps(quorum.steps))
         for waiter in waiters:
-            waiter.answer(encoded)
+            waiter.answer(sent)
         if new_id:
             self.metrics.quorum_ids_issued += 1
             logger.info("quorum %d formed with %s (%s)", quorum.quorum_id, list(quorum.replica_ids),

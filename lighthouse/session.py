@@ -17,7 +17,8 @@ import grpc
 
 from lighthouse import envelope
 from lighthouse.errors import ProtocolError
-from lighthouse.protocol import FailureCode, QuorumAnswer, QuorumFailed, QuorumRequest
+from lighthouse.protocol import Quorum, QuorumRequest
+from lighthouse.replies import FailureCode, QuorumAnswer, QuorumFailed, QuorumUpdate
 
 
 class Session:
@@ -39,6 +40,9 @@ class Session:
         self.ended: str | None = None
         """Why the lighthouse ended the session (it stopped reading), if it did."""
         self.task: asyncio.Task[object] | None = None
+        self.roster_version = 0
+        """The roster of the last quorum sent on this session (0: none yet): a quorum on the
+        same roster goes as a QuorumUpdate (replies.py)."""
         self._max_messages = max_messages
         self._max_bytes = max_bytes
 
@@ -66,6 +70,17 @@ class Session:
         self.outbox.put_nowait(None)
 
 
+@dataclass(frozen=True, slots=True)
+class SentQuorum:
+    """A quorum as the server sends it this round: encoded whole once, its steps encoded once
+    for the members whose session already holds its roster."""
+
+    quorum: Quorum
+    encoded: bytes
+    roster_version: int
+    steps: bytes
+
+
 @dataclass(slots=True)
 class Waiter:
     """A member waiting for a quorum, and where its answer goes: into its session's outbox
@@ -73,8 +88,8 @@ class Waiter:
 
     replica_id: str
     timeout_s: float
-    answer: Callable[[bytes], None]
-    """Called with the encoded quorum."""
+    answer: Callable[[SentQuorum], None]
+    """Called with the quorum formed, encoded."""
     fail: Callable[[FailureCode, str], None]
     deadline: float = math.inf
     """Monotonic; the tick fails the wait after it (a timer per wait cost more than the scan)."""
@@ -83,8 +98,14 @@ class Waiter:
     def on_session(cls, session: Session, req: QuorumRequest) -> Waiter:
         """A request on a session stream: answered (or failed) down that stream."""
 
-        def answer(quorum: bytes) -> None:
-            session.send(envelope.encode(QuorumAnswer(req.ask, quorum)))
+        def answer(sent: SentQuorum) -> None:
+            if session.roster_version == sent.roster_version:
+                q = sent.quorum
+                session.send(envelope.encode(QuorumUpdate(req.ask, q.quorum_id, q.incarnation, q.created_unix_s,
+                                                          sent.steps)))
+            else:
+                session.send(envelope.encode(QuorumAnswer(req.ask, sent.encoded)))
+                session.roster_version = sent.roster_version
 
         def fail(code: FailureCode, reason: str) -> None:
             session.send(envelope.encode(QuorumFailed(req.ask, code, reason)))
@@ -95,9 +116,9 @@ class Waiter:
     def on_future(cls, req: QuorumRequest, result: asyncio.Future[bytes]) -> Waiter:
         """A unary ``Quorum`` call: answered through the future its handler awaits."""
 
-        def answer(quorum: bytes) -> None:
+        def answer(sent: SentQuorum) -> None:
             if not result.done():
-                result.set_result(quorum)
+                result.set_result(sent.encoded)
 
         def fail(code: FailureCode, reason: str) -> None:
             if not result.done():

@@ -29,7 +29,7 @@ from conftest import (
     stop_gracefully,
 )
 
-from lighthouse import LighthouseUnavailable, QuorumTimeout, envelope, protocol
+from lighthouse import LighthouseUnavailable, QuorumTimeout, envelope, protocol, replies
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.protocol import Notice
 
@@ -325,9 +325,10 @@ class TestResourceBounds:
         async def never_read() -> grpc.StatusCode:
             async with grpc.aio.insecure_channel(lighthouse.grpc_address) as channel:
                 call = await open_raw_session(channel, "hog", timeout_s=60.0)
-                data = {"pad": "x" * (protocol.MAX_DATA_BYTES - 64)}
+                pad = "x" * (protocol.MAX_DATA_BYTES - 64)
                 for ask in range(1, 4000):
-                    request = protocol.QuorumRequest("hog", 0, "", 1, 5.0, data=data, ask=ask)
+                    # New data every time: a new roster, so every answer is a whole 16 KiB quorum.
+                    request = protocol.QuorumRequest("hog", 0, "", 1, 5.0, data={"pad": pad, "n": ask}, ask=ask)
                     try:
                         # Once the lighthouse has cancelled the stream, a write neither fails nor ends.
                         await asyncio.wait_for(call.write(envelope.encode(request)), 2.0)
@@ -508,15 +509,15 @@ async def open_raw_session(
     ``instance`` the client instance it claims to be (the same as a live session's: a reconnect)."""
     call = channel.stream_stream(protocol.SESSION_METHOD)(timeout=timeout_s)
     await call.write(envelope.encode(protocol.Register(replica_id, "", 1, 0, instance=instance)))
-    registered = protocol.decode_session_reply(await call.read())
+    registered = replies.decode_session_reply(await call.read())
     assert isinstance(registered, Notice) and registered.kind == "registered", registered
     return call
 
 
-async def next_reply(call: grpc.aio.StreamStreamCall) -> protocol.QuorumAnswer | protocol.QuorumFailed:
+async def next_reply(call: grpc.aio.StreamStreamCall) -> replies.QuorumAnswer | replies.QuorumFailed:
     """The next quorum reply on ``call``, skipping notices."""
     while True:
-        reply = protocol.decode_session_reply(await asyncio.wait_for(call.read(), EVENT_TIMEOUT_S))
+        reply = replies.decode_session_reply(await asyncio.wait_for(call.read(), EVENT_TIMEOUT_S))
         if not isinstance(reply, Notice):
             return reply
 
@@ -531,12 +532,12 @@ class TestQuorumOnSession:
                 # Alone, "a" waits for "b" to join the first quorum: its first request fails with the reason.
                 await a.write(envelope.encode(protocol.QuorumRequest("a", 3, "", 1, 0.2, ask=1)))
                 failed = await next_reply(a)
-                assert isinstance(failed, protocol.QuorumFailed) and (failed.ask, failed.code) == (1, "timeout")
+                assert isinstance(failed, replies.QuorumFailed) and (failed.ask, failed.code) == (1, "timeout")
                 assert "no quorum with 'a' formed within 0.2s" in failed.reason and "waiting for ['b'] to join" in failed.reason
                 await a.write(envelope.encode(protocol.QuorumRequest("a", 3, "", 1, 5.0, ask=2)))
                 await b.write(envelope.encode(protocol.QuorumRequest("b", 1, "h:1", 1, 5.0, ask=7)))
                 answer_a, answer_b = await next_reply(a), await next_reply(b)
-                assert isinstance(answer_a, protocol.QuorumAnswer) and isinstance(answer_b, protocol.QuorumAnswer)
+                assert isinstance(answer_a, replies.QuorumAnswer) and isinstance(answer_b, replies.QuorumAnswer)
                 assert (answer_a.ask, answer_b.ask) == (2, 7)
                 assert answer_a.quorum == answer_b.quorum
                 quorum = protocol.Quorum.decode(answer_a.quorum)

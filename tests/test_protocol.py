@@ -24,13 +24,11 @@ from lighthouse.protocol import (
     Member,
     Notice,
     Quorum,
-    QuorumAnswer,
-    QuorumFailed,
     QuorumRequest,
     Register,
-    decode_session_reply,
     decode_session_request,
 )
+from lighthouse.replies import QuorumAnswer, QuorumFailed, QuorumUpdate, decode_session_reply
 
 
 def pack(body: dict[str, Any]) -> bytes:
@@ -219,6 +217,7 @@ SESSION_REPLIES = [
     Notice("member_lost", 3, "g2", "session stream closed", 9),
     QuorumAnswer(4, encode(Quorum.of(3, 9, 1.0, (Member("a", "h:1", 5, 2),)))),
     QuorumFailed(5, "timeout", "no quorum within 1s"),
+    QuorumUpdate(6, 7, 9, 2.0, QuorumUpdate.encode_steps((5, 5, 4))),
 ]
 
 
@@ -253,7 +252,7 @@ def test_bad_session_request_rejected_naming_the_field(body: dict[str, Any], exp
         ({"t": "answer", "ask": 0, "quorum": b""}, "QuorumAnswer.ask is 0; expected 1 <= ask"),
         ({"t": "quorum_failed", "ask": 1, "code": "exploded", "reason": ""}, "QuorumFailed.code is 'exploded'"),
         ({"t": "quorum_failed", "ask": 1, "code": "timeout"}, "QuorumFailed.reason is missing"),
-        ({"t": "hello"}, "SessionReply.t is 'hello'; expected one of ['notice', 'answer', 'quorum_failed']"),
+        ({"t": "hello"}, "SessionReply.t is 'hello'; expected one of ['notice', 'answer', 'update', 'quorum_failed']"),
     ],
 )
 def test_bad_session_reply_rejected_naming_the_field(body: dict[str, Any], expected: str) -> None:
@@ -328,3 +327,36 @@ def test_protocol_errors_are_value_errors() -> None:
 def test_unhashable_or_non_string_kind_rejected_as_not_a_string(kind: Any) -> None:
     with pytest.raises(ProtocolError, match=r"^Notice\.kind is .*; expected a string"):
         Notice.decode(raw(Notice, kind=kind))
+
+
+class TestQuorumUpdate:
+    """A quorum on an unchanged roster travels as its changes (lighthouse/replies.py)."""
+
+    LAST = Quorum.of(3, 9, 1.0, (Member("a", "h:1", 5, 1, {"r": 1}), Member("b", "h:2", 5, 1), Member("c", "", 4, 2)))
+
+    def test_update_applied_to_the_last_quorum_is_the_new_quorum(self) -> None:
+        new = Quorum.of(4, 9, 2.0, (Member("a", "h:1", 6, 1, {"r": 1}), Member("b", "h:2", 6, 1), Member("c", "", 6, 2)))
+        update = QuorumUpdate(1, 4, 9, 2.0, QuorumUpdate.encode_steps(new.steps))
+        assert update.apply(self.LAST) == new
+        assert len(encode(update)) < 100  # every member at one step: one run, whatever the roster
+
+    @pytest.mark.parametrize(
+        ("runs", "expected"),
+        [
+            ([[5, 2]], "covers 2 members; the roster it updates has 3"),
+            ([[5, 4]], "QuorumUpdate.steps[0][1] is 4; expected 1 <= steps[0][1] <= 3"),
+            ([[5, 2], [-1, 1]], "QuorumUpdate.steps[1][0] is -1"),
+            ([[5]], "QuorumUpdate.steps[0] is [5]; expected [step, count]"),
+            ({"a": 1}, "QuorumUpdate.steps is dict; expected a list"),
+        ],
+    )
+    def test_update_not_covering_the_roster_rejected(self, runs: Any, expected: str) -> None:
+        with pytest.raises(ProtocolError, match=re.escape(expected)):
+            QuorumUpdate(1, 4, 9, 2.0, pack(runs)).apply(self.LAST)
+
+    @given(st.lists(st.integers(0, 3), min_size=1, max_size=40))
+    def test_run_length_steps_round_trip(self, steps: list[int]) -> None:
+        members = tuple(Member(f"g{i}", "", s, 1) for i, s in enumerate(steps))
+        last = Quorum.of(1, 1, 1.0, tuple(Member(m.replica_id, "", 0, 1) for m in members))
+        update = QuorumUpdate(1, 2, 1, 1.0, QuorumUpdate.encode_steps(tuple(steps)))
+        assert update.apply(last).steps == tuple(steps)
