@@ -20,7 +20,9 @@ Faults, one at a time, each once every group has committed a few steps since the
 
 Time lost by a group, as in failover.py: ``(its K-th commit after the fault - its last commit
 before) - K * T``, T its median commit interval before, K = 3; all three groups survive
-every fault here, so each fault gives three samples.
+every fault here, so each fault gives three samples. For a partition K also covers the lease
+plus a second of steady steps: the cut-off leader serves on until its lease clock runs out,
+and the loss comes only then.
 
 The soak: ``SOAK_KILLS`` leader kills in a row on the same job (each killed lighthouse
 restarted before the next kill), then the managers' event logs (state digest after every
@@ -137,23 +139,26 @@ class Job:
             raise ChildFailed("groups stopped committing between faults: "
                               + "".join(w.child.stderr_tail()[-600:] for w in self.workers))
 
-    async def measure(self, fault: Any) -> dict[str, Any]:
-        """Apply ``fault()`` at a random-ish point of a step and return each group's loss."""
+    async def measure(self, fault: Any, *, after_s: float = 0.0) -> dict[str, Any]:
+        """Apply ``fault()`` and return each group's loss over the first K commits after it,
+        K = AFTER_COMMITS plus the commits a steady group makes in ``after_s``: a partitioned
+        leader serves on until its lease clock runs out, so its window must reach past that."""
         await self.settle()
+        t_steady = statistics.median(median_interval(w.commits()[-20:]) for w in self.workers)
+        k = AFTER_COMMITS + int(after_s / t_steady)
         await fault()
         t_fault = time.time()
         ok = await until(self.changed, time.monotonic() + FAULT_TIMEOUT_S,
-                         lambda: all(sum(1 for c in w.commits() if c["ts"] > t_fault) >= AFTER_COMMITS
-                                     for w in self.workers))
-        record: dict[str, Any] = {"groups": {}}
+                         lambda: all(sum(1 for c in w.commits() if c["ts"] > t_fault) >= k for w in self.workers))
+        record: dict[str, Any] = {"groups": {}, "k": k}
         for w in self.workers:
             before = [c for c in w.commits() if c["ts"] <= t_fault]
             after = [c for c in w.commits() if c["ts"] > t_fault]
             t_steady = median_interval(before[-20:])
-            if not ok or len(after) < AFTER_COMMITS:
+            if not ok or len(after) < k:
                 record["groups"][w.name] = {"crashed": True, "why": w.ended or f"{len(after)} commits"}
                 continue
-            lost = after[AFTER_COMMITS - 1]["ts"] - before[-1]["ts"] - AFTER_COMMITS * t_steady
+            lost = after[k - 1]["ts"] - before[-1]["ts"] - k * t_steady
             record["groups"][w.name] = {"lost_s": round(lost, 4), "t_steady_s": round(t_steady, 4)}
         return record
 
@@ -224,7 +229,7 @@ async def _replicated(repeats: int, soak_kills: int, root: Path) -> dict[str, An
                     async def cut(relay: Child = relay) -> None:
                         relay.send_signal(signal.SIGUSR1)
 
-                    record = await job.measure(cut)
+                    record = await job.measure(cut, after_s=LEASE_TTL_S + 1.0)
                     record["leader"] = leader
                     out["partition"].append(record)
                     relay.send_signal(signal.SIGUSR2)

@@ -8,8 +8,9 @@ goes next, as a pure object:
 * a lighthouse that is not the leader says so and names the leader ("not the leader
   (leader: X)"): go to X at once;
 * a lighthouse that could not be reached, or whose session broke: try the next address at
-  once; only after a whole round of failures pause, doubling from 50 ms to 1 s, so a leader
-  that is being elected is found within a round trip or two of its election.
+  once; only after a whole round of failures pause, doubling from 50 ms to 1 s while no
+  lighthouse answers at all, back to 50 ms as soon as one does (a follower), so a leader
+  that is being elected is found within about 50 ms of its election.
 
 With a single address nothing rotates, and the backoff is the single lighthouse's: it is
 waited for while it restarts.
@@ -113,7 +114,10 @@ class Targets:
         return self.after_failure()
 
     def after_not_leader(self, details: str) -> float:
-        """``current`` is a follower; go to the leader it named, else to the next one."""
+        """``current`` is a follower; go to the leader it named, else to the next one. A
+        lighthouse answered, so the set is up (a leader is being elected): the backoff starts
+        afresh, or rounds of "not the leader" during an election would grow it to seconds."""
+        self._backoff = RECONNECT_INITIAL_S
         named = _LEADER.search(details)
         if named is not None and named.group(1) != self.current:
             self.current = named.group(1)

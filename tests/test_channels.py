@@ -44,3 +44,12 @@ def test_bad_address_list_named(text: str) -> None:
 
 def test_address_list_parsed() -> None:
     assert parse_addresses(" a:1, b:2 ,c:3") == ("a:1", "b:2", "c:3")
+
+
+def test_followers_answering_during_an_election_keep_the_pause_short() -> None:
+    t = Targets(THREE)
+    pauses = []
+    for _ in range(10):  # the dead leader refuses, a follower names it again, ...
+        pauses.append(t.after_failure())
+        pauses.append(t.after_not_leader(f"this lighthouse is not the leader (leader: {THREE[0]})"))
+    assert max(pauses) <= RECONNECT_INITIAL_S
