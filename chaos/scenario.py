@@ -51,6 +51,13 @@ Fault kinds (``kind``), what the harness does, and the outcome it then checks:
 ``fault_point``          The group kills itself at ``point`` of step ``at_step`` of its own
                          loop (``replicaft/faults.py``); armed when the target first starts,
                          so it takes ``at_step`` only. W = 1 only.
+``kill_lighthouse_leader``  (``lighthouse_replicas = 3``, chaos/lighthouse_set.py) SIGKILL
+                         the leading lighthouse; a follower leads; it restarts as a follower.
+``partition_lighthouse_leader``  Cut the leader off etcd for ``duration_s`` while it runs: it
+                         stops serving on its lease clock, before another lighthouse leads.
+``kill_etcd_member``     SIGKILL one etcd member for ``duration_s``: etcd keeps its quorum.
+``lose_etcd_quorum``     SIGKILL two of the three etcd members for ``duration_s``: no quorum
+                         forms, training waits, and resumes once etcd is back.
 =======================  ==================================================================
 
 ``partition`` and ``slow_link`` put every process of the run (lighthouse and groups) in

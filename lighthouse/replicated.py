@@ -206,7 +206,7 @@ class ReplicatedLighthouse:
         logger.warning("lighthouse %s leads %s (term %d)", self.replication.advertise, self.replication.prefix, term)
         while self.serving() and not keeper.done():
             await asyncio.sleep(POLL_S)
-        self._lose("its lease lapsed" if not keeper.done() else "etcd dropped its lease")
+        self._lose("its lease lapsed" if not keeper.done() else "its lease could not be renewed in etcd")
 
     async def _follow(self, leader: wire.KeyValue, keeper: asyncio.Task[None]) -> None:
         info = msgpack.unpackb(leader.value)

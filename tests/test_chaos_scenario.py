@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 
 from chaos.random_faults import DRAWABLE_KINDS, RandomFaults
-from chaos.scenario import FAULT_KINDS, ScenarioError, load_scenario, scenario_from_dict
+from chaos.scenario import (
+    FAULT_KINDS,
+    REPLICATED_LIGHTHOUSE_KINDS,
+    FaultSpec,
+    Scenario,
+    ScenarioError,
+    load_scenario,
+    scenario_from_dict,
+)
 
 
 def scenario(*faults: dict[str, Any], **fields: Any) -> Any:
@@ -97,15 +105,24 @@ def test_every_kind_is_documented_in_the_module_docstring() -> None:
     assert all(f"``{kind}``" in doc for kind in FAULT_KINDS)
 
 
-@pytest.mark.parametrize("name", ["every_fault", "every_fault_w2", "catastrophe", "partition", "soak", "gpt"])
+@pytest.mark.parametrize("name", ["every_fault", "every_fault_w2", "catastrophe", "partition", "soak", "gpt",
+                                  "lighthouse_ha"])
 def test_shipped_scenarios_state_their_shape(name: str) -> None:
     s = load_scenario(name)
     assert s.description and s.groups >= 2 and s.hang_bound_s > 0 and s.loss_tolerance > 0
 
 
-def test_every_fault_pair_covers_every_kind() -> None:
+def test_every_fault_pair_and_lighthouse_ha_cover_every_kind() -> None:
     kinds = {f.kind for name in ("every_fault", "every_fault_w2") for f in load_scenario(name).faults}
-    assert kinds == set(FAULT_KINDS)
+    assert kinds == set(FAULT_KINDS) - REPLICATED_LIGHTHOUSE_KINDS
+    assert {f.kind for f in load_scenario("lighthouse_ha").faults} == REPLICATED_LIGHTHOUSE_KINDS
+
+
+def test_replicated_lighthouse_fault_needs_a_replicated_lighthouse() -> None:
+    with pytest.raises(ScenarioError, match="needs a replicated lighthouse; set lighthouse_replicas = 3"):
+        Scenario(name="x", faults=(FaultSpec(kind="kill_lighthouse_leader", at_step=1),))
+    with pytest.raises(ScenarioError, match="lighthouse_replicas=2; use 1"):
+        Scenario(name="x", lighthouse_replicas=2)
 
 
 # -- random faults ---------------------------------------------------------------------------------
