@@ -6,7 +6,7 @@
   writes a filler file until ENOSPC and deletes it when the duration is over. Where the mount
   is refused, the fault is skipped with the reason, never simulated.
 * ``corrupt_checkpoint`` flips one byte in the middle of the first ``*.distcp`` shard of the
-  newest *published* checkpoint (``step-NNNNNNNNN/``; temporary ``*.tmp-*`` directories are not
+  newest *published* checkpoint (``step-NNNNNNNNN-<lineage>/``; temporary ``*.tmp-*`` directories are not
   checkpoints). The harness does it while every group is down, so no writer races it.
 
 The directory names mirror ``replicaft/checkpoint/layout.py`` (its regex is repeated here so the
@@ -28,7 +28,7 @@ TMPFS_MB = 32
 """Size of the checkpoint tmpfs: a few checkpoints of the example's models, small enough to fill in ms."""
 COMMAND_TIMEOUT_S = 10.0
 FILLER_NAME = "chaos-filler.bin"
-_PUBLISHED = re.compile(r"step-(\d{9,})")
+_PUBLISHED = re.compile(r"step-(\d{9,})(?:-[0-9a-f]{12})?")
 
 
 class DiskUnavailable(RuntimeError):

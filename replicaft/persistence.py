@@ -8,6 +8,13 @@
   at step 0 (every group died, or the job is new) does it load the newest *valid* checkpoint;
   that first step is then not committed, so every group enters the next quorum at the loaded
   step (groups that loaded an older checkpoint heal from the ones ahead).
+* **Lineage**: the history the state belongs to (checkpoint/layout.py). It is training state:
+  :meth:`Persistence.state_dict` / :meth:`Persistence.load_state_dict` are registered with the
+  manager under ``STATE_NAME``, so a heal hands it over with the rest and whichever group
+  writes names the same history. A run that starts from nothing mints one (every group at
+  step 0 adopts the first donor's through the initial sync); a resume continues the loaded
+  checkpoint's, unless newer checkpoints of that lineage failed to load, in which case it
+  forks a new one: its steps are not the ones those checkpoints hold.
 * **Preemption**: SIGTERM is noted by a handler, carried in the rank's vote on the current
   step, and acted on at the step boundary after it, where the state is consistent: a vote
   tells every rank of the group that one of them is leaving, so all ranks of a W > 1 group
@@ -35,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from replicaft.checkpoint.layout import LEGACY_LINEAGE, is_lineage, lineage_label, new_lineage
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.state import flatten
@@ -46,6 +54,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 PREEMPTED_EXIT_CODE = 143
+STATE_NAME = "checkpoint"
+"""Name under which the manager registers :meth:`Persistence.state_dict` (the lineage)."""
 SAVE_TIMEOUT_S = 600.0
 """W > 1: the writer group's collectives time out after this long, and a due save waits this
 long at most for the previous one (every rank must save the same steps)."""
@@ -65,6 +75,8 @@ class Persistence:
         self._capture: BackgroundCapture | None = None
         self._copy_now: frozenset[str] = frozenset()
         """Tensors a background copy saw written mid-step: copied at once from then on."""
+        self._lineage = new_lineage() if options.checkpoint_dir is not None else LEGACY_LINEAGE
+        """The history this group's state belongs to (see the module docstring)."""
 
     @property
     def enabled(self) -> bool:
@@ -115,13 +127,47 @@ class Persistence:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
 
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint part of the training state, which heals carry: the lineage."""
+        return {"lineage": self._lineage}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Adopt the lineage of a donor's state (a heal) or of a loaded checkpoint."""
+        lineage = state.get("lineage") if isinstance(state, dict) else None
+        if not is_lineage(lineage):
+            logger.warning("[%s] ignoring lineage %r in the loaded state (not a lineage id); keeping %s",
+                           self.options.replica_id, lineage, lineage_label(self._lineage))
+            return
+        assert isinstance(lineage, str)
+        if lineage != LEGACY_LINEAGE or self.options.checkpoint_dir is None:
+            self._lineage = lineage
+
+    @property
+    def lineage(self) -> str:
+        return self._lineage
+
     def has_checkpoint(self) -> bool:
         """Cheap: is any checkpoint published? (Validity is checked when loading.)"""
         return self._reader is not None and bool(self._reader.list(verify_files=False))
 
     def load_latest(self, template: dict[str, Any]) -> LoadedCheckpoint | None:
+        """Load the newest valid checkpoint into ``template``; the state returned carries the
+        lineage this run continues (under ``STATE_NAME`` when the template has it)."""
         assert self._reader is not None
-        return self._reader.load_latest_valid(template, rank=self.options.group_rank)
+        loaded = self._reader.load_latest_valid(template, rank=self.options.group_rank)
+        if loaded is None:
+            return None
+        if loaded.lineage == LEGACY_LINEAGE or not loaded.newest_in_lineage:
+            self._lineage = new_lineage()
+            why = ("it was written before lineages existed" if loaded.lineage == LEGACY_LINEAGE
+                   else f"newer checkpoints of lineage {loaded.lineage} did not load")
+            logger.warning("[%s] resumed from step %d; %s, so this run continues as the new lineage %s",
+                           self.options.replica_id, loaded.step, why, self._lineage)
+        else:
+            self._lineage = loaded.lineage
+        if STATE_NAME in template:
+            loaded.state[STATE_NAME] = self.state_dict()
+        return loaded
 
     def after_commit(self, step: int, is_writer: bool, state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
         """Called at the step boundary after a commit, with the committed state in place.
@@ -138,7 +184,7 @@ class Persistence:
             deferred = 0
             if self.options.group_world_size > 1:
                 self._in_flight = self._snapshot(state, step, quorum_id, spare)
-                self._writer.save_async(self._in_flight, step)
+                self._writer.save_async(self._in_flight, step, lineage=self._lineage)
             else:
                 self._capture = BackgroundCapture(flatten(state()), step=step, quorum_id=quorum_id,
                                                   replica_id=self.options.replica_id, out=spare, copy_now=self._copy_now)
@@ -161,13 +207,14 @@ class Persistence:
             self._emit("checkpoint", checkpoint_step=capture.step, ok=False, status="failed", reason=why, path=None, num_bytes=0)
             return
         self._in_flight = snapshot
-        self._writer.save_async(snapshot, snapshot.manifest.step)
+        self._writer.save_async(snapshot, snapshot.manifest.step, lineage=self._lineage)
 
     def emergency_save(self, step: int, state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
         self.settle()
         if self._writer is None:
             return
-        handle = self._writer.save_async(self._snapshot(state, step, quorum_id, None), step, {"reason": "preemption"})
+        handle = self._writer.save_async(self._snapshot(state, step, quorum_id, None), step, {"reason": "preemption"},
+                                         lineage=self._lineage)
         try:
             handle.wait(timeout_s=self.options.preemption_grace_s)
         except TimeoutError as e:

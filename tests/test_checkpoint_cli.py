@@ -9,13 +9,19 @@ import torch
 
 from replicaft.checkpoint import CheckpointWriter
 from replicaft.checkpoint.__main__ import main
-from replicaft.checkpoint.layout import step_dirname
+from replicaft.checkpoint.layout import checkpoint_dirname
 from replicaft.state import flatten
 from replicaft.transfer.snapshot import Snapshot
 
+LINEAGE = "0123456789ab"
+
+
+def name(step: int) -> str:
+    return checkpoint_dirname(step, LINEAGE)
+
 
 def write_checkpoints(directory: Path, steps: list[int]) -> None:
-    with CheckpointWriter(directory) as writer:
+    with CheckpointWriter(directory, lineage=LINEAGE) as writer:
         for step in steps:
             state = {"replicaft": {"step": step}, "model": {"w": torch.zeros(256)}}
             snap = Snapshot.capture(flatten(state), step=step, quorum_id=1, replica_id="g0")
@@ -31,15 +37,15 @@ def corrupt(path: Path) -> None:
 
 def test_list_shows_step_size_age_and_validity(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_checkpoints(tmp_path, [100, 200])
-    corrupt(tmp_path / step_dirname(200))
+    corrupt(tmp_path / name(200))
     (tmp_path / "step-000000300.tmp-abc123").mkdir()
 
     assert main(["list", str(tmp_path)]) == 0
 
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:3] == ["200", "3.6", "KiB"]
-    assert "ago  INVALID: step-000000200/__0_0.distcp checksum mismatch (expected " in lines[0]
-    assert lines[1].split()[:3] == ["100", "3.6", "KiB"] and lines[1].endswith("ago  valid")
+    assert lines[0].split()[:4] == ["200", LINEAGE, "3.6", "KiB"]
+    assert f"ago  INVALID: {name(200)}/__0_0.distcp checksum mismatch (expected " in lines[0]
+    assert lines[1].split()[:4] == ["100", LINEAGE, "3.6", "KiB"] and lines[1].endswith("ago  valid")
     assert lines[2] == "1 unpublished (ignored; the next writer removes them): step-000000300.tmp-abc123"
 
 
@@ -56,14 +62,14 @@ def test_list_of_empty_directory_says_so(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_verify_valid_exits_0_and_invalid_exits_1_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_checkpoints(tmp_path, [100, 200])
-    corrupt(tmp_path / step_dirname(200))
+    corrupt(tmp_path / name(200))
 
-    assert main(["verify", str(tmp_path / step_dirname(100))]) == 0
-    assert capsys.readouterr().out.startswith("valid: step-000000100: 3 files, ")
+    assert main(["verify", str(tmp_path / name(100))]) == 0
+    assert capsys.readouterr().out.startswith(f"valid: {name(100)}: 3 files, ")
 
-    assert main(["verify", str(tmp_path / step_dirname(200))]) == 1
+    assert main(["verify", str(tmp_path / name(200))]) == 1
     out = capsys.readouterr().out
-    assert out.startswith("INVALID: step-000000200/__0_0.distcp checksum mismatch (expected ")
+    assert out.startswith(f"INVALID: {name(200)}/__0_0.distcp checksum mismatch (expected ")
 
 
 @pytest.mark.parametrize(

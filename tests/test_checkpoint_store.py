@@ -19,7 +19,8 @@ import torch
 from conftest import spawn_python
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, SaveResult
-from replicaft.checkpoint.layout import MANIFEST_FILE, is_tmp_dirname, step_dirname
+from replicaft.checkpoint.layout import MANIFEST_FILE, is_tmp_dirname
+from replicaft.checkpoint.reader import scan_checkpoints
 from replicaft.errors import StateError
 from replicaft.state import digest, flatten
 from replicaft.transfer.snapshot import Snapshot
@@ -88,6 +89,12 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
         time.sleep(0.01)
 
 
+def ckpt_dir(directory: Path, step: int) -> Path:
+    """The one published checkpoint of ``step`` in ``directory``."""
+    (path,) = [p for name, p in scan_checkpoints(directory).found if name.step == step]
+    return path
+
+
 def tmp_dirs(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if is_tmp_dirname(p.name))
 
@@ -105,7 +112,7 @@ def test_model_adamw_scheduler_round_trip_bitwise_equal(tmp_path: Path) -> None:
     state = trained_state()
     with CheckpointWriter(tmp_path / "ckpt", writer_id="g0/0") as writer:
         result = save(writer, state, 3)
-    assert result.ok and result.path == tmp_path / "ckpt" / "step-000000003"
+    assert result.ok and result.path == ckpt_dir(tmp_path / "ckpt", 3) and result.path.name.startswith("step-000000003-")
     template = fresh_template()
     template_weight = template["model"]["0.weight"]
 
@@ -166,19 +173,19 @@ def test_flipped_byte_in_shard_rejected_and_previous_checkpoint_loaded(
     with CheckpointWriter(tmp_path) as writer:
         save(writer, small_state(300), 300)
         save(writer, small_state(400), 400)
-    shard = tmp_path / step_dirname(400) / "__0_0.distcp"
+    shard = ckpt_dir(tmp_path, 400) / "__0_0.distcp"
     flip_byte(shard, shard.stat().st_size // 2)
 
-    ok, reason = CheckpointReader.verify(tmp_path / step_dirname(400))
+    ok, reason = CheckpointReader.verify(shard.parent)
     assert not ok
-    assert reason.startswith("step-000000400/__0_0.distcp checksum mismatch (expected ")
+    assert reason.startswith(f"{shard.parent.name}/__0_0.distcp checksum mismatch (expected ")
 
     with caplog.at_level(logging.WARNING, logger="replicaft.checkpoint.reader"):
         loaded = CheckpointReader(tmp_path).load_latest_valid()
     assert loaded is not None and loaded.step == 300
     assert loaded.state["model"]["w"].eq(300.0).all()
-    assert "step-000000400/__0_0.distcp checksum mismatch" in caplog.text
-    assert "skipping step 400, trying step 300 (step-000000300)" in caplog.text
+    assert f"{shard.parent.name}/__0_0.distcp checksum mismatch" in caplog.text
+    assert f"skipping step 400, trying step 300 ({ckpt_dir(tmp_path, 300).name})" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -294,7 +301,7 @@ def test_disk_filling_during_write_fails_cleanly_and_last_good_intact(small_disk
         assert save(writer, small_state(1), 1).ok
         result = save(writer, small_state(2, numel=700_000), 2)  # 2.8 MB into 2 MiB
     assert result.status == "failed"
-    assert f"writing the checkpoint of step 2 into {small_disk}/step-000000002.tmp-" in result.reason
+    assert f"writing the checkpoint of step 2 into {small_disk}/step-000000002-" in result.reason
     assert "the disk is full (ENOSPC)" in result.reason
     assert writer.statistics().num_failed == 1
     assert tmp_dirs(small_disk) == []
@@ -318,14 +325,14 @@ def test_tier2_copy_verified_and_used_when_tier1_is_lost(tmp_path: Path) -> None
     tier1, tier2 = tmp_path / "tier1", tmp_path / "tier2"
     with CheckpointWriter(tier1, tier2_directory=tier2) as writer:
         result = save(writer, small_state(7), 7)
-    assert result.tier2_path == tier2 / step_dirname(7)
+    assert result.path is not None and result.tier2_path == tier2 / result.path.name
     assert CheckpointReader.verify(result.tier2_path) == (
         True,
-        f"step-000000007: 3 files, {result.num_bytes} bytes, all checksums match",
+        f"{result.path.name}: 3 files, {result.num_bytes} bytes, all checksums match",
     )
     assert tmp_dirs(tier2) == []
 
-    flip_byte(tier1 / step_dirname(7) / "state.msgpack", 0)
+    flip_byte(ckpt_dir(tier1, 7) / "state.msgpack", 0)
     loaded = CheckpointReader(tier1, tier2_directory=tier2).load_latest_valid()
     assert loaded is not None and loaded.path == result.tier2_path and loaded.state["replicaft"]["step"] == 7
 
@@ -429,9 +436,9 @@ def run_two_ranks(child: str, directory: Path, init_file: Path) -> list[dict[str
 def test_two_rank_group_writes_one_shard_per_rank_and_loads_in_one_process(tmp_path: Path) -> None:
     directory = tmp_path / "ckpt"
     reports = run_two_ranks(RANK_CHILD, directory, tmp_path / "init")
-    assert reports[0]["path"] == reports[1]["path"] == str(directory / step_dirname(10))
+    assert reports[0]["path"] == reports[1]["path"] == str(ckpt_dir(directory, 10))
 
-    manifest = json.loads((directory / step_dirname(10) / MANIFEST_FILE).read_text())
+    manifest = json.loads((ckpt_dir(directory, 10) / MANIFEST_FILE).read_text())
     assert {"__0_0.distcp", "__1_0.distcp"} <= {f["name"] for f in manifest["files"]}
     assert manifest["metadata"]["group_world_size"] == 2
     loaded = CheckpointReader(directory).load_latest_valid()  # one process, no process group

@@ -57,19 +57,52 @@ With W > 1, take the ``save_if_due`` decision on group rank 0 and have every ran
 ``replicaft-ckpt list DIR`` and ``replicaft-ckpt verify DIR/step-000000400``.
 """
 
-from replicaft.checkpoint.policy import SaveDecision as SaveDecision
-from replicaft.checkpoint.policy import SpaceDecision as SpaceDecision
-from replicaft.checkpoint.policy import enough_space as enough_space
-from replicaft.checkpoint.policy import should_save as should_save
-from replicaft.checkpoint.reader import CheckpointInfo as CheckpointInfo
-from replicaft.checkpoint.reader import CheckpointReader as CheckpointReader
-from replicaft.checkpoint.reader import LoadedCheckpoint as LoadedCheckpoint
-from replicaft.checkpoint.results import SaveHandle as SaveHandle
-from replicaft.checkpoint.results import SaveResult as SaveResult
-from replicaft.checkpoint.results import WriterStatistics as WriterStatistics
-from replicaft.checkpoint.retention import RetentionDecision as RetentionDecision
-from replicaft.checkpoint.retention import decide_retention as decide_retention
-from replicaft.checkpoint.writer import CheckpointWriter as CheckpointWriter
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from replicaft.checkpoint.policy import SaveDecision as SaveDecision
+    from replicaft.checkpoint.policy import SpaceDecision as SpaceDecision
+    from replicaft.checkpoint.policy import enough_space as enough_space
+    from replicaft.checkpoint.policy import should_save as should_save
+    from replicaft.checkpoint.reader import CheckpointInfo as CheckpointInfo
+    from replicaft.checkpoint.reader import CheckpointReader as CheckpointReader
+    from replicaft.checkpoint.reader import LoadedCheckpoint as LoadedCheckpoint
+    from replicaft.checkpoint.results import SaveHandle as SaveHandle
+    from replicaft.checkpoint.results import SaveResult as SaveResult
+    from replicaft.checkpoint.results import WriterStatistics as WriterStatistics
+    from replicaft.checkpoint.retention import RetentionDecision as RetentionDecision
+    from replicaft.checkpoint.retention import decide_retention as decide_retention
+    from replicaft.checkpoint.writer import CheckpointWriter as CheckpointWriter
+
+_WHERE = {
+    "SaveDecision": "policy",
+    "SpaceDecision": "policy",
+    "enough_space": "policy",
+    "should_save": "policy",
+    "CheckpointInfo": "reader",
+    "CheckpointReader": "reader",
+    "LoadedCheckpoint": "reader",
+    "SaveHandle": "results",
+    "SaveResult": "results",
+    "WriterStatistics": "results",
+    "RetentionDecision": "retention",
+    "decide_retention": "retention",
+    "CheckpointWriter": "writer",
+}
+"""The public names and their modules. They are imported on first use (PEP 562), because the
+reader and writer pull in DCP (about a second of every start-up), which the torch-free parts
+(``layout``, ``options``, ``lineage``) and a job without checkpoints need not pay."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'replicaft.checkpoint' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"replicaft.checkpoint.{module}"), name)
+
 
 __all__ = [
     "CheckpointInfo",

@@ -2,7 +2,7 @@
 
 ::
 
-    replicaft-ckpt list DIR                     step, size, age and validity, newest first
+    replicaft-ckpt list DIR                     step, lineage, size, age and validity, newest first
     replicaft-ckpt list --no-verify DIR         the same without reading every byte
     replicaft-ckpt verify DIR/step-000000400    exit 0 if intact, 1 if not (the message says why)
 
@@ -18,7 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from replicaft.checkpoint.layout import is_tmp_dirname
+from replicaft.checkpoint.entries import scan
+from replicaft.checkpoint.layout import is_tmp_dirname, lineage_label
 from replicaft.checkpoint.reader import CheckpointReader, verify
 
 EXIT_OK = 0
@@ -61,13 +62,17 @@ def _age(seconds: float) -> str:
 
 
 def _list(directory: Path, verify_files: bool) -> int:
-    infos = CheckpointReader(directory).list(verify_files=verify_files)
+    reader = CheckpointReader(directory)
+    infos = reader.list(verify_files=verify_files)
     if not infos:
         print(f"no published checkpoints in {directory}")
     for info in infos:
         validity = {True: "valid", False: f"INVALID: {info.reason}", None: "not verified"}[info.valid]
-        print(f"{info.step:>10}  {_size(info.num_bytes):>10}  {_age(info.age_s):>7} ago  {validity}")
-    partial = sorted(p.name for p in directory.iterdir() if p.is_dir() and is_tmp_dirname(p.name))
+        print(f"{info.step:>10}  {lineage_label(info.lineage):>14}  {_size(info.num_bytes):>10}  "
+              f"{_age(info.age_s):>7} ago  {validity}")
+    for path, why in reader.ignored():
+        print(f"{path.name}: {why}")
+    partial = sorted(e.path.name for e in scan(directory) if e.is_dir and is_tmp_dirname(e.path.name))
     if partial:
         print(f"{len(partial)} unpublished (ignored; the next writer removes them): {', '.join(partial)}")
     return EXIT_OK

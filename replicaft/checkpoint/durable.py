@@ -15,6 +15,7 @@ import shutil
 import uuid
 from pathlib import Path
 
+from replicaft.checkpoint.entries import scan
 from replicaft.checkpoint.layout import is_tmp_dirname, tmp_dirname
 from replicaft.checkpoint.manifest import FileEntry
 
@@ -79,7 +80,7 @@ def discard(path: Path, step: int) -> None:
     The directory is first renamed into the temporary namespace (readers ignore it, the next
     writer removes it), then removed. Raises OSError if the rename fails.
     """
-    doomed = path.with_name(tmp_dirname(step, f"deleting-{new_token()}"))
+    doomed = path.with_name(tmp_dirname(path.name, f"deleting-{new_token()}"))
     os.rename(path, doomed)
     fsync_dir(path.parent)
     shutil.rmtree(doomed, ignore_errors=True)
@@ -99,8 +100,8 @@ def remove_leftovers(directory: Path) -> list[str]:
     once, before its first save). Returns the names removed.
     """
     removed = []
-    for entry in sorted(directory.iterdir()):
-        if entry.is_dir() and is_tmp_dirname(entry.name):
-            shutil.rmtree(entry, ignore_errors=True)
-            removed.append(entry.name)
+    for entry in scan(directory):
+        if entry.is_dir and is_tmp_dirname(entry.path.name):  # a link named like one is left alone
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path.name)
     return removed

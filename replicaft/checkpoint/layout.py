@@ -2,12 +2,20 @@
 
 ::
 
-    DIR/step-000000400/                 published: complete, checksummed, never modified
-        manifest.json                   files with sizes and SHA-256, metadata (see manifest.py)
+    DIR/step-000000400-3f9c2a1b7e55/    published: complete, checksummed, never modified
+        manifest.json                   files with sizes and SHA-256, lineage, metadata (manifest.py)
         state.msgpack                   non-tensor state (msgpack skeleton) and the tensor list
         .metadata, __0_0.distcp, ...    torch.distributed.checkpoint (DCP) files
-    DIR/step-000000500.tmp-3f9c.../     being written, or left by a crash: ignored by readers,
+    DIR/step-000000500-3f9c2a1b7e55.tmp-3f9c.../
+                                        being written, or left by a crash: ignored by readers,
                                         removed by the next writer
+    DIR/step-000000300/                 written by a release before lineages (format version 1)
+
+A published name carries the step and the *lineage*: the history of training the state
+belongs to (a run that resumes from a checkpoint continues its lineage; one that starts
+from nothing begins a new one). Two histories in one directory (a run restarted from
+step 0 beside the checkpoints of an earlier one) then never share a name, so a writer never
+mistakes another history's checkpoint of the same step for its own save.
 
 Publishing is one ``rename`` from the temporary name to the final one, so a reader sees a
 checkpoint either complete or not at all. Deleting renames into the temporary namespace first,
@@ -18,31 +26,71 @@ checkpoint that looks corrupt. Step numbers are zero-padded so names sort like s
 from __future__ import annotations
 
 import re
+import uuid
+from dataclasses import dataclass
 
 MANIFEST_FILE = "manifest.json"
 STATE_FILE = "state.msgpack"
 DCP_METADATA_FILE = ".metadata"
 STEP_DIGITS = 9
+LINEAGE_CHARS = 12
+LEGACY_LINEAGE = ""
+"""The lineage of a checkpoint written before lineages existed (format version 1)."""
 
-_PUBLISHED = re.compile(rf"step-(\d{{{STEP_DIGITS},}})")
-_TMP = re.compile(r"step-\d+\.tmp-[0-9a-zA-Z_-]+")
+_LINEAGE = re.compile(rf"[0-9a-f]{{{LINEAGE_CHARS}}}")
+_PUBLISHED = re.compile(rf"step-(\d{{{STEP_DIGITS},}})(?:-([0-9a-f]{{{LINEAGE_CHARS}}}))?")
+_TMP = re.compile(rf"step-\d+(?:-[0-9a-f]{{{LINEAGE_CHARS}}})?\.tmp-[0-9a-zA-Z_-]+")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class CheckpointName:
+    step: int
+    lineage: str
+    """``LINEAGE_CHARS`` hex digits, or ``LEGACY_LINEAGE`` for a version-1 checkpoint."""
+
+    def __str__(self) -> str:
+        return checkpoint_dirname(self.step, self.lineage)
+
+
+def new_lineage() -> str:
+    """A fresh lineage id, for a history that starts from nothing."""
+    return uuid.uuid4().hex[:LINEAGE_CHARS]
+
+
+def is_lineage(value: object) -> bool:
+    return isinstance(value, str) and (value == LEGACY_LINEAGE or _LINEAGE.fullmatch(value) is not None)
+
+
+def lineage_label(lineage: str) -> str:
+    """How a lineage is named in messages."""
+    return lineage if lineage != LEGACY_LINEAGE else "(before lineages)"
 
 
 def step_dirname(step: int) -> str:
+    """``step-000000400``: the step part of a checkpoint's name (a version-1 name in full)."""
     if step < 0:
         raise ValueError(f"checkpoint step {step} is negative; steps are >= 0")
     return f"step-{step:0{STEP_DIGITS}d}"
 
 
-def tmp_dirname(step: int, token: str) -> str:
-    """The temporary name a checkpoint of ``step`` is written (or deleted) under."""
-    return f"{step_dirname(step)}.tmp-{token}"
+def checkpoint_dirname(step: int, lineage: str) -> str:
+    """The published name of the checkpoint of ``step`` in history ``lineage``."""
+    if not is_lineage(lineage):
+        raise ValueError(f"lineage {lineage!r} is not {LINEAGE_CHARS} lowercase hex digits")
+    return step_dirname(step) if lineage == LEGACY_LINEAGE else f"{step_dirname(step)}-{lineage}"
 
 
-def parse_step_dirname(name: str) -> int | None:
-    """The step of a published checkpoint directory name, or None for any other name."""
+def tmp_dirname(final_name: str, token: str) -> str:
+    """The temporary name the checkpoint ``final_name`` is written (or deleted) under."""
+    return f"{final_name}.tmp-{token}"
+
+
+def parse_dirname(name: str) -> CheckpointName | None:
+    """Step and lineage of a published checkpoint directory name, or None for any other name."""
     match = _PUBLISHED.fullmatch(name)
-    return int(match.group(1)) if match else None
+    if match is None:
+        return None
+    return CheckpointName(int(match.group(1)), match.group(2) or LEGACY_LINEAGE)
 
 
 def is_tmp_dirname(name: str) -> bool:

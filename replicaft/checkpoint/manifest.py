@@ -27,11 +27,18 @@ from typing import Any
 
 import msgpack
 
+from replicaft.checkpoint.layout import LEGACY_LINEAGE, is_lineage
 from replicaft.errors import CheckpointCorrupt
 from replicaft.state import DTYPES
 
 FORMAT = "replicaft-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""Version 2 added the lineage (layout.py). Every version this release can read is listed in
+``READABLE_VERSIONS``; a checkpoint of a newer one is refused with the version named, never
+guessed at."""
+READABLE_VERSIONS = (1, 2)
+LAYOUT_VERSION = 1
+"""Version of ``state.msgpack``'s own encoding (unchanged since version 1 of the format)."""
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
@@ -51,6 +58,9 @@ class CheckpointManifest:
     metadata: dict[str, Any] = field(default_factory=dict)
     """quorum_id, replica_id, group_world_size, replicaft_version, torch_version, digest,
     plus whatever the caller passed to ``save_async``; JSON values only."""
+    lineage: str = LEGACY_LINEAGE
+    """The history this checkpoint belongs to (layout.py); ``LEGACY_LINEAGE`` for version 1."""
+    version: int = FORMAT_VERSION
 
     @property
     def num_bytes(self) -> int:
@@ -62,6 +72,7 @@ class CheckpointManifest:
                 "format": FORMAT,
                 "version": FORMAT_VERSION,
                 "step": self.step,
+                "lineage": self.lineage,
                 "created_unix_s": self.created_unix_s,
                 "files": [{"name": f.name, "num_bytes": f.num_bytes, "sha256": f.sha256} for f in self.files],
                 "metadata": self.metadata,
@@ -77,13 +88,20 @@ class CheckpointManifest:
             o = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CheckpointCorrupt(f"{where} is not valid JSON ({e})") from e
+        except RecursionError:
+            # json's C scanner bounds its own recursion: 100 000 nested arrays end here.
+            raise CheckpointCorrupt(f"{where} nests deeper than a manifest ever does; it is not a manifest") from None
         if not isinstance(o, dict):
             raise CheckpointCorrupt(f"{where} must hold a JSON object, got {type(o).__name__}")
-        if o.get("format") != FORMAT or o.get("version") != FORMAT_VERSION:
+        version = o.get("version")
+        if o.get("format") != FORMAT or isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise CheckpointCorrupt(
-                f"{where} has format {o.get('format')!r} version {o.get('version')!r}; this replicaft reads "
-                f"{FORMAT!r} version {FORMAT_VERSION}"
+                f"{where} has format {o.get('format')!r} version {version!r}; this replicaft reads "
+                f"{FORMAT!r} versions {list(READABLE_VERSIONS)} (a newer replicaft wrote it?)"
             )
+        lineage = LEGACY_LINEAGE if version == 1 else _field(o, "lineage", str, where)
+        if version > 1 and (lineage == LEGACY_LINEAGE or not is_lineage(lineage)):
+            raise CheckpointCorrupt(f"{where}: lineage {lineage!r} is not a lineage id")
         step = _field(o, "step", int, where)
         created = _field(o, "created_unix_s", (int, float), where)
         metadata = _field(o, "metadata", dict, where)
@@ -101,7 +119,7 @@ class CheckpointManifest:
             files.append(FileEntry(name, num_bytes, sha256))
         if step < 0:
             raise CheckpointCorrupt(f"{where}: step {step} is negative")
-        return cls(step, float(created), tuple(files), metadata)
+        return cls(step, float(created), tuple(files), metadata, lineage, version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +146,7 @@ class StateLayout:
 
     def encode(self) -> bytes:
         o: dict[str, Any] = {
-            "version": FORMAT_VERSION,
+            "version": LAYOUT_VERSION,
             "skeleton": self.skeleton,
             "tensors": [[t.name, t.dtype, list(t.shape), *([True] if t.own else [])] for t in self.tensors],
         }
@@ -142,8 +160,8 @@ class StateLayout:
             o = msgpack.unpackb(raw, raw=False, strict_map_key=False)
         except Exception as e:  # msgpack raises several unrelated types for bad input
             raise CheckpointCorrupt(f"{where} is not valid msgpack ({type(e).__name__}: {e})") from e
-        if not isinstance(o, dict) or o.get("version") != FORMAT_VERSION or "skeleton" not in o:
-            raise CheckpointCorrupt(f"{where} is not a version {FORMAT_VERSION} state layout")
+        if not isinstance(o, dict) or o.get("version") != LAYOUT_VERSION or "skeleton" not in o:
+            raise CheckpointCorrupt(f"{where} is not a version {LAYOUT_VERSION} state layout")
         tensors = []
         for i, entry in enumerate(_field(o, "tensors", list, where)):
             ok = (

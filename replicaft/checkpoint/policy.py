@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from replicaft.errors import OptionsError
+from replicaft.checkpoint.options import check_fraction, check_interval_options
 
 SaveAction = Literal["save", "skip", "not_due"]
 
@@ -52,14 +52,6 @@ class SpaceDecision:
     ok: bool
     required_bytes: int
     reason: str
-
-
-def check_interval_options(interval_steps: int, interval_s: float) -> None:
-    """Raise OptionsError when an interval is negative (0 disables that trigger)."""
-    if interval_steps < 0:
-        raise OptionsError(f"interval_steps={interval_steps} is negative; use 0 to disable the step trigger")
-    if interval_s < 0:
-        raise OptionsError(f"interval_s={interval_s} is negative; use 0 to disable the time trigger")
 
 
 def should_save(
@@ -111,8 +103,7 @@ def enough_space(free_bytes: int, estimated_bytes: int, margin: float) -> SpaceD
 
     The margin leaves room for the estimate's error and for other writers on the same disk.
     """
-    if margin < 0:
-        raise OptionsError(f"free space margin={margin} is negative; use a fraction such as 0.1 (10%)")
+    check_fraction("free space margin", margin)
     required = int(estimated_bytes * (1 + margin))
     if free_bytes >= required:
         return SpaceDecision(True, required, f"{free_bytes} bytes free >= {required} needed")

@@ -19,6 +19,7 @@ of it; tensors the template lacks (a fresh optimizer's moments) are allocated on
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Mapping
@@ -29,14 +30,20 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed.checkpoint as dcp
 
-from replicaft.checkpoint.durable import file_sha256
+from replicaft.checkpoint.durable import READ_BYTES
+from replicaft.checkpoint.entries import judge, open_regular, read_small, scan
 from replicaft.checkpoint.layout import (
     DCP_METADATA_FILE,
+    LEGACY_LINEAGE,
     MANIFEST_FILE,
     STATE_FILE,
+    CheckpointName,
     dcp_key,
-    parse_step_dirname,
+    lineage_label,
+    parse_dirname,
 )
+from replicaft.checkpoint.legacy import SafeFileSystemReader
+from replicaft.checkpoint.lineage import Candidate, order_for_resume
 from replicaft.checkpoint.manifest import CheckpointManifest, StateLayout
 from replicaft.errors import CheckpointCorrupt, StateError
 from replicaft.state import DTYPES, Sharding, flatten, unflatten
@@ -55,62 +62,80 @@ class CheckpointInfo:
     valid: bool | None
     """None when listed without verification."""
     reason: str
+    lineage: str = LEGACY_LINEAGE
 
 
 class LoadedCheckpoint(NamedTuple):
     step: int
     state: dict[str, Any]
     path: Path
+    lineage: str = LEGACY_LINEAGE
+    newest_in_lineage: bool = True
+    """False when newer checkpoints of the same lineage exist but did not load: a run that
+    continues from here forks a new history rather than extend the one they belong to."""
 
 
-def _label(path: Path) -> str:
-    """``step-000000400`` or ``tier2/step-000000400``: short enough for a log line."""
-    return f"{path.parent.name}/{path.name}" if parse_step_dirname(path.name) is None else path.name
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """What a checkpoint directory holds: published checkpoints, and entries named like one
+    that are not (a link, a file), each with the reason it is ignored."""
+
+    found: list[tuple[CheckpointName, Path]]
+    """Newest step first."""
+    ignored: list[tuple[Path, str]]
 
 
 def read_manifest(path: Path) -> CheckpointManifest:
     """The parsed ``manifest.json`` of checkpoint directory ``path``; raises CheckpointCorrupt."""
-    manifest_path = path / MANIFEST_FILE
+    where = f"{path.name}/{MANIFEST_FILE}"
     try:
-        raw = manifest_path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointCorrupt(
-            f"{path.name}/{MANIFEST_FILE} is missing: the save never finished publishing, or the "
-            "file was deleted"
-        ) from None
-    except OSError as e:
-        raise CheckpointCorrupt(f"{path.name}/{MANIFEST_FILE} cannot be read ({e})") from e
-    return CheckpointManifest.decode(raw, f"{path.name}/{MANIFEST_FILE}")
+        raw = read_small(path / MANIFEST_FILE, where)
+    except CheckpointCorrupt as e:
+        if str(e) == f"{where} is missing":
+            raise CheckpointCorrupt(f"{where} is missing: the save never finished publishing, or the file was deleted") from None
+        raise
+    return CheckpointManifest.decode(raw, where)
 
 
-def check(path: Path, *, expected_step: int | None = None) -> CheckpointManifest:
+def _sha256(path: Path, where: str) -> tuple[int, str]:
+    h = hashlib.sha256()
+    num_bytes = 0
+    with open_regular(path, where) as f:
+        try:
+            while chunk := f.read(READ_BYTES):
+                h.update(chunk)
+                num_bytes += len(chunk)
+        except OSError as e:
+            raise CheckpointCorrupt(f"{where} cannot be read ({e})") from e
+    return num_bytes, h.hexdigest()
+
+
+def check(path: Path, *, expected: CheckpointName | None = None) -> CheckpointManifest:
     """Verify checkpoint directory ``path`` file by file; return its manifest.
 
-    Raises CheckpointCorrupt naming the first file that is missing, has the wrong size, or
-    fails its SHA-256. ``expected_step`` defaults to the step in the directory's name.
+    Raises CheckpointCorrupt naming the first file that is missing, is not a regular file,
+    has the wrong size, or fails its SHA-256. ``expected`` (step and lineage) defaults to
+    what the directory's name says.
     """
-    if not path.is_dir():
-        raise CheckpointCorrupt(f"{path} is not a directory")
+    kind = judge(path).kind
+    if kind != "dir":
+        raise CheckpointCorrupt(f"{path} is a {kind}, not a checkpoint directory")
     manifest = read_manifest(path)
-    step = parse_step_dirname(path.name) if expected_step is None else expected_step
-    if step is not None and manifest.step != step:
-        raise CheckpointCorrupt(f"{path.name}/{MANIFEST_FILE} says step {manifest.step}, the directory step {step}")
+    name = parse_dirname(path.name) if expected is None else expected
+    if name is not None and (manifest.step, manifest.lineage) != (name.step, name.lineage):
+        raise CheckpointCorrupt(
+            f"{path.name}/{MANIFEST_FILE} says step {manifest.step} of lineage {lineage_label(manifest.lineage)}, "
+            f"the directory step {name.step} of lineage {lineage_label(name.lineage)}"
+        )
     listed = {f.name for f in manifest.files}
     for required in (STATE_FILE, DCP_METADATA_FILE):
         if required not in listed:
             raise CheckpointCorrupt(f"{path.name}/{MANIFEST_FILE} does not list {required}")
     for entry in manifest.files:
         where = f"{path.name}/{entry.name}"
-        try:
-            size = (path / entry.name).stat().st_size
-        except FileNotFoundError:
-            raise CheckpointCorrupt(f"{where} is missing") from None
+        size, got = _sha256(path / entry.name, where)
         if size != entry.num_bytes:
             raise CheckpointCorrupt(f"{where} is {size} bytes, the manifest says {entry.num_bytes} (truncated or overwritten)")
-        try:
-            _, got = file_sha256(path / entry.name)
-        except OSError as e:
-            raise CheckpointCorrupt(f"{where} cannot be read ({e})") from e
         if got != entry.sha256:
             raise CheckpointCorrupt(f"{where} checksum mismatch (expected {entry.sha256[:8]}…, got {got[:8]}…)")
     return manifest
@@ -126,29 +151,71 @@ def verify(path: str | Path) -> tuple[bool, str]:
     return True, f"{path.name}: {len(manifest.files)} files, {manifest.num_bytes} bytes, all checksums match"
 
 
+def scan_checkpoints(directory: Path) -> Scan:
+    """Published checkpoints of ``directory`` and the look-alikes it ignores (entries.py)."""
+    found, ignored = [], []
+    for entry in scan(directory):
+        name = parse_dirname(entry.path.name)
+        if name is None:
+            continue
+        if entry.is_dir:
+            found.append((name, entry.path))
+        else:
+            ignored.append((entry.path, f"named like a checkpoint but a {entry.kind}, not a directory; ignored"))
+    found.sort(key=lambda f: (f[0].step, f[0].lineage), reverse=True)
+    return Scan(found, ignored)
+
+
 def published(directory: Path) -> list[tuple[int, Path]]:
     """``(step, path)`` of every published checkpoint in ``directory``, newest first.
 
-    Temporary (``*.tmp-*``) directories are not included; a missing directory has none.
+    Temporary (``*.tmp-*``) directories and look-alikes that are not directories are not
+    included; a missing directory has none.
     """
-    if not directory.is_dir():
-        return []
-    found = [(step, entry) for entry in directory.iterdir() if (step := parse_step_dirname(entry.name)) is not None]
-    return sorted(found, reverse=True)
+    return [(name.step, path) for name, path in scan_checkpoints(directory).found]
+
+
+class TemplateMismatch(StateError):
+    """A template tensor's dtype or shape differs from the saved one: the model changed, and
+    an older checkpoint would not match either, so this is raised rather than skipped."""
 
 
 def load(path: str | Path, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint:
     """Verify, then load checkpoint directory ``path``.
 
     Tensors of ``template`` whose name, dtype and shape match the checkpoint are filled in
-    place and returned; the rest are allocated on the CPU. Raises CheckpointCorrupt when the
-    checkpoint fails verification or cannot be decoded, and StateError when a template tensor
-    has another dtype or shape than the saved one (the model changed since the save).
+    place and returned; the rest are allocated on the CPU. Raises CheckpointCorrupt for any
+    failure to read or decode the checkpoint (DCP's own ``CheckpointException``, a
+    ``BaseException``, included), and StateError when a template tensor has another dtype
+    or shape than the saved one (the model changed since the save). Never runs pickle.
     """
     path = Path(path)
     manifest = check(path)
-    layout = StateLayout.decode((path / STATE_FILE).read_bytes(), f"{path.name}/{STATE_FILE}")
-    targets = _template_tensors(template)
+    try:
+        layout = StateLayout.decode(read_small(path / STATE_FILE, f"{path.name}/{STATE_FILE}"), f"{path.name}/{STATE_FILE}")
+        to_load, tensors = _targets(path, layout, _template_tensors(template), rank)
+        dcp.load(to_load, storage_reader=SafeFileSystemReader(path, [f.name for f in manifest.files]), no_dist=True)
+        state = unflatten(layout.skeleton, tensors)
+    except TemplateMismatch:
+        raise
+    except CheckpointCorrupt:
+        raise
+    except StateError as e:
+        raise CheckpointCorrupt(f"{path.name}/{STATE_FILE}: {e}") from e
+    # DCP's CheckpointException derives from BaseException; everything else that reading a
+    # damaged or hostile file can raise (RecursionError, MemoryError on a huge claimed size,
+    # torch's RuntimeErrors) is this checkpoint being bad, not the program.
+    except (Exception, dcp.CheckpointException) as e:
+        raise CheckpointCorrupt(f"{path.name}: could not load the tensors ({type(e).__name__}: {e})") from e
+    if not isinstance(state, dict):
+        raise CheckpointCorrupt(f"{path.name}/{STATE_FILE} holds a {type(state).__name__}, not a state dict")
+    return LoadedCheckpoint(manifest.step, state, path, manifest.lineage)
+
+
+def _targets(
+    path: Path, layout: StateLayout, targets: dict[str, tuple[torch.Tensor, Sharding | None]], rank: int
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    """The DCP keys to load into which tensors, and the tensors in the layout's order."""
     tensors, to_load = [], {}
     for saved in layout.tensors:
         dtype, shape = DTYPES[saved.dtype], torch.Size(saved.shape)
@@ -159,7 +226,7 @@ def load(path: str | Path, template: Mapping[str, Any] | None = None, *, rank: i
         # part of the global tensor, whatever W the checkpoint was saved with.
         target = sharding.wrap(local) if sharding is not None else local
         if target.dtype != dtype or target.shape != shape:
-            raise StateError(
+            raise TemplateMismatch(
                 f"{path.name}: tensor {saved.name} was saved as {saved.dtype}{list(shape)} but the template "
                 f"has {str(target.dtype).removeprefix('torch.')}{list(target.shape)}; load with the model and "
                 "optimizer configuration the checkpoint was written with"
@@ -169,17 +236,7 @@ def load(path: str | Path, template: Mapping[str, Any] | None = None, *, rank: i
         # checkpoint had no counterpart of (loading into a larger W) takes rank 0's.
         own = (rank if rank < layout.own_ranks else 0) if saved.own else None
         to_load[dcp_key(saved.name, own)] = target
-    try:
-        dcp.load(to_load, storage_reader=dcp.FileSystemReader(str(path)), no_dist=True)
-    except Exception as e:  # DCP wraps storage errors in several types
-        raise CheckpointCorrupt(f"{path.name}: DCP could not load the tensors ({type(e).__name__}: {e})") from e
-    try:
-        state = unflatten(layout.skeleton, tensors)
-    except StateError as e:
-        raise CheckpointCorrupt(f"{path.name}/{STATE_FILE}: {e}") from e
-    if not isinstance(state, dict):
-        raise CheckpointCorrupt(f"{path.name}/{STATE_FILE} holds a {type(state).__name__}, not a state dict")
-    return LoadedCheckpoint(manifest.step, state, path)
+    return to_load, tensors
 
 
 def _template_tensors(template: Mapping[str, Any] | None) -> dict[str, tuple[torch.Tensor, Sharding | None]]:
@@ -203,21 +260,28 @@ class CheckpointReader:
         self.tier2_directory = Path(tier2_directory) if tier2_directory is not None else None
 
     def list(self, *, verify_files: bool = True, now: float | None = None) -> list[CheckpointInfo]:
-        """Published checkpoints in ``directory``, newest first.
+        """Published checkpoints in ``directory``, newest first. Never raises for what the
+        directory holds: a look-alike entry is left out (see :meth:`ignored`), a damaged
+        checkpoint is listed as invalid with the reason.
 
         ``verify_files=False`` skips reading every byte (fast; ``valid`` is then None).
         """
         now = time.time() if now is None else now
         infos = []
-        for step, path in published(self.directory):
+        for name, path in scan_checkpoints(self.directory).found:
             try:
                 manifest = read_manifest(path)
             except CheckpointCorrupt as e:
-                infos.append(CheckpointInfo(step, path, 0, now - path.stat().st_mtime, False, str(e)))
+                infos.append(CheckpointInfo(name.step, path, 0, now - _mtime(path, now), False, str(e), name.lineage))
                 continue
             valid, reason = verify(path) if verify_files else (None, "not verified")
-            infos.append(CheckpointInfo(step, path, manifest.num_bytes, now - manifest.created_unix_s, valid, reason))
+            infos.append(CheckpointInfo(name.step, path, manifest.num_bytes, now - manifest.created_unix_s, valid,
+                                        reason, name.lineage))
         return infos
+
+    def ignored(self) -> list[tuple[Path, str]]:
+        """Entries of ``directory`` named like a checkpoint that are not one, with the reason."""
+        return scan_checkpoints(self.directory).ignored
 
     @staticmethod
     def verify(path: str | Path) -> tuple[bool, str]:
@@ -229,31 +293,60 @@ class CheckpointReader:
         """Load one given checkpoint (e.g. to go back to a milestone); see :func:`load`."""
         return load(path, template, rank=rank)
 
+    def candidates(self) -> list[tuple[Candidate, Path]]:
+        """Every published checkpoint of both tiers, in the order a resume tries them (lineage.py)."""
+        found: dict[Candidate, Path] = {}
+        for tier, directory in enumerate((self.directory, self.tier2_directory)):
+            if directory is None:
+                continue
+            scanned = scan_checkpoints(directory)
+            for path, why in scanned.ignored:
+                logger.warning("%s: %s", path, why)
+            for name, path in scanned.found:
+                try:
+                    created: float | None = read_manifest(path).created_unix_s
+                except CheckpointCorrupt:
+                    created = None
+                label = path.name if tier == 0 else f"tier 2 {path.name}"
+                found[Candidate(name.step, name.lineage, created, tier, label)] = path
+        order = order_for_resume(found)
+        if found:
+            logger.info("resume order: %s", order.reason)
+        return [(c, found[c]) for c in order.candidates]
+
     def load_latest_valid(self, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint | None:
         """Load the newest checkpoint that verifies, from ``directory`` then tier 2; None if none does.
 
-        Call at startup only when no peer can donate (peers are always fresher). Damaged
-        checkpoints are skipped with a warning naming the file and the reason; a StateError
-        (template does not match) is raised, since an older checkpoint would not match either.
-        Blocks for as long as reading and hashing the checkpoints takes.
+        With several lineages (histories) present, the one written most recently is tried
+        first, whole, then the others (lineage.py); the choice is logged. Call at startup
+        only when no peer can donate (peers are always fresher). Damaged checkpoints are
+        skipped with a warning naming the file and the reason; a StateError (template does
+        not match) is raised, since an older checkpoint would not match either. Blocks for
+        as long as reading and hashing the checkpoints takes.
         """
-        candidates = [(step, 0, path) for step, path in published(self.directory)]
-        if self.tier2_directory is not None:
-            candidates += [(step, 1, path) for step, path in published(self.tier2_directory)]
-        candidates.sort(key=lambda c: (-c[0], c[1]))
-        for i, (step, _, path) in enumerate(candidates):
+        candidates = self.candidates()
+        for i, (candidate, path) in enumerate(candidates):
             try:
                 loaded = load(path, template, rank=rank)
             except CheckpointCorrupt as e:
                 following = (
-                    f"trying step {candidates[i + 1][0]} ({_label(candidates[i + 1][2])})"
+                    f"trying step {candidates[i + 1][0].step} ({candidates[i + 1][0].label})"
                     if i + 1 < len(candidates)
                     else "no older checkpoint left"
                 )
-                logger.warning("%s; skipping step %d, %s", e, step, following)
+                logger.warning("%s; skipping step %d, %s", e, candidate.step, following)
                 continue
-            logger.info("loaded checkpoint of step %d from %s", step, path)
-            return loaded
+            newest = max(c.step for c, _ in candidates if c.lineage == candidate.lineage)
+            logger.info("loaded checkpoint of step %d (lineage %s) from %s", candidate.step,
+                        lineage_label(candidate.lineage), path)
+            return loaded._replace(newest_in_lineage=candidate.step == newest)
         if candidates:
             logger.error("none of the %d checkpoints in %s is intact; starting without one", len(candidates), self.directory)
         return None
+
+
+def _mtime(path: Path, default: float) -> float:
+    try:
+        return path.lstat().st_mtime
+    except OSError:
+        return default

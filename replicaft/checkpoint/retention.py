@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from replicaft.errors import OptionsError
+from replicaft.checkpoint.options import check_retention_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,14 +30,6 @@ class RetentionDecision:
     delete: tuple[int, ...]
     """Steps to delete, ascending."""
     reason: str
-
-
-def check_retention_options(keep_last: int, milestone_every: int) -> None:
-    """Raise OptionsError when ``keep_last`` or ``milestone_every`` is out of range."""
-    if keep_last < 0:
-        raise OptionsError(f"keep_last={keep_last} is negative; keep at least 0 recent checkpoints (the newest is always kept)")
-    if milestone_every < 0:
-        raise OptionsError(f"milestone_every={milestone_every} is negative; use 0 for no milestones")
 
 
 def decide_retention(published_steps: Iterable[int], *, keep_last: int, milestone_every: int) -> RetentionDecision:

@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 
 from replicaft.checkpoint.durable import discard, new_token, publish, remove_partial
-from replicaft.checkpoint.layout import MANIFEST_FILE, tmp_dirname
+from replicaft.checkpoint.entries import judge
+from replicaft.checkpoint.layout import MANIFEST_FILE, parse_dirname, tmp_dirname
 from replicaft.checkpoint.manifest import CheckpointManifest
 from replicaft.checkpoint.reader import check, verify
 
@@ -31,20 +32,20 @@ def copy_verified(source: Path, tier2_directory: Path, manifest: CheckpointManif
     """
     tier2_directory.mkdir(parents=True, exist_ok=True)
     final = tier2_directory / source.name
-    if final.exists():
+    if judge(final).kind != "missing":
         ok, reason = verify(final)
         if ok:
             return final
         logger.warning("tier-2 copy %s is damaged (%s); replacing it", final, reason)
         discard(final, manifest.step)
-    tmp = tier2_directory / tmp_dirname(manifest.step, new_token())
+    tmp = tier2_directory / tmp_dirname(source.name, new_token())
     tmp.mkdir()
     try:
         for name in [f.name for f in manifest.files] + [MANIFEST_FILE]:
             shutil.copyfile(source / name, tmp / name)
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
-        check(tmp, expected_step=manifest.step)
+        check(tmp, expected=parse_dirname(source.name))
         publish(tmp, final)
     except BaseException:
         remove_partial(tmp)

@@ -62,24 +62,29 @@ from replicaft.checkpoint.durable import (
     remove_partial,
     write_durably,
 )
+from replicaft.checkpoint.entries import judge
 from replicaft.checkpoint.layout import (
     MANIFEST_FILE,
     STATE_FILE,
+    checkpoint_dirname,
     dcp_key,
-    step_dirname,
+    is_lineage,
+    lineage_label,
+    new_lineage,
     tmp_dirname,
 )
+from replicaft.checkpoint.legacy import read_dcp_metadata
 from replicaft.checkpoint.manifest import CheckpointManifest, SavedTensor, StateLayout
+from replicaft.checkpoint.options import CheckpointOptions
 from replicaft.checkpoint.policy import (
     SaveDecision,
-    check_interval_options,
     enough_space,
     estimate_checkpoint_bytes,
     should_save,
 )
-from replicaft.checkpoint.reader import published, verify
+from replicaft.checkpoint.reader import check, scan_checkpoints
 from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
-from replicaft.checkpoint.retention import check_retention_options, decide_retention
+from replicaft.checkpoint.retention import decide_retention
 from replicaft.checkpoint.tier2 import copy_verified
 from replicaft.errors import CheckpointCorrupt, OptionsError
 from replicaft.state import Flat, digest
@@ -101,6 +106,7 @@ class _Job:
     snapshot: Snapshot
     step: int
     metadata: dict[str, Any]
+    lineage: str
     future: concurrent.futures.Future[SaveResult]
 
 
@@ -158,21 +164,25 @@ class CheckpointWriter:
         writer_id: str = "-",
         free_bytes: Callable[[Path], int] = disk_free_bytes,
         wait_when_busy_s: float | None = None,
+        lineage: str | None = None,
     ) -> None:
-        check_retention_options(keep_last, milestone_every)
-        check_interval_options(interval_steps, interval_s)
-        if free_space_margin < 0:
-            raise OptionsError(f"free_space_margin={free_space_margin} is negative; use a fraction such as 0.1 (10%)")
+        CheckpointOptions(
+            directory=str(directory), tier2_directory=str(tier2_directory) if tier2_directory is not None else None,
+            interval_steps=interval_steps, interval_s=interval_s, keep_last=keep_last, milestone_every=milestone_every,
+            free_space_margin=free_space_margin,
+        )
         self.directory = Path(directory)
         self.tier2_directory = Path(tier2_directory) if tier2_directory is not None else None
-        if self.tier2_directory is not None and self.tier2_directory.resolve() == self.directory.resolve():
-            raise OptionsError(f"tier2_directory is the checkpoint directory itself ({self.directory}); give another one or None")
         self.keep_last = keep_last
         self.milestone_every = milestone_every
         self.interval_steps = interval_steps
         self.interval_s = interval_s
         self.free_space_margin = free_space_margin
         self.writer_id = writer_id
+        if lineage is not None and not is_lineage(lineage):
+            raise OptionsError(f"lineage={lineage!r} is not a lineage id; leave it None for a new history")
+        self.lineage = lineage if lineage is not None else new_lineage()
+        """The history saves belong to unless ``save_async`` names another (layout.py)."""
         self._pg = process_group
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
         self._world_size = dist.get_world_size(process_group) if process_group is not None else 1
@@ -197,6 +207,7 @@ class CheckpointWriter:
         *,
         metadata: Mapping[str, Any] | None = None,
         now: float | None = None,
+        lineage: str | None = None,
     ) -> tuple[SaveDecision, SaveHandle | None]:
         """Start a save of the state after committed step ``step`` if an interval has elapsed.
 
@@ -206,7 +217,7 @@ class CheckpointWriter:
         decision = self.decide(step, now=now)
         if decision.action != "save":
             return decision, None
-        return decision, self.save_async(capture(), step, metadata)
+        return decision, self.save_async(capture(), step, metadata, lineage=lineage)
 
     def decide(self, step: int, *, now: float | None = None) -> SaveDecision:
         """Whether a save of the state after committed step ``step`` starts now.
@@ -253,11 +264,16 @@ class CheckpointWriter:
             )
         return decision
 
-    def save_async(self, snapshot: Snapshot, step: int, metadata: Mapping[str, Any] | None = None) -> SaveHandle:
+    def save_async(
+        self, snapshot: Snapshot, step: int, metadata: Mapping[str, Any] | None = None, *, lineage: str | None = None
+    ) -> SaveHandle:
         """Queue a save of ``snapshot`` as the checkpoint of ``step``; return at once.
 
         ``snapshot`` must not be modified afterwards. ``metadata`` (JSON values) is stored in
         ``manifest.json`` next to quorum id, world size, versions and the state digest.
+        ``lineage`` is the history the state belongs to (the writer's own by default): the
+        checkpoint is published as ``step-N-<lineage>``, so it never takes the place of
+        another history's checkpoint of the same step.
         Saves run one at a time in call order; a save requested while another is running
         waits behind it (use ``save_if_due`` to skip instead). Raises ValueError if
         ``metadata`` is not JSON-serialisable, RuntimeError after :meth:`close`. Never
@@ -265,6 +281,9 @@ class CheckpointWriter:
         """
         if self._closed:
             raise RuntimeError(f"the checkpoint writer for {self.directory} is closed; build a new one to save step {step}")
+        lineage = self.lineage if lineage is None else lineage
+        if not is_lineage(lineage):
+            raise ValueError(f"lineage={lineage!r} for step {step} is not a lineage id")
         extra = dict(metadata or {})
         try:
             json.dumps(extra)
@@ -276,7 +295,7 @@ class CheckpointWriter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="replicaft-checkpoint", daemon=True)
             self._thread.start()
-        self._jobs.put(_Job(snapshot, step, extra, future))
+        self._jobs.put(_Job(snapshot, step, extra, lineage, future))
         self._last_handle = SaveHandle(step, future)
         return self._last_handle
 
@@ -396,7 +415,7 @@ class CheckpointWriter:
                 )
                 self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
                 return _Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
-            tmp = self.directory / tmp_dirname(step, new_token())
+            tmp = self.directory / tmp_dirname(checkpoint_dirname(step, job.lineage), new_token())
             tmp.mkdir()
         except Exception as e:  # not only OSError: with W > 1 the other ranks wait for an answer
             reason = f"cannot prepare {self.directory} for the checkpoint of step {step}: {type(e).__name__}: {e}"
@@ -408,7 +427,7 @@ class CheckpointWriter:
         """Rank 0, after every rank's ``dcp.save`` returned: seal, verify, rename, then tier 2 and retention."""
         step = job.step
         write_durably(tmp / STATE_FILE, layout.encode())
-        saved = dcp.FileSystemReader(str(tmp)).read_metadata().state_dict_metadata
+        saved = read_dcp_metadata(tmp, [p.name for p in tmp.iterdir()]).state_dict_metadata
         expected = [dcp_key(t.name, rank if t.own else None) for t in layout.tensors
                     for rank in range(layout.own_ranks if t.own else 1)]
         missing = [key for key in expected if key not in saved]
@@ -416,26 +435,48 @@ class CheckpointWriter:
             raise CheckpointCorrupt(f"{tmp.name}: DCP metadata lacks {len(missing)} tensors, e.g. {missing[:3]}")
         files = tuple(checksum_and_fsync(p) for p in sorted(tmp.iterdir()) if p.is_file())
         state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]))
-        manifest = CheckpointManifest(step, time.time(), files, {**self._base_metadata(job, state_digest), **job.metadata})
+        manifest = CheckpointManifest(step, time.time(), files, {**self._base_metadata(job, state_digest), **job.metadata},
+                                      job.lineage)
         write_durably(tmp / MANIFEST_FILE, manifest.encode())
-        final = self.directory / step_dirname(step)
-        if final.exists():
-            ok, why = verify(final)
-            if ok:
-                remove_partial(tmp)
-                self._log(logging.INFO, step, "checkpoint %s already published and intact; kept it", final)
-                return SaveResult(step, "published", f"{final} already published", final, manifest.num_bytes, time.monotonic() - started)
-            self._log(logging.WARNING, step, "replacing damaged checkpoint %s (%s)", final, why)
-            discard(final, step)
+        final = self.directory / checkpoint_dirname(step, job.lineage)
+        if self._already_published(final, manifest, step):
+            remove_partial(tmp)
+            return SaveResult(step, "published", f"{final} already published", final, manifest.num_bytes, time.monotonic() - started)
         publish(tmp, final)
         seconds = time.monotonic() - started
         self._log(logging.INFO, step, "checkpoint published: %s (%d bytes in %.2fs)", final, manifest.num_bytes, seconds)
         tier2_path, tier2_error = self._copy_to_tier2(final, manifest)
-        deleted = self._apply_retention(self.directory, step)
+        deleted = self._apply_retention(self.directory, step, job.lineage)
         return SaveResult(
             step, "published", f"published {final}", final, manifest.num_bytes, time.monotonic() - started,
             tier2_path, tier2_error, deleted,
         )
+
+    def _already_published(self, final: Path, manifest: CheckpointManifest, step: int) -> bool:
+        """Whether ``final`` already holds this very save (same lineage, step and state
+        digest, intact); clears the name otherwise. Another history's checkpoint of the same
+        step has another name (layout.py), so it is never taken for this save."""
+        kind = judge(final).kind
+        if kind == "missing":
+            return False
+        if kind != "dir":
+            self._log(logging.WARNING, step, "removing %s, a %s where this checkpoint is to be published", final, kind)
+            final.unlink()
+            return False
+        try:
+            existing = check(final)
+        except CheckpointCorrupt as e:
+            self._log(logging.WARNING, step, "replacing damaged checkpoint %s (%s)", final, e)
+            discard(final, step)
+            return False
+        if existing.metadata.get("digest") == manifest.metadata["digest"]:
+            self._log(logging.INFO, step, "checkpoint %s already published and intact; kept it", final)
+            return True
+        self._log(logging.WARNING, step, "replacing %s: it holds another state of step %d (digest %s, this save's %s) "
+                  "from a trajectory of lineage %s that no run continues", final, step, existing.metadata.get("digest"),
+                  manifest.metadata["digest"], lineage_label(manifest.lineage))
+        discard(final, step)
+        return False
 
     def _fail(self, job: _Job, tmp: Path, error: BaseException, estimated: int, started: float) -> SaveResult:
         """Rank 0: describe the failure (with the disk's state), remove the partial files."""
@@ -452,10 +493,11 @@ class CheckpointWriter:
                 f"full (ENOSPC); free space there or lower keep_last={self.keep_last}"
             )
         remove_partial(tmp)
-        previous = max((s for s, _ in published(self.directory) if s != job.step), default=None)
+        previous = [name for name, _ in scan_checkpoints(self.directory).found
+                    if name.lineage == job.lineage and name.step != job.step]
         self._log(
-            logging.ERROR, job.step, "checkpoint failed: %s; partial files removed, last good checkpoint: %s",
-            reason, "none" if previous is None else step_dirname(previous),
+            logging.ERROR, job.step, "checkpoint failed: %s; partial files removed, last checkpoint of this history: %s",
+            reason, str(previous[0]) if previous else "none",
         )
         return SaveResult(job.step, "failed", reason, seconds=time.monotonic() - started)
 
@@ -470,12 +512,13 @@ class CheckpointWriter:
             error = f"copying {final} to tier 2 ({self.tier2_directory}) failed: {type(e).__name__}: {e}"
             self._log(logging.ERROR, manifest.step, "%s; the tier-1 checkpoint is unaffected", error)
             return None, error
-        self._apply_retention(self.tier2_directory, manifest.step)
+        self._apply_retention(self.tier2_directory, manifest.step, manifest.lineage)
         return copy, None
 
-    def _apply_retention(self, directory: Path, step: int) -> tuple[int, ...]:
-        """Delete what retention says; one failed delete is logged and does not stop the others."""
-        steps = dict(published(directory))
+    def _apply_retention(self, directory: Path, step: int, lineage: str) -> tuple[int, ...]:
+        """Delete what retention says among this history's checkpoints (another history's are
+        not this writer's to judge); one failed delete is logged and does not stop the others."""
+        steps = {name.step: path for name, path in scan_checkpoints(directory).found if name.lineage == lineage}
         decision = decide_retention(steps, keep_last=self.keep_last, milestone_every=self.milestone_every)
         deleted = []
         for old in decision.delete:

@@ -1,0 +1,120 @@
+"""The checkpoint's settings, checked once, when they are built. Pure and torch-free.
+
+Every setting a checkpoint writer or reader takes is validated here, at start, with the
+value and the fix in the message: a value that would be accepted and fail later (a negative
+``keep_last`` deleting everything on the first publish, a NaN interval under which no save
+is ever due and the job exits 0 without one) must not get past construction.
+``replicaft.options.ManagerOptions`` calls :func:`check_checkpoint_options` with its
+``checkpoint_*`` fields; the writer checks its own arguments with the same functions.
+
+Torch-free, like ``layout.py``, so the manager's options can import it without pulling in
+DCP (the package ``__init__`` loads the rest lazily).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from replicaft.errors import OptionsError
+
+MAX_STEPS = 1 << 62
+"""Far beyond any run, far below what msgpack and JSON carry exactly."""
+MAX_SECONDS = 10 * 365 * 86400.0
+
+
+def check_count(name: str, value: object, *, minimum: int = 0, fix: str = "") -> int:
+    """``value`` if it is an int in ``[minimum, MAX_STEPS]``; else OptionsError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionsError(f"{name}={value!r} is a {type(value).__name__}; it must be a whole number{fix}")
+    if not minimum <= value <= MAX_STEPS:
+        raise OptionsError(f"{name}={value} is out of range; it must be between {minimum} and {MAX_STEPS}{fix}")
+    return value
+
+
+def check_seconds(name: str, value: object, *, fix: str = "") -> float:
+    """``value`` if it is a finite number of seconds in ``[0, MAX_SECONDS]``; else OptionsError."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise OptionsError(f"{name}={value!r} is a {type(value).__name__}; it must be a number of seconds{fix}")
+    if not math.isfinite(value) or not 0 <= value <= MAX_SECONDS:
+        raise OptionsError(f"{name}={value} is not a finite number of seconds between 0 and {MAX_SECONDS:g}{fix}")
+    return float(value)
+
+
+def check_fraction(name: str, value: object, *, maximum: float = 10.0) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= maximum:
+        raise OptionsError(f"{name}={value!r} must be a finite number between 0 and {maximum:g} (0.1 = 10%)")
+    return float(value)
+
+
+def _same_place(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointOptions:
+    directory: str | None = None
+    """Where checkpoints are published; None = no persistent checkpoints."""
+    tier2_directory: str | None = None
+    """A second directory (a mounted, more durable filesystem) receiving a verified copy."""
+    interval_steps: int = 0
+    """Save every N committed steps (0 = not by steps)."""
+    interval_s: float = 0.0
+    """Save every T seconds (0 = not by time)."""
+    keep_last: int = 3
+    """Newest checkpoints kept (the newest is always kept, even with 0)."""
+    milestone_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of this, forever (0 = none)."""
+    free_space_margin: float = 0.1
+    """Refuse a save unless the disk holds its estimate plus this fraction."""
+
+    def __post_init__(self) -> None:
+        check_interval_options(self.interval_steps, self.interval_s)
+        check_retention_options(self.keep_last, self.milestone_every)
+        check_fraction("free_space_margin", self.free_space_margin)
+        for name in ("directory", "tier2_directory"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str | os.PathLike) or not str(value)):
+                raise OptionsError(f"checkpoint {name}={value!r} must be a non-empty path or None")
+        if self.tier2_directory is not None:
+            if self.directory is None:
+                raise OptionsError(f"tier2_directory={self.tier2_directory!r} is set without a checkpoint directory; set both")
+            if _same_place(self.directory, self.tier2_directory):
+                raise OptionsError(
+                    f"tier2_directory is the checkpoint directory itself ({self.directory}); give another one or None"
+                )
+
+
+def check_interval_options(interval_steps: object, interval_s: object) -> None:
+    """Raise OptionsError when an interval is negative, not finite, or of the wrong type (0 disables that trigger)."""
+    check_count("interval_steps", interval_steps, fix="; use 0 to disable the step trigger")
+    check_seconds("interval_s", interval_s, fix="; use 0 to disable the time trigger")
+
+
+def check_retention_options(keep_last: object, milestone_every: object) -> None:
+    """Raise OptionsError when ``keep_last`` or ``milestone_every`` is out of range."""
+    check_count("keep_last", keep_last, fix="; keep at least 0 recent checkpoints (the newest is always kept)")
+    check_count("milestone_every", milestone_every, fix="; use 0 for no milestones")
+
+
+def check_checkpoint_options(
+    *,
+    directory: str | None,
+    tier2_directory: str | None,
+    interval_steps: int,
+    interval_s: float,
+    keep_last: int,
+    milestone_every: int,
+) -> CheckpointOptions:
+    """The checkpoint part of the manager's options, validated (``ManagerOptions`` calls this
+    from ``__post_init__`` with its ``checkpoint_*`` fields). Raises OptionsError."""
+    return CheckpointOptions(
+        directory=directory,
+        tier2_directory=tier2_directory,
+        interval_steps=interval_steps,
+        interval_s=interval_s,
+        keep_last=keep_last,
+        milestone_every=milestone_every,
+    )
