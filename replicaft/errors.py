@@ -6,9 +6,11 @@ from lighthouse.errors import LighthouseError, OptionsError, ProtocolError
 
 __all__ = [
     "CheckpointCorrupt",
+    "CheckpointKeyError",
     "GroupError",
     "HealError",
     "LighthouseError",
+    "ObjectStoreError",
     "OptionsError",
     "ProtocolError",
     "ReplicaftError",
@@ -44,3 +46,13 @@ class HealError(ReplicaftError):
 
 class CheckpointCorrupt(ReplicaftError):
     """A persistent checkpoint is partial or fails its checksums."""
+
+
+class CheckpointKeyError(ReplicaftError):
+    """An encrypted checkpoint cannot be read with the key given (none, or another one).
+    Not corruption: the checkpoint is intact, and an older one would need the same key, so a
+    resume stops with this error rather than falling back."""
+
+
+class ObjectStoreError(ReplicaftError):
+    """The object-store tier refused or failed a request (credentials, bucket, server)."""
