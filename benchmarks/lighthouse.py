@@ -1,4 +1,4 @@
-"""Lighthouse: fast-path quorum latency (2-256 members) and failure-notice latency.
+"""Lighthouse: fast-path quorum latency (2-1,024 members) and failure-notice latency.
 
 Every step of training waits for a quorum, so the lighthouse's fast path (membership
 unchanged: answer the moment the last member asks) sits on the critical path of every
@@ -9,7 +9,7 @@ What runs where. The lighthouse is the real server, ``python -m lighthouse`` in 
 process (a fresh one per measurement, generous join/heartbeat/progress timeouts so no
 deadline fires by accident). Quorum members are coroutines, each an
 :class:`AsyncLighthouseClient` with its own session (heartbeating when its stream has been
-quiet for the client's default 0.25 s), spread over ``min(N, 2)`` client processes. gRPC
+quiet for the client's default 0.1 s), spread over ``min(N, 2)`` client processes. gRPC
 makes the clients of one process share a connection (lighthouse_workers.OWN_CONNECTION
 says why and how the raw streams below avoid it). Two, not one: a single Python process
 cannot issue 256 requests and decode 256 answers at once without being the bottleneck
@@ -79,7 +79,7 @@ stream, the quorum in the reply not decoded; ``barrier``, a message on a raw str
 echo server's ``Barrier`` instead of the lighthouse; ``unary_barrier``, one unary call per
 member to the same barrier. ``wire`` and ``barrier`` differ only in the server."""
 
-QUORUM_SIZES = (2, 8, 64, 256)
+QUORUM_SIZES = (2, 8, 64, 256, 1024)
 MODES: tuple[RoundMode, ...] = ("client", "wire", "barrier", "unary_barrier")
 MAX_CLIENT_PROCESSES = 2
 LIGHTHOUSE_FLAGS = (
@@ -92,8 +92,8 @@ LIGHTHOUSE_FLAGS = (
 """Timeouts far above any round: a benchmark must measure the fast path and stream-close
 detection, never a join timeout or a heartbeat expiry firing on a loaded machine."""
 WORKERS = ("-m", "benchmarks.lighthouse_workers")
-STARTUP_S = 90.0
-"""Deadline for processes to start and members to register (256 sessions on a busy host)."""
+STARTUP_S = 240.0
+"""Deadline for processes to start and members to register (1,024 sessions on a busy host)."""
 ROUND_S = 60.0
 NOTICE_S = 10.0
 """A notice later than this is a failure of the feature, not a slow measurement."""
@@ -102,6 +102,8 @@ TARGETS_MS = {
     "quorum_wire_ms_p50_8": 5.0,
     "quorum_ms_p50_256": 50.0,
     "quorum_wire_ms_p50_256": 50.0,
+    "quorum_ms_p50_1024": 50.0,
+    "quorum_wire_ms_p50_1024": 50.0,
     "notice_ms_p50": 1000.0,
 }
 """The project's targets (the wire figures held to the same ones, to tell the lighthouse
@@ -120,9 +122,9 @@ class Plan:
     notice_survivors: int
 
 
-FULL = Plan(rounds={2: 300, 8: 300, 64: 200, 256: 100}, warmup_rounds=5, echo_calls=1000,
+FULL = Plan(rounds={2: 300, 8: 300, 64: 200, 256: 100, 1024: 40}, warmup_rounds=5, echo_calls=1000,
             notice_repeats=10, notice_survivors=4)
-QUICK = Plan(rounds={2: 30, 8: 30, 64: 12, 256: 6}, warmup_rounds=2, echo_calls=200,
+QUICK = Plan(rounds={2: 30, 8: 30, 64: 12, 256: 6, 1024: 4}, warmup_rounds=2, echo_calls=200,
              notice_repeats=3, notice_survivors=3)
 
 

@@ -38,7 +38,9 @@ nproc=${NPROC:-1}
 restart_delay=${RESTART_DELAY:-2}
 max_restarts=${MAX_RESTARTS:-100}
 
-lighthouse_host=${lighthouse%:*}
+# A replicated lighthouse is a comma-separated list: the first one tells this host's route.
+first_lighthouse=${lighthouse%%,*}
+lighthouse_host=${first_lighthouse%:*}
 lighthouse_ip=$(getent ahostsv4 "$lighthouse_host" | awk 'NR == 1 { print $1 }')
 if [[ -z $lighthouse_ip ]]; then
     echo "$0: cannot resolve the lighthouse host '$lighthouse_host' (from '$lighthouse')" >&2

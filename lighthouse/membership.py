@@ -163,7 +163,7 @@ class Membership:
         fresh._next_session = self._next_session
         return fresh
 
-    def restore(self, last_quorum: tuple[str, ...], next_quorum_id: int, now: float) -> None:
+    def restore(self, last_quorum: tuple[str, ...] | None, next_quorum_id: int, now: float) -> None:
         """Take over from a replicated lighthouse's previous leader (its state from etcd).
 
         Quorum ids continue above every id it issued. The first quorum waits until every
@@ -172,8 +172,9 @@ class Membership:
         is gone: a restarted single lighthouse, knowing nothing, always waits the timeout.
         """
         self._next_quorum_id = max(self._next_quorum_id, next_quorum_id)
-        self._restored = frozenset(last_quorum)
-        self._restored_at = now
+        if last_quorum is not None:  # none recorded: wait as a restarted single lighthouse does
+            self._restored = frozenset(last_quorum)
+            self._restored_at = now
 
     def register(self, reg: Register, now: float, *, peer: str = "") -> tuple[int, list[Lost]]:
         """Open a session; returns its serial and the member it superseded, if any.

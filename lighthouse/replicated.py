@@ -196,7 +196,10 @@ class ReplicatedLighthouse:
         self._term, self._state_revision = term, stored.mod_revision if stored is not None else 0
         incarnation = int(state.get("incarnation") or time.time_ns() // 1000)
         next_id = int(state.get("next_quorum_id", 1))
-        members = tuple(state.get("members", ()))
+        # No quorum recorded (a new job, or etcd's data lost): nothing to wait for by name;
+        # the membership then waits as a restarted single lighthouse does if members report
+        # quorums this etcd never saw.
+        members = tuple(state["members"]) if "members" in state else None
         if not await self._write_state({**state, "incarnation": incarnation, "next_quorum_id": next_id,
                                         "leader": self.replication.advertise}):
             return

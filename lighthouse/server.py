@@ -331,14 +331,15 @@ class LighthouseServer:
     def serving(self) -> bool:
         return self.leadership is None or self.leadership.serving()
 
-    def take_leadership(self, incarnation: int, last_quorum: tuple[str, ...], next_quorum_id: int) -> None:
-        """Start serving as the leader, from the previous leader's state (read from etcd)."""
+    def take_leadership(self, incarnation: int, last_quorum: tuple[str, ...] | None, next_quorum_id: int) -> None:
+        """Start serving as the leader, from the previous leader's state (read from etcd);
+        ``last_quorum`` None when etcd records none."""
         self.incarnation = incarnation
         self.membership = self.membership.successor(incarnation)
         self.membership.restore(last_quorum, next_quorum_id, time.monotonic())
         self._round_started = None
         logger.warning("lighthouse leads (incarnation %d): quorum ids from %d; waiting for %s", incarnation,
-                       next_quorum_id, sorted(last_quorum))
+                       next_quorum_id, sorted(last_quorum) if last_quorum is not None else "no recorded quorum")
 
     def step_down(self, reason: str) -> None:
         """Stop serving: every session ends (told where the leader is) and every wait fails.

@@ -441,3 +441,35 @@ def test_may_form_now_is_never_false_when_a_join_makes_a_quorum_without_a_deadli
         formed_at_once = decide_quorum(m.view(), 1.0 + i * 0.01, m.rules).participants is not None
         if formed_at_once:
             assert m.may_form_now(), (sorted(m.members), m.waiting_ids(), m.current)
+
+
+class TestNewLeader:
+    """A replicated lighthouse's new leader, restored from etcd (Membership.restore)."""
+
+    def test_first_quorum_forms_as_soon_as_the_last_quorums_members_are_back(self) -> None:
+        m = new_membership()
+        m.restore(("a", "b"), next_quorum_id=8, now=0.0)
+        for rid in ("a", "b"):
+            register(m, rid, now=0.01, last_quorum_id=7)
+            m.join(request(rid), 0.01)
+        quorum = m.decide(0.02)
+        assert quorum is not None and quorum.quorum_id == 8 and quorum.replica_ids == ("a", "b")
+
+    def test_a_missing_member_of_the_last_quorum_is_waited_for_up_to_the_join_timeout(self) -> None:
+        m = new_membership()
+        m.restore(("a", "b"), next_quorum_id=8, now=0.0)
+        register(m, "a", now=0.01, last_quorum_id=7)
+        m.join(request("a"), 0.01)
+        assert m.decide(1.0) is None
+        assert m.last_decision is not None and "waiting for the last quorum's members ['b']" in m.last_decision.reason
+        assert m.decide(2.01) is not None
+
+    def test_no_recorded_quorum_waits_like_a_restarted_lighthouse(self) -> None:
+        """etcd's data lost: members reporting quorums it never saw are waited for."""
+        m = new_membership()
+        m.restore(None, next_quorum_id=1, now=0.0)
+        register(m, "a", now=0.0, last_quorum_id=40)
+        m.join(request("a"), 0.0)
+        assert m.decide(1.0) is None
+        quorum = m.decide(2.01)
+        assert quorum is not None and quorum.quorum_id == 41

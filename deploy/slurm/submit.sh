@@ -7,7 +7,8 @@
 # Run it from the repository root: the jobs run there (so SCRIPT may be a relative path) and
 # find deploy/ and .venv there (or set REPLICAFT_REPO and PYTHON). Logs go to RUN_DIR, where
 # the lighthouse also leaves its address for the groups. Lighthouse flags: LIGHTHOUSE_ARGS
-# (e.g. "--min-replicas 2 --progress-timeout 60"). Extra sbatch options: LIGHTHOUSE_SBATCH_ARGS and
+# (e.g. "--min-replicas 2 --progress-timeout 60"); LIGHTHOUSE_SBATCH=lighthouse-replicated.sbatch for the
+# replicated lighthouse on etcd. Extra sbatch options: LIGHTHOUSE_SBATCH_ARGS and
 # GROUPS_SBATCH_ARGS (e.g. "--partition=gpu --gpus-per-node=4").
 set -euo pipefail
 : "${RUN_DIR:?set RUN_DIR to a directory on storage shared by every node}"
@@ -25,7 +26,7 @@ mkdir -p "$RUN_DIR"
 export RUN_DIR
 # shellcheck disable=SC2086  # the *_SBATCH_ARGS are lists of options
 lighthouse_job=$(sbatch --parsable --output="$RUN_DIR/replicaft-lighthouse-%j.out" \
-    --export="ALL,REPLICAFT_REPO=${REPLICAFT_REPO:-$PWD}" ${LIGHTHOUSE_SBATCH_ARGS:-} "$here/lighthouse.sbatch" ${LIGHTHOUSE_ARGS:-})
+    --export="ALL,REPLICAFT_REPO=${REPLICAFT_REPO:-$PWD}" ${LIGHTHOUSE_SBATCH_ARGS:-} "$here/${LIGHTHOUSE_SBATCH:-lighthouse.sbatch}" ${LIGHTHOUSE_ARGS:-})
 # shellcheck disable=SC2086
 groups_job=$(sbatch --parsable --output="$RUN_DIR/replicaft-%A_g%a.out" --array="0-$((groups - 1))" --dependency="after:$lighthouse_job" \
     --export="ALL,LIGHTHOUSE_JOB=$lighthouse_job,REPLICAFT_REPO=${REPLICAFT_REPO:-$PWD}" \
