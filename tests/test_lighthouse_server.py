@@ -15,7 +15,6 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -28,14 +27,11 @@ from conftest import (
     start_lighthouse,
     stop_gracefully,
 )
+from member_events import EVENT_TIMEOUT_S, MEMBER_SCRIPT, wait_notice, wait_quorum
 
 from lighthouse import LighthouseUnavailable, QuorumTimeout, envelope, protocol, replies
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.protocol import Notice
-
-MEMBER_SCRIPT = str(Path(__file__).with_name("lighthouse_member.py"))
-EVENT_TIMEOUT_S = 10.0
-"""Deadline for events that normally take milliseconds; generous for a loaded 2-core box."""
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,31 +39,6 @@ pytestmark = pytest.mark.timeout(60)
 def start_member(lighthouse: LighthouseProcess, replica_id: str, *args: str) -> ManagedProcess:
     """A stand-in replica group process joining quorums of ``lighthouse`` in a loop."""
     return spawn_python(MEMBER_SCRIPT, lighthouse.grpc_address, replica_id, *args, name=f"member-{replica_id}")
-
-
-def wait_quorum(
-    member: ManagedProcess, participants: list[str], *, after: int = 0, timeout_s: float = EVENT_TIMEOUT_S
-) -> tuple[float, dict[str, Any]]:
-    """Wait until ``member`` reports a quorum with exactly ``participants``; (read_at, line)."""
-    line, obj = member.wait_for_json(
-        lambda o: o["event"] == "quorum" and o["participants"] == participants,
-        timeout_s,
-        after=after,
-        what=f"a quorum of {participants}",
-    )
-    return line.read_at, obj
-
-
-def wait_notice(
-    member: ManagedProcess, kind: str, subject: str, *, after: int = 0, timeout_s: float = EVENT_TIMEOUT_S
-) -> dict[str, Any]:
-    _, obj = member.wait_for_json(
-        lambda o: o["event"] == "notice" and o["kind"] == kind and o["subject"] == subject,
-        timeout_s,
-        after=after,
-        what=f"a {kind} notice about {subject}",
-    )
-    return obj
 
 
 def start_group(lighthouse: LighthouseProcess, replica_ids: list[str], *args: str) -> dict[str, ManagedProcess]:

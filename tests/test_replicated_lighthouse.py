@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import ManagedProcess, spawn_python
-from test_lighthouse_server import MEMBER_SCRIPT, wait_quorum
+from member_events import MEMBER_SCRIPT, wait_quorum
 
 from chaos.etcd_cluster import EtcdCluster, EtcdNotAvailable, etcd_binary
 
