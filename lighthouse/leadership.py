@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from lighthouse.protocol import Quorum
+from lighthouse.protocol import Notice, Quorum
 
 LEASE_MARGIN = 0.2
 """Stop serving this fraction of the lease before it could expire in etcd: room for this
@@ -62,3 +62,23 @@ class LeaseClock:
 
     def remaining_s(self, now: float) -> float:
         return max(self.valid_until - now, 0.0)
+
+
+def takeover_notices(taken_over: tuple[int, frozenset[str]] | None, replica_id: str, incarnation: int) -> list[Notice]:
+    """What a new leader tells a member of the previous leader's last quorum as it registers
+    (``taken_over``: that quorum's id and members), before its own first quorum forms.
+
+    The previous leader may have died while it was answering a round: some members then hold
+    the round's quorum and wait in its collectives for peers that never got it, and would
+    wait out their collective timeout (10 s; once in the soak's first hundred leader kills).
+    Their step cannot commit anyway: its quorum is not current at the new leader, whose fence
+    refuses it. So each member is told that the others are lost to that quorum (a
+    ``member_lost`` per other member, which managers answer by abandoning the step's
+    collectives with it) and asks for the next quorum at once.
+    """
+    if taken_over is None or replica_id not in taken_over[1]:
+        return []
+    quorum_id, members = taken_over
+    reason = (f"the lighthouse that formed quorum {quorum_id} is gone; its collectives may never complete, "
+              "and its steps cannot commit")
+    return [Notice("member_lost", quorum_id, other, reason, incarnation) for other in sorted(members - {replica_id})]

@@ -205,7 +205,7 @@ class ReplicatedLighthouse:
             return
         self._leading = True
         self._hint = f"leader: {self.replication.advertise}"
-        self.server.take_leadership(incarnation, members, next_id)
+        self.server.take_leadership(incarnation, members, int(state.get("quorum_id", -1)), next_id)
         logger.warning("lighthouse %s leads %s (term %d)", self.replication.advertise, self.replication.prefix, term)
         while self.serving() and not keeper.done():
             await asyncio.sleep(POLL_S)

@@ -29,10 +29,11 @@ import grpc
 
 from lighthouse import envelope, protocol
 from lighthouse.binding import bind_grpc
+from lighthouse.delivery import Delivery
 from lighthouse.errors import DuplicateReplica, ProtocolError, QuorumTooLarge, VersionMismatch
-from lighthouse.leadership import Leadership
+from lighthouse.leadership import Leadership, takeover_notices
 from lighthouse.members import Lost
-from lighthouse.membership import QUORUM_BUDGET_BYTES, Membership
+from lighthouse.membership import Membership
 from lighthouse.metrics import Metrics
 from lighthouse.options import TOKEN_METADATA_KEY, LighthouseOptions, token_problem
 from lighthouse.protocol import (
@@ -42,15 +43,7 @@ from lighthouse.protocol import (
     QuorumRequest,
     Register,
 )
-from lighthouse.replies import QuorumUpdate
-from lighthouse.session import (
-    FAILURE_STATUS,
-    SentQuorum,
-    Session,
-    Waiter,
-    WaitFailed,
-    check_on_session,
-)
+from lighthouse.session import FAILURE_STATUS, Session, Waiter, WaitFailed, check_on_session
 from lighthouse.status import StatusServer, status_snapshot
 
 logger = logging.getLogger(__name__)
@@ -81,9 +74,9 @@ class LighthouseServer:
         self._sessions: dict[str, Session] = {}
         self._waiters: dict[str, Waiter] = {}
         self._round_started: float | None = None
-        self._roster: tuple[object, ...] = ()
-        self._roster_version = 0
-        """Counts distinct rosters sent (replies.py); sessions remember the one they hold."""
+        self._taken_over: tuple[int, frozenset[str]] | None = None
+        """The previous leader's last quorum (id, members), until this leader's first quorum."""
+        self._delivery = Delivery(self._sessions, self.metrics)
         self._server: grpc.aio.Server | None = None
         self._status: StatusServer | None = None
         self._ticker: asyncio.Task[None] | None = None
@@ -158,6 +151,9 @@ class LighthouseServer:
         reader.add_done_callback(lambda _: session.close())
         try:
             await context.write(envelope.encode(Notice("registered", incarnation=self.incarnation, replica_id=reg.replica_id)))
+            if self.membership.current is None:  # a new leader, before its first quorum
+                for notice in takeover_notices(self._taken_over, reg.replica_id, self.incarnation):
+                    await context.write(envelope.encode(notice))
             while (message := await session.next_message()) is not None:
                 await context.write(message)
         finally:
@@ -267,13 +263,16 @@ class LighthouseServer:
             self._decide()
         return True
 
+    def _last_reason(self) -> str:
+        return self.membership.last_decision.reason if self.membership.last_decision else ""
+
     def _expire_waits(self, now: float) -> None:
         expired = [w for w in self._waiters.values() if w.deadline <= now]
         for waiter in expired:
             del self._waiters[waiter.replica_id]
             self.membership.leave(waiter.replica_id, now)
-            reason = self.membership.last_decision.reason if self.membership.last_decision else ""
-            waiter.fail("timeout", f"no quorum with {waiter.replica_id!r} formed within {waiter.timeout_s:g}s: {reason}")
+            waiter.fail("timeout", f"no quorum with {waiter.replica_id!r} formed within {waiter.timeout_s:g}s: "
+                                   f"{self._last_reason()}")
 
     def _decide(self) -> None:
         if not self.serving():
@@ -287,56 +286,40 @@ class LighthouseServer:
         if self._round_started is not None:
             self.metrics.quorum_latency_s.observe(now - self._round_started)
         self._round_started = now if self._waiters.keys() - set(quorum.replica_ids) else None
-        encoded = envelope.encode(quorum)
-        if len(encoded) > QUORUM_BUDGET_BYTES:  # the join budget makes this unreachable
-            logger.error("quorum %d is %d bytes, over the %d-byte budget; not sent", quorum.quorum_id,
-                         len(encoded), QUORUM_BUDGET_BYTES)
+        encoded = self._delivery.encode(quorum)
         waiters = [w for rid in quorum.replica_ids if (w := self._waiters.pop(rid, None)) is not None]
         new_id = quorum.quorum_id != previous_id
         if new_id and self.leadership is not None:
             # A new quorum id reaches members only once etcd holds it (replicated.py).
             asyncio.create_task(self._publish_then_send(quorum, encoded, waiters))
         else:
-            self._send_quorum(quorum, encoded, waiters, new_id)
+            self._delivery.send(quorum, encoded, waiters, new_id=new_id, reason=self._last_reason())
 
     async def _publish_then_send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter]) -> None:
         assert self.leadership is not None
         published = await self.leadership.publish(quorum, self.membership.next_quorum_id)
         if published and self.serving() and self.membership.current is quorum:
-            self._send_quorum(quorum, encoded, waiters, True)
+            self._delivery.send(quorum, encoded, waiters, new_id=True, reason=self._last_reason())
             return
         why = "this lighthouse lost the lead" if not published else "a newer quorum replaced it"
         for w in waiters:
             w.fail("aborted", f"quorum {quorum.quorum_id} was not published: {why}")
-
-    def _send_quorum(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter], new_id: bool) -> None:
-        roster = (quorum.replica_ids, quorum.addresses, quorum.world_sizes, quorum.data)
-        if roster != self._roster:  # one O(N) comparison per round; members compare versions
-            self._roster, self._roster_version = roster, self._roster_version + 1
-        sent = SentQuorum(quorum, encoded, self._roster_version, QuorumUpdate.encode_steps(quorum.steps))
-        for waiter in waiters:
-            waiter.answer(sent)
-        if new_id:
-            self.metrics.quorum_ids_issued += 1
-            logger.info("quorum %d formed with %s (%s)", quorum.quorum_id, list(quorum.replica_ids),
-                        self.membership.last_decision.reason if self.membership.last_decision else "")
-            notice = envelope.encode(Notice("quorum_formed", quorum_id=quorum.quorum_id, incarnation=self.incarnation))
-            for rid in quorum.replica_ids:
-                s = self._sessions.get(rid)
-                if s is not None:
-                    s.send(notice)
 
     # -- leadership (a replicated lighthouse) -----------------------------------------------
 
     def serving(self) -> bool:
         return self.leadership is None or self.leadership.serving()
 
-    def take_leadership(self, incarnation: int, last_quorum: tuple[str, ...] | None, next_quorum_id: int) -> None:
+    def take_leadership(
+        self, incarnation: int, last_quorum: tuple[str, ...] | None, last_quorum_id: int, next_quorum_id: int
+    ) -> None:
         """Start serving as the leader, from the previous leader's state (read from etcd);
-        ``last_quorum`` None when etcd records none."""
+        ``last_quorum`` None when etcd records none. Until the first quorum forms, members of
+        the last one are told as they register to abandon its step (leadership.takeover_notices)."""
         self.incarnation = incarnation
         self.membership = self.membership.successor(incarnation)
         self.membership.restore(last_quorum, next_quorum_id, time.monotonic())
+        self._taken_over = (last_quorum_id, frozenset(last_quorum)) if last_quorum else None
         self._round_started = None
         logger.warning("lighthouse leads (incarnation %d): quorum ids from %d; waiting for %s", incarnation,
                        next_quorum_id, sorted(last_quorum) if last_quorum is not None else "no recorded quorum")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lighthouse.leadership import LEASE_MARGIN, LeaseClock
+from lighthouse.leadership import LEASE_MARGIN, LeaseClock, takeover_notices
 
 
 def test_nothing_is_valid_before_the_first_renewal() -> None:
@@ -39,3 +39,12 @@ def test_a_late_answer_to_an_older_keepalive_never_shortens_validity() -> None:
 
 def test_lease_gone_from_etcd_ends_validity_at_once() -> None:
     assert not LeaseClock(2.0).renewed(10.0, 2.0).renewed(10.5, 0).valid(10.6)
+
+
+def test_members_of_the_last_quorum_are_told_to_abandon_its_step_at_a_takeover() -> None:
+    notices = takeover_notices((7, frozenset({"a", "b", "c"})), "b", 99)
+    assert [(n.kind, n.quorum_id, n.replica_id, n.incarnation) for n in notices] == [
+        ("member_lost", 7, "a", 99), ("member_lost", 7, "c", 99)]
+    assert "its steps cannot commit" in notices[0].reason
+    assert takeover_notices((7, frozenset({"a"})), "z", 99) == []
+    assert takeover_notices(None, "a", 99) == []

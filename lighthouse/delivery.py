@@ -1,0 +1,56 @@
+"""Sending a formed quorum: to the members waiting for it, whole or as an update, and the
+``quorum_formed`` notice.
+
+A quorum is encoded once per round. A member whose session already holds the round's roster
+(replica ids, addresses, world sizes, data) gets a QuorumUpdate instead (lighthouse/replies.py
+says why): the roster is compared once per round and numbered, and each session remembers the
+number it holds, so the choice per member is one integer comparison.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lighthouse import envelope
+from lighthouse.membership import QUORUM_BUDGET_BYTES
+from lighthouse.metrics import Metrics
+from lighthouse.protocol import Notice, Quorum
+from lighthouse.replies import QuorumUpdate
+from lighthouse.session import SentQuorum, Session, Waiter
+
+logger = logging.getLogger(__name__)
+
+
+class Delivery:
+    """Owned by the server; ``sessions`` is the server's live map of open sessions."""
+
+    def __init__(self, sessions: dict[str, Session], metrics: Metrics) -> None:
+        self._sessions = sessions
+        self._metrics = metrics
+        self._roster: tuple[object, ...] = ()
+        self._roster_version = 0
+        """Counts distinct rosters sent; sessions remember the one they hold."""
+
+    def encode(self, quorum: Quorum) -> bytes:
+        encoded = envelope.encode(quorum)
+        if len(encoded) > QUORUM_BUDGET_BYTES:  # the join budget (membership.py) makes this unreachable
+            logger.error("quorum %d is %d bytes, over the %d-byte budget", quorum.quorum_id, len(encoded),
+                         QUORUM_BUDGET_BYTES)
+        return encoded
+
+    def send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter], *, new_id: bool, reason: str) -> None:
+        roster = (quorum.replica_ids, quorum.addresses, quorum.world_sizes, quorum.data)
+        if roster != self._roster:  # one O(N) comparison per round; members compare versions
+            self._roster, self._roster_version = roster, self._roster_version + 1
+        sent = SentQuorum(quorum, encoded, self._roster_version, QuorumUpdate.encode_steps(quorum.steps))
+        for waiter in waiters:
+            waiter.answer(sent)
+        if not new_id:
+            return
+        self._metrics.quorum_ids_issued += 1
+        logger.info("quorum %d formed with %s (%s)", quorum.quorum_id, list(quorum.replica_ids), reason)
+        notice = envelope.encode(Notice("quorum_formed", quorum_id=quorum.quorum_id, incarnation=quorum.incarnation))
+        for rid in quorum.replica_ids:
+            session = self._sessions.get(rid)
+            if session is not None:
+                session.send(notice)
