@@ -339,6 +339,7 @@ class AsyncLighthouseClient:
             if not isinstance(first, Notice) or first.kind != "registered":
                 raise ProtocolError(f"expected a 'registered' notice first, got {first!r}")
             self.incarnation = first.incarnation
+            self._pace(first)
             self.session_epoch += 1
             self._registered.set()
             heartbeats = asyncio.create_task(self._heartbeat(call))
@@ -350,6 +351,7 @@ class AsyncLighthouseClient:
                 if not isinstance(reply, Notice):
                     self._settle(reply)
                     continue
+                self._pace(reply)
                 if self.on_notice is not None:
                     try:
                         self.on_notice(reply)
@@ -363,6 +365,10 @@ class AsyncLighthouseClient:
             if heartbeats is not None:
                 heartbeats.cancel()
             call.cancel()
+
+    def _pace(self, notice: Notice) -> None:
+        """Heartbeat no more often than the lighthouse's budget allows (it only ever grows)."""
+        self.heartbeat_interval_s = max(self.heartbeat_interval_s, notice.heartbeat_interval_s)
 
     async def _heartbeat(self, call: grpc.aio.StreamStreamCall) -> None:
         """Heartbeat when the stream has been quiet for an interval: a quorum request tells the

@@ -1,5 +1,6 @@
-"""Sending a formed quorum: to the members waiting for it, whole or as an update, and the
-``quorum_formed`` notice.
+"""Sending what the membership decided: a formed quorum (to the members waiting for it,
+whole or as an update, and the ``quorum_formed`` notice), and a member lost or left (to
+every other session; ``fenced`` to the lost member's own, which then ends).
 
 A quorum is encoded once per round. A member whose session already holds the round's roster
 (replica ids, addresses, world sizes, data) gets a QuorumUpdate instead (lighthouse/replies.py
@@ -12,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from lighthouse import envelope
+from lighthouse.members import Lost
 from lighthouse.membership import QUORUM_BUDGET_BYTES
 from lighthouse.metrics import Metrics
 from lighthouse.protocol import Notice, Quorum
@@ -38,7 +40,8 @@ class Delivery:
                          QUORUM_BUDGET_BYTES)
         return encoded
 
-    def send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter], *, new_id: bool, reason: str) -> None:
+    def send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter], *, new_id: bool, reason: str,
+             heartbeat_floor_s: float) -> None:
         roster = (quorum.replica_ids, quorum.addresses, quorum.world_sizes, quorum.data)
         if roster != self._roster:  # one O(N) comparison per round; members compare versions
             self._roster, self._roster_version = roster, self._roster_version + 1
@@ -49,8 +52,25 @@ class Delivery:
             return
         self._metrics.quorum_ids_issued += 1
         logger.info("quorum %d formed with %s (%s)", quorum.quorum_id, list(quorum.replica_ids), reason)
-        notice = envelope.encode(Notice("quorum_formed", quorum_id=quorum.quorum_id, incarnation=quorum.incarnation))
+        notice = envelope.encode(Notice("quorum_formed", quorum_id=quorum.quorum_id, incarnation=quorum.incarnation,
+                                        heartbeat_interval_s=heartbeat_floor_s))
         for rid in quorum.replica_ids:
             session = self._sessions.get(rid)
             if session is not None:
+                session.send(notice)
+
+    def send_lost(self, m: Lost, incarnation: int) -> None:
+        if m.graceful:
+            logger.info("member %s left (quorum %d)", m.replica_id, m.quorum_id)
+        else:
+            self._metrics.members_lost += 1
+            logger.warning("member %s lost (quorum %d): %s", m.replica_id, m.quorum_id, m.reason)
+        own = self._sessions.get(m.replica_id)
+        if own is not None and own.serial == m.session and not m.graceful:
+            own.send(envelope.encode(Notice("fenced", m.quorum_id, m.replica_id, m.reason, incarnation)))
+            own.close()
+        kind = "member_left" if m.graceful else "member_lost"
+        notice = envelope.encode(Notice(kind, m.quorum_id, m.replica_id, m.reason, incarnation))
+        for rid, session in self._sessions.items():
+            if rid != m.replica_id:
                 session.send(notice)

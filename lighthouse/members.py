@@ -9,7 +9,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from lighthouse.liveness import GAP_WINDOW
+from lighthouse.errors import DuplicateReplica
+from lighthouse.liveness import GAP_WINDOW, LivenessRules, Silence, is_silent_too_long
 
 ENTRY_OVERHEAD_BYTES = 24
 """A member's entry in an encoded quorum beyond its id, address and data: msgpack headers,
@@ -42,6 +43,11 @@ class MemberState:
     entry_bytes: int = 0
     """What this member adds to a quorum, encoded (its budget share)."""
 
+    def silent_too_long(self, now: float, rules: LivenessRules, allowance_s: float = 0.0) -> Silence | None:
+        """The silence limit this member has exceeded at ``now`` (liveness.py), or None."""
+        return is_silent_too_long(now - self.last_heartbeat, self.gaps, self.num_gaps, self.heartbeat_interval_s,
+                                  rules, allowance_s)
+
     def heard(self, now: float) -> None:
         self.gaps.append(now - self.last_heartbeat)
         self.num_gaps += 1
@@ -70,3 +76,13 @@ class QuorumRecord:
 def entry_bytes(replica_id: str, address: str, data: bytes) -> int:
     """An upper bound of a member's entry in an encoded quorum."""
     return len(replica_id) + len(address.encode()) + len(data) + ENTRY_OVERHEAD_BYTES
+
+
+def duplicate_refusal(old: MemberState, replica_id: str, instance: str, now: float, peer: str) -> DuplicateReplica:
+    """The error for a second live process registering under ``old``'s replica id."""
+    return DuplicateReplica(
+        f"replica id {replica_id!r} is already held by a live session (client instance {old.instance!r}, at "
+        f"{old.address!r}, heard {now - old.last_heartbeat:.2f}s ago, at step {old.step}); this one (instance "
+        f"{instance!r}{', from ' + peer if peer else ''}) is refused. Two processes are using one replica id: give "
+        "each replica group its own REPLICAFT_REPLICA_ID, or stop the other process"
+    )

@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 import msgpack
 
 from lighthouse.envelope import MAX_MESSAGE_BYTES
-from lighthouse.errors import DuplicateReplica, OptionsError, QuorumTooLarge
-from lighthouse.liveness import LivenessRules, is_silent_too_long
-from lighthouse.members import Lost, MemberState, QuorumRecord, entry_bytes
+from lighthouse.errors import OptionsError, QuorumTooLarge
+from lighthouse.liveness import LivenessRules, heartbeat_floor_s, paced_interval
+from lighthouse.members import Lost, MemberState, QuorumRecord, duplicate_refusal, entry_bytes
 from lighthouse.option_checks import check_number, check_seconds
 from lighthouse.protocol import (
     FenceRequest,
@@ -163,6 +163,11 @@ class Membership:
         fresh._next_session = self._next_session
         return fresh
 
+    @property
+    def heartbeat_floor_s(self) -> float:
+        """The heartbeat interval members are asked to keep at least (liveness.py's budget)."""
+        return heartbeat_floor_s(len(self.members))
+
     def restore(self, last_quorum: tuple[str, ...] | None, next_quorum_id: int, now: float) -> None:
         """Take over from a replicated lighthouse's previous leader (its state from etcd).
 
@@ -185,16 +190,8 @@ class Membership:
         lost: list[Lost] = []
         old = self.members.get(reg.replica_id)
         if old is not None:
-            silent_s = now - old.last_heartbeat
-            alive = is_silent_too_long(silent_s, old.gaps, old.num_gaps, old.heartbeat_interval_s, self.options.liveness) is None
-            if alive and reg.instance != old.instance:
-                raise DuplicateReplica(
-                    f"replica id {reg.replica_id!r} is already held by a live session (client instance "
-                    f"{old.instance!r}, at {old.address!r}, heard {silent_s:.2f}s ago, "
-                    f"at step {old.step}); this one (instance {reg.instance!r}{', from ' + peer if peer else ''}) "
-                    "is refused. Two processes are using one replica id: give each replica group its own "
-                    "REPLICAFT_REPLICA_ID, or stop the other process"
-                )
+            if old.silent_too_long(now, self.options.liveness) is None and reg.instance != old.instance:
+                raise duplicate_refusal(old, reg.replica_id, reg.instance, now, peer)
             lost = self._remove(old, "a new session registered under the same replica id")
         self._next_quorum_id = max(self._next_quorum_id, reg.last_quorum_id + 1)
         if reg.last_quorum_id >= 0 and self._reconnecting_since is None and self.current is None:
@@ -214,7 +211,7 @@ class Membership:
             last_progress=now,
             newcomer=reg.last_quorum_id < 0,
             instance=reg.instance,
-            heartbeat_interval_s=reg.heartbeat_interval_s,
+            heartbeat_interval_s=paced_interval(reg.heartbeat_interval_s, len(self.members) + 1),
         )
         self._set_entry_bytes(self.members[reg.replica_id], entry_bytes(reg.replica_id, reg.address, b""))
         return session, lost
@@ -270,14 +267,15 @@ class Membership:
         if self._joins.pop(replica_id, None) is not None:
             self._resume_progress_clock(replica_id, now)
 
-    def expire(self, now: float) -> list[Lost]:
-        """Drop members whose heartbeats stopped or whose training loop stopped progressing."""
+    def expire(self, now: float, lag_allowance_s: float = 0.0) -> list[Lost]:
+        """Drop members whose heartbeats stopped or whose training loop stopped progressing;
+        ``lag_allowance_s``: silence the lighthouse's own lag may explain (liveness.LoopLag)."""
         lost: list[Lost] = []
         rules = self.options.liveness
         for m in list(self.members.values()):
             silent_s = now - m.last_heartbeat
             stuck_s = now - m.last_progress
-            if (silence := is_silent_too_long(silent_s, m.gaps, m.num_gaps, m.heartbeat_interval_s, rules)) is not None:
+            if (silence := m.silent_too_long(now, rules, lag_allowance_s)) is not None:
                 lost += self._remove(
                     m, f"silent for {silent_s:.2f}s, beyond its limit of {silence.limit_s:.2f}s ({silence.basis}): "
                        "hung (stopped, frozen or cut off) while its connection stays open",
@@ -332,8 +330,10 @@ class Membership:
                 for j in joins
             ),
         )
-        for rid in decision.participants:
-            self.members[rid].quorum_id = quorum_id
+        for rid in decision.participants:  # the floor is announced with the quorum; intervals only grow
+            m = self.members[rid]
+            m.heartbeat_interval_s = paced_interval(m.heartbeat_interval_s, len(self.members))
+            m.quorum_id = quorum_id
             self.members[rid].newcomer = False
             self._resume_progress_clock(rid, now)
         self.current = quorum

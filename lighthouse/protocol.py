@@ -140,6 +140,9 @@ class Notice:
     """The subject: the member that was lost or fenced (empty for quorum notices)."""
     reason: str = ""
     incarnation: int = 0
+    heartbeat_interval_s: float = 0.0
+    """``registered`` and ``quorum_formed``: heartbeat no more often than this (the
+    lighthouse's heartbeat budget, liveness.py); 0: no floor."""
 
     @classmethod
     def decode(cls, raw: bytes) -> Notice:
@@ -154,6 +157,8 @@ class Notice:
             replica_id=_optional_replica_id(m, o.get("replica_id", "")),
             reason=check_str(m, "reason", o.get("reason", ""), MAX_REASON_CHARS, True),
             incarnation=check_int(m, "incarnation", o.get("incarnation", 0), 0),
+            heartbeat_interval_s=check_float(m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0,
+                                             MAX_TIMEOUT_S),
         )
 
 

@@ -32,6 +32,7 @@ from lighthouse.binding import bind_grpc
 from lighthouse.delivery import Delivery
 from lighthouse.errors import DuplicateReplica, ProtocolError, QuorumTooLarge, VersionMismatch
 from lighthouse.leadership import Leadership, takeover_notices
+from lighthouse.liveness import LoopLag
 from lighthouse.members import Lost
 from lighthouse.membership import Membership
 from lighthouse.metrics import Metrics
@@ -43,13 +44,17 @@ from lighthouse.protocol import (
     QuorumRequest,
     Register,
 )
-from lighthouse.session import FAILURE_STATUS, Session, Waiter, WaitFailed, check_on_session
+from lighthouse.session import (
+    FAILURE_STATUS,
+    REGISTER_TIMEOUT_S,
+    Session,
+    Waiter,
+    WaitFailed,
+    check_on_session,
+)
 from lighthouse.status import StatusServer, status_snapshot
 
 logger = logging.getLogger(__name__)
-
-REGISTER_TIMEOUT_S = 10.0
-"""A session must send its Register message within this time of opening the stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +155,8 @@ class LighthouseServer:
         reader = asyncio.create_task(self._read_session(session, context))
         reader.add_done_callback(lambda _: session.close())
         try:
-            await context.write(envelope.encode(Notice("registered", incarnation=self.incarnation, replica_id=reg.replica_id)))
+            await context.write(envelope.encode(Notice("registered", incarnation=self.incarnation, replica_id=reg.replica_id,
+                                                       heartbeat_interval_s=self.membership.heartbeat_floor_s)))
             if self.membership.current is None:  # a new leader, before its first quorum
                 for notice in takeover_notices(self._taken_over, reg.replica_id, self.incarnation):
                     await context.write(envelope.encode(notice))
@@ -293,13 +299,15 @@ class LighthouseServer:
             # A new quorum id reaches members only once etcd holds it (replicated.py).
             asyncio.create_task(self._publish_then_send(quorum, encoded, waiters))
         else:
-            self._delivery.send(quorum, encoded, waiters, new_id=new_id, reason=self._last_reason())
+            self._delivery.send(quorum, encoded, waiters, new_id=new_id, reason=self._last_reason(),
+                                heartbeat_floor_s=self.membership.heartbeat_floor_s)
 
     async def _publish_then_send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter]) -> None:
         assert self.leadership is not None
         published = await self.leadership.publish(quorum, self.membership.next_quorum_id)
         if published and self.serving() and self.membership.current is quorum:
-            self._delivery.send(quorum, encoded, waiters, new_id=True, reason=self._last_reason())
+            self._delivery.send(quorum, encoded, waiters, new_id=True, reason=self._last_reason(),
+                                heartbeat_floor_s=self.membership.heartbeat_floor_s)
             return
         why = "this lighthouse lost the lead" if not published else "a newer quorum replaced it"
         for w in waiters:
@@ -346,32 +354,22 @@ class LighthouseServer:
 
     def _handle_lost(self, lost: list[Lost]) -> None:
         for m in lost:
-            if m.graceful:
-                logger.info("member %s left (quorum %d)", m.replica_id, m.quorum_id)
-            else:
-                self.metrics.members_lost += 1
-                logger.warning("member %s lost (quorum %d): %s", m.replica_id, m.quorum_id, m.reason)
             waiter = self._waiters.pop(m.replica_id, None)
             if waiter is not None:
                 waiter.fail("aborted", f"replica {m.replica_id!r} was declared lost: {m.reason}")
-            own = self._sessions.get(m.replica_id)
-            if own is not None and own.serial == m.session and not m.graceful:
-                own.send(envelope.encode(Notice("fenced", m.quorum_id, m.replica_id, m.reason, self.incarnation)))
-                own.close()
-            kind = "member_left" if m.graceful else "member_lost"
-            notice = envelope.encode(Notice(kind, m.quorum_id, m.replica_id, m.reason, self.incarnation))
-            for rid, s in self._sessions.items():
-                if rid != m.replica_id:
-                    s.send(notice)
+            self._delivery.send_lost(m, self.incarnation)
 
     async def _tick_forever(self) -> None:
+        lag = LoopLag()
         while True:
+            due = time.monotonic() + self.options.tick_s
             await asyncio.sleep(self.options.tick_s)
+            lag.observe(time.monotonic(), due)
             try:
                 if not self.serving():
                     self.step_down("its leadership ended")
                     continue
-                self._handle_lost(self.membership.expire(time.monotonic()))
+                self._handle_lost(self.membership.expire(time.monotonic(), lag.allowance_s()))
                 self._decide()
                 self._expire_waits(time.monotonic())
             except Exception:

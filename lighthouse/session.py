@@ -20,6 +20,9 @@ from lighthouse.errors import ProtocolError
 from lighthouse.protocol import Quorum, QuorumRequest
 from lighthouse.replies import FailureCode, QuorumAnswer, QuorumFailed, QuorumUpdate
 
+REGISTER_TIMEOUT_S = 10.0
+"""A session must send its Register message within this time of opening the stream."""
+
 
 class Session:
     """One open session stream and its outbox of encoded messages (None ends the stream).

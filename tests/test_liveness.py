@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from lighthouse.liveness import LivenessRules, is_silent_too_long, silence_limit
+from lighthouse.liveness import (
+    LAG_WINDOW_S,
+    LivenessRules,
+    LoopLag,
+    is_silent_too_long,
+    silence_limit,
+)
 
 RULES = LivenessRules(heartbeat_timeout_s=2.0, hung_factor=3.0, hung_min_s=0.25, min_gaps=8)
 
@@ -44,3 +50,25 @@ def test_silence_limit_follows_the_members_cadence(
 )
 def test_hung_only_when_silent_beyond_the_limit(case: str, silent_s: float, gaps: list[float], hung: bool) -> None:
     assert (is_silent_too_long(silent_s, gaps, len(gaps), 0.1, RULES) is not None) is hung, case
+
+
+def test_the_lighthouses_own_lag_extends_every_limit() -> None:
+    """1,024 members heartbeating made the lighthouse's loop late, every member looked silent,
+    and 600 live members were dropped: silence the lighthouse caused is allowed for."""
+    gaps = [0.1] * 16
+    assert is_silent_too_long(0.45, gaps, 16, 0.1, RULES) is not None
+    extended = is_silent_too_long(0.45, gaps, 16, 0.1, RULES, allowance_s=0.3)
+    assert extended is None
+    late = is_silent_too_long(0.65, gaps, 16, 0.1, RULES, allowance_s=0.3)
+    assert late is not None and "+ 0.30s for the lighthouse's own lag" in late.basis
+
+
+def test_loop_lag_remembers_the_latest_tick_of_its_window() -> None:
+    lag = LoopLag()
+    lag.observe(10.0, 10.0)
+    assert lag.allowance_s() == 0.0
+    lag.observe(11.0, 10.75)  # 0.25 s late
+    lag.observe(11.1, 11.08)
+    assert lag.allowance_s() == pytest.approx(0.5)
+    lag.observe(11.0 + LAG_WINDOW_S + 0.1, 11.0 + LAG_WINDOW_S + 0.1)
+    assert lag.allowance_s() == pytest.approx(0.04)
