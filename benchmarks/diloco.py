@@ -42,6 +42,11 @@ REPO = Path(__file__).resolve().parent.parent
 GROUPS = ("g0", "g1", "g2")
 RATE_MBIT = 100.0
 LIGHTHOUSE_PORT = 29510
+JOIN_TIMEOUT_S = 20.0
+"""How long a quorum waits for a live straggler. A DiLoCo round is seconds long and the groups
+(three on two shared cores) finish theirs seconds apart; with the default 2 s the last one
+missed the quorum at most syncs and spent the next round healing. A dead group is noticed
+at once (its session breaks), so this only bounds the wait for a slow one."""
 MODEL = ("--layers", "4", "--heads", "4", "--d-model", "256", "--context", "64", "--batch-size", "4", "--threads", "1")
 CONTEXT = 64
 _EVAL_LINE = re.compile(r"held-out loss ([0-9.]+)")
@@ -70,11 +75,12 @@ class Proc:
                     continue
         return out
 
-    def wait_for(self, pattern: str, timeout_s: float) -> str:
+    def wait_for(self, pattern: str, timeout_s: float, *, min_step: int | None = None) -> str:
+        """The first line containing ``pattern`` (a sync line at ``min_step`` or later)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for _, line in self.lines:
-                if pattern in line:
+                if pattern in line and (min_step is None or json.loads(line).get("step", -1) >= min_step):
                     return line
             if self.popen.poll() is not None:
                 break
@@ -113,9 +119,9 @@ def run_mode(lab: NetworkLab, mode: str, seconds: float, log_dir: Path, *, kill_
     py = sys.executable
     torchft = mode.startswith("torchft")
     lighthouse = ([str(Path(py).parent / "torchft_lighthouse"), "--bind", f"{lab.address('lh')}:{LIGHTHOUSE_PORT}",
-                   "--min_replicas", "1", "--join_timeout_ms", "2000"] if torchft else
+                   "--min_replicas", "1", "--join_timeout_ms", str(int(JOIN_TIMEOUT_S * 1000))] if torchft else
                   [py, "-m", "lighthouse", "--host", lab.address("lh"), "--port", str(LIGHTHOUSE_PORT),
-                   "--progress-timeout", "60", "--heartbeat-timeout", "5"])
+                   "--progress-timeout", "60", "--heartbeat-timeout", "5", "--join-timeout", str(JOIN_TIMEOUT_S)])
     procs = [start(lab, "lh", lighthouse, env, log_dir)]
     try:
         if not torchft:
@@ -126,9 +132,10 @@ def run_mode(lab: NetworkLab, mode: str, seconds: float, log_dir: Path, *, kill_
             groups[g] = start(lab, g, _group_args(mode, i, seconds, lab.address(g)), genv, log_dir)
         procs += groups.values()
         groups["g0"].wait_for("step" if mode == "ddp" else '"sync"', 300)
+        started = time.monotonic()
         killed_at = None
         if kill_mid_round:
-            killed_at, groups["g2"] = _kill_and_restart(lab, groups["g2"], mode, seconds, env, log_dir)
+            killed_at, groups["g2"] = _kill_and_restart(lab, groups["g2"], mode, seconds, env, log_dir, started)
             procs.append(groups["g2"])
         if mode == "ddp":
             time.sleep(seconds)  # DDP has no time limit of its own: measured over the same wall time
@@ -157,17 +164,19 @@ def _group_args(mode: str, rank: int, seconds: float, host: str) -> list[str]:
 
 
 def _kill_and_restart(lab: NetworkLab, victim: Proc, mode: str, seconds: float, env: dict[str, str],
-                      log_dir: Path) -> tuple[float, Proc]:
+                      log_dir: Path, started: float) -> tuple[float, Proc]:
     """SIGKILL ``victim`` in the middle of the round after its fourth sync, restart it a second
-    later (an orchestrator's delay); returns the time of the kill and the new process."""
-    victim.wait_for('"step": 4,', 300)
+    later (an orchestrator's delay) to train until the others stop; returns the time of the
+    kill and the new process."""
+    victim.wait_for('"sync"', 300, min_step=4)
     rounds = [o["seconds"] for o in victim.json_lines() if o.get("event") == "sync"]
     time.sleep((rounds[-1] - rounds[-2]) / 2 if len(rounds) > 1 else 1.0)
     victim.popen.kill()
     killed_at = time.monotonic()
     time.sleep(1.0)
     genv = dict(env, REPLICAFT_REPLICA_ID=victim.name, REPLICA_GROUP_ID=victim.name, REPLICAFT_HOST=lab.address(victim.name))
-    return killed_at, start(lab, victim.name, _group_args(mode, GROUPS.index(victim.name), seconds, lab.address(victim.name)), genv, log_dir)
+    remaining = max(seconds - (time.monotonic() - started), 1.0)
+    return killed_at, start(lab, victim.name, _group_args(mode, GROUPS.index(victim.name), remaining, lab.address(victim.name)), genv, log_dir)
 
 
 def _ddp_figures(groups: dict[str, Proc], events_dir: Path, seconds: float) -> dict[str, Any]:
@@ -187,22 +196,24 @@ def _ddp_figures(groups: dict[str, Proc], events_dir: Path, seconds: float) -> d
 
 
 def _diloco_figures(groups: dict[str, Proc], killed_at: float | None) -> dict[str, Any]:
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    for name in GROUPS:
-        for o in groups[name].json_lines():
-            if o.get("event") == "sync":
-                by_step.setdefault(int(o["step"]), []).append(o)
-    if not by_step:
+    """Job tokens/s: each group's tokens at its last committed sync over that sync's time,
+    summed (the groups stop at their own time limit, a sync apart). The loss curve: at each
+    step, the tokens every group had trained by then and the mean held-out loss reported."""
+    lines = {name: [o for o in groups[name].json_lines() if o.get("event") == "sync"] for name in GROUPS}
+    if not any(lines.values()):
         raise RuntimeError("no group committed a sync")
+    rate = sum(g[-1]["tokens"] / max(g[-1]["seconds"], 1e-9) for g in lines.values() if g)
+    steps = sorted({o["step"] for g in lines.values() for o in g})
     curve = []
-    for step in sorted(by_step):
-        lines = by_step[step]
-        curve.append((sum(o["tokens"] for o in lines), max(o["seconds"] for o in lines),
-                      statistics.mean(o["held_out_loss"] for o in lines if o.get("held_out_loss") is not None)))
-    tokens, elapsed, loss = curve[-1]
-    out: dict[str, Any] = {"tokens": tokens, "tokens_per_s": tokens / max(elapsed, 1e-9), "syncs": len(curve),
-                           "held_out_loss": loss, "curve": curve,
-                           "retried_syncs": max(o.get("retried", 0) for lines in by_step.values() for o in lines)}
+    for step in steps:
+        upto = [max((o for o in g if o["step"] <= step), key=lambda o: o["step"], default=None) for g in lines.values()]
+        losses = [o["held_out_loss"] for g in lines.values() for o in g if o["step"] == step and "held_out_loss" in o]
+        if losses:
+            curve.append((sum(o["tokens"] for o in upto if o), statistics.mean(losses)))
+    last = [g[-1] for g in lines.values() if g]
+    out: dict[str, Any] = {"tokens": sum(o["tokens"] for o in last), "tokens_per_s": rate, "syncs": len(steps),
+                           "held_out_loss": statistics.mean(o["held_out_loss"] for o in last if "held_out_loss" in o),
+                           "curve": curve, "retried_syncs": max(o.get("retried", 0) for o in last)}
     if killed_at is not None:
         out["fault_cost_inner_steps"] = max(_fault_cost(groups[g], killed_at) for g in ("g0", "g1"))
     return out
@@ -225,7 +236,7 @@ MODES = ("ddp", "diloco_h20", "diloco_h100", "streaming", "torchft_diloco", "dil
 
 
 def run(*, quick: bool) -> BenchmarkResult:
-    seconds = 40.0 if quick else 150.0
+    seconds = 40.0 if quick else 120.0
     lab = NetworkLab(GROUPS)
     results: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="replicaft-diloco-") as tmp:
@@ -246,8 +257,8 @@ def run(*, quick: bool) -> BenchmarkResult:
     return _result(results, seconds)
 
 
-def _loss_at_tokens(curve: list[tuple[int, float, float]], tokens: int) -> float | None:
-    return next((loss for t, _, loss in curve if t >= tokens), None)
+def _loss_at_tokens(curve: list[tuple[int, float]], tokens: int) -> float | None:
+    return next((loss for t, loss in curve if t >= tokens), None)
 
 
 def _result(r: dict[str, dict[str, Any]], seconds: float) -> BenchmarkResult:

@@ -21,8 +21,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+# Run as a script, its own folder (benchmarks/, which has a lighthouse.py) would shadow the
+# lighthouse package: the examples and the repository root go there instead.
+sys.path[0:1] = [str(Path(__file__).resolve().parent.parent / "examples"), str(Path(__file__).resolve().parent.parent)]
 from torchft import Manager, ProcessGroupGloo  # noqa: E402
+from torchft.checkpointing.pg_transport import PGTransport  # noqa: E402
 from torchft.local_sgd import DiLoCo  # noqa: E402
 from train_gpt import (  # noqa: E402
     GPT,
@@ -62,8 +65,12 @@ def main() -> int:
     inner = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.95))
     outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
     store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
+    pg = ProcessGroupGloo(timeout=timedelta(seconds=60))
+    # torchft's default HTTP transport advertises socket.gethostname(), which inside a network
+    # namespace resolves to no address of it; its process-group transport uses the Gloo link.
+    transport = PGTransport(pg, timeout=timedelta(seconds=60), device=torch.device("cpu"))
     manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=60)), min_replica_size=1, use_async_quorum=False,
+        pg=pg, checkpoint_transport=transport, min_replica_size=1, use_async_quorum=False,
         load_state_dict=lambda s: (model.load_state_dict(s["model"]), inner.load_state_dict(s["inner"])),
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
         replica_id=os.environ["REPLICA_GROUP_ID"], store_addr=args.host, store_port=store.port, rank=0, world_size=1,
