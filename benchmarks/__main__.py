@@ -30,6 +30,7 @@ BENCHMARKS: dict[str, str] = {
     "failover": "benchmarks.failover",
     "checkpoint": "benchmarks.checkpoint",
     "diloco": "benchmarks.diloco",
+    "diloco_wire": "benchmarks.diloco_wire",
     "heal": "benchmarks.heal",
     "lighthouse": "benchmarks.lighthouse",
     "lighthouse_ha": "benchmarks.lighthouse_ha",
