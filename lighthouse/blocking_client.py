@@ -75,7 +75,7 @@ class LighthouseClient:
         self.close()
 
     def record_progress(self, step: int) -> None:
-        self.client.record_progress(step)
+        self.client.progress.record(step)
 
     def wait_registered(self, timeout_s: float) -> None:
         self._run(self.client.wait_registered(timeout_s), timeout_s + DEADLINE_GRACE_S)

@@ -57,6 +57,26 @@ before the refusal is final. A restarted group whose predecessor's host vanished
 session silent, not closed) is refused until the lighthouse drops that session, at most its
 heartbeat timeout (2 s by default); a second live process is refused every time."""
 
+class Progress:
+    """A group's training progress, as its heartbeats report it: the step and a count of calls.
+
+    Shared on purpose between the training thread, which records (``record``), and the
+    session's heartbeats on the client's loop, which read: each is one attribute store or load,
+    atomic under the GIL, and a lost increment when both record at once still changes the
+    count, which is all the lighthouse needs to see a group progressing.
+    """
+
+    __slots__ = ("step", "count")
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.count = 0
+
+    def record(self, step: int) -> None:
+        self.step = step
+        self.count += 1
+
+
 class AsyncLighthouseClient:
     """A replica group's connection to the lighthouse (used by group rank 0's manager)."""
 
@@ -71,6 +91,7 @@ class AsyncLighthouseClient:
         heartbeat_interval_s: float = 0.1,
         on_notice: Callable[[Notice], None] | None = None,
         duplicate_patience_s: float = DUPLICATE_PATIENCE_S,
+        progress: Progress | None = None,
     ) -> None:
         self.targets = Targets(parse_addresses(address))
         """The lighthouse (or the replicated set's members) this client may talk to."""
@@ -87,8 +108,8 @@ class AsyncLighthouseClient:
         self.instance = secrets.token_hex(8)
         """Names this client object to the lighthouse: a reconnect keeps it, another process has another."""
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
-        self._step = 0
-        self._progress = 0
+        self.progress = progress if progress is not None else Progress()
+        """What heartbeats report; the owner of a training loop passes its own and records into it."""
         self._registered = asyncio.Event()
         self._fatal: Exception | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -104,11 +125,6 @@ class AsyncLighthouseClient:
         """The last quorum sent on the current session: what a QuorumUpdate changes."""
         self._closing = False
 
-    def record_progress(self, step: int) -> None:
-        """Called by the training loop: the next heartbeat shows this group progressing."""
-        self._step = step
-        self._progress += 1
-
     async def start(self) -> None:
         self._channel_to(self.targets.current)
         self._session_task = asyncio.create_task(self._run_session(), name=f"lighthouse-session-{self.replica_id}")
@@ -120,7 +136,7 @@ class AsyncLighthouseClient:
         call = self._call
         if call is not None and self._registered.is_set():
             try:
-                await asyncio.wait_for(self._write(call, Heartbeat(self._step, self._progress, leaving=True)), 1.0)
+                await asyncio.wait_for(self._write(call, Heartbeat(self.progress.step, self.progress.count, leaving=True)), 1.0)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError, LighthouseUnavailable) as e:
                 logger.debug("could not announce leaving to the lighthouse: %s", e)
         if self._session_task is not None:
@@ -162,7 +178,7 @@ class AsyncLighthouseClient:
         Raises QuorumTimeout (with the lighthouse's reason) when none forms by the deadline,
         Unauthenticated / VersionMismatch / ProtocolError when retrying cannot help.
         """
-        self.record_progress(step)
+        self.progress.record(step)
         deadline = time.monotonic() + timeout_s
         last = "no answer yet"
         while True:
@@ -330,7 +346,7 @@ class AsyncLighthouseClient:
         self._call = call
         heartbeats: asyncio.Task[None] | None = None
         try:
-            await self._write(call, Register(self.replica_id, self.member_address, self.world_size, self._step,
+            await self._write(call, Register(self.replica_id, self.member_address, self.world_size, self.progress.step,
                                              self.last_quorum_id, self.instance, self.heartbeat_interval_s))
             raw = await call.read()
             if raw is grpc.aio.EOF:
@@ -378,7 +394,7 @@ class AsyncLighthouseClient:
         while not self._closing:
             quiet_s = time.monotonic() - self._last_write
             if quiet_s >= self.heartbeat_interval_s:
-                await self._write(call, Heartbeat(self._step, self._progress))
+                await self._write(call, Heartbeat(self.progress.step, self.progress.count))
                 quiet_s = 0.0
             await asyncio.sleep(self.heartbeat_interval_s - quiet_s)
 

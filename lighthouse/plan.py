@@ -14,9 +14,11 @@ Torch-free on purpose: the lighthouse's tests and the managers share it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from lighthouse.protocol import Member, Notice, Quorum
 
@@ -75,6 +77,25 @@ class StepPlan:
             if p.replica_id == replica_id:
                 return p
         return None
+
+    def with_one_donor(self) -> StepPlan:
+        """This plan with every participant but the first donor healing from it: at step 0,
+        so that every group starts from identical weights (the managers' ``init_sync``)."""
+        primary = self.donors[0]
+        return dataclasses.replace(
+            self, donors=(primary,), healers=tuple(m.replica_id for m in self.participants if m.replica_id != primary)
+        )
+
+    def rank_entry(self, replica_id: str, group_rank: int) -> dict[str, Any]:
+        """What rank ``group_rank`` of participant ``replica_id`` published with its quorum
+        request (its ``data["ranks"][group_rank]``: store and state-server addresses, heal
+        hints), ``{}`` if absent or malformed: it came over the wire, so readers check each
+        value they take."""
+        member = self.member(replica_id)
+        ranks = member.data.get("ranks") if member is not None else None
+        if not isinstance(ranks, list) or not 0 <= group_rank < len(ranks) or not isinstance(ranks[group_rank], dict):
+            return {}
+        return ranks[group_rank]
 
     def lost_participant(self, notice: Notice) -> bool:
         """Whether a ``member_lost`` notice is about a participant of this plan.

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from replicaft.manager import ManagedWork, Manager
+from replicaft.manager import Manager
+from replicaft.process_group import ManagedWork
 
 
 class BufferAverager:

@@ -36,7 +36,8 @@ from typing import Any, Literal
 import torch
 
 from replicaft.errors import OptionsError
-from replicaft.manager import Manager, StepHooks
+from replicaft.manager import Manager
+from replicaft.registry import StepHooks
 
 BatchPolicy = Literal["per_group", "global"]
 

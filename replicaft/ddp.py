@@ -20,29 +20,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from replicaft import reserve
+from replicaft.buckets import (
+    DEFAULT_BUCKET_CAP_MB,
+    SECOND_BACKWARD,
+    Bucket,
+    capture,
+    cut_buckets,
+    launch_in_order,
+)
 from replicaft.buffers import BufferAverager
 from replicaft.errors import GroupError
-from replicaft.launch_order import SECOND_BACKWARD, launch_in_order
-from replicaft.manager import ManagedWork, Manager, StepHooks
-
-DEFAULT_BUCKET_CAP_MB = 25.0
-
-
-@dataclass
-class _Bucket:
-    params: list[nn.Parameter]
-    offsets: list[int]
-    buffer: torch.Tensor
-    ready: int = 0
-    work: ManagedWork | None = None
-    members: set[int] = field(default_factory=set)
+from replicaft.manager import Manager
+from replicaft.registry import StepHooks
 
 
 class DistributedDataParallel(nn.Module, StepHooks):
@@ -62,12 +56,12 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self._manager = manager
         self._bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
         self._params = [p for p in reversed(list(module.parameters())) if p.requires_grad]
-        self._buckets: list[_Bucket] = []
-        self._bucket_of: dict[int, _Bucket] = {}
+        self._buckets: list[Bucket] = []
+        self._bucket_of: dict[int, Bucket] = {}
         self._generation = manager.abandon_generation
         self._callback_queued = False
         self._next_launch = 0
-        """Index of the first bucket not launched yet in this backward (launch_order.py)."""
+        """Index of the first bucket not launched yet in this backward (buckets.py)."""
         self._sync = True
         self._in_step = False
         self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
@@ -100,36 +94,14 @@ class DistributedDataParallel(nn.Module, StepHooks):
 
     def _allocate_buckets(self) -> None:
         self._generation = self._manager.abandon_generation
-        groups: list[list[nn.Parameter]] = []
-        size = 0
-        for p in self._params:
-            nbytes = p.numel() * p.element_size()
-            if not groups or size + nbytes > self._bucket_cap_bytes or groups[-1][0].dtype != p.dtype or groups[-1][0].device != p.device:
-                groups.append([])
-                size = 0
-            groups[-1].append(p)
-            size += nbytes
-        self._buckets = []
+        self._buckets = cut_buckets(self._params, self._bucket_cap_bytes, lambda p: p)
         self._bucket_of = {}
-        for params in groups:
-            offsets = []
-            total = 0
-            for p in params:
-                offsets.append(total)
-                total += p.numel()
-            # Not zeroed here: a slot is written (a gradient copied in) or zeroed when its
-            # parameter's gradient is first attached (forward), so a restarted group asks for
-            # its quorum, and starts its heal, before it touches its buckets' memory (536 MB
-            # of first touch took ~2 s on the benchmark host). In a warm standby the buckets
-            # come from memory it faulted in while it waited (reserve.py).
-            buffer = reserve.empty(total, params[0].dtype, params[0].device)
-            bucket = _Bucket(params, offsets, buffer, members={id(p) for p in params})
-            self._buckets.append(bucket)
-            for p, offset in zip(params, offsets, strict=True):
+        for bucket in self._buckets:
+            for p, offset in zip(bucket.params, bucket.offsets, strict=True):
                 self._bucket_of[id(p)] = bucket
                 if p.grad is not None:
-                    buffer[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
-                    p.grad = buffer[offset : offset + p.numel()].view_as(p)
+                    bucket.buffer[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
+                    p.grad = bucket.buffer[offset : offset + p.numel()].view_as(p)
 
     def _attach_grads(self) -> None:
         """Make every gradient a view of its bucket (zeroed if the user set it to None)."""
@@ -142,7 +114,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
                 elif p.grad.data_ptr() != slot.data_ptr():
                     slot.copy_(p.grad.reshape(-1))
                     p.grad = slot.view_as(p)
-            bucket.ready = 0
+            bucket.ready.clear()
             bucket.work = None
         self._next_launch = 0
 
@@ -153,11 +125,11 @@ class DistributedDataParallel(nn.Module, StepHooks):
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         bucket = self._bucket_of[id(p)]
-        bucket.ready += 1
-        if bucket.ready == len(bucket.params):
-            self._next_launch = launch_in_order(self._buckets, self._next_launch, _is_full, self._launch)
+        bucket.ready.add(id(p))
+        if bucket.full:
+            self._next_launch = launch_in_order(self._buckets, self._next_launch, lambda b: b.full, self._launch)
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: Bucket) -> None:
         if bucket.work is not None:
             raise GroupError(SECOND_BACKWARD)
         bucket.work = self._manager.allreduce(bucket.buffer)
@@ -169,7 +141,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
         for bucket in self._buckets:
             assert bucket.work is not None
             bucket.work.wait()
-            bucket.ready = 0
+            bucket.ready.clear()
         self._next_launch = 0
         self._buffer_sync.wait()
 
@@ -186,7 +158,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
 
     def capture_step(self) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """This step's averaged gradients and buffers (copies), for a healer's later replay."""
-        return [b.buffer.clone() for b in self._buckets], self._buffer_sync.capture()
+        return capture(self._buckets), self._buffer_sync.capture()
 
     def replay_prepare(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         """Point the gradients at the record's (no copy: the buckets keep this step's)."""
@@ -224,6 +196,3 @@ class DistributedDataParallel(nn.Module, StepHooks):
         if self._in_step:
             self._buffer_sync.refresh_backup()
 
-
-def _is_full(bucket: _Bucket) -> bool:
-    return bucket.ready == len(bucket.params)

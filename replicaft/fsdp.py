@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -69,21 +68,18 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from replicaft.buckets import (
+    DEFAULT_BUCKET_CAP_MB,
+    SECOND_BACKWARD,
+    Bucket,
+    capture,
+    cut_buckets,
+    launch_in_order,
+)
 from replicaft.buffers import BufferAverager
-from replicaft.ddp import DEFAULT_BUCKET_CAP_MB
 from replicaft.errors import GroupError, StateError
-from replicaft.launch_order import SECOND_BACKWARD, launch_in_order
-from replicaft.manager import ManagedWork, Manager, StepHooks
-
-
-@dataclass
-class _Bucket:
-    params: list[nn.Parameter]
-    offsets: list[int]
-    buffer: torch.Tensor
-    ready: set[int] = field(default_factory=set)
-    """ids of the parameters whose shard is in the buffer this backward."""
-    work: ManagedWork | None = None
+from replicaft.manager import Manager
+from replicaft.registry import StepHooks
 
 
 class FaultTolerantFSDP(nn.Module, StepHooks):
@@ -132,12 +128,12 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         # The keys module.state_dict() has beyond the parameters (read once, on this thread).
         keys = set(module.state_dict())
         self._persistent_buffers = [n for n, _ in module.named_buffers() if n in keys]
-        self._buckets: list[_Bucket] = []
-        self._bucket_of: dict[int, tuple[_Bucket, int]] = {}
+        self._buckets: list[Bucket] = []
+        self._bucket_of: dict[int, tuple[Bucket, int]] = {}
         self._generation = manager.abandon_generation
         self._callback_queued = False
         self._next_launch = 0
-        """Index of the first bucket not launched yet in this backward (launch_order.py)."""
+        """Index of the first bucket not launched yet in this backward (buckets.py)."""
         self._in_step = False
         self._replay_saved: list[torch.Tensor] | None = None
         """This step's own gradient shards while a healer replays earlier steps into the buckets."""
@@ -173,31 +169,13 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
     def _allocate_buckets(self) -> None:
         """Flat buffers over the local gradient shards, in the order FSDP reduces them."""
         self._generation = self._manager.abandon_generation
-        groups: list[list[nn.Parameter]] = []
-        size = 0
-        for p in self._params:
-            local = _local(p)
-            nbytes = local.numel() * local.element_size()
-            if not groups or size + nbytes > self._bucket_cap_bytes or groups[-1][0].dtype != p.dtype:
-                groups.append([])
-                size = 0
-            groups[-1].append(p)
-            size += nbytes
-        self._buckets = []
+        self._buckets = cut_buckets(self._params, self._bucket_cap_bytes, _local)
         self._bucket_of = {}
-        for params in groups:
-            offsets = []
-            total = 0
-            for p in params:
-                offsets.append(total)
-                total += _local(p).numel()
-            buffer = torch.zeros(total, dtype=params[0].dtype, device=_local(params[0]).device)
-            bucket = _Bucket(params, offsets, buffer)
-            self._buckets.append(bucket)
-            for p, offset in zip(params, offsets, strict=True):
+        for bucket in self._buckets:
+            for p, offset in zip(bucket.params, bucket.offsets, strict=True):
                 self._bucket_of[id(p)] = (bucket, offset)
 
-    def _slots(self, bucket: _Bucket) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
+    def _slots(self, bucket: Bucket) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
         for p, offset in zip(bucket.params, bucket.offsets, strict=True):
             local = _local(p)
             yield p, bucket.buffer[offset : offset + local.numel()].view(local.shape)
@@ -214,10 +192,10 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         with torch.no_grad():
             bucket.buffer[offset : offset + local.numel()].copy_(local.reshape(-1))
         bucket.ready.add(id(p))
-        if len(bucket.ready) == len(bucket.params):
-            self._next_launch = launch_in_order(self._buckets, self._next_launch, _is_full, self._launch)
+        if bucket.full:
+            self._next_launch = launch_in_order(self._buckets, self._next_launch, lambda b: b.full, self._launch)
 
-    def _launch(self, bucket: _Bucket) -> None:
+    def _launch(self, bucket: Bucket) -> None:
         if bucket.buffer.numel() == 0:
             return  # only empty shards (W > rows): nothing to average; same on every group
         bucket.work = self._manager.allreduce(bucket.buffer)
@@ -279,11 +257,11 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
 
     def capture_step(self) -> tuple[list[torch.Tensor], torch.Tensor | None]:
         """This step's averaged gradient shards and buffers (copies), for a healer's replay."""
-        return [b.buffer.clone() for b in self._buckets], self._buffer_sync.capture()
+        return capture(self._buckets), self._buffer_sync.capture()
 
     def replay_prepare(self, record: tuple[list[torch.Tensor], torch.Tensor | None]) -> None:
         if self._replay_saved is None:  # the first replay: keep this step's own gradients
-            self._replay_saved = [b.buffer.clone() for b in self._buckets]
+            self._replay_saved = capture(self._buckets)
         for bucket, grads in zip(self._buckets, record[0], strict=True):
             bucket.buffer.copy_(grads)
         self._write_grads()
@@ -381,6 +359,3 @@ def _copy_checked(target: torch.Tensor, value: Any, name: str) -> None:
         )
     target.copy_(value)
 
-
-def _is_full(bucket: _Bucket) -> bool:
-    return len(bucket.ready) == len(bucket.params)

@@ -1,8 +1,10 @@
 """The optimizer wrapper: ``zero_grad`` starts the step's quorum, ``step`` commits or skips.
 
-Its state (every moment and step count) and an LR scheduler's position are registered with
-the manager, so a heal transfers them and a checkpoint saves them. The scheduler steps only
-when the optimizer really stepped, so the learning rate follows committed steps, not attempts.
+The optimizer (every moment and step count) and an LR scheduler are registered with the
+manager (``Manager.register_optimizer``): a heal transfers their state, a checkpoint saves it,
+and a healer's replay of the steps it missed steps them directly, so nothing calls back into
+this wrapper while its ``step`` is on the stack. The scheduler steps only when the optimizer
+really stepped, so the learning rate follows committed steps, not attempts.
 """
 
 from __future__ import annotations
@@ -11,10 +13,10 @@ from typing import Any
 
 import torch
 
-from replicaft.manager import Manager, StepHooks
+from replicaft.manager import Manager
 
 
-class Optimizer(StepHooks):
+class Optimizer:
     """Wrap ``optimizer`` (and optionally ``lr_scheduler``) for fault-tolerant training."""
 
     def __init__(
@@ -26,10 +28,7 @@ class Optimizer(StepHooks):
         self.manager = manager
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
-        manager.register_state("optimizer", optimizer.state_dict, optimizer.load_state_dict)
-        if lr_scheduler is not None:
-            manager.register_state("lr_scheduler", lr_scheduler.state_dict, lr_scheduler.load_state_dict)
-        manager.register_hooks(self)
+        manager.register_optimizer(optimizer, lr_scheduler)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Start the step: the quorum is requested in the background while forward runs."""
@@ -40,17 +39,10 @@ class Optimizer(StepHooks):
         """Apply the step if it commits; returns whether it did."""
         if not self.manager.should_commit():
             return False
-        self._apply()
-        return True
-
-    def _apply(self) -> None:
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
-
-    def replay_apply(self, record: object) -> None:
-        """A healer replaying a step it missed steps exactly as the donors did."""
-        self._apply()
+        return True
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:

@@ -36,6 +36,9 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from lighthouse.plan import StepPlan
+from replicaft.errors import GroupError
+
 logger = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.01
@@ -56,6 +59,16 @@ class ColumnSpec:
     rank: int
     world_size: int
     quorum_id: int
+
+    @classmethod
+    def for_plan(cls, plan: StepPlan, group_rank: int) -> ColumnSpec:
+        """Column ``group_rank`` of ``plan``'s quorum: rendezvous on the store its owner
+        published, under a prefix unique forever; raises GroupError if it published none."""
+        owner = plan.column_store_owner(group_rank).replica_id
+        store = plan.rank_entry(owner, group_rank).get("store")
+        if not isinstance(store, str):
+            raise GroupError(f"quorum member {owner!r} published no store for group rank {group_rank}")
+        return cls(store, f"{plan.store_prefix}/{group_rank}", plan.replica_rank, plan.num_replicas, plan.quorum_id)
 
 
 class CollectiveHandle:
@@ -82,12 +95,35 @@ class CollectiveHandle:
             if time.monotonic() >= deadline:
                 self._group.abandon(f"{self._op} timed out")
                 raise CollectiveError(f"{self._op} did not complete within its deadline")
-        if self._work is not None:
-            try:
-                self._work.get_future().value()
-            except Exception as e:
-                self._group.mark_broken(f"{self._op} failed: {e}")
-                raise CollectiveError(f"{self._op} failed: {e}") from e
+        if self._work is None:
+            return
+        try:
+            self._work.get_future().value()
+            return
+        except Exception as e:
+            failure = f"{self._op} failed: {e}"
+        # Raised outside the handler, unchained: a chained error's frames would keep this
+        # handle, and with it the Gloo work, alive for as long as the error is kept.
+        self._group.mark_broken(failure)
+        raise CollectiveError(failure)
+
+
+class ManagedWork:
+    """An all-reduce issued through the manager; ``wait()`` never raises for a peer's failure."""
+
+    def __init__(self, tensor: torch.Tensor, finish: Callable[[], bool]) -> None:
+        self._tensor = tensor
+        self._finish = finish
+        self._result: bool | None = None
+
+    def wait(self) -> bool:
+        """Block until the reduction is done; returns False if the step will not commit."""
+        if self._result is None:
+            self._result = self._finish()
+        return self._result
+
+    def tensor(self) -> torch.Tensor:
+        return self._tensor
 
 
 class FaultTolerantProcessGroup:
@@ -109,6 +145,11 @@ class FaultTolerantProcessGroup:
         self._pg: dist.ProcessGroup | None = None
         self._pending: list[dist.Work] = []
         self._parked: list[tuple[dist.ProcessGroup, list[dist.Work]]] = []
+
+    @property
+    def device(self) -> torch.device:
+        """Where this backend's tensors live: the current CUDA device for NCCL, else the CPU."""
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
 
     @property
     def size(self) -> int:

@@ -1,4 +1,4 @@
-"""The non-blocking heal's bookkeeping (replicaft/catchup.py): pure, no processes."""
+"""The non-blocking heal's bookkeeping (replicaft/heal/catchup.py, healer.py): pure, no processes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch
 
 from lighthouse.plan import plan_step
 from lighthouse.protocol import Member, Quorum
-from replicaft.catchup import CatchUp
-from replicaft.manager import donor_own_step_s
+from replicaft.heal.catchup import CatchUp
+from replicaft.heal.healer import donors_own_step_s
 
 
 def test_a_tensor_written_while_it_was_received_in_place_is_named() -> None:
@@ -49,8 +49,8 @@ def test_a_healer_bounds_its_wait_by_the_shortest_own_step_its_donors_published(
     q = Quorum.of(4, 1, 0.0, [member("a", 9, 0.8, 0.3), member("b", 9, 0.5, "fast"), member("c", 2, 0.01, 0.01)])
     plan = plan_step(q, "c")
     assert plan.donors == ("a", "b")
-    assert donor_own_step_s(plan, 0) == 0.5  # the healer's own published time does not count
-    assert donor_own_step_s(plan, 1) == 0.3
+    assert donors_own_step_s(plan, 0) == 0.5  # the healer's own published time does not count
+    assert donors_own_step_s(plan, 1) == 0.3
     junk = Quorum.of(4, 1, 0.0, [member("a", 9, float("nan")), member("b", 9, True), member("c", 2, -1.0),
                                  Member("d", "host-d", 9, 1, {"ranks": "none"})])
-    assert donor_own_step_s(plan_step(junk, "c"), 0) is None
+    assert donors_own_step_s(plan_step(junk, "c"), 0) is None

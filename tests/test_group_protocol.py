@@ -1,4 +1,4 @@
-"""The group manager's messages (replicaft/group_protocol.py): round trips and strict decoding."""
+"""The group manager's messages (replicaft/group/protocol.py): round trips and strict decoding."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from lighthouse.envelope import PROTOCOL_VERSION, encode
 from lighthouse.errors import ProtocolError
-from replicaft.group_protocol import VoteRequest, VoteResponse
+from replicaft.group.protocol import VoteRequest, VoteResponse
 
 
 def test_vote_carries_a_leaving_rank_to_the_group_and_back() -> None:

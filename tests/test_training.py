@@ -382,7 +382,7 @@ def test_dataloader_workers_and_micro_batches_keep_samples_exactly_once(tmp_path
 
 @pytest.mark.timeout(120)
 def test_groups_whose_batches_leave_different_parameters_unused_stay_identical(tmp_path: Path) -> None:
-    """Buckets are all-reduced in index order (launch_order.py), so groups whose backward fills
+    """Buckets are all-reduced in index order (buckets.py), so groups whose backward fills
     them in different orders, as a data-dependent model's does, still pair the same buckets."""
     lh = start_lighthouse("--min-replicas", "2", status=False)
     groups = [start_group(lh.grpc_address, f"g{i}", tmp_path, "12", str(i), script=ROUTED) for i in (0, 1)]

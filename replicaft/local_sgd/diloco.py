@@ -53,7 +53,8 @@ from replicaft.local_sgd.leases import Leases
 from replicaft.local_sgd.reduce import PendingReduce, finish_reduce, start_reduce
 from replicaft.local_sgd.schedule import SyncSchedule
 from replicaft.local_sgd.wire import Wire, check_wire
-from replicaft.manager import Manager, StepHooks
+from replicaft.manager import Manager
+from replicaft.registry import StepHooks
 from replicaft.state import digest, flatten
 
 logger = logging.getLogger(__name__)

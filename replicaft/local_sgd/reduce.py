@@ -15,7 +15,8 @@ import torch
 from lighthouse.plan import StepPlan
 from replicaft.local_sgd import wire
 from replicaft.local_sgd.wire import Wire
-from replicaft.manager import ManagedWork, Manager
+from replicaft.manager import Manager
+from replicaft.process_group import ManagedWork
 
 
 @dataclass

@@ -38,7 +38,7 @@ import replicaft
 from replicaft.compat.torchft.checkpointing.transport import CheckpointTransport
 from replicaft.compat.torchft.process_group import FakeProcessGroupWrapper, ProcessGroup
 from replicaft.errors import OptionsError
-from replicaft.manager import ManagedWork
+from replicaft.process_group import ManagedWork
 
 __all__ = ["Manager", "WorldSizeMode"]
 

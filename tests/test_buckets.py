@@ -1,7 +1,7 @@
 """Gradient buckets are all-reduced in index order whatever order backward fills them in.
 
 The manager here only records the all-reduces the wrapper issues: what is under test is the
-order the wrapper issues them in, which must be the same on every group (launch_order.py).
+order the wrapper issues them in, which must be the same on every group (buckets.py).
 The end-to-end path (real groups, real collectives) is covered by test_training.py.
 """
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 from routed_train import Routed
 
+from replicaft.buckets import launch_in_order
 from replicaft.ddp import DistributedDataParallel
 from replicaft.errors import GroupError
-from replicaft.launch_order import launch_in_order
 
 
 class _Done:

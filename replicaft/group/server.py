@@ -1,0 +1,125 @@
+"""The group manager's gRPC server: how ranks 1..W-1 reach group rank 0's coordinator.
+
+Thin on purpose: each handler authenticates, decodes and validates the message, makes one
+call into the coordinator (coordinator.py) and encodes the answer. Started only when the group
+has more than one rank; rank 0 itself calls the coordinator in-process.
+
+Authenticated always: with the job's token when there is one, else with a secret rank 0 makes
+for its group and hands to the other ranks through the group's rendezvous store (client.py),
+so no process outside the group can join its rounds or break it by opening and dropping a
+notice stream.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from lighthouse import envelope
+from lighthouse.errors import LighthouseError, ProtocolError
+from lighthouse.options import TOKEN_METADATA_KEY, token_problem
+from replicaft.errors import GroupBroken, StepMismatch
+from replicaft.group import protocol as gp
+from replicaft.group.coordinator import GroupCoordinator, GroupRefused
+from replicaft.threads import LoopThread
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", envelope.MAX_MESSAGE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+_REFUSAL_STATUS = {
+    "invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "mismatch": grpc.StatusCode.FAILED_PRECONDITION,
+    "broken": grpc.StatusCode.ABORTED,
+    "expired": grpc.StatusCode.DEADLINE_EXCEEDED,
+}
+
+
+class GroupServer:
+    """Serves ``coordinator`` on ``loop``; ``start()`` returns the address ranks connect to."""
+
+    def __init__(self, coordinator: GroupCoordinator, loop: LoopThread, *, host: str, token: str) -> None:
+        self._coordinator = coordinator
+        self._loop = loop
+        self._host = host
+        self._token = token
+        self._server: grpc.aio.Server | None = None
+
+    def start(self, timeout_s: float) -> str:
+        return self._loop.call(self._start(), timeout_s)
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        try:
+            self._loop.call(self._server.stop(0.5), 5.0)
+        except Exception:
+            logger.exception("group manager server did not stop cleanly")
+        self._server = None
+
+    async def _start(self) -> str:
+        self._server = grpc.aio.server(options=CHANNEL_OPTIONS[:2])
+        handler = grpc.method_handlers_generic_handler(
+            gp.SERVICE,
+            {
+                "Quorum": grpc.unary_unary_rpc_method_handler(self._quorum),
+                "Vote": grpc.unary_unary_rpc_method_handler(self._vote),
+                "Watch": grpc.unary_stream_rpc_method_handler(self._watch),
+            },
+        )
+        self._server.add_generic_rpc_handlers((handler,))
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        port = self._server.add_insecure_port(f"{host}:0")
+        await self._server.start()
+        return f"{host}:{port}"
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        problem = token_problem(context.invocation_metadata(), self._token)
+        if problem is not None:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"group manager: {problem} {TOKEN_METADATA_KEY}")
+
+    async def _quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await self._authenticate(context)
+        try:
+            quorum = await self._coordinator.quorum(gp.GroupQuorumRequest.decode(raw))
+        except ProtocolError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except GroupRefused as e:
+            await context.abort(_REFUSAL_STATUS[e.refusal.code], str(e))
+        except StepMismatch as e:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(e))
+        except GroupBroken as e:
+            await context.abort(grpc.StatusCode.ABORTED, str(e))
+        except LighthouseError as e:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"{type(e).__name__}: {e}")
+        return envelope.encode(quorum)
+
+    async def _vote(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await self._authenticate(context)
+        try:
+            req = gp.VoteRequest.decode(raw)
+        except ProtocolError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        return envelope.encode(await self._coordinator.vote(req))
+
+    async def _watch(self, raw: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        await self._authenticate(context)
+        try:
+            req = gp.WatchRequest.decode(raw)
+            outbox = self._coordinator.open_watch(req.group_rank)
+        except ProtocolError as e:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except GroupRefused as e:
+            await context.abort(_REFUSAL_STATUS[e.refusal.code], str(e))
+        try:
+            while (notice := await outbox.get()) is not None:
+                yield envelope.encode(notice)
+        finally:
+            self._coordinator.close_watch(req.group_rank)

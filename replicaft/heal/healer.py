@@ -1,0 +1,220 @@
+"""The healer side of a heal: fetch a donor snapshot in the background, record, then apply.
+
+A group behind the quorum's ``max_step`` is a healer (lighthouse/plan.py). The step driver
+(step.py) calls this module at four points of each healing step, all on the training thread:
+
+1. ``begin`` (the plan is applied): start the fetch of the donors' snapshot on the heal
+   thread, unless one is running whose base the donors still serve;
+2. ``wait`` (the step's end): give a fetch about to arrive a bounded wait (``HEAL_WAIT_FRACTION``);
+3. ``ready`` (before the vote): has the fetch arrived, verified, and do base + records reach
+   the donors' step? A fetch that failed, or was overtaken by this group's own writes into
+   tensors it received in place, is dropped here and started again at the next quorum;
+4. after the vote, ``record`` (the group could not commit: keep what this step did, to replay
+   it) or ``apply`` (it commits: load the verified base state and replay the recorded steps).
+
+The protocol and its guarantees are catchup.py's; what a transfer verifies is
+transfer/client.py's. This module keeps the state between those steps, emits the heal events
+through the sink it is given, and never calls back into the manager.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from lighthouse.envelope import check_float
+from lighthouse.errors import ProtocolError
+from lighthouse.plan import StepPlan
+from replicaft.errors import GroupBroken, HealError
+from replicaft.heal import HEAL_WAIT_FRACTION
+from replicaft.heal.catchup import CatchUp
+from replicaft.options import ManagerOptions
+from replicaft.registry import StateRegistry
+from replicaft.state import SMALL_TENSOR_BYTES, unflatten
+from replicaft.transfer.client import Donor, HealResult, fetch_state
+
+logger = logging.getLogger(__name__)
+
+Emit = Callable[..., None]
+
+
+class Healer:
+    """One rank's healer side. Training thread only, but for the fetch on the heal thread."""
+
+    def __init__(self, options: ManagerOptions, registry: StateRegistry, emit: Emit) -> None:
+        self._options = options
+        self._registry = registry
+        self._emit = emit
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="replicaft-heal")
+        self._catchup: CatchUp | None = None
+        self._hold_next = False
+        """The last catch-up outran its replay bounds: the next one holds the donors (catchup.py)."""
+        self._torn = False
+        """A heal has written into this rank's tensors in place and none has completed since:
+        the state is not a valid one (catchup.py)."""
+        self._not_in_place: set[str] = set()
+        """Tensors seen written during an earlier fetch: received into new memory from then on."""
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def holding(self) -> bool:
+        """This catch-up holds the donors (vetoes their steps) until its fetch has arrived."""
+        return self._catchup is not None and self._catchup.hold
+
+    @property
+    def fetching(self) -> bool:
+        return self._catchup is not None and not self._catchup.fetched
+
+    def rank_data(self) -> dict[str, int]:
+        """What this rank tells its donors with its quorum request: the base it is fetching."""
+        return {} if self._catchup is None else {"heal_base": self._catchup.base_step}
+
+    def begin(self, plan: StepPlan, withdrawn: Callable[[int], bool]) -> bool:
+        """This rank heals in ``plan``: keep the running fetch, or start one; returns whether
+        one was started. ``withdrawn(base)``: the donors withdrew the snapshot of that step."""
+        cu = self._catchup
+        if cu is not None and withdrawn(cu.base_step):
+            self._drop("a donor withdrew the snapshot this heal fetched: its state changed while it was served; "
+                       "healing again from the current step")
+        if self._catchup is not None:
+            return False
+        targets = self._targets()
+        self._torn = self._torn or bool(targets)
+        self._emit("heal_start", quorum_id=plan.quorum_id, donors=list(plan.donors), max_step=plan.max_step,
+                   hold=self._hold_next)
+        future = self._pool.submit(self._fetch, plan, targets)
+        self._catchup = CatchUp(plan.max_step, future, targets=targets, versions={n: t._version for n, t in targets.items()},
+                                hold=self._hold_next, max_records=self._options.heal_replay_steps,
+                                max_record_bytes=self._options.heal_replay_bytes)
+        return True
+
+    def not_healing(self, plan: StepPlan) -> None:
+        """This rank is up to date in ``plan``: nothing to fetch. Raises GroupBroken if a failed
+        heal left part of its state written in place and nobody is ahead to heal from."""
+        if self._torn:
+            raise GroupBroken(
+                f"group {self._options.replica_id!r} is at step {plan.max_step} with no group ahead of it, but a heal "
+                "that failed may have written part of its state in place; restart the group: it will heal "
+                "from a peer or resume from the newest checkpoint"
+            )
+        self._catchup = None
+
+    def wait(self, plan: StepPlan, own_s: float) -> None:
+        """At the step's end, give a fetch in flight a bounded wait to arrive (``HEAL_WAIT_FRACTION``
+        of this step's own time ``own_s``, and of its donors'). A holding one needs none: its
+        donors abort their steps until it has arrived."""
+        cu = self._catchup
+        if cu is None or cu.hold or cu.fetched:
+            return
+        donors_s = donors_own_step_s(plan, self._options.group_rank)
+        try:
+            cu.future.exception(HEAL_WAIT_FRACTION * (own_s if donors_s is None else min(own_s, donors_s)))
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            pass
+
+    def ready(self, plan: StepPlan) -> bool | HealError:
+        """Non-blocking: True when the fetch has arrived, verified, and base + records lead to
+        ``plan.max_step``; the fetch's error when it failed (the step must not commit)."""
+        cu = self._catchup
+        if cu is None or not cu.fetched:
+            return False
+        try:
+            result = cu.future.result()
+        except Exception as e:
+            self._catchup = None
+            self._emit("heal_end", ok=False, error=f"{type(e).__name__}: {e}")
+            return e if isinstance(e, HealError) else HealError(f"heal failed: {e}")
+        written = cu.written_meanwhile(result.in_place)
+        if written:
+            self._not_in_place |= set(written)
+            self._drop(f"this group's own steps wrote {written[:3]} while they were being received in place; "
+                       "healing again with them received into new memory")
+            return False
+        if not cu.leads_to(plan.max_step):
+            self._drop(f"base {cu.base_step} + {len(cu.records)} recorded steps != {plan.max_step}")
+            return False
+        return True
+
+    def record(self, plan: StepPlan, captured: list[Any]) -> None:
+        """The group did not commit this step while the fetch runs: keep what it did, to replay."""
+        cu = self._catchup
+        if cu is None:
+            return
+        recorded = cu.record(plan.max_step, captured)
+        if recorded != "recorded":
+            self._hold_next = recorded == "full"
+            self._drop(f"recorded steps {recorded}; restarting the heal" + (" holding the donors" if self._hold_next else ""))
+
+    def apply(self) -> None:
+        """The group commits this step: load the verified base state, then replay the steps the
+        donors took meanwhile (registry.py). Runs only after the group's vote, so every rank of
+        the group applies or none. A failure here means the state does not fit this program (a
+        user error): it raises, and the group must be restarted rather than train on partly
+        applied state. The manager then counts the step committed (at the donors' step + 1)."""
+        cu = self._catchup
+        assert cu is not None and cu.fetched, "apply() a heal only after ready() said so"
+        r = cu.future.result()
+        self._registry.load_state_dict(unflatten(r.manifest.skeleton, r.tensors))
+        replayed = self._registry.replay(cu.records)
+        self._catchup = None
+        self._torn = self._hold_next = False
+        self._emit("heal_end", ok=True, num_bytes=r.manifest.total_bytes, in_place_bytes=r.in_place_bytes,
+                   seconds=r.seconds, bytes_by_donor=r.bytes_by_donor, refetched_stripes=r.refetched_stripes,
+                   taken_over_stripes=r.taken_over_stripes, replayed_steps=replayed, base_step=cu.base_step)
+
+    def _drop(self, why: str) -> None:
+        self._catchup = None
+        self._emit("heal_end", ok=False, error=why)
+
+    def _targets(self) -> dict[str, torch.Tensor]:
+        """This rank's own tensors a heal may receive into in place (catchup.py): the large ones
+        (small ones, such as BatchNorm statistics, are written by forward and cost nothing to
+        place elsewhere), minus any seen written during an earlier fetch."""
+        flat = self._registry.flat()
+        return {
+            name: t for name, t in zip(flat.names, flat.tensors, strict=True)
+            if name not in self._not_in_place and t.numel() * t.element_size() >= SMALL_TENSOR_BYTES
+        }
+
+    def _fetch(self, plan: StepPlan, targets: dict[str, torch.Tensor]) -> HealResult:
+        """On the heal thread: pull and verify the donors' snapshot of ``plan.max_step``."""
+        r = self._options.group_rank
+        donors = []
+        for rid in plan.donors:
+            address = plan.rank_entry(rid, r).get("state")
+            if isinstance(address, str):
+                donors.append(Donor(rid, address))
+            else:
+                logger.warning("donor %s published no state server for group rank %d", rid, r)
+        return fetch_state(
+            donors,
+            plan.max_step,
+            token=self._options.token,
+            timeout_s=self._options.heal_timeout_s,
+            healer_index=plan.healers.index(self._options.replica_id),
+            into=targets,
+            reader=self._options.replica_id,
+            connections=self._options.heal_connections,
+        )
+
+
+def donors_own_step_s(plan: StepPlan, group_rank: int) -> float | None:
+    """The shortest own step time this rank's donors published (``HEAL_WAIT_FRACTION``), None
+    if none did. Malformed values are ignored: they came over the wire and only bound a wait."""
+    times = []
+    for rid in plan.donors:
+        value = plan.rank_entry(rid, group_rank).get("own_step_s")
+        if value is None:
+            continue
+        try:
+            times.append(check_float(f"donor {rid}", f"ranks[{group_rank}].own_step_s", value, 0.0, math.inf))
+        except ProtocolError:
+            continue
+    return min(times, default=None)

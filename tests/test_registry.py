@@ -1,0 +1,63 @@
+"""What a heal moves and a replay redoes (replicaft/registry.py): pure, no processes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from replicaft.errors import StateError
+from replicaft.registry import StateRegistry, StepHooks
+
+
+class Recorder(StepHooks):
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def capture_step(self) -> Any:
+        return f"{self.name}-record"
+
+    def replay_prepare(self, record: Any) -> None:
+        self.log.append(f"prepare {record}")
+
+    def replay_apply(self, record: Any) -> None:
+        self.log.append(f"apply {record}")
+
+    def end_replay(self) -> None:
+        self.log.append(f"end {self.name}")
+
+
+def test_replay_prepares_every_hook_then_steps_the_optimizers_then_applies() -> None:
+    log: list[str] = []
+    registry = StateRegistry()
+    registry.register_hooks(Recorder("ddp", log))
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = torch.optim.SGD([weight], lr=0.5)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    registry.register_optimizer(optimizer, scheduler)
+    registry.register_hooks(Recorder("sampler", log))
+    weight.grad = torch.ones(2)
+    records = [registry.capture(), registry.capture()]
+    assert registry.replay(records) == 2
+    assert log == ["prepare ddp-record", "prepare sampler-record", "apply ddp-record", "apply sampler-record",
+                   "prepare ddp-record", "prepare sampler-record", "apply ddp-record", "apply sampler-record",
+                   "end ddp", "end sampler"]
+    assert torch.equal(weight.detach(), torch.full((2,), 1 - 0.5 - 0.25))  # two steps, the LR halved between
+    assert sorted(registry.state_dict()) == ["lr_scheduler", "optimizer"]
+
+
+def test_replaying_nothing_ends_no_replay() -> None:
+    log: list[str] = []
+    registry = StateRegistry()
+    registry.register_hooks(Recorder("ddp", log))
+    assert registry.replay([]) == 0 and log == []
+
+
+def test_state_registered_twice_or_loaded_incomplete_is_refused_by_name() -> None:
+    registry = StateRegistry()
+    registry.register_state("model", dict, lambda s: None)
+    with pytest.raises(StateError, match="'model' is registered twice"):
+        registry.register_state("model", dict, lambda s: None)
+    with pytest.raises(StateError, match=r"lacks \['model'\]"):
+        registry.load_state_dict({})
