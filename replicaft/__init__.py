@@ -1,13 +1,16 @@
 """replicaft: fault-tolerant data-parallel training for PyTorch.
 
-Importing runs nothing but definitions, and does not import torch until ``Manager``,
-``DistributedDataParallel`` or ``Optimizer`` is first used. See README.md for the concepts
+Importing runs nothing but definitions, and does not import torch until a name that needs it
+(``Manager``, the wrappers, the data sampler, ...) is first used: torch-free parts such as the
+launcher's supervisor do not pay for importing torch (about two seconds here). Type checkers
+see every name through the ``TYPE_CHECKING`` imports below. See README.md for the concepts
 (replica group, quorum, heal, commit) and the step protocol.
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from replicaft.errors import CheckpointCorrupt as CheckpointCorrupt
 from replicaft.errors import GroupBroken as GroupBroken
 from replicaft.errors import GroupError as GroupError
 from replicaft.errors import HealError as HealError
@@ -17,9 +20,33 @@ from replicaft.errors import StateError as StateError
 from replicaft.errors import StepMismatch as StepMismatch
 from replicaft.options import ManagerOptions as ManagerOptions
 
-_NEEDS_TORCH = {"DistributedDataParallel": "replicaft.ddp", "Manager": "replicaft.manager", "Optimizer": "replicaft.optim"}
-"""Imported on first use, so that torch-free parts (the launcher's supervisor, ``replicaft.errors``)
-do not pay for importing torch (about two seconds here)."""
+if TYPE_CHECKING:
+    from replicaft.data import ExactlyOnceSampler as ExactlyOnceSampler
+    from replicaft.data import StepDataLoader as StepDataLoader
+    from replicaft.ddp import DistributedDataParallel as DistributedDataParallel
+    from replicaft.fsdp import FaultTolerantFSDP as FaultTolerantFSDP
+    from replicaft.fsdp import shard_optimizer_state as shard_optimizer_state
+    from replicaft.local_sgd import DiLoCo as DiLoCo
+    from replicaft.local_sgd import LocalSGD as LocalSGD
+    from replicaft.manager import Manager as Manager
+    from replicaft.optim import Optimizer as Optimizer
+    from replicaft.process_group import ManagedWork as ManagedWork
+    from replicaft.registry import StepHooks as StepHooks
+
+_NEEDS_TORCH = {
+    "DiLoCo": "replicaft.local_sgd",
+    "DistributedDataParallel": "replicaft.ddp",
+    "ExactlyOnceSampler": "replicaft.data",
+    "FaultTolerantFSDP": "replicaft.fsdp",
+    "LocalSGD": "replicaft.local_sgd",
+    "ManagedWork": "replicaft.process_group",
+    "Manager": "replicaft.manager",
+    "Optimizer": "replicaft.optim",
+    "StepDataLoader": "replicaft.data",
+    "StepHooks": "replicaft.registry",
+    "shard_optimizer_state": "replicaft.fsdp",
+}
+"""Where each name that needs torch lives; imported on first use."""
 
 
 def __getattr__(name: str) -> Any:
@@ -32,15 +59,24 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CheckpointCorrupt",
+    "DiLoCo",
     "DistributedDataParallel",
+    "ExactlyOnceSampler",
+    "FaultTolerantFSDP",
     "GroupBroken",
     "GroupError",
     "HealError",
+    "LocalSGD",
+    "ManagedWork",
     "Manager",
     "ManagerOptions",
     "Optimizer",
     "OptionsError",
     "ReplicaftError",
     "StateError",
+    "StepDataLoader",
+    "StepHooks",
     "StepMismatch",
+    "shard_optimizer_state",
 ]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from lighthouse.errors import LighthouseError, OptionsError, ProtocolError
+from lighthouse import errors as lighthouse_errors
+from lighthouse.errors import LighthouseError, ProtocolError
 
 __all__ = [
     "CheckpointCorrupt",
@@ -21,6 +22,12 @@ __all__ = [
 
 class ReplicaftError(Exception):
     """Base of the errors raised by the replicaft library (not the lighthouse)."""
+
+
+class OptionsError(ReplicaftError, lighthouse_errors.OptionsError):
+    """A setting is invalid or inconsistent with another one. Also a lighthouse
+    ``OptionsError`` (the lighthouse package raises its own, torch-free), so one ``except``
+    of that type takes both; ``except replicaft.ReplicaftError`` takes replicaft's."""
 
 
 class GroupError(ReplicaftError):

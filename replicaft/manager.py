@@ -47,7 +47,7 @@ class Manager:
         self._registry = StateRegistry()
         faults = parse_fault_points(o.fault_points)
         self._events = EventLog(o.events_dir, o.replica_id, o.group_rank)
-        progress = Progress()
+        progress = self._progress = Progress()
         notices = StepNotices(o.replica_id, lambda reason: self._emit("fenced", reason=reason))
         self._services = RankServices(o, progress, notices.deliver, faults, self.current_step)
         self._column = FaultTolerantProcessGroup(o.backend or ("nccl" if torch.cuda.is_available() else "gloo"),
@@ -141,6 +141,12 @@ class Manager:
     def allreduce(self, tensor: torch.Tensor) -> ManagedWork:
         """Average ``tensor`` in place across the groups that contribute this step."""
         return self._driver.allreduce(tensor)
+
+    def record_progress(self) -> None:
+        """Show the lighthouse that this group's loop is alive between steps: a loop that runs
+        long stretches without a step (DiLoCo's inner rounds) calls it now and then, or the
+        lighthouse would take it for hung. Any thread."""
+        self._progress.record(self._driver.step)
 
     def report_error(self, error: Exception) -> None:
         """Record that this step must not commit (the first error wins). Training thread."""

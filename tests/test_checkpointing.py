@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ManagedProcess, spawn_python, start_lighthouse
-from test_training import (
+from training_events import (
     EXAMPLE,
     assert_digests_agree,
     assert_samples_exactly_once,

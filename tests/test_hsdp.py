@@ -25,10 +25,10 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import REPO_ROOT, ManagedProcess, spawn_python, start_lighthouse
-from test_training import assert_digests_agree, read_events, wait_for_event
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Shard
+from training_events import assert_digests_agree, read_events, wait_for_event
 
 from replicaft.checkpoint import CheckpointReader
 from replicaft.checkpoint.layout import MANIFEST_FILE

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python
-from test_training import read_events
+from training_events import read_events
 
 from replicaft.console import Console, label_torchrun_line
 from replicaft.errors import OptionsError

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 from conftest import PYTHON, REPO_ROOT, ManagedProcess, kill_all, spawn
-from test_training import (
+from training_events import (
     EXAMPLE,
     assert_digests_agree,
     assert_samples_exactly_once,

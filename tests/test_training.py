@@ -8,94 +8,25 @@ parameters, buffers and optimizer state.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
-from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python, start_lighthouse
+from training_events import (
+    EXAMPLE,
+    assert_digests_agree,
+    assert_samples_exactly_once,
+    read_events,
+    wait_for_event,
+)
 
 pytestmark = pytest.mark.slow
 
-EXAMPLE = str(REPO_ROOT / "examples" / "train_ddp.py")
 ROUTED = str(REPO_ROOT / "tests" / "routed_train.py")
-
-
-def read_events(directory: Path) -> list[dict[str, Any]]:
-    events = []
-    for path in sorted(directory.glob("*.jsonl")):
-        for line in path.read_text().splitlines():
-            try:
-                events.append(json.loads(line))
-            except ValueError:
-                continue
-    return events
-
-
-def wait_for_event(
-    directory: Path, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
-) -> dict[str, Any]:
-    """The first event satisfying ``predicate``; polls the logs until the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for e in read_events(directory):
-            if predicate(e):
-                return e
-        time.sleep(0.05)
-    raise AssertionError(f"no event {what} within {timeout_s:g}s")
-
-
-def final_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Events with the steps that a resume from disk rolled back removed.
-
-    When every group dies, training resumes at checkpoint step k, and the steps after k that
-    were committed before the failure are lost work, redone afterwards (possibly with other
-    membership, so with other results): the run's history forks at k, and only the branch
-    that continued counts.
-    """
-    resumes = [(e["ts"], e["checkpoint_step"]) for e in events if e["event"] == "resume"]
-    return [
-        e
-        for e in events
-        if not any(e["event"] in ("commit", "committed") and e["ts"] < ts and e["step"] > k for ts, k in resumes)
-    ]
-
-
-def assert_digests_agree(directory: Path, min_steps: int = 1) -> int:
-    """Every group that committed a step holds the same state, rank by rank (column by column)."""
-    by_step: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
-    for e in final_history(read_events(directory)):
-        if e["event"] == "committed":
-            key = (e["step"], e["group_rank"])
-            by_step[key].setdefault(e["replica_id"], e["digest"])
-            assert by_step[key][e["replica_id"]] == e["digest"], f"{e['replica_id']}/{e['group_rank']} committed step {e['step']} twice with different states"
-    steps = {step for step, _ in by_step}
-    assert len(steps) >= min_steps, f"only {len(steps)} committed steps have digests"
-    for (step, rank), digests in by_step.items():
-        assert len(set(digests.values())) == 1, f"groups diverged at step {step}, rank {rank}: {digests}"
-    return len(steps)
-
-
-def assert_samples_exactly_once(directory: Path, min_steps: int = 1) -> None:
-    """Every committed step covers the positions right after the previous one: none skipped,
-    none repeated, whichever groups committed it."""
-    ranges: dict[int, tuple[int, int]] = {}
-    for e in final_history(read_events(directory)):
-        if e["event"] == "commit" and e["committed"]:
-            r = tuple(e["samples"])
-            assert ranges.setdefault(e["step"], r) == r, f"step {e['step']} committed with {ranges[e['step']]} and {r}"
-    steps = sorted(ranges)
-    assert len(steps) >= min_steps and steps == list(range(1, len(steps) + 1)), f"committed steps {steps}"
-    position = 0
-    for step in steps:
-        start, stop = ranges[step]
-        assert start == position and stop > start, f"step {step} trained positions {start}..{stop}, expected to start at {position}"
-        position = stop
 
 
 def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None,

@@ -357,12 +357,7 @@ def _clone(value: Any) -> Any:
 
 
 def _report_progress(manager: Manager) -> None:
-    """Tell the lighthouse this group's loop progresses between syncs.
-
-    The lighthouse drops a group whose step has not moved for ``progress_timeout_s`` (10 s by
-    default) although it heartbeats; a DiLoCo round of inner steps is longer than that. The
-    manager's public API has no call for it yet (asked for in issue 21's report), so this uses
-    the manager's own progress tick.
-    """
-    tick = getattr(manager, "record_progress", None) or manager._tick  # noqa: SLF001 - see docstring
-    tick()
+    """Tell the lighthouse this group's loop progresses between syncs: it drops a group whose
+    progress has not moved for its progress timeout although it heartbeats, and a DiLoCo round
+    of inner steps can be longer than that."""
+    manager.record_progress()

@@ -1,0 +1,55 @@
+"""The names users import are pinned: a change to the public surface is a deliberate one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import REPO_ROOT
+
+import lighthouse
+import replicaft
+import replicaft.compat.torchft as torchft_compat
+
+REPLICAFT_API = {
+    "CheckpointCorrupt", "DiLoCo", "DistributedDataParallel", "ExactlyOnceSampler", "FaultTolerantFSDP",
+    "GroupBroken", "GroupError", "HealError", "LocalSGD", "ManagedWork", "Manager", "ManagerOptions", "Optimizer",
+    "OptionsError", "ReplicaftError", "StateError", "StepDataLoader", "StepHooks", "StepMismatch",
+    "shard_optimizer_state",
+}
+
+
+def test_replicaft_exports_exactly_the_public_names_and_each_resolves() -> None:
+    assert set(replicaft.__all__) == REPLICAFT_API
+    for name in replicaft.__all__:
+        assert getattr(replicaft, name) is not None, name
+
+
+def test_every_replicaft_error_is_a_replicaft_error_options_error_included() -> None:
+    for name in ("CheckpointCorrupt", "GroupBroken", "GroupError", "HealError", "OptionsError", "StateError",
+                 "StepMismatch"):
+        assert issubclass(getattr(replicaft, name), replicaft.ReplicaftError), name
+    assert issubclass(replicaft.OptionsError, lighthouse.errors.OptionsError)
+
+
+def test_importing_replicaft_runs_no_torch_import() -> None:
+    code = "import sys, replicaft, lighthouse; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_lighthouse_exports_resolve() -> None:
+    for name in lighthouse.__all__:
+        assert getattr(lighthouse, name) is not None, name
+
+
+def test_torchft_compat_keeps_the_names_torchft_users_import() -> None:
+    """torchft 0.2.0's top level, as its scripts import it."""
+    assert set(torchft_compat.__all__) == {
+        "DistributedDataParallel", "DistributedSampler", "Manager", "Optimizer", "ProcessGroupBabyNCCL",
+        "ProcessGroupBabyXCCL", "ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupXCCL", "WorldSizeMode",
+    }
+    for name in torchft_compat.__all__:
+        assert getattr(torchft_compat, name) is not None, name
+    from replicaft.compat.torchft.optim import OptimizerWrapper
+    assert OptimizerWrapper is not None
