@@ -23,6 +23,7 @@ from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
 from replicaft.notices import StepNotices
 from replicaft.options import ManagerOptions
+from replicaft.persistence import STATE_NAME as CHECKPOINT_STATE
 from replicaft.persistence import Persistence
 from replicaft.plan_applier import PlanApplier
 from replicaft.process_group import FaultTolerantProcessGroup, ManagedWork
@@ -67,6 +68,7 @@ class Manager:
                                   boundary=self._boundary, notices=notices, progress=progress, emit=self._emit,
                                   faults=faults)
         self._registry.register_state("replicaft", lambda: {"step": self._driver.step}, self._load_own_state)
+        self._registry.register_state(CHECKPOINT_STATE, self._persistence.state_dict, self._persistence.load_state_dict)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
