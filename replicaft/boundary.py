@@ -56,7 +56,7 @@ class StepBoundary:
             return
         if self._events.path is not None:
             if self._digest_every_steps and step % self._digest_every_steps == 0:
-                self._emit("committed", digest=digest(self._registry.flat()))
+                self._emit("committed", digest=digest(self._registry.flat(in_digest_only=True)))
             if not self._state_size_reported:
                 self._state_size_reported = True
                 self._report_state_size()
@@ -71,15 +71,16 @@ class StepBoundary:
         self._emit("state_size", num_bytes=sum(n for n, _ in sizes), cpu_bytes=sum(n for n, d in sizes if d == "cpu"),
                    reserve_bytes=held.num_bytes if held else 0, reserve_used_bytes=held.used_bytes if held else 0)
 
-    def resume_from_disk(self, report_error: Callable[[Exception], None]) -> None:
+    def resume_from_disk(self, plan: StepPlan, report_error: Callable[[Exception], None]) -> None:
         """Load the newest valid checkpoint; the step that loaded it does not commit."""
         self._persistence.settle()
-        loaded = self._persistence.load_latest(self._registry.state_dict())
+        loaded = self._persistence.load_latest(self._registry.state_dict(), occasion=plan.store_prefix)
         if loaded is None:
             logger.warning("no valid checkpoint to resume from; starting at step 0")
             return
         self._registry.load_state_dict(loaded.state)
-        self._emit("resume", checkpoint_step=loaded.step, path=str(loaded.path), digest=digest(self._registry.flat()))
+        self._emit("resume", checkpoint_step=loaded.step, path=str(loaded.path),
+                   digest=digest(self._registry.flat(in_digest_only=True)))
         report_error(GroupError(f"resumed from checkpoint step {loaded.step} ({loaded.path}); this step only loaded"))
 
     def leave_preempted(self, step: int, plan: StepPlan | None) -> NoReturn:

@@ -68,7 +68,8 @@ class Manager:
                                   boundary=self._boundary, notices=notices, progress=progress, emit=self._emit,
                                   faults=faults)
         self._registry.register_state("replicaft", lambda: {"step": self._driver.step}, self._load_own_state)
-        self._registry.register_state(CHECKPOINT_STATE, self._persistence.state_dict, self._persistence.load_state_dict)
+        self._registry.register_state(CHECKPOINT_STATE, self._persistence.state_dict, self._persistence.load_state_dict,
+                                      in_digest=False)
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -42,7 +42,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from replicaft.checkpoint.layout import LEGACY_LINEAGE, is_lineage, lineage_label, new_lineage
+from replicaft.checkpoint.layout import (
+    LEGACY_LINEAGE,
+    forked_lineage,
+    is_lineage,
+    lineage_label,
+    new_lineage,
+)
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.state import flatten
@@ -150,15 +156,17 @@ class Persistence:
         """Cheap: is any checkpoint published? (Validity is checked when loading.)"""
         return self._reader is not None and bool(self._reader.list(verify_files=False))
 
-    def load_latest(self, template: dict[str, Any]) -> LoadedCheckpoint | None:
+    def load_latest(self, template: dict[str, Any], occasion: str) -> LoadedCheckpoint | None:
         """Load the newest valid checkpoint into ``template``; the state returned carries the
-        lineage this run continues (under ``STATE_NAME`` when the template has it)."""
+        lineage this run continues (under ``STATE_NAME`` when the template has it). ``occasion``
+        names this resume the same way on every group that resumes with it (their first quorum):
+        a forked lineage is derived from it (layout.py, ``forked_lineage``)."""
         assert self._reader is not None
         loaded = self._reader.load_latest_valid(template, rank=self.options.group_rank)
         if loaded is None:
             return None
         if loaded.lineage == LEGACY_LINEAGE or not loaded.newest_in_lineage:
-            self._lineage = new_lineage()
+            self._lineage = forked_lineage(loaded.lineage, loaded.step, occasion)
             why = ("it was written before lineages existed" if loaded.lineage == LEGACY_LINEAGE
                    else f"newer checkpoints of lineage {loaded.lineage} did not load")
             logger.warning("[%s] resumed from step %d; %s, so this run continues as the new lineage %s",

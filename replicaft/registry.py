@@ -71,13 +71,20 @@ class StateRegistry:
 
     def __init__(self) -> None:
         self._states: dict[str, tuple[StateDictFn, LoadStateDictFn]] = {}
+        self._not_digested: set[str] = set()
         self._hooks: list[StepHooks] = []
         self._steppers: list[_Stepper] = []
 
-    def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn) -> None:
+    def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn, *,
+                       in_digest: bool = True) -> None:
+        """``in_digest=False``: bookkeeping that travels with the state but is not training
+        state, so the digest that says two groups hold the same state leaves it out (the
+        checkpoint lineage: a resume that forks a new history changes it, not the state)."""
         if name in self._states:
             raise StateError(f"state {name!r} is registered twice; pick another name")
         self._states[name] = (state_dict, load_state_dict)
+        if not in_digest:
+            self._not_digested.add(name)
 
     def register_hooks(self, hooks: StepHooks) -> None:
         self._hooks.append(hooks)
@@ -99,8 +106,11 @@ class StateRegistry:
     def state_dict(self) -> dict[str, Any]:
         return {name: fn() for name, (fn, _) in self._states.items()}
 
-    def flat(self) -> Flat:
-        return flatten(self.state_dict())
+    def flat(self, *, in_digest_only: bool = False) -> Flat:
+        state = self.state_dict()
+        if in_digest_only:
+            state = {name: value for name, value in state.items() if name not in self._not_digested}
+        return flatten(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         missing = set(self._states) - set(state)

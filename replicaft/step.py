@@ -275,9 +275,9 @@ class StepDriver:
         self._seal(s)
         if plan is not None and plan.healing:
             self._healer.wait(plan, s.own_s())
-        if self._applier.resume_pending:
+        if self._applier.resume_pending and plan is not None:
             self._applier.resume_pending = False
-            self._boundary.resume_from_disk(self.report_error)
+            self._boundary.resume_from_disk(plan, self.report_error)
         ready = self._healer.ready(plan) if plan is not None and plan.healing else True
         if isinstance(ready, Exception):
             self.report_error(ready)

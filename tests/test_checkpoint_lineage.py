@@ -97,7 +97,7 @@ def test_resume_continues_the_lineage_of_its_newest_checkpoint(tmp_path: Path) -
     p = persistence(tmp_path)
     try:
         fresh = p.lineage
-        loaded = p.load_latest(template())
+        loaded = p.load_latest(template(), occasion="replicaft/1/4")
         assert loaded is not None and loaded.step == 20
         assert p.lineage == A != fresh and loaded.state[STATE_NAME] == {"lineage": A}
     finally:
@@ -109,7 +109,7 @@ def test_resume_from_an_older_checkpoint_forks_a_new_lineage(tmp_path: Path) -> 
     (newest / MANIFEST_FILE).write_text(json.dumps({"damaged": True}))
     p = persistence(tmp_path)
     try:
-        loaded = p.load_latest(template())
+        loaded = p.load_latest(template(), occasion="replicaft/1/4")
         assert loaded is not None and loaded.step == 10 and not loaded.newest_in_lineage
         assert p.lineage not in (A, "") and is_lineage(p.lineage) and loaded.state[STATE_NAME] == {"lineage": p.lineage}
     finally:
@@ -125,3 +125,12 @@ def test_a_heal_hands_over_the_lineage(tmp_path: Path) -> None:
         assert p.lineage == B
     finally:
         p.close()
+
+
+def test_a_forked_lineage_is_the_same_for_every_group_resuming_on_one_occasion() -> None:
+    from replicaft.checkpoint.layout import forked_lineage, is_lineage
+
+    fork = forked_lineage("0123456789abcdef", 20, "replicaft/3/17")
+    assert is_lineage(fork) and fork == forked_lineage("0123456789abcdef", 20, "replicaft/3/17")
+    assert fork != forked_lineage("0123456789abcdef", 20, "replicaft/3/18")  # a later resume forks anew
+    assert fork != forked_lineage("0123456789abcdef", 10, "replicaft/3/17")

@@ -61,3 +61,12 @@ def test_state_registered_twice_or_loaded_incomplete_is_refused_by_name() -> Non
         registry.register_state("model", dict, lambda s: None)
     with pytest.raises(StateError, match=r"lacks \['model'\]"):
         registry.load_state_dict({})
+
+
+def test_state_outside_the_digest_travels_but_is_not_digested() -> None:
+    registry = StateRegistry()
+    registry.register_state("model", lambda: {"w": torch.ones(2)}, lambda s: None)
+    registry.register_state("checkpoint", lambda: {"lineage": "abc"}, lambda s: None, in_digest=False)
+    assert sorted(registry.state_dict()) == ["checkpoint", "model"]
+    assert registry.flat().names == ["state.model.w"] and "lineage" in str(registry.flat().skeleton)
+    assert "lineage" not in str(registry.flat(in_digest_only=True).skeleton)

@@ -25,6 +25,7 @@ checkpoint that looks corrupt. Step numbers are zero-padded so names sort like s
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 from dataclasses import dataclass
@@ -55,6 +56,16 @@ class CheckpointName:
 def new_lineage() -> str:
     """A fresh lineage id, for a history that starts from nothing."""
     return uuid.uuid4().hex[:LINEAGE_CHARS]
+
+
+def forked_lineage(parent: str, step: int, occasion: str) -> str:
+    """The lineage a run continues as after resuming ``parent`` at ``step`` where newer
+    checkpoints of ``parent`` did not load. Derived, not drawn: every group that resumes the
+    same checkpoint on the same ``occasion`` (the first quorum they resume in, which the
+    lighthouse never repeats) forks to the same lineage without talking about it, so whichever
+    group writes next names one history."""
+    digest = hashlib.blake2b(f"{parent}/{step}/{occasion}".encode(), digest_size=16).hexdigest()
+    return digest[:LINEAGE_CHARS]
 
 
 def is_lineage(value: object) -> bool:
