@@ -17,6 +17,7 @@ from lighthouse.membership import MembershipOptions
 from lighthouse.options import TOKEN_ENV, LighthouseOptions
 from lighthouse.replicated import ReplicatedLighthouse, ReplicationOptions
 from lighthouse.server import LighthouseServer
+from lighthouse.tls import CA_ENV, CERT_ENV, KEY_ENV, TlsFiles
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -43,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--progress-timeout", type=float, default=d.progress_timeout_s, metavar="SECONDS",
                    help="time without training progress after which a group is lost (default: %(default)s)")
     p.add_argument("--token", default=None, help=f"shared secret every RPC must carry (or ${TOKEN_ENV})")
+    tls = p.add_argument_group("TLS (optional; all three or none; see README, Security)")
+    tls.add_argument("--tls-cert", default=None, metavar="PEM", help=f"the job's certificate (or ${CERT_ENV})")
+    tls.add_argument("--tls-key", default=None, metavar="PEM", help=f"its private key (or ${KEY_ENV})")
+    tls.add_argument("--tls-ca", default=None, metavar="PEM",
+                     help=f"the CA that signed the job's certificates; callers must present one (or ${CA_ENV})")
     ha = p.add_argument_group("replicated lighthouse (optional; see README)")
     ha.add_argument("--etcd", default=None, metavar="HOST:PORT[,HOST:PORT...]",
                     help="run as one of a replicated set, leading through a lease in this etcd cluster")
@@ -69,6 +75,7 @@ def options_from_args(args: argparse.Namespace) -> LighthouseOptions:
             hung_min_s=args.hung_min,
         ),
         token=args.token if args.token is not None else LighthouseOptions.token_from_env(),
+        tls=TlsFiles.from_env(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca),
     )
 
 

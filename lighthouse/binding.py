@@ -13,6 +13,7 @@ import socket
 import grpc
 
 from lighthouse import envelope
+from lighthouse.tls import TlsFiles, add_port
 
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
@@ -23,9 +24,12 @@ SERVER_OPTIONS = [
 ]
 
 
-async def bind_grpc(host: str, port: int, handler: grpc.GenericRpcHandler) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server with ``handler``, bound to ``host:port`` but not started, and the
-    port it bound (``port`` 0 picks one). Raises OSError naming what failed and the fix."""
+async def bind_grpc(
+    host: str, port: int, handler: grpc.GenericRpcHandler, tls: TlsFiles | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server with ``handler``, bound to ``host:port`` (over TLS when ``tls`` is
+    given) but not started, and the port it bound (``port`` 0 picks one). Raises OSError
+    naming what failed and the fix."""
     try:
         await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
@@ -38,7 +42,7 @@ async def bind_grpc(host: str, port: int, handler: grpc.GenericRpcHandler) -> tu
     bind = f"[{host}]" if ":" in host else host
     cause: Exception | None = None
     try:
-        bound = server.add_insecure_port(f"{bind}:{port}")
+        bound = add_port(server, f"{bind}:{port}", tls)
     except RuntimeError as e:  # recent grpcio raises where older ones returned port 0
         bound, cause = 0, e
     if bound == 0:

@@ -32,9 +32,11 @@ from lighthouse.errors import (
     ProtocolError,
     QuorumTimeout,
     QuorumTooLarge,
+    TlsRefused,
     Unauthenticated,
     VersionMismatch,
 )
+from lighthouse.tls import tls_refusal
 
 RECONNECT_INITIAL_S = 0.05
 RECONNECT_MAX_S = 1.0
@@ -68,9 +70,12 @@ def parse_addresses(text: str) -> tuple[str, ...]:
     return addresses
 
 
-def translate(e: grpc.aio.AioRpcError) -> Exception:
-    """The lighthouse's error for a gRPC status (each code means one thing on its wire)."""
+def translate(e: grpc.aio.AioRpcError, address: str = "the lighthouse") -> Exception:
+    """The lighthouse's error for a gRPC status (each code means one thing on its wire);
+    ``address`` is the lighthouse called, for a failed TLS handshake's message."""
     code, details = e.code(), e.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE and (refused := tls_refusal(details, address)) is not None:
+        return refused
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return Unauthenticated(details)
     if code == grpc.StatusCode.FAILED_PRECONDITION:
@@ -88,7 +93,7 @@ def translate(e: grpc.aio.AioRpcError) -> Exception:
     return LighthouseUnavailable(f"{code.name}: {details}")
 
 
-FATAL = (Unauthenticated, VersionMismatch, ProtocolError, QuorumTooLarge)
+FATAL = (Unauthenticated, VersionMismatch, ProtocolError, QuorumTooLarge, TlsRefused)
 """Errors retrying cannot help."""
 
 

@@ -45,6 +45,7 @@ from lighthouse.protocol import (
     Register,
 )
 from lighthouse.replies import QuorumAnswer, QuorumFailed, QuorumUpdate, decode_session_reply
+from lighthouse.tls import TlsFiles, grpc_aio_channel
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +89,7 @@ class AsyncLighthouseClient:
         world_size: int = 1,
         member_address: str = "",
         token: str | None = None,
+        tls: TlsFiles | None = None,
         heartbeat_interval_s: float = 0.1,
         on_notice: Callable[[Notice], None] | None = None,
         duplicate_patience_s: float = DUPLICATE_PATIENCE_S,
@@ -110,6 +112,12 @@ class AsyncLighthouseClient:
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
         self.progress = progress if progress is not None else Progress()
         """What heartbeats report; the owner of a training loop passes its own and records into it."""
+        self._tls = tls
+        self._wait_for_ready = not self.targets.replicated and tls is None
+        """One plaintext lighthouse: a call waits for it through a restart. A replicated set:
+        fail fast, the session moves on to the leader. TLS: fail fast too, since a call that
+        waits for a channel ready never hears of a failed handshake (a wrong CA), only of
+        its deadline; a restart is then bridged by the session's reconnect pauses."""
         self._registered = asyncio.Event()
         self._fatal: Exception | None = None
         self._channels: dict[str, grpc.aio.Channel] = {}
@@ -275,7 +283,7 @@ class AsyncLighthouseClient:
             )
             return FenceResponse.decode(raw)
         except grpc.aio.AioRpcError as e:
-            return FenceResponse(False, f"lighthouse did not confirm the quorum: {translate(e)}")
+            return FenceResponse(False, f"lighthouse did not confirm the quorum: {translate(e, self.address)}")
 
     @property
     def address(self) -> str:
@@ -285,15 +293,13 @@ class AsyncLighthouseClient:
     def _channel_to(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = self._channels[address] = grpc_aio_channel(address, self._tls, CHANNEL_OPTIONS)
         return channel
 
     async def _unary(self, method: str, body: bytes, timeout_s: float) -> bytes:
         assert self._channels, "start() the client first"
         call = self._channel_to(self.targets.current).unary_unary(method)
-        # One lighthouse: wait for it through a restart. A replicated set: fail fast, the
-        # session moves on to the leader.
-        return await call(body, timeout=timeout_s, metadata=self._metadata, wait_for_ready=not self.targets.replicated)
+        return await call(body, timeout=timeout_s, metadata=self._metadata, wait_for_ready=self._wait_for_ready)
 
     async def _run_session(self) -> None:
         refused_since: float | None = None
@@ -305,7 +311,7 @@ class AsyncLighthouseClient:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
-                error = translate(e)
+                error = translate(e, self.address)
                 if isinstance(error, NotLeader):
                     pause = self.targets.after_not_leader(str(error))
                     logger.debug("%s: %s; trying %s", self.replica_id, error, self.targets.current)
@@ -341,7 +347,7 @@ class AsyncLighthouseClient:
         """One session with ``targets.current``; True if it registered before it ended."""
         channel = self._channel_to(self.targets.current)
         call = channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata,
-                                                              wait_for_ready=not self.targets.replicated)
+                                                              wait_for_ready=self._wait_for_ready)
         self._session_quorum = None
         self._call = call
         heartbeats: asyncio.Task[None] | None = None

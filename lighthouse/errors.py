@@ -45,3 +45,7 @@ class EtcdUnavailable(LighthouseError, ConnectionError):
 
 class NotLeader(LighthouseError):
     """This lighthouse of a replicated set is not the leader (gRPC UNAVAILABLE naming the leader)."""
+
+
+class TlsRefused(LighthouseError, ConnectionError):
+    """A TLS handshake failed: the peer's certificate is not the job CA's, or one side runs plaintext."""

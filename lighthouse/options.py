@@ -11,6 +11,7 @@ from lighthouse.envelope import MAX_MESSAGE_BYTES
 from lighthouse.errors import OptionsError
 from lighthouse.membership import MembershipOptions
 from lighthouse.option_checks import check_number
+from lighthouse.tls import TlsFiles
 
 TOKEN_ENV = "REPLICAFT_TOKEN"
 """The shared secret; the only environment variable the lighthouse reads (in ``from_env``)."""
@@ -45,6 +46,9 @@ class LighthouseOptions:
     membership: MembershipOptions = MembershipOptions()
     token: str | None = None
     """When set, every RPC must carry it; a missing or wrong token gets UNAUTHENTICATED."""
+    tls: TlsFiles | None = None
+    """When set, gRPC and the status page are served over TLS, and gRPC callers must present
+    a certificate the job's CA signed (tls.py); None = plaintext."""
     tick_s: float = 0.02
     """How often time-based rules (heartbeat, progress and join deadlines) are evaluated.
 

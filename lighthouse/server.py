@@ -96,7 +96,7 @@ class LighthouseServer:
                 "Fence": grpc.unary_unary_rpc_method_handler(self._fence),
             },
         )
-        self._server, port = await bind_grpc(o.host, o.port, handler)
+        self._server, port = await bind_grpc(o.host, o.port, handler, o.tls)
         bind = f"[{o.host}]" if ":" in o.host else o.host
         await self._server.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="lighthouse-tick")
@@ -104,13 +104,15 @@ class LighthouseServer:
         if o.status_port is not None:
             self._status = StatusServer(lambda: status_snapshot(self.membership, self.metrics), self.metrics.render)
             try:
-                status = await self._status.start(o.host, o.status_port)
+                status = await self._status.start(
+                    o.host, o.status_port, o.tls.server_context(client_cert=False) if o.tls else None)
             except OSError:
                 self._status = None
                 await self.stop(0)
                 raise
         grpc_address = f"{bind}:{port}"
-        logger.info("lighthouse incarnation %d serving gRPC at %s", self.incarnation, grpc_address)
+        logger.info("lighthouse incarnation %d serving gRPC at %s%s", self.incarnation, grpc_address,
+                    " over TLS" if o.tls else "")
         return ServingAddresses(grpc_address, status)
 
     async def stop(self, grace_s: float = 1.0) -> None:

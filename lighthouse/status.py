@@ -17,6 +17,7 @@ import asyncio
 import html
 import json
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from typing import Any
@@ -131,9 +132,11 @@ class StatusServer:
         self._render_metrics = render_metrics
         self._server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> str:
+    async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> str:
+        """Serve on ``host:port`` (HTTPS with ``tls``); the page's URL."""
         try:
-            self._server = await asyncio.start_server(self._handle, host, port)
+            self._server = await asyncio.start_server(
+                self._handle, host, port, ssl=tls, ssl_handshake_timeout=READ_TIMEOUT_S if tls else None)
         except OSError as e:
             raise OSError(
                 f"lighthouse could not serve its status page on {host}:{port} "
@@ -141,7 +144,7 @@ class StatusServer:
             ) from e
         bound = self._server.sockets[0].getsockname()
         shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
-        return f"http://{shown}:{bound[1]}/"
+        return f"{'https' if tls else 'http'}://{shown}:{bound[1]}/"
 
     async def stop(self) -> None:
         if self._server is not None:

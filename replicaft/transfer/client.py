@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections import Counter, deque
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lighthouse.errors import ProtocolError
+from lighthouse.errors import ProtocolError, TlsRefused
 from replicaft.errors import HealError, StateError
 from replicaft.options import HEAL_CONNECTIONS
 from replicaft.transfer.manifest import (
@@ -95,11 +96,23 @@ def _host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _connect(address: str, deadline: float) -> socket.socket:
-    sock = socket.create_connection(_host_port(address), timeout=max(0.1, deadline - time.monotonic()))
+def _connect(address: str, deadline: float, tls: ssl.SSLContext | None) -> socket.socket:
+    """A connection to the state server at ``address``, TLS-wrapped (handshake done) with ``tls``.
+
+    A failed handshake raises TlsRefused (an OSError, so a donor that cannot be reached and
+    one whose certificate is not the job CA's are both dropped, the latter with a reason)."""
+    host, port = _host_port(address)
+    sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
-    return sock
+    if tls is None:
+        return sock
+    try:
+        return tls.wrap_socket(sock, server_hostname=host)
+    except (ssl.SSLError, ssl.CertificateError, ConnectionError) as e:
+        sock.close()
+        raise TlsRefused(f"TLS handshake with the state server at {address} failed ({e}); donors and healers "
+                         "must run with TLS and certificates from the same CA (tls_ca)") from e
 
 
 def _request(sock: socket.socket, body: dict, token: str | None, what: str) -> int:
@@ -123,7 +136,8 @@ def _read_reply(sock: socket.socket, what: str) -> int:
     return num_bytes
 
 
-def wait_for_manifest(donor: Donor, step: int, token: str | None, deadline: float, enough: threading.Event) -> Manifest:
+def wait_for_manifest(donor: Donor, step: int, token: str | None, deadline: float, enough: threading.Event,
+                      tls: ssl.SSLContext | None = None) -> Manifest:
     """The donor's manifest of ``step``, retried while the donor says it has no snapshot yet.
 
     A donor captures its snapshot on its quorum thread while the healer, which learned of the
@@ -135,15 +149,16 @@ def wait_for_manifest(donor: Donor, step: int, token: str | None, deadline: floa
     pause = 0.01
     while True:
         try:
-            return fetch_manifest(donor, step, token, deadline)
+            return fetch_manifest(donor, step, token, deadline, tls)
         except NotServed:
             if time.monotonic() + pause >= give_up or enough.wait(pause):
                 raise
             pause = min(pause * 2, 0.2)
 
 
-def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float) -> Manifest:
-    with _connect(donor.address, deadline) as sock:
+def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float,
+                   tls: ssl.SSLContext | None = None) -> Manifest:
+    with _connect(donor.address, deadline, tls) as sock:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         num_bytes = _request(sock, {"op": "manifest", "step": step}, token, f"manifest from {donor.replica_id}")
         if num_bytes > MAX_MANIFEST_BYTES:
@@ -247,7 +262,7 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
 
 
 def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: str | None, deadline: float,
-          reader: str | None) -> int:
+          reader: str | None, tls: ssl.SSLContext | None) -> int:
     """Fetch stripes from ``donor`` over one connection until the board has none for it
     (each of a donor's connections runs one of these).
 
@@ -267,7 +282,7 @@ def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: s
             while len(requested) < 2 and (task := board.take(rid, deadline, wait=not requested)) is not None:
                 requested.append(task)
                 if sock is None:
-                    sock = _connect(donor.address, deadline)
+                    sock = _connect(donor.address, deadline, tls)
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
                 _send_request(sock, {"op": "range", "step": step, "start": task.stripe.start, "stop": task.stripe.stop,
                                      "reader": reader}, token)
@@ -293,12 +308,13 @@ def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: s
             sock.close()
 
 
-def _tell_done(donors: Sequence[Donor], step: int, token: str | None, reader: str) -> None:
+def _tell_done(donors: Sequence[Donor], step: int, token: str | None, reader: str,
+               tls: ssl.SSLContext | None) -> None:
     """Tell each donor that ``reader`` has verified the whole state of ``step``. Best effort:
     a donor not told waits (bounded) at its seal and keeps a copy, as before the notice."""
     for donor in donors:
         try:
-            with _connect(donor.address, time.monotonic() + DONE_NOTICE_TIMEOUT_S) as sock:
+            with _connect(donor.address, time.monotonic() + DONE_NOTICE_TIMEOUT_S, tls) as sock:
                 sock.settimeout(DONE_NOTICE_TIMEOUT_S)
                 _request(sock, {"op": "done", "step": step, "reader": reader}, token, f"done notice to {donor.replica_id}")
         except (OSError, ProtocolError) as e:
@@ -338,6 +354,7 @@ def fetch_state(
     into: Mapping[str, torch.Tensor] | None = None,
     reader: str | None = None,
     connections: int = HEAL_CONNECTIONS,
+    tls: ssl.SSLContext | None = None,
 ) -> HealResult:
     """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
 
@@ -346,7 +363,8 @@ def fetch_state(
     ``reader``: the healer's replica id, sent with each range request: a donor serving its
     live state (live.py) keeps a copy of only what its expected healers were not sent.
     ``connections``: how many connections pull at once, in all, at least one per donor host
-    (``streams_by_donor``).
+    (``streams_by_donor``). ``tls``: a client context (lighthouse.tls.TlsFiles.client_context)
+    when the donors serve over TLS.
     """
     if connections < 1:
         raise ValueError(f"connections={connections}; it must be at least 1")
@@ -357,7 +375,7 @@ def fetch_state(
     by_id = {d.replica_id: d for d in donors}
     with ThreadPoolExecutor(max_workers=len(donors) + connections, thread_name_prefix="replicaft-heal") as pool:
         enough = threading.Event()
-        futures = {pool.submit(wait_for_manifest, d, step, token, deadline, enough): d.replica_id for d in donors}
+        futures = {pool.submit(wait_for_manifest, d, step, token, deadline, enough, tls): d.replica_id for d in donors}
         manifests: dict[str, Manifest] = {}
         refusals: dict[str, str] = {}
         grace: threading.Timer | None = None
@@ -396,11 +414,11 @@ def fetch_state(
         spares = deque(rid for rid in usable if rid not in streams)
         board = _Board(chunk_stripes(manifest, readers, healer_index, max(streams.values())), usable)
         if reader is not None and spares:
-            threading.Thread(target=_tell_done, args=([by_id[rid] for rid in spares], step, token, reader),
+            threading.Thread(target=_tell_done, args=([by_id[rid] for rid in spares], step, token, reader, tls),
                              name="replicaft-heal-spares", daemon=True).start()
 
         def pull(rid: str) -> Future[int]:
-            return pool.submit(_pull, by_id[rid], board, placement, step, token, deadline, reader)
+            return pool.submit(_pull, by_id[rid], board, placement, step, token, deadline, reader, tls)
 
         running = {pull(rid): rid for rid in readers for _ in range(streams[rid])}
         received: dict[str, int] = {}
@@ -423,7 +441,7 @@ def fetch_state(
         )
     partial = [by_id[rid] for rid in usable if rid not in spares and received.get(rid, 0) < manifest.total_bytes]
     if reader is not None and partial:
-        threading.Thread(target=_tell_done, args=(partial, step, token, reader), name="replicaft-heal-done",
+        threading.Thread(target=_tell_done, args=(partial, step, token, reader, tls), name="replicaft-heal-done",
                          daemon=True).start()
     return HealResult(manifest, placement.tensors(), frozenset(placement.in_place), time.monotonic() - started,
                       received, board.refetched, board.taken_over)

@@ -273,8 +273,10 @@ class LiveSnapshot:
 
 
 def _shut(conn: socket.socket) -> None:
-    """End a stalled healer's connection: its blocked send returns at once."""
+    """End a stalled healer's connection: its blocked send returns at once. A TLS socket is
+    shut at the TCP level, past ssl.SSLSocket.shutdown: that one drops the TLS state first, and a
+    send racing it on another thread would go out as plaintext before the TCP shutdown."""
     try:
-        conn.shutdown(socket.SHUT_RDWR)
+        socket.socket.shutdown(conn, socket.SHUT_RDWR)
     except OSError:
         pass

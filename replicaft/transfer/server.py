@@ -1,4 +1,4 @@
-"""The state server: every rank serves its published snapshot to healing peers over plain TCP.
+"""The state server: every rank serves its published snapshot to healing peers over TCP (or TLS).
 
 It makes no decisions: it answers a manifest request for the published step and streams the
 raw bytes of a requested range. Requests are validated (version, token, op, step, range) and
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hmac
 import logging
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -19,6 +20,7 @@ import torch
 
 from lighthouse.envelope import MAX_ID_CHARS, check_int, check_str, require
 from lighthouse.errors import ProtocolError
+from lighthouse.tls import HANDSHAKE_TIMEOUT_S
 from replicaft.transfer.manifest import Manifest
 from replicaft.transfer.wire import SEND_PIECE_BYTES, WIRE_VERSION, recv_frame, send_frame
 
@@ -53,9 +55,13 @@ RangeHook = Callable[[int, int, memoryview], memoryview]
 
 
 class StateServer:
-    def __init__(self, host: str, token: str | None = None, *, fault_hook: RangeHook | None = None) -> None:
+    def __init__(self, host: str, token: str | None = None, *, fault_hook: RangeHook | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
+        """``tls``: a server context (lighthouse.tls.TlsFiles.server_context); every connection
+        is then TLS, its handshake done on the connection's own thread within HANDSHAKE_TIMEOUT_S."""
         self._host = host
         self._token = token
+        self._tls = tls
         self._fault_hook = fault_hook
         self._snapshots: dict[int, Served] = {}
         self._lock = threading.Lock()
@@ -117,8 +123,16 @@ class StateServer:
             threading.Thread(target=self._serve, args=(conn, peer), name="replicaft-state-conn", daemon=True).start()
 
     def _serve(self, conn: socket.socket, peer: object) -> None:
-        conn.settimeout(IDLE_TIMEOUT_S)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._tls is not None:
+            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            try:
+                conn = self._tls.wrap_socket(conn, server_side=True)
+            except (OSError, ssl.CertificateError) as e:  # ssl.SSLError is an OSError
+                logger.warning("state server: TLS handshake with %s failed: %s", peer, e)
+                conn.close()
+                return
+        conn.settimeout(IDLE_TIMEOUT_S)
         try:
             while True:
                 try:

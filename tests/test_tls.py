@@ -1,0 +1,150 @@
+"""TLS on every channel of a job (lighthouse/tls.py): options checked at start, real servers
+over TLS, and a peer with another CA refused with an error that says so, not a hang.
+
+The lighthouse runs as a real process; state servers run in this process (plain threads on
+real sockets, as in test_transfer.py). Certificates are made per test by the throw-away CA.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import start_lighthouse, stop_gracefully
+
+from lighthouse import LighthouseClient
+from lighthouse.errors import OptionsError, TlsRefused
+from lighthouse.throwaway_ca import make_throwaway_ca
+from lighthouse.tls import TlsFiles
+from replicaft.errors import HealError
+from replicaft.state import flatten
+from replicaft.transfer.client import Donor, fetch_state
+from replicaft.transfer.server import StateServer
+from replicaft.transfer.snapshot import Snapshot
+
+REFUSAL_DEADLINE_S = 5.0
+"""A refused peer must hear of it well within this; a hang would last the whole call deadline."""
+
+
+@pytest.fixture(scope="module")
+def job_ca(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    return make_throwaway_ca(tmp_path_factory.mktemp("job-ca"))
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
+    return make_throwaway_ca(tmp_path_factory.mktemp("other-ca"), name="another job")
+
+
+def tls_args(files: TlsFiles) -> list[str]:
+    return ["--tls-cert", files.cert, "--tls-key", files.key, "--tls-ca", files.ca]
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def test_no_tls_files_means_plaintext() -> None:
+    assert TlsFiles.from_env({}) is None
+
+
+def test_missing_file_is_refused_naming_option_and_path(job_ca: TlsFiles, tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.pem")
+    with pytest.raises(OptionsError, match=r"tls_key \(--tls-key, \$REPLICAFT_TLS_KEY\) = '.*nope\.pem' cannot be read"):
+        TlsFiles(cert=job_ca.cert, key=missing, ca=job_ca.ca)
+
+
+def test_unreadable_file_is_refused_naming_option_and_path(job_ca: TlsFiles, tmp_path: Path) -> None:
+    with pytest.raises(OptionsError, match=r"tls_ca .* = '.*' cannot be read \(Is a directory\)"):
+        TlsFiles(cert=job_ca.cert, key=job_ca.key, ca=str(tmp_path))
+
+
+def test_partial_set_is_refused_naming_the_missing_ones(job_ca: TlsFiles) -> None:
+    with pytest.raises(OptionsError, match=r"not tls_key .* and tls_ca"):
+        TlsFiles.from_env({"REPLICAFT_TLS_CERT": job_ca.cert})
+
+
+def test_flag_wins_over_variable(job_ca: TlsFiles, other_ca: TlsFiles) -> None:
+    env = {"REPLICAFT_TLS_CERT": other_ca.cert, "REPLICAFT_TLS_KEY": job_ca.key, "REPLICAFT_TLS_CA": job_ca.ca}
+    assert TlsFiles.from_env(env, cert=job_ca.cert) == job_ca
+
+
+def test_key_of_another_certificate_is_refused(job_ca: TlsFiles, other_ca: TlsFiles) -> None:
+    with pytest.raises(OptionsError, match="are not a certificate and its matching private key"):
+        TlsFiles(cert=job_ca.cert, key=other_ca.key, ca=job_ca.ca)
+
+
+def test_non_pem_file_is_refused(job_ca: TlsFiles, tmp_path: Path) -> None:
+    junk = tmp_path / "cert.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(OptionsError, match="holds no PEM block"):
+        TlsFiles(cert=str(junk), key=job_ca.key, ca=job_ca.ca)
+
+
+def test_lighthouse_with_a_missing_file_exits_with_a_one_line_error(job_ca: TlsFiles, tmp_path: Path) -> None:
+    from lighthouse.__main__ import main
+
+    assert main(["--port", "0", "--tls-cert", job_ca.cert, "--tls-key", str(tmp_path / "k.pem"), "--tls-ca", job_ca.ca]) == 2
+
+
+# -- the lighthouse ---------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_lighthouse_over_tls_forms_quorum_and_serves_its_page_over_https(job_ca: TlsFiles, other_ca: TlsFiles) -> None:
+    lighthouse = start_lighthouse(*tls_args(job_ca), "--min-replicas", "1")
+    assert lighthouse.status_url is not None and lighthouse.status_url.startswith("https://")
+    with LighthouseClient(lighthouse.grpc_address, "g0", tls=job_ca) as client:
+        quorum = client.quorum(0, 10.0)
+        assert quorum.replica_ids == ("g0",)
+        assert client.fence(quorum.quorum_id, 0, 5.0).ok
+        page = urllib.request.urlopen(lighthouse.status_url + "status.json", timeout=5,
+                                      context=ssl.create_default_context(cafile=job_ca.ca))
+        assert [m["replica_id"] for m in json.load(page)["members"]] == ["g0"]
+    started = time.monotonic()
+    with LighthouseClient(lighthouse.grpc_address, "stranger", tls=other_ca) as stranger:
+        with pytest.raises(TlsRefused, match="TLS handshake with .* failed.*CERTIFICATE_VERIFY_FAILED"):
+            stranger.quorum(0, 30.0)
+    assert time.monotonic() - started < REFUSAL_DEADLINE_S
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(lighthouse.status_url, timeout=5, context=ssl.create_default_context(cafile=other_ca.ca))
+    assert stop_gracefully(lighthouse.process) == 0
+
+
+# -- the state server -------------------------------------------------------------------------
+
+
+def small_snapshot(step: int = 3) -> Snapshot:
+    state = {"w": torch.arange(200_000, dtype=torch.float32), "step": step}
+    return Snapshot.capture(flatten(state), step=step, quorum_id=1, replica_id="donor", chunk_bytes=64 * 1024)
+
+
+def test_heal_over_tls_receives_the_state_bitwise(job_ca: TlsFiles) -> None:
+    snapshot = small_snapshot()
+    server = StateServer("127.0.0.1", "tok", tls=job_ca.server_context())
+    address = server.start()
+    server.publish(snapshot)
+    try:
+        result = fetch_state([Donor("donor", address)], 3, token="tok", timeout_s=10.0, tls=job_ca.client_context())
+    finally:
+        server.stop()
+    assert torch.equal(result.tensors[0], torch.arange(200_000, dtype=torch.float32))
+
+
+@pytest.mark.parametrize("healer", ["other_ca", "plaintext"])
+def test_heal_from_a_tls_donor_is_refused_to_a_stranger(job_ca: TlsFiles, other_ca: TlsFiles, healer: str) -> None:
+    server = StateServer("127.0.0.1", tls=job_ca.server_context())
+    address = server.start()
+    server.publish(small_snapshot())
+    context = other_ca.client_context() if healer == "other_ca" else None
+    started = time.monotonic()
+    try:
+        with pytest.raises(HealError, match="TLS handshake .* failed" if healer == "other_ca" else "served the manifest"):
+            fetch_state([Donor("donor", address)], 3, token=None, timeout_s=30.0, tls=context)
+    finally:
+        server.stop()
+    assert time.monotonic() - started < REFUSAL_DEADLINE_S
