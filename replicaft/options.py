@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from lighthouse import errors as lighthouse_errors
+from lighthouse.tls import TlsFiles
 from replicaft.errors import OptionsError
 from replicaft.faults import parse_fault_points
 
@@ -62,6 +64,14 @@ class ManagerOptions:
     default; set the host's routable address for multi-host jobs."""
     token: str | None = None
     """Shared secret for the lighthouse, manager server and state server (``REPLICAFT_TOKEN``)."""
+    tls_cert: str | None = None
+    """The job's certificate (PEM, ``REPLICAFT_TLS_CERT``): with ``tls_key`` and ``tls_ca``,
+    every channel of this rank (lighthouse, group manager, state server) runs over TLS
+    (lighthouse/tls.py). All three or none."""
+    tls_key: str | None = None
+    """The certificate's private key (PEM, ``REPLICAFT_TLS_KEY``)."""
+    tls_ca: str | None = None
+    """The CA that signed the job's certificates (PEM, ``REPLICAFT_TLS_CA``); peers must present one."""
     backend: Literal["gloo", "nccl"] | None = None
     """Column process group backend; None picks NCCL when CUDA is available, else Gloo."""
     heartbeat_interval_s: float = 0.1
@@ -111,6 +121,7 @@ class ManagerOptions:
     """Kill this process at named points (``allreduce@5``), for chaos tests; see faults.py."""
 
     def __post_init__(self) -> None:
+        self.tls()
         if not self.replica_id:
             raise OptionsError("replica_id is empty; name each replica group (e.g. --replica-id g0)")
         if not all(_is_host_port(a.strip()) for a in self.lighthouse.split(",")):
@@ -165,6 +176,13 @@ class ManagerOptions:
             raise OptionsError(f"preemption_grace_s={self.preemption_grace_s}; it must be positive")
         if self.digest_every_steps < 0:
             raise OptionsError(f"digest_every_steps={self.digest_every_steps}; use 0 (off) or more")
+
+    def tls(self) -> TlsFiles | None:
+        """The TLS files, checked (read and parsed; OptionsError naming the option and path); None: plaintext."""
+        try:
+            return TlsFiles.from_values(self.tls_cert, self.tls_key, self.tls_ca)
+        except lighthouse_errors.OptionsError as e:
+            raise OptionsError(str(e)) from None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **explicit: Any) -> ManagerOptions:

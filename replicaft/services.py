@@ -53,7 +53,9 @@ class RankServices:
         self._progress = progress
         self._on_notice = on_notice
         self.store: dist.TCPStore | None = None
-        self.state_server = StateServer(options.host, options.token, fault_hook=slow_serve_hook(faults, current_step))
+        self.tls = options.tls()
+        self.state_server = StateServer(options.host, options.token, fault_hook=slow_serve_hook(faults, current_step),
+                                        tls=self.tls.server_context() if self.tls else None)
         self.channel: GroupChannel | None = None
         self.rank_addresses: dict[str, str] = {}
         self._loop: LoopThread | None = None
@@ -69,7 +71,7 @@ class RankServices:
             return self._start_coordinator()
         assert o.group_store is not None
         address, secret = find_group_server(group_store(o.group_store, o.connect_timeout_s))
-        channel = RemoteGroupChannel(address, o.group_rank, secret)
+        channel = RemoteGroupChannel(address, o.group_rank, secret, self.tls)
         channel.watch(self._on_notice)
         self.channel = channel
         return address
@@ -85,7 +87,7 @@ class RankServices:
             return "in-process"
         assert o.group_store is not None
         secret = group_secret(o.token)
-        self._group_server = GroupServer(self._coordinator, self._loop, host=o.host, token=secret)
+        self._group_server = GroupServer(self._coordinator, self._loop, host=o.host, token=secret, tls=self.tls)
         address = self._group_server.start(o.connect_timeout_s)
         publish_group_server(group_store(o.group_store, o.connect_timeout_s), address, secret)
         return address

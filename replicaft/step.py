@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from lighthouse.client import Progress
-from lighthouse.errors import QuorumTimeout
+from lighthouse.errors import QuorumTimeout, TlsRefused, Unauthenticated, VersionMismatch
 from lighthouse.plan import StepPlan
 from replicaft.boundary import StepBoundary
 from replicaft.commit import (
@@ -207,6 +207,11 @@ class StepDriver:
         except GroupBroken as e:
             self._broken = e  # raised at the end of the step, where the loop can take it
             self.report_error(e)
+        except (Unauthenticated, TlsRefused, VersionMismatch) as e:
+            # Retrying cannot help (a wrong token, CA or version): every later step would fail
+            # at once the same way, a busy loop instead of an error.
+            self.report_error(e)
+            raise
         except (QuorumTimeout, GroupError) as e:
             self._quorum_failures += 1
             self.report_error(e)

@@ -8,6 +8,7 @@ real sockets, as in test_transfer.py). Certificates are made per test by the thr
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import time
 import urllib.request
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import start_lighthouse, stop_gracefully
+from conftest import ManagedProcess, spawn_python, start_lighthouse, stop_gracefully
+from training_events import EXAMPLE, assert_digests_agree, wait_for_event
 
 from lighthouse import LighthouseClient
 from lighthouse.errors import OptionsError, TlsRefused
@@ -148,3 +150,42 @@ def test_heal_from_a_tls_donor_is_refused_to_a_stranger(job_ca: TlsFiles, other_
     finally:
         server.stop()
     assert time.monotonic() - started < REFUSAL_DEADLINE_S
+
+
+# -- a whole job ------------------------------------------------------------------------------
+
+
+def start_tls_group(lighthouse: str, replica_id: str, events: Path, files: TlsFiles, *args: str,
+                    ranks: int = 1) -> ManagedProcess:
+    env = dict(os.environ)
+    env.pop("REPLICAFT_FAULT_POINTS", None)
+    env.update(REPLICAFT_LIGHTHOUSE=lighthouse, REPLICAFT_REPLICA_ID=replica_id, REPLICAFT_EVENTS_DIR=str(events),
+               REPLICAFT_TOKEN="job-secret", REPLICAFT_TLS_CERT=files.cert, REPLICAFT_TLS_KEY=files.key,
+               REPLICAFT_TLS_CA=files.ca)
+    runner = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)) if ranks > 1 else ()
+    return spawn_python(*runner, EXAMPLE, *args, name=replica_id, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_job_over_tls_commits_heals_and_refuses_a_group_of_another_ca(
+    job_ca: TlsFiles, other_ca: TlsFiles, tmp_path: Path
+) -> None:
+    """Every channel over TLS: each group's two ranks talk through its group manager (gRPC), g1 joins
+    late and heals from g0's state server, both hold the lighthouse session; a group given
+    another CA stops with an error naming the TLS handshake instead of waiting out its deadline."""
+    lh = start_lighthouse(*tls_args(job_ca), "--token", "job-secret", status=False)
+    g0 = start_tls_group(lh.grpc_address, "g0", tmp_path, job_ca, "--steps", "150", "--step-delay", "0.1", ranks=2)
+    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["group_rank"] == 1
+                   and e["committed"] and e["step"] >= 5, 120, "g0 rank 1 committing over TLS")
+    g1 = start_tls_group(lh.grpc_address, "g1", tmp_path, job_ca, "--steps", "150", "--step-delay", "0.1", ranks=2)
+    heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1", 90, "g1 heal")
+    assert heal["ok"] and heal["num_bytes"] > 0, heal
+    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"]
+                   and e["num_contributors"] == 2, 60, "g1 committing with g0")
+    stranger = start_tls_group(lh.grpc_address, "g9", tmp_path / "stranger", other_ca, "--steps", "5")
+    assert stranger.wait_exit(60) != 0
+    assert "TLS handshake with" in stranger.output_tail() and "CERTIFICATE_VERIFY_FAILED" in stranger.output_tail()
+    for rid, g in (("g0", g0), ("g1", g1)):
+        assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
+    assert_digests_agree(tmp_path, min_steps=140)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 from lighthouse import envelope
 from lighthouse.options import TOKEN_METADATA_KEY
 from lighthouse.protocol import Notice, Quorum
+from lighthouse.tls import TlsFiles, grpc_channel, tls_refusal
 from replicaft.errors import GroupBroken, GroupError, StepMismatch
 from replicaft.group import protocol as gp
 from replicaft.group.coordinator import GroupCoordinator
@@ -100,11 +101,15 @@ class LocalGroupChannel:
 class RemoteGroupChannel:
     """Group rank r > 0's channel: gRPC to rank 0's group server."""
 
-    def __init__(self, address: str, group_rank: int, token: str) -> None:
+    def __init__(self, address: str, group_rank: int, token: str, tls: TlsFiles | None = None) -> None:
         self.address = address
         self.group_rank = group_rank
         self._metadata = ((TOKEN_METADATA_KEY, token),)
-        self._channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self._channel = grpc_channel(address, tls, CHANNEL_OPTIONS)
+        self._wait_for_ready = tls is None
+        """Over TLS a call fails fast: one that waits for a ready channel never hears of a
+        failed handshake, only of its deadline (lighthouse/tls.py). Rank 0's server is up
+        before its address is published, so nothing is lost by not waiting for it."""
         self._watch_thread: threading.Thread | None = None
 
     def close(self) -> None:
@@ -116,7 +121,8 @@ class RemoteGroupChannel:
         req = gp.GroupQuorumRequest(self.group_rank, step, timeout_s, commit_failures, rank_data)
         asked_at = time.monotonic()
         call = self._channel.unary_unary(gp.QUORUM_METHOD).future(
-            envelope.encode(req), timeout=timeout_s + RPC_GRACE_S, metadata=self._metadata, wait_for_ready=True
+            envelope.encode(req), timeout=timeout_s + RPC_GRACE_S, metadata=self._metadata,
+            wait_for_ready=self._wait_for_ready
         )
         answer: concurrent.futures.Future[QuorumAnswer] = concurrent.futures.Future()
 
@@ -137,7 +143,8 @@ class RemoteGroupChannel:
         req = gp.VoteRequest(self.group_rank, step, quorum_id, ok, reason, timeout_s, leaving)
         try:
             raw = self._channel.unary_unary(gp.VOTE_METHOD)(
-                envelope.encode(req), timeout=timeout_s + RPC_GRACE_S, metadata=self._metadata, wait_for_ready=True
+                envelope.encode(req), timeout=timeout_s + RPC_GRACE_S, metadata=self._metadata,
+                wait_for_ready=self._wait_for_ready
             )
         except grpc.RpcError as e:
             raise self._error(gp.VOTE_METHOD, e) from None
@@ -149,7 +156,8 @@ class RemoteGroupChannel:
 
         def pump() -> None:
             try:
-                for raw in call(envelope.encode(gp.WatchRequest(self.group_rank)), metadata=self._metadata, wait_for_ready=True):
+                for raw in call(envelope.encode(gp.WatchRequest(self.group_rank)), metadata=self._metadata,
+                                wait_for_ready=self._wait_for_ready):
                     on_notice(Notice.decode(raw))
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.CANCELLED:
@@ -164,6 +172,8 @@ class RemoteGroupChannel:
             return StepMismatch(details)
         if code == grpc.StatusCode.ABORTED:
             return GroupBroken(details)
+        if code == grpc.StatusCode.UNAVAILABLE and (refused := tls_refusal(details, self.address)) is not None:
+            return GroupError(f"group manager: {refused}")
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             return GroupError(f"group manager at {self.address}: {code.name}: {details}")
         return GroupError(f"group manager at {self.address} refused {method}: {code.name}: {details}")

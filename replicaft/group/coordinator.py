@@ -69,6 +69,7 @@ class GroupCoordinator:
             o.replica_id,
             world_size=o.group_world_size,
             token=o.token,
+            tls=o.tls(),
             heartbeat_interval_s=o.heartbeat_interval_s,
             on_notice=self._notice,
             progress=self._progress,

@@ -20,6 +20,7 @@ import grpc
 from lighthouse import envelope
 from lighthouse.errors import LighthouseError, ProtocolError
 from lighthouse.options import TOKEN_METADATA_KEY, token_problem
+from lighthouse.tls import TlsFiles, add_port
 from replicaft.errors import GroupBroken, StepMismatch
 from replicaft.group import protocol as gp
 from replicaft.group.coordinator import GroupCoordinator, GroupRefused
@@ -45,11 +46,13 @@ _REFUSAL_STATUS = {
 class GroupServer:
     """Serves ``coordinator`` on ``loop``; ``start()`` returns the address ranks connect to."""
 
-    def __init__(self, coordinator: GroupCoordinator, loop: LoopThread, *, host: str, token: str) -> None:
+    def __init__(self, coordinator: GroupCoordinator, loop: LoopThread, *, host: str, token: str,
+                 tls: TlsFiles | None = None) -> None:
         self._coordinator = coordinator
         self._loop = loop
         self._host = host
         self._token = token
+        self._tls = tls
         self._server: grpc.aio.Server | None = None
 
     def start(self, timeout_s: float) -> str:
@@ -76,7 +79,7 @@ class GroupServer:
         )
         self._server.add_generic_rpc_handlers((handler,))
         host = f"[{self._host}]" if ":" in self._host else self._host
-        port = self._server.add_insecure_port(f"{host}:0")
+        port = add_port(self._server, f"{host}:0", self._tls)
         await self._server.start()
         return f"{host}:{port}"
 

@@ -193,6 +193,7 @@ class Healer:
                 donors.append(Donor(rid, address))
             else:
                 logger.warning("donor %s published no state server for group rank %d", rid, r)
+        tls = self._options.tls()
         return fetch_state(
             donors,
             plan.max_step,
@@ -202,6 +203,7 @@ class Healer:
             into=targets,
             reader=self._options.replica_id,
             connections=self._options.heal_connections,
+            tls=tls.client_context() if tls else None,
         )
 
 
