@@ -34,6 +34,15 @@ the healer's link is not shaped. The healer fetches the same state from 1, 2 and
 link is measured in the same run as the per-link reference. Namespaces are deleted in
 ``finally``; where they cannot be created, this part is skipped and the notes say why.
 
+**TLS.** The same run measures the heal over TLS (lighthouse/tls.py: mutual, the throw-away
+CA's ECDSA P-256 certificate, whatever cipher OpenSSL negotiates, AES-GCM with AES-NI here):
+each donor also serves its live state on a TLS listener, and ``replicaft_1_tls`` heals from one
+donor over it as ``replicaft_1`` does in plaintext; ``raw_tls`` is the raw receiver over TLS
+(one connection; Python's ssl module, the limit any heal over it has).
+``heal_gbps_*_1donor_tls`` is compared with the plaintext figure of the same run, and
+``heal_1donor_tls_paired_*`` is the median over the paired rounds of t(plaintext, 1 donor) /
+t(TLS, 1 donor) within a round (below 1: TLS slower), with its bootstrap interval.
+
 The heal issue's other figures, restart to first committed step (``restart_to_commit_s_100mb``,
 ``restart_to_commit_s_500mb``) and a donor's step time while it serves a heal
 (``donor_step_ratio_during_heal``), need whole training processes and a launcher: they are in
@@ -48,6 +57,7 @@ import os
 import random
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -55,6 +65,7 @@ from typing import Any
 
 from benchmarks.processes import Child, ChildProcesses
 from benchmarks.results import BenchmarkResult
+from lighthouse.throwaway_ca import make_throwaway_ca
 from replicaft.options import HEAL_CONNECTIONS
 
 MIB = 1 << 20
@@ -69,9 +80,9 @@ FANIN_SUBNET = "10.77.0"
 TARGETS = {"vs_raw_1donor": 0.70, "vs_torchft_1donor": 2.0, "fanin_speedup_2": 1.6, "fanin_speedup_3": 2.2}
 
 LOOPBACK_DONORS = 3
-LOOPBACK_MODES = ("raw", "raw_2", "raw_fresh", "replicaft_1", "replicaft_2", "replicaft_3", "replicaft_1_fresh",
-                  "torchft_http", "torchft_pg")
-PAIRED_MODES = ("paired_1", "paired_1b", "paired_2", "paired_3")
+LOOPBACK_MODES = ("raw", "raw_2", "raw_fresh", "raw_tls", "replicaft_1", "replicaft_2", "replicaft_3",
+                  "replicaft_1_fresh", "replicaft_1_tls", "torchft_http", "torchft_pg")
+PAIRED_MODES = ("paired_1", "paired_1b", "paired_2", "paired_3", "paired_1_tls")
 """``paired_1b`` heals from one donor too, the next one round: the A/A control."""
 PAIRED_ROUNDS = 60
 """Extra rounds of just ``PAIRED_MODES``, back to back in a shuffled order: ratios within a
@@ -102,20 +113,29 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int, paired: int) -> d
     mode -> ``done`` events."""
     deadline = time.monotonic() + START_TIMEOUT_S
     size = ("--bytes", str(num_bytes))
+    with tempfile.TemporaryDirectory(prefix="heal-tls-") as tls_dir:
+        make_throwaway_ca(tls_dir)
+        return await _loopback_with(num_bytes, repeats, warmup, paired, deadline, size, ("--tls-dir", tls_dir))
+
+
+async def _loopback_with(num_bytes: int, repeats: int, warmup: int, paired: int, deadline: float,
+                         size: tuple[str, str], tls: tuple[str, str]) -> dict[str, list[dict[str, Any]]]:
     async with ChildProcesses() as children:
-        donors = [await children.start_python(f"donor{i}", *_worker("donor", *size, "--name", f"d{i}"))
+        donors = [await children.start_python(f"donor{i}", *_worker("donor", *size, "--name", f"d{i}", *tls))
                   for i in range(LOOPBACK_DONORS)]
-        healer = await children.start_python("healer", *_worker("healer"))
-        raw_send = await children.start_python("raw-send", *_worker("raw-send", *size))
-        raw_recv = await children.start_python("raw-recv", *_worker("raw-recv", *size))
+        healer = await children.start_python("healer", *_worker("healer", *tls))
+        raw_send = await children.start_python("raw-send", *_worker("raw-send", *size, *tls))
+        raw_recv = await children.start_python("raw-recv", *_worker("raw-recv", *size, *tls))
         http_send = await children.start_python("http-send", *_worker("http-send", *size))
         http_recv = await children.start_python("http-recv", *_worker("http-recv"))
         pg0 = await children.start_python("pg0", *_worker("pg", *size, "--rank", "0"))
         store = (await pg0.expect_event("store", deadline))["address"]
         pg1 = await children.start_python("pg1", *_worker("pg", "--rank", "1", "--store", store))
 
-        donor_addresses = [[f"d{i}", (await d.expect_event("ready", deadline))["address"]] for i, d in enumerate(donors)]
-        raw_address = (await raw_send.expect_event("ready", deadline))["address"]
+        donor_ready = [await d.expect_event("ready", deadline) for d in donors]
+        donor_addresses = [[f"d{i}", ready["address"]] for i, ready in enumerate(donor_ready)]
+        tls_addresses = [[f"d{i}", ready["tls_address"]] for i, ready in enumerate(donor_ready)]
+        raw_ready = await raw_send.expect_event("ready", deadline)
         http_address = (await http_send.expect_event("ready", deadline))["address"]
         for child in (healer, raw_recv, http_recv, pg0, pg1):
             await child.expect_event("ready", deadline)
@@ -125,17 +145,20 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int, paired: int) -> d
         rounds += [(repeats + i, _shuffled(PAIRED_MODES, repeats + i)) for i in range(paired)]
         for r, modes in rounds:
             for mode in modes:
+                tls = mode.endswith("_tls")
                 if mode.startswith("raw"):
-                    done = await _transfer(raw_recv, {"address": raw_address, "fresh": mode == "raw_fresh",
+                    done = await _transfer(raw_recv, {"address": raw_ready["tls_address" if tls else "address"],
+                                                      "fresh": mode == "raw_fresh", "tls": tls,
                                                       "streams": 2 if mode == "raw_2" else 1})
                 elif mode.startswith(("replicaft_", "paired_")):
                     k = int(mode.split("_")[1].rstrip("b"))
                     in_place = not mode.endswith("_fresh")
                     # Which donors turns with the round, so that every donor is read as often.
                     first = r + mode.endswith("b")
-                    donors = [donor_addresses[(first + i) % LOOPBACK_DONORS] for i in range(k)]
+                    listed = tls_addresses if tls else donor_addresses
+                    donors = [listed[(first + i) % LOOPBACK_DONORS] for i in range(k)]
                     done = await _transfer(healer, {"donors": donors, "step": 7, "in_place": in_place,
-                                                    "bytes": num_bytes})
+                                                    "bytes": num_bytes, "tls": tls})
                 elif mode == "torchft_http":
                     done = await _transfer(http_recv, {"address": http_address})
                 else:
@@ -331,6 +354,11 @@ def run(*, quick: bool) -> BenchmarkResult:
         "one-donor heal over the other one-donor heal, the control: identical heals differ this much); the "
         "loopback donors share one host, so with two or three one is read over both connections and the others "
         "are spares, asked for their manifests only (replicaft.transfer.client.streams_by_donor); "
+        "TLS: heal_gbps_*_1donor_tls heals from one donor over TLS (mutual; throw-away CA, ECDSA P-256; "
+        "the donor's second, TLS listener serves the same live tensors), its ratio is to the plaintext "
+        "one-donor heal of the same run (heal_plaintext_gbps_*); *_vs_raw_tls to the raw receiver over TLS "
+        "(one connection, Python's ssl: the limit of any heal over it); heal_1donor_tls_paired_* = median over "
+        "the paired rounds of t(plaintext 1-donor mean) / t(TLS), below 1 = TLS slower; "
         "restart-to-commit and the donor's step during a heal: "
         "python -m benchmarks recovery"
     ]
@@ -340,6 +368,7 @@ def run(*, quick: bool) -> BenchmarkResult:
         baselines[f"raw_socket_gbps_{label}"] = _gbps(num_bytes, runs["raw"])
         baselines[f"raw_socket_2stream_gbps_{label}"] = _gbps(num_bytes, runs["raw_2"])
         baselines[f"raw_socket_fresh_gbps_{label}"] = _gbps(num_bytes, runs["raw_fresh"])
+        baselines[f"raw_tls_socket_gbps_{label}"] = _gbps(num_bytes, runs["raw_tls"])
         baselines[f"torchft_http_gbps_{label}"] = _gbps(num_bytes, runs["torchft_http"])
         baselines[f"torchft_pg_gbps_{label}"] = _gbps(num_bytes, runs["torchft_pg"])
         best = max(baselines[f"torchft_http_gbps_{label}"], baselines[f"torchft_pg_gbps_{label}"])
@@ -362,6 +391,17 @@ def run(*, quick: bool) -> BenchmarkResult:
             median, interval = _paired(ratios)
             figures[figure] = median
             params[figure] = {"ci95": [round(x, 4) for x in interval], "rounds": sorted(round(x, 3) for x in ratios)}
+        tls_figure = f"heal_gbps_{label}_1donor_tls"
+        figures[tls_figure] = _gbps(num_bytes, runs["replicaft_1_tls"])
+        baselines[f"heal_plaintext_gbps_{label}_1donor"] = figures[f"heal_gbps_{label}_1donor"]
+        compared[tls_figure] = f"heal_plaintext_gbps_{label}_1donor"
+        figures[f"{tls_figure}_vs_raw_tls"] = figures[tls_figure]
+        compared[f"{tls_figure}_vs_raw_tls"] = f"raw_tls_socket_gbps_{label}"
+        median, interval = _paired([a / b for a, b in zip(one, seconds["paired_1_tls"], strict=True)])
+        figures[f"heal_1donor_tls_paired_{label}"] = median
+        params[f"heal_1donor_tls_paired_{label}"] = {
+            "ci95": [round(x, 4) for x in interval],
+            "rounds": sorted(round(a / b, 3) for a, b in zip(one, seconds["paired_1_tls"], strict=True))}
         figures[f"heal_gbps_{label}_1donor_fresh"] = _gbps(num_bytes, runs["replicaft_1_fresh"])
         compared[f"heal_gbps_{label}_1donor_fresh"] = f"raw_socket_fresh_gbps_{label}"
 

@@ -29,6 +29,12 @@ seconds and the minor page faults it caused, all measured in the receiving proce
   (rank 0 hosts the TCPStore and sends, rank 1 receives; defaults: no in-place state dict).
   Both ranks take a command, meet in a one-element allreduce, then send / timed receive.
 
+``--tls-dir DIR`` (the benchmark's throw-away CA: ca.pem, cert.pem, key.pem): donors and
+``raw-send`` serve a second listener over TLS (mutual, as a job's state servers do; the same
+buffer or live tensors), announced as ``tls_address``; a receiver's command with ``"tls": true``
+connects to that one (``fetch_state(..., tls=...)``; the raw receiver wraps its sockets with
+the same client context: the limit Python's ssl module sets).
+
 ``--netns NAME`` re-executes the worker under ``ip netns exec NAME`` (same pid, so the
 benchmark's deadlines and kills still apply).
 """
@@ -40,6 +46,7 @@ import json
 import os
 import resource
 import socket
+import ssl
 import struct
 import sys
 import threading
@@ -64,6 +71,16 @@ def commands() -> Any:
     for line in sys.stdin:
         if line.strip():
             yield json.loads(line)
+
+
+def tls_files(args: argparse.Namespace) -> Any:
+    """The benchmark's TLS files (lighthouse.tls.TlsFiles), or None without ``--tls-dir``."""
+    if not args.tls_dir:
+        return None
+    from lighthouse.tls import TlsFiles
+
+    d = args.tls_dir
+    return TlsFiles(cert=os.path.join(d, "cert.pem"), key=os.path.join(d, "key.pem"), ca=os.path.join(d, "ca.pem"))
 
 
 def wait_for_stdin_eof() -> None:
@@ -129,9 +146,17 @@ def donor(args: argparse.Namespace) -> None:
     server = StateServer(args.host)
     address = server.start()
     server.publish(snapshot)
-    emit("ready", address=address, capture_s=capture_s, total_bytes=snapshot.manifest.total_bytes)
+    tls = tls_files(args)
+    tls_server = StateServer(args.host, tls=tls.server_context()) if tls else None
+    tls_address = tls_server.start() if tls_server else None
+    if tls_server:
+        tls_server.publish(snapshot)
+    emit("ready", address=address, tls_address=tls_address, capture_s=capture_s,
+         total_bytes=snapshot.manifest.total_bytes)
     wait_for_stdin_eof()
     server.stop()
+    if tls_server:
+        tls_server.stop()
 
 
 class _Timer:
@@ -171,6 +196,7 @@ def healer(args: argparse.Namespace) -> None:
     client.Placement = placement
     from replicaft.state import flatten
 
+    tls = tls_files(args)
     emit("ready")
     own: dict[str, Any] | None = None
     for cmd in commands():
@@ -184,7 +210,8 @@ def healer(args: argparse.Namespace) -> None:
         timer.seconds.clear()
         placed_at.clear()
         with Measured() as m:
-            result = client.fetch_state(donors, cmd["step"], token=None, timeout_s=TIMEOUT_S, into=into)
+            context = tls.client_context() if cmd.get("tls") else None
+            result = client.fetch_state(donors, cmd["step"], token=None, timeout_s=TIMEOUT_S, into=into, tls=context)
         timer.seconds["manifest_s"] = placed_at[0] - m.started
         num_bytes = result.manifest.total_bytes
         if into is not None and result.in_place_bytes < num_bytes * 0.99:
@@ -202,8 +229,13 @@ def raw_send(args: argparse.Namespace) -> None:
     buffer = torch.full((args.bytes,), 7, dtype=torch.uint8)  # pages written, like a snapshot's
     view = memoryview(buffer.numpy())
     listener = socket.create_server((args.host, 0))
+    tls = tls_files(args)
+    server_context = tls.server_context() if tls else None
 
-    def serve(conn: socket.socket) -> None:
+    def serve(conn: socket.socket, secure: bool) -> None:
+        if secure:
+            assert server_context is not None
+            conn = server_context.wrap_socket(conn, server_side=True)
         with conn:
             while True:
                 request = bytearray(_RANGE.size)
@@ -214,14 +246,19 @@ def raw_send(args: argparse.Namespace) -> None:
                 start, stop = _RANGE.unpack(request)
                 conn.sendall(view[start:stop])
 
-    def accept() -> None:
+    def accept(on: socket.socket, secure: bool) -> None:
         while True:
-            conn, _ = listener.accept()
-            threading.Thread(target=serve, args=(conn,), daemon=True).start()
+            conn, _ = on.accept()
+            threading.Thread(target=serve, args=(conn, secure), daemon=True).start()
 
-    threading.Thread(target=accept, daemon=True).start()
+    threading.Thread(target=accept, args=(listener, False), daemon=True).start()
     host, port = listener.getsockname()[:2]
-    emit("ready", address=f"{host}:{port}")
+    tls_address = None
+    if tls:
+        tls_listener = socket.create_server((args.host, 0))
+        threading.Thread(target=accept, args=(tls_listener, True), daemon=True).start()
+        tls_address = f"{host}:{tls_listener.getsockname()[1]}"
+    emit("ready", address=f"{host}:{port}", tls_address=tls_address)
     wait_for_stdin_eof()
 
 
@@ -242,6 +279,7 @@ def raw_recv(args: argparse.Namespace) -> None:
     import torch  # the allocator replicaft's healer uses (numpy's would ask for huge pages)
 
     preallocated = torch.zeros(args.bytes, dtype=torch.uint8).numpy()  # every page faulted in now
+    tls = tls_files(args)
     emit("ready")
     for cmd in commands():
         host, port = cmd["address"].rsplit(":", 1)
@@ -251,6 +289,9 @@ def raw_recv(args: argparse.Namespace) -> None:
             buffer = torch.empty(args.bytes, dtype=torch.uint8).numpy() if cmd.get("fresh") else preallocated
             view = memoryview(buffer)
             sockets = [socket.create_connection((host, int(port)), timeout=TIMEOUT_S) for _ in range(streams)]
+            if cmd.get("tls"):
+                context: ssl.SSLContext = tls.client_context()
+                sockets = [context.wrap_socket(sock, server_hostname=host) for sock in sockets]
             with ThreadPoolExecutor(streams) as pool:
                 receives = [pool.submit(_recv_range, sock, view, start, stop)
                             for sock, start, stop in zip(sockets, bounds, bounds[1:], strict=False)]
@@ -352,6 +393,7 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store", help="host:port of rank 0's TCPStore (pg rank 1)")
     p.add_argument("--netns", help="run inside this network namespace (via `ip netns exec`)")
+    p.add_argument("--tls-dir", help="serve (donors, raw-send) or connect (with \"tls\": true) over TLS with these files")
     args = p.parse_args()
     if args.netns and os.environ.get(_NETNS_ENV) != args.netns:
         os.environ[_NETNS_ENV] = args.netns
