@@ -19,7 +19,6 @@ import datetime
 import ipaddress
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
@@ -32,21 +31,15 @@ from lighthouse.tls import TlsFiles
 LOCAL_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
-@dataclass(frozen=True, slots=True)
-class _Names:
-    ips: list[x509.IPAddress]
-    dns: list[x509.DNSName]
-
-
-def _names(hosts: tuple[str, ...]) -> _Names:
-    ips: list[x509.IPAddress] = []
-    dns: list[x509.DNSName] = []
+def _subject_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
+    """The certificate's names: addresses as IP entries, the rest as DNS names."""
+    names: list[x509.GeneralName] = []
     for h in dict.fromkeys(LOCAL_HOSTS + hosts):
         try:
-            ips.append(x509.IPAddress(ipaddress.ip_address(h)))
+            names.append(x509.IPAddress(ipaddress.ip_address(h)))
         except ValueError:
-            dns.append(x509.DNSName(h))
-    return _Names(ips, dns)
+            names.append(x509.DNSName(h))
+    return names
 
 
 def make_throwaway_ca(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = (), days: int = 30,
@@ -70,12 +63,11 @@ def make_throwaway_ca(directory: str | os.PathLike[str], *, hosts: tuple[str, ..
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
-    names = _names(hosts)
     cert = (
         x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca_name).public_key(key.public_key())
         .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
-        .add_extension(x509.SubjectAlternativeName([*names.dns, *names.ips]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(_subject_names(hosts)), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
                        critical=False)

@@ -22,7 +22,7 @@ from training_events import EXAMPLE, assert_digests_agree, wait_for_event
 from lighthouse import LighthouseClient
 from lighthouse.errors import OptionsError, TlsRefused
 from lighthouse.throwaway_ca import make_throwaway_ca
-from lighthouse.tls import TlsFiles
+from lighthouse.tls import TlsFiles, tls_refusal
 from replicaft.errors import HealError
 from replicaft.state import flatten
 from replicaft.transfer.client import Donor, fetch_state
@@ -85,6 +85,26 @@ def test_non_pem_file_is_refused(job_ca: TlsFiles, tmp_path: Path) -> None:
     junk.write_text("not a certificate\n")
     with pytest.raises(OptionsError, match="holds no PEM block"):
         TlsFiles(cert=str(junk), key=job_ca.key, ca=job_ca.ca)
+
+
+def test_throwaway_certificate_names_loopback_and_the_hosts_given(tmp_path: Path) -> None:
+    from cryptography import x509
+
+    files = make_throwaway_ca(tmp_path, hosts=("h1", "10.0.0.5"))
+    cert = x509.load_pem_x509_certificate(Path(files.cert).read_bytes())
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert {str(n.value) for n in names} == {"127.0.0.1", "::1", "localhost", "h1", "10.0.0.5"}
+    assert Path(files.key).stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize(("details", "refused"), [
+    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls handshake failed "
+     "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED", True),
+    ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused", False),
+    ("Socket closed", False),
+])
+def test_only_a_failed_handshake_reads_as_a_tls_refusal(details: str, refused: bool) -> None:
+    assert (tls_refusal(details, "127.0.0.1:1") is not None) is refused
 
 
 def test_lighthouse_with_a_missing_file_exits_with_a_one_line_error(job_ca: TlsFiles, tmp_path: Path) -> None:
