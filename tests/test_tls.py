@@ -137,6 +137,19 @@ def test_lighthouse_over_tls_forms_quorum_and_serves_its_page_over_https(job_ca:
     assert stop_gracefully(lighthouse.process) == 0
 
 
+@pytest.mark.timeout(60)
+def test_session_over_tls_survives_a_lighthouse_restart(job_ca: TlsFiles) -> None:
+    """Over TLS a call does not wait for a ready channel (it would never hear of a failed
+    handshake), so a restart is bridged by the session's reconnects instead: checked here."""
+    lighthouse = start_lighthouse(*tls_args(job_ca), status=False)
+    with LighthouseClient(lighthouse.grpc_address, "g0", tls=job_ca) as client:
+        first = client.quorum(0, 10.0)
+        lighthouse.process.kill()
+        lighthouse.process.wait_exit(10)
+        start_lighthouse(*tls_args(job_ca), port=lighthouse.port, status=False)
+        assert client.quorum(1, 20.0).replica_ids == first.replica_ids
+
+
 # -- the state server -------------------------------------------------------------------------
 
 
