@@ -26,6 +26,7 @@ from typing import Any
 
 from lighthouse import LighthouseClient, LighthouseError, LighthouseUnavailable, QuorumTimeout
 from lighthouse.protocol import Notice
+from lighthouse.tls import TlsFiles
 
 _print_lock = threading.Lock()
 
@@ -62,6 +63,7 @@ def main() -> int:
         args.address,
         args.replica_id,
         token=args.token,
+        tls=TlsFiles.from_env(),
         member_address=f"member-{args.replica_id}",
         heartbeat_interval_s=args.heartbeat_interval_s,
         duplicate_patience_s=args.duplicate_patience_s,

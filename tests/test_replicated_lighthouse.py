@@ -11,6 +11,7 @@ etcd member; the loss of etcd's quorum.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -25,6 +26,7 @@ from conftest import ManagedProcess, spawn_python
 from member_events import MEMBER_SCRIPT, wait_quorum
 
 from chaos.etcd_cluster import EtcdCluster, EtcdNotAvailable, etcd_binary
+from lighthouse.throwaway_ca import make_throwaway_ca
 
 EVENT_TIMEOUT_S = 15.0
 LEASE_TTL_S = 1
@@ -52,7 +54,9 @@ def free_port() -> int:
 class Lighthouses:
     """Three lighthouse processes of one replicated set, and the members' view of them."""
 
-    def __init__(self, etcd_endpoints: list[list[str]], prefix: str) -> None:
+    def __init__(self, etcd_endpoints: list[list[str]], prefix: str, env: dict[str, str] | None = None) -> None:
+        self.env = env
+        """The lighthouses' and members' environment (None: this process's), e.g. with TLS files."""
         self.ports = [free_port() for _ in etcd_endpoints]
         self.processes: list[ManagedProcess | None] = [None] * len(etcd_endpoints)
         self.etcd_endpoints = etcd_endpoints
@@ -67,7 +71,7 @@ class Lighthouses:
         process = spawn_python(
             "-m", "lighthouse", "--port", str(port), "--advertise", f"127.0.0.1:{port}",
             "--etcd", ",".join(self.etcd_endpoints[i]), "--etcd-prefix", self.prefix, "--lease-ttl", str(LEASE_TTL_S),
-            "--join-timeout", "5", name=f"lighthouse-{i}",
+            "--join-timeout", "5", name=f"lighthouse-{i}", env=self.env,
         )
         process.wait_for_line(lambda t: t.startswith("lighthouse serving gRPC at "), EVENT_TIMEOUT_S,
                               what="its gRPC address")
@@ -99,7 +103,8 @@ def log_time(text: str) -> float:
 
 
 def start_members(lighthouses: Lighthouses, names: list[str]) -> dict[str, ManagedProcess]:
-    members = {n: spawn_python(MEMBER_SCRIPT, lighthouses.addresses, n, name=f"member-{n}") for n in names}
+    members = {n: spawn_python(MEMBER_SCRIPT, lighthouses.addresses, n, name=f"member-{n}", env=lighthouses.env)
+               for n in names}
     for m in members.values():
         wait_quorum(m, sorted(names), timeout_s=EVENT_TIMEOUT_S)
     return members
@@ -221,3 +226,23 @@ def test_etcd_quorum_lost_stops_quorums_says_so_and_resumes_when_back(etcd: Etcd
     etcd.wait_healthy(EVENT_TIMEOUT_S)
     resumed = [wait_quorum(m, ["a", "b"], after=m.mark(), timeout_s=EVENT_TIMEOUT_S)[1] for m in members.values()]
     assert all(q["quorum_id"] > before for q in resumed)
+
+
+def test_replicated_lighthouse_over_tls_hands_over_its_members(etcd: EtcdCluster, tmp_path: Path) -> None:
+    """Every lighthouse of the set serves over TLS (the job's REPLICAFT_TLS_* files) and its
+    members follow the lead to the next one when the leader is killed (issue 19)."""
+    files = make_throwaway_ca(tmp_path)
+    env = {**os.environ, "REPLICAFT_TLS_CERT": files.cert, "REPLICAFT_TLS_KEY": files.key, "REPLICAFT_TLS_CA": files.ca}
+    lighthouses = Lighthouses([etcd.endpoints] * 2, "/test/tls", env)
+    for i in range(2):
+        lighthouses.start(i)
+    leader, _ = lighthouses.wait_leader()
+    members = start_members(lighthouses, ["a", "b"])
+    marks = {n: m.mark() for n, m in members.items()}
+    stderr_marks = lighthouses.marks()
+    victim = lighthouses.processes[leader]
+    assert victim is not None
+    victim.kill()
+    lighthouses.wait_leader(exclude=(leader,), after=stderr_marks)
+    for n, m in members.items():
+        wait_quorum(m, ["a", "b"], after=marks[n], timeout_s=EVENT_TIMEOUT_S)
