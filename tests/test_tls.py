@@ -107,6 +107,19 @@ def test_only_a_failed_handshake_reads_as_a_tls_refusal(details: str, refused: b
     assert (tls_refusal(details, "127.0.0.1:1") is not None) is refused
 
 
+def test_manager_options_take_the_tls_variables_and_check_them(job_ca: TlsFiles, tmp_path: Path) -> None:
+    from replicaft.errors import OptionsError as ReplicaftOptionsError
+    from replicaft.options import ManagerOptions
+
+    env = {"REPLICAFT_LIGHTHOUSE": "127.0.0.1:1", "REPLICAFT_REPLICA_ID": "g0", "REPLICAFT_TLS_CERT": job_ca.cert,
+           "REPLICAFT_TLS_KEY": job_ca.key, "REPLICAFT_TLS_CA": job_ca.ca}
+    assert ManagerOptions.from_env(env).tls() == job_ca
+    with pytest.raises(ReplicaftOptionsError, match=r"tls_ca .* = '.*missing\.pem' cannot be read"):
+        ManagerOptions.from_env({**env, "REPLICAFT_TLS_CA": str(tmp_path / "missing.pem")})
+    with pytest.raises(ReplicaftOptionsError, match="not tls_key"):
+        ManagerOptions.from_env({k: v for k, v in env.items() if k != "REPLICAFT_TLS_KEY"})
+
+
 def test_lighthouse_with_a_missing_file_exits_with_a_one_line_error(job_ca: TlsFiles, tmp_path: Path) -> None:
     from lighthouse.__main__ import main
 
