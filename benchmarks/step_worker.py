@@ -1,7 +1,8 @@
 """One trainer process of the step-overhead benchmark: plain DDP or replicaft, same model.
 
 Prints JSON lines: ``{"event": "ready"}`` once built, then ``{"event": "done",
-"step_s": [...]}`` with the wall time of every timed step (``zero_grad`` to ``step``).
+"step_s": [...], "phases_s": {...}}`` with the wall time of every timed step (``zero_grad`` to
+``step``) and, for replicaft, each phase's time in every timed step (``Manager.step_phases``).
 """
 
 from __future__ import annotations
@@ -28,14 +29,18 @@ def build_model(size_mb: float) -> nn.Module:
     return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(HIDDEN, HIDDEN), nn.ReLU())])
 
 
-def timed_steps(step: Callable[[], None], warmup: int, steps: int) -> list[float]:
-    times = []
+def timed_steps(step: Callable[[], None], warmup: int, steps: int,
+                phases: Callable[[], dict[str, float]] = dict) -> tuple[list[float], dict[str, list[float]]]:
+    times: list[float] = []
+    by_phase: dict[str, list[float]] = {}
     for i in range(warmup + steps):
         started = time.perf_counter()
         step()
         if i >= warmup:
             times.append(time.perf_counter() - started)
-    return times
+            for name, took in phases().items():
+                by_phase.setdefault(name, []).append(took)
+    return times, by_phase
 
 
 def main() -> None:
@@ -48,6 +53,7 @@ def main() -> None:
     p.add_argument("--size-mb", type=float, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--events-dir", help="replicaft: write the event log (with a digest every step) here")
     args = p.parse_args()
     torch.set_num_threads(1)
     model = build_model(args.size_mb)
@@ -64,10 +70,11 @@ def main() -> None:
             opt.step()
 
         print(json.dumps({"event": "ready"}), flush=True)
-        times = timed_steps(step, args.warmup, args.steps)
+        times, phases = timed_steps(step, args.warmup, args.steps)
         dist.destroy_process_group()
     else:
-        options = replicaft.ManagerOptions(lighthouse=args.lighthouse, replica_id=f"g{args.rank}", digest_every_steps=0)
+        options = replicaft.ManagerOptions(lighthouse=args.lighthouse, replica_id=f"g{args.rank}",
+                                           events_dir=args.events_dir, digest_every_steps=1 if args.events_dir else 0)
         with replicaft.Manager(options, init_sync=False) as manager:
             ddp = replicaft.DistributedDataParallel(manager, model)
             opt = replicaft.Optimizer(manager, torch.optim.SGD(model.parameters(), lr=1e-3))
@@ -79,8 +86,8 @@ def main() -> None:
                     raise RuntimeError(f"step {manager.current_step()} did not commit: {manager.errored()}")
 
             print(json.dumps({"event": "ready"}), flush=True)
-            times = timed_steps(step, args.warmup, args.steps)
-    print(json.dumps({"event": "done", "step_s": times}), flush=True)
+            times, phases = timed_steps(step, args.warmup, args.steps, manager.step_phases)
+    print(json.dumps({"event": "done", "step_s": times, "phases_s": phases}), flush=True)
 
 
 if __name__ == "__main__":

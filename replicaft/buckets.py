@@ -6,7 +6,9 @@ quorum as one collective as soon as backward has filled it. Two rules are shared
 * **How parameters are cut into buckets** (``cut_buckets``): in the order given (the wrappers
   pass reverse definition order, roughly the order backward produces gradients), a new bucket
   when the cap would be passed or the dtype or device changes (one collective takes one dtype
-  on one device).
+  on one device). The first bucket closes as soon as it holds ``FIRST_BUCKET_BYTES``, as
+  torch's DDP does: its all-reduce then starts while backward still computes the rest, where
+  one bucket under the cap would leave the whole all-reduce after backward (a 10 MB model).
 * **The order buckets are launched in** (``launch_in_order``): their index order, on every
   group. Collectives across replica groups are matched by the order each group issues them,
   not by name: the n-th all-reduce of one group meets the n-th of every other. Launching a
@@ -37,6 +39,7 @@ from replicaft.process_group import ManagedWork
 B = TypeVar("B")
 
 DEFAULT_BUCKET_CAP_MB = 25.0
+FIRST_BUCKET_BYTES = 1024 * 1024
 SECOND_BACKWARD = (
     "a second backward reduced gradients in one step; run every micro-batch but the last under "
     "no_sync(), or call optimizer.zero_grad() between steps"
@@ -71,7 +74,9 @@ def cut_buckets(params: Sequence[nn.Parameter], cap_bytes: int, local: Callable[
     for p in params:
         t = local(p)
         nbytes = t.numel() * t.element_size()
-        if not runs or size + nbytes > cap_bytes or local(runs[-1][0]).dtype != t.dtype or local(runs[-1][0]).device != t.device:
+        first_full = len(runs) == 1 and size >= min(FIRST_BUCKET_BYTES, cap_bytes)
+        if (not runs or first_full or size + nbytes > cap_bytes
+                or local(runs[-1][0]).dtype != t.dtype or local(runs[-1][0]).device != t.device):
             runs.append([])
             size = 0
         runs[-1].append(p)

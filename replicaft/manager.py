@@ -182,6 +182,14 @@ class Manager:
     def errored(self) -> Exception | None:
         return self._driver.current.error
 
+    def step_phases(self) -> dict[str, float]:
+        """Where the last finished step's seconds went: ``total`` (``zero_grad`` to the
+        decision) and the runtime's parts of it — ``boundary`` (digest, checkpoint start),
+        ``quorum`` (the wait left after forward), ``plan`` (applying it), ``allreduce`` (waits
+        on gradient buckets), ``flag`` (the "ok" flag), ``vote`` (the group's vote with the
+        lighthouse's fence). Also in the "commit" event as ``step_time_s`` and for dashboards."""
+        return dict(self._driver.last_phases)
+
     @property
     def abandon_generation(self) -> int:
         """Bumped whenever a collective is abandoned; its buffers must not be reused."""

@@ -7,9 +7,9 @@ thread when the step first needs the plan (its first all-reduce, at the latest i
 * on the first quorum a process joins: decide whether to resume from disk (every participant
   at step 0 and a checkpoint on disk: every group died, or the job restarts; persistence.py);
 * at step 0, with ``init_sync``, every group but one heals from it, so all start identical;
-* rebuild the column process group when the quorum changed (process_group.py);
 * a healer starts (or keeps) its fetch (heal/healer.py); a donor publishes the snapshot its
   healers need (heal/donor.py);
+* rebuild the column process group when the quorum changed (process_group.py);
 * the ``quorum`` event.
 """
 
@@ -63,16 +63,18 @@ class PlanApplier:
         if sizes != [self._options.group_world_size]:
             raise GroupError(f"groups of the quorum have {sizes} ranks; every group must have the same W "
                              f"(this one has {self._options.group_world_size})")
-        column = self._column
-        reconfigured = column.spec is None or column.spec.quorum_id != plan.quorum_id or column.broken is not None
-        if reconfigured:
-            column.configure(ColumnSpec.for_plan(plan, self._options.group_rank))
+        # The heal's fetch first: it runs on its own thread while the column group's rendezvous
+        # (a new quorum's) blocks this one.
         if plan.healing:
             if self._healer.begin(plan, withdrawn=lambda base: self._donor.withdrew(plan, base)):
                 reached(self._faults, "heal", step)
         else:
             self._healer.not_healing(plan)
             self._donor.serve(plan, step)
+        column = self._column
+        reconfigured = column.spec is None or column.spec.quorum_id != plan.quorum_id or column.broken is not None
+        if reconfigured:
+            column.configure(ColumnSpec.for_plan(plan, self._options.group_rank))
         self._emit("quorum", quorum_id=plan.quorum_id, latency_s=answer.latency_s, num_replicas=plan.num_replicas,
                    replica_rank=plan.replica_rank, max_step=plan.max_step, healing=plan.healing,
                    participants=[m.replica_id for m in plan.participants], reconfigured=reconfigured)

@@ -71,6 +71,7 @@ from replicaft.process_group import (
 )
 from replicaft.registry import StateRegistry
 from replicaft.services import RankServices
+from replicaft.step_record import StepRecord
 
 logger = logging.getLogger(__name__)
 
@@ -79,57 +80,6 @@ POLL_S = 0.02
 QUORUM_WAIT_GRACE_S = 5.0
 
 Emit = Callable[..., None]
-
-
-class _Step:
-    """The step in progress: made by ``start_quorum``, used by the training thread only.
-
-    It keeps what the step learned (its quorum, its plan), the first error that makes it fail
-    (a later one changes nothing), and how long it was blocked on the quorum and on
-    collectives: the rest of its time is its own forward and backward, which bounds the waits
-    of a heal (heal/__init__.py).
-    """
-
-    def __init__(self, number: int, report: Callable[[Exception], None]) -> None:
-        self.number = number
-        self.started = time.monotonic()
-        self.quorum: concurrent.futures.Future[QuorumAnswer] | None = None
-        self.plan: StepPlan | None = None
-        self.error: Exception | None = None
-        self.blocked_s = 0.0
-        self.fields: dict[str, Any] = {}
-        """Extra fields of the step's "commit" event (``Manager.annotate_commit``)."""
-        self._report = report
-
-    def fail(self, error: Exception) -> None:
-        if self.error is None:
-            # Kept without its traceback and chained exceptions: their frames hold this step and
-            # a collective's handle, a reference cycle that only the cyclic collector breaks, on
-            # whatever thread it runs; freeing a failed Gloo work or group there aborted the
-            # process ("terminate called recursively", seen). Freed by reference counting, they
-            # go when the step does, on this thread. The message says what failed.
-            error.__traceback__ = error.__cause__ = error.__context__ = None
-            self.error = error
-            self._report(error)
-
-    def own_s(self) -> float:
-        return max(0.0, time.monotonic() - self.started - self.blocked_s)
-
-    def blocked(self) -> _Blocked:
-        return _Blocked(self)
-
-
-class _Blocked:
-    """``with step.blocked():`` counts the block's time as the step's blocked time."""
-
-    def __init__(self, step: _Step) -> None:
-        self._step = step
-
-    def __enter__(self) -> None:
-        self._from = time.monotonic()
-
-    def __exit__(self, *exc: object) -> None:
-        self._step.blocked_s += time.monotonic() - self._from
 
 
 class StepDriver:
@@ -154,7 +104,7 @@ class StepDriver:
         self._faults = faults
         self.step = 0
         """Committed steps so far: registered state, so it travels with a heal and a checkpoint."""
-        self.current = _Step(0, self._reported)
+        self.current = StepRecord(0, self._reported)
         self.abandon_generation = 0
         """Bumped whenever a collective is abandoned: its buffers must not be reused."""
         self._commit_failures = self._quorum_failures = 0
@@ -163,19 +113,24 @@ class StepDriver:
         """The group's last vote said a rank was asked to stop: leave at the next boundary."""
         self._last_own_s: float | None = None
         """The last step's own time, published with the quorum request (heal/__init__.py)."""
+        self.last_phases: dict[str, float] = {}
+        """Where the last finished step's time went (``Manager.step_phases``)."""
 
     # -- 1. start ------------------------------------------------------------------------------
 
     def start_quorum(self) -> None:
         """Begin a step: close the last one's boundary, then ask for this step's quorum."""
+        closing = time.monotonic()
         self._boundary.close(self.current.plan)
+        boundary_s = time.monotonic() - closing
         if self._leaving:
             self._boundary.leave_preempted(self.step, self.current.plan)
         last = self.current
         if last.quorum is not None and not last.quorum.done():
             raise GroupError("start_quorum() called twice in one step; call should_commit() in between")
         self._seal(last)  # a step that never reached should_commit (its loop raised)
-        self.current = s = _Step(self.step, self._reported)
+        self.current = s = StepRecord(self.step, self._reported)
+        s.phases["boundary"] = boundary_s
         self._notices.new_step()
         self._registry.step_started()
         self._progress.record(self.step)
@@ -196,13 +151,14 @@ class StepDriver:
             return s.plan
         try:
             o = self.options
-            with s.blocked():
+            with s.timed("quorum"):
                 answer = _wait_for_answer(s.quorum, o.quorum_timeout_s + o.connect_timeout_s + QUORUM_WAIT_GRACE_S,
                                           self._still_waiting)
             if isinstance(answer, str):
                 self.report_error(GroupError(answer))
             else:
-                s.plan = self._applier.apply(answer, self.step)
+                with s.timed("plan", blocked=False):
+                    s.plan = self._applier.apply(answer, self.step)
                 self._quorum_failures = 0
         except GroupBroken as e:
             self._broken = e  # raised at the end of the step, where the loop can take it
@@ -245,11 +201,12 @@ class StepDriver:
             self.report_error(e)
             return ManagedWork(tensor, lambda: False)
         reached(self._faults, "allreduce", self.step)
-        return ManagedWork(tensor, lambda: self._wait_collective(s, handle) and _divide(tensor, plan.num_contributors))
+        return ManagedWork(tensor, lambda: self._wait_collective(s, handle, "allreduce")
+                           and _divide(tensor, plan.num_contributors))
 
-    def _wait_collective(self, s: _Step, handle: CollectiveHandle) -> bool:
+    def _wait_collective(self, s: StepRecord, handle: CollectiveHandle, phase: str) -> bool:
         try:
-            with s.blocked():
+            with s.timed(phase):
                 handle.wait(time.monotonic() + self.options.collective_timeout_s, self._notices.abort,
                             lambda: self._progress.record(self.step))
             return True
@@ -291,7 +248,8 @@ class StepDriver:
         verdict = rank_verdict(inputs)
         flag = self._reduce_flag(plan, verdict.flag)
         vote = rank_vote(inputs, verdict, flag, None if s.error is None else str(s.error))
-        decision = self._vote(plan, vote.ok, vote.reason)
+        with s.timed("vote", blocked=False):
+            decision = self._vote(plan, vote.ok, vote.reason)
         self._leaving = decision.leave
         outcome = step_outcome(inputs.healing, verdict, flag, decision.commit)
         # A checkpoint copy may still be running behind this step: it must end before anything
@@ -308,7 +266,7 @@ class StepDriver:
             raise self._broken
         return decision.commit
 
-    def _seal(self, s: _Step) -> None:
+    def _seal(self, s: StepRecord) -> None:
         why = self._donor.seal(s.own_s())
         if why is not None:
             self.report_error(GroupError(why))
@@ -323,7 +281,7 @@ class StepDriver:
         except CollectiveError as e:
             self.report_error(e)
             return None
-        if not self._wait_collective(self.current, handle):
+        if not self._wait_collective(self.current, handle, "flag"):
             return None
         reading = read_flag(flag.item())
         if reading.failures:
@@ -352,9 +310,11 @@ class StepDriver:
         else:
             self._registry.aborted()
             self._commit_failures += failed
+        s.phases["total"] = time.monotonic() - s.started
+        self.last_phases = s.phases
         self._emit("commit", quorum_id=plan.quorum_id if plan else -1, committed=commit, reason=reason,
                    num_contributors=plan.num_contributors if plan else 0, healing=bool(plan and plan.healing),
-                   step_time_s=time.monotonic() - s.started, **s.fields)
+                   step_time_s=s.phases["total"], **s.fields)
         self._progress.record(self.step)
 
     # -- progress, events, logs ----------------------------------------------------------------
