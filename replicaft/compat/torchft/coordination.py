@@ -4,14 +4,17 @@
 this process, as torchft runs its Rust one in-process. ``LighthouseClient.quorum`` joins a
 quorum through a lighthouse session per replica id (replicaft's sessions heartbeat on their
 own; ``heartbeat`` opens one if needed). ``ManagerServer`` is a group's manager server
-(replicaft/group_server.py) and ``ManagerClient`` a rank's client of it: ``_quorum`` returns
+(replicaft/group/server.py over a coordinator) and ``ManagerClient`` a rank's client of it: ``_quorum`` returns
 torchft's ``QuorumResult`` fields computed by replicaft's step plan (lighthouse/plan.py),
 ``should_commit`` is the group's vote.
 
 Deliberate differences: a server asked to bind a wildcard address (``[::]``, ``0.0.0.0``)
 binds loopback, replicaft's default (pass a concrete address to serve other hosts); a
 store address travels in the member's ``data`` (replicaft's quorum has no such column);
-``checkpoint_metadata`` is not used (replicaft's heal finds donors through the plan).
+``checkpoint_metadata`` is not used (replicaft's heal finds donors through the plan). A manager
+server is always authenticated (torchft's is not): with the job's token (``REPLICAFT_TOKEN``)
+where there is one, which a client in another process then needs too, else with a secret made
+once per process, which a client in the same process uses.
 """
 
 from __future__ import annotations
@@ -19,25 +22,37 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import os
+import secrets
 import threading
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from lighthouse.blocking_client import LighthouseClient as _BlockingLighthouseClient
+from lighthouse.client import Progress
 from lighthouse.membership import MembershipOptions
 from lighthouse.options import LighthouseOptions
 from lighthouse.plan import plan_step
 from lighthouse.protocol import Quorum as _Quorum
 from lighthouse.server import LighthouseServer as _LighthouseServer
 from replicaft.errors import OptionsError
-from replicaft.group_server import GroupClient, GroupServer
+from replicaft.group.client import RPC_GRACE_S, RemoteGroupChannel
+from replicaft.group.coordinator import GroupCoordinator
+from replicaft.group.server import GroupServer
 from replicaft.options import ManagerOptions
+from replicaft.threads import LoopThread
 
 __all__ = ["LighthouseClient", "LighthouseServer", "ManagerClient", "ManagerServer", "Quorum", "QuorumMember"]
 
 logger = logging.getLogger(__name__)
 _WILDCARDS = {"", "::", "0.0.0.0", "[::]"}
+_PROCESS_SECRET = secrets.token_urlsafe(24)
+
+
+def _server_token() -> str:
+    """The token manager servers and clients of this process use (module docstring)."""
+    return os.environ.get("REPLICAFT_TOKEN") or _PROCESS_SECRET
 
 
 def _host_port(bind: str) -> tuple[str, int]:
@@ -188,29 +203,42 @@ class ManagerServer:
                                  max_quorum_failures=quorum_retries + 1)
         self.replica_id = replica_id
         self.store_addr = store_addr
-        self._server = GroupServer(options, lambda notice: None)
-        self._address = self._server.start()
+        self._loop = LoopThread("torchft-manager-server")
+        self._loop.start()
+        self._coordinator = GroupCoordinator(options, Progress(), lambda notice: None)
+        self._loop.call(self._coordinator.start(), options.connect_timeout_s)
+        self._server = GroupServer(self._coordinator, self._loop, host=host, token=_server_token())
+        self._address = self._server.start(options.connect_timeout_s)
 
     def address(self) -> str:
         return self._address
 
     def shutdown(self) -> None:
         self._server.stop()
+        try:
+            self._loop.call(self._coordinator.stop(), 5.0)
+        finally:
+            self._loop.stop()
 
 
 class ManagerClient:
     """A rank's client of its group's manager server."""
 
     def __init__(self, addr: str, connect_timeout: datetime.timedelta, group_rank: int = 0) -> None:
-        self._client = GroupClient(_strip_scheme(addr), group_rank, None)
+        self._address = _strip_scheme(addr)
+        self._group_rank = group_rank
+        self._client = RemoteGroupChannel(self._address, group_rank, _server_token())
         self._tag = uuid.uuid4().hex
         self._quorum_id = 0
 
     def _quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
                 timeout: datetime.timedelta, commit_failures: int, init_sync: bool = True) -> QuorumResult:
-        if group_rank != self._client.group_rank:
-            self._client = GroupClient(self._client.address, group_rank, None)
-        q = self._client.quorum(step, timeout.total_seconds(), commit_failures=commit_failures, rank_data={"tag": self._tag})
+        if group_rank != self._group_rank:
+            self._client.close()
+            self._group_rank = group_rank
+            self._client = RemoteGroupChannel(self._address, group_rank, _server_token())
+        q = self._client.ask_quorum(step, timeout.total_seconds(), commit_failures=commit_failures,
+                                    rank_data={"tag": self._tag}).result(timeout.total_seconds() + RPC_GRACE_S).quorum
         me = next(m.replica_id for m in q.participants
                   if any(isinstance(r, dict) and r.get("tag") == self._tag for r in m.data.get("ranks", [])))
         plan = plan_step(q, me)
