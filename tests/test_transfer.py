@@ -241,9 +241,10 @@ def test_placement_splits_a_range_at_tensor_boundaries_padding_included() -> Non
     flat = flatten(sample_state(seed=1))
     placement = Placement(snapshot.manifest, {"state.model.b": flat.tensors[flat.names.index("state.model.b")]})
     b = next(t for t in snapshot.manifest.tensors if t.name == "state.model.b")
-    pieces = placement.pieces(b.offset - 10, b.offset + b.num_bytes + 10)
+    pieces = placement.receive(b.offset - 10, b.offset + b.num_bytes + 10, time.monotonic() + DEADLINE_S).pieces
     assert [len(p) for p in pieces] == [10, b.num_bytes, 10]
-    assert sum(len(p) for p in placement.pieces(0, snapshot.manifest.total_bytes)) == snapshot.manifest.total_bytes
+    whole = placement.receive(0, snapshot.manifest.total_bytes, time.monotonic() + DEADLINE_S).pieces
+    assert sum(len(p) for p in whole) == snapshot.manifest.total_bytes
     assert placement.scratch.numel() == snapshot.manifest.total_bytes - b.num_bytes
 
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lighthouse.errors import ProtocolError, TlsRefused
+from replicaft.device import CopyStream, CopyTimeout
 from replicaft.errors import HealError, StateError
 from replicaft.options import HEAL_CONNECTIONS
 from replicaft.transfer.manifest import (
@@ -236,7 +237,8 @@ class _Board:
             self.cond.notify_all()
 
 
-def _receive_verified(sock: socket.socket, placement: Placement, start: int, stop: int, donor: str) -> None:
+def _receive_verified(sock: socket.socket, placement: Placement, start: int, stop: int, donor: str,
+                      deadline: float) -> None:
     """Receive [start, stop) chunk by chunk, checking each chunk's digest as soon as it is in.
 
     Raises ProtocolError at the first bad chunk, without reading the rest of the stripe: the
@@ -252,13 +254,17 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
     c = manifest.chunk_bytes
     for chunk_start in range(start, stop, c):
         chunk_stop = min(chunk_start + c, stop)
-        pieces = placement.pieces(chunk_start, chunk_stop)
-        for piece in pieces:
-            recv_exact_into(sock, piece)
-        if not chunk_ok(pieces, manifest.checksums[chunk_start // c]):
-            raise ProtocolError(
-                f"chunk {chunk_start // c} (bytes {chunk_start}..{chunk_stop}) from donor {donor} fails its checksum"
-            )
+        landing = placement.receive(chunk_start, chunk_stop, deadline)
+        try:
+            for piece in landing.pieces:
+                recv_exact_into(sock, piece)
+            if not chunk_ok(landing.pieces, manifest.checksums[chunk_start // c]):
+                raise ProtocolError(
+                    f"chunk {chunk_start // c} (bytes {chunk_start}..{chunk_stop}) from donor {donor} fails its checksum"
+                )
+            landing.land()  # staged bytes go on to the device while the next chunk is received
+        finally:
+            landing.drop()
 
 
 def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: str | None, deadline: float,
@@ -293,10 +299,10 @@ def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: s
             n = _read_reply(sock, f"range from {rid}")
             if n != s.stop - s.start:
                 raise ProtocolError(f"donor {rid} announced {n} bytes for a {s.stop - s.start}-byte range")
-            _receive_verified(sock, placement, s.start, s.stop, rid)
+            _receive_verified(sock, placement, s.start, s.stop, rid, deadline)
             board.finish(requested.popleft(), True, rid)
             received += s.stop - s.start
-    except (OSError, ProtocolError) as e:
+    except (OSError, ProtocolError, CopyTimeout) as e:
         failed = requested.popleft()
         logger.warning("heal: stripe %d..%d from %s failed: %s", failed.stripe.start, failed.stripe.stop, rid, e)
         board.finish(failed, False, rid, str(e))
@@ -355,6 +361,7 @@ def fetch_state(
     reader: str | None = None,
     connections: int = HEAL_CONNECTIONS,
     tls: ssl.SSLContext | None = None,
+    stream: CopyStream | None = None,
 ) -> HealResult:
     """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
 
@@ -364,7 +371,8 @@ def fetch_state(
     live state (live.py) keeps a copy of only what its expected healers were not sent.
     ``connections``: how many connections pull at once, in all, at least one per donor host
     (``streams_by_donor``). ``tls``: a client context (lighthouse.tls.TlsFiles.client_context)
-    when the donors serve over TLS.
+    when the donors serve over TLS. ``stream``: the copy stream ``into``'s device tensors are
+    received through (placement.py; default: the process's stream for their device).
     """
     if connections < 1:
         raise ValueError(f"connections={connections}; it must be at least 1")
@@ -406,7 +414,7 @@ def fetch_state(
             logger.error("heal: donors disagree on the state of step %d; using %s", step, usable)
         manifest = manifests[usable[0]]
         try:
-            placement = Placement(manifest, into)
+            placement = Placement(manifest, into, stream)
         except StateError as e:
             raise HealError(f"the manifest of step {step} from {usable[0]} is unusable: {e}") from None
         streams = streams_by_donor(connections, [by_id[rid] for rid in usable], healer_index)
@@ -432,6 +440,10 @@ def fetch_state(
                     spare = spares.popleft()
                     logger.info("heal: donor %s failed; reading spare donor %s in its place", rid, spare)
                     running[pull(spare)] = spare
+    try:
+        placement.finish(deadline)
+    except StateError as e:
+        raise HealError(f"heal of step {step}: the copies into device memory did not complete: {e}") from None
     if board.failed is not None:
         raise HealError(f"heal of step {step} failed: {board.failed}")
     if board.pending or sum(received.values()) < manifest.total_bytes:

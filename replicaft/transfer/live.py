@@ -26,6 +26,12 @@ like every small tensor). So:
   checkpoint's snapshot when there was one; once the snapshot is retired (no longer
   served) and no send reads it, it goes back for the next checkpoint or heal.
 
+Device (CUDA) tensors cannot be sent from where they live: they are copied at the quorum into
+the host buffer (pinned, on the copy stream's side stream, in pieces: snapshot.CopyPlan and
+replicaft/device.py), checksummed there and served from that copy. The manifest carries every
+chunk's digest, so that copy ends before the snapshot is served; it runs at the device's
+pinned copy rate (tens of GB/s), well above a socket's.
+
 Version counters read before the digests are compared at :meth:`seal`: if a live tensor was
 written meanwhile (user code in forward), what went out may mix two states, and the seal
 says so; the caller withdraws the snapshot.

@@ -14,6 +14,13 @@ fails, afterwards: the caller must treat its state as invalid from the first byt
 heal completes (replicaft.manager does), and must not hand over tensors that its own step
 writes while the transfer runs (the manager passes only large ones and checks their version
 counters before applying).
+
+A target in device memory (CUDA) is received in place too, through host staging: a chunk is
+received into a pinned staging buffer (device.py, reused from heal to heal), verified there
+(checksums on the host copy), then copied into the target on a side stream while the next
+chunk is received (:meth:`Placement.receive`); :meth:`Placement.finish` waits for those copies.
+Those writes go through a tensor with its own version counter (device.raw_bytes), like the
+CPU path's writes through a memoryview, so the healer's version check sees only its own steps.
 """
 
 from __future__ import annotations
@@ -25,14 +32,24 @@ from collections.abc import Mapping
 import torch
 
 from replicaft import reserve
+from replicaft.device import CopyStream, StagedWriter, device_of, pool_for, raw_bytes, stream_for
 from replicaft.transfer.manifest import Manifest
 from replicaft.transfer.snapshot import spec_dtype
 
 
 class Placement:
-    def __init__(self, manifest: Manifest, into: Mapping[str, torch.Tensor] | None = None) -> None:
+    def __init__(self, manifest: Manifest, into: Mapping[str, torch.Tensor] | None = None,
+                 stream: CopyStream | None = None) -> None:
+        """``stream``: the copy stream staging targets go through (default: the process's
+        stream for the device of ``into``'s device tensors, if any)."""
         into = into or {}
         self.manifest = manifest
+        if stream is None:
+            device = device_of(into.values())
+            stream = stream_for(device) if device is not None else None
+        self._writer = StagedWriter(pool_for(stream, manifest.chunk_bytes)) if stream is not None else None
+        self._staged: dict[int, torch.Tensor] = {}
+        """Segment start -> the raw bytes of a target received through staging (see the docstring)."""
         self._dtypes = [spec_dtype(spec) for spec in manifest.tensors]  # StateError for a bad spec
         self.in_place: dict[str, torch.Tensor] = {}
         """Manifest name -> the caller's tensor that receives it in place."""
@@ -43,14 +60,19 @@ class Placement:
         position = 0
         for spec in manifest.tensors:
             target = into.get(spec.name)
-            if target is not None and _fits(target, spec.dtype, spec.shape):
+            staged = target is not None and stream is not None and stream.stages(target)
+            if target is not None and (staged or target.device.type == "cpu") and _fits(target, spec.dtype, spec.shape):
                 if spec.offset > position:
                     starts.append(position)
                     targets.append(None)
                     scratch_at.append(scratch_bytes)
                     scratch_bytes += spec.offset - position
                 starts.append(spec.offset)
-                targets.append(memoryview(target.detach().reshape(-1).view(torch.uint8).numpy()))
+                if staged:
+                    self._staged[spec.offset] = raw_bytes(target)
+                    targets.append(memoryview(b""))
+                else:
+                    targets.append(memoryview(target.detach().reshape(-1).view(torch.uint8).numpy()))
                 scratch_at.append(-1)
                 self.in_place[spec.name] = target
                 position = spec.offset + spec.num_bytes
@@ -67,23 +89,34 @@ class Placement:
             view if view is not None else scratch_view[at : at + end - start]
             for view, at, start, end in zip(targets, scratch_at, starts, ends, strict=True)
         ]
+        self._lengths = [end - start for start, end in zip(starts, ends, strict=True)]
         self._scratch_at = dict(zip(starts, scratch_at, strict=True))
 
     @property
     def in_place_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.in_place.values())
 
-    def pieces(self, start: int, stop: int) -> list[memoryview]:
-        """Writable views that together are bytes [start, stop) of the snapshot, in order."""
-        out = []
+    def receive(self, start: int, stop: int, deadline: float) -> Landing:
+        """Writable views that together are bytes [start, stop) (at most one chunk) of the
+        snapshot, in order: the final memory, or a staging buffer for targets on a device."""
+        landing = Landing(self._writer)
         i = bisect.bisect_right(self._starts, start) - 1
         while start < stop:
-            segment_start, view = self._starts[i], self._views[i]
-            piece_stop = min(stop, segment_start + len(view))
-            out.append(view[start - segment_start : piece_stop - segment_start])
+            segment_start = self._starts[i]
+            piece_stop = min(stop, segment_start + self._lengths[i])
+            raw = self._staged.get(segment_start)
+            if raw is None:
+                landing.pieces.append(self._views[i][start - segment_start : piece_stop - segment_start])
+            else:
+                landing.stage(raw[start - segment_start : piece_stop - segment_start], deadline)
             start = piece_stop
             i += 1
-        return out
+        return landing
+
+    def finish(self, deadline: float) -> None:
+        """Wait for the copies into targets on a device (StateError past ``deadline``)."""
+        if self._writer is not None:
+            self._writer.finish(deadline)
 
     def tensors(self) -> list[torch.Tensor]:
         """One tensor per manifest tensor, in order: the caller's own, or a view of the scratch."""
@@ -100,10 +133,40 @@ class Placement:
         return out
 
 
+class Landing:
+    """The views one chunk is received into; :meth:`land` (once it verified) sends the staged
+    part on to the device, :meth:`drop` gives an unlanded staging buffer back."""
+
+    def __init__(self, writer: StagedWriter | None) -> None:
+        self._writer = writer
+        self.pieces: list[memoryview] = []
+        self._buffer: torch.Tensor | None = None
+        self._used = 0
+        self._copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def stage(self, dst: torch.Tensor, deadline: float) -> None:
+        assert self._writer is not None, "a staged target needs the placement's writer"
+        if self._buffer is None:
+            self._buffer = self._writer.buffer(deadline)
+        src = self._buffer[self._used : self._used + dst.numel()]
+        self._used += dst.numel()
+        self.pieces.append(memoryview(src.numpy()))
+        self._copies.append((dst, src))
+
+    def land(self) -> None:
+        if self._buffer is not None and self._writer is not None:
+            self._writer.land(self._buffer, self._copies)
+            self._buffer = None
+
+    def drop(self) -> None:
+        if self._buffer is not None and self._writer is not None:
+            self._writer.pool.release(self._buffer)
+            self._buffer = None
+
+
 def _fits(target: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> bool:
     return (
-        target.device.type == "cpu"
-        and target.is_contiguous()
+        target.is_contiguous()
         and str(target.dtype).removeprefix("torch.") == dtype
         and tuple(target.shape) == shape
         and math.prod(shape) > 0
