@@ -25,7 +25,7 @@ from typing import Any
 import grpc
 
 from lighthouse import envelope, protocol
-from lighthouse.asks import PendingAsk
+from lighthouse.asks import SessionAsks
 from lighthouse.channels import CHANNEL_OPTIONS, FATAL, Targets, parse_addresses, translate
 from lighthouse.errors import (
     DuplicateReplica,
@@ -35,6 +35,7 @@ from lighthouse.errors import (
     QuorumTimeout,
 )
 from lighthouse.options import TOKEN_METADATA_KEY
+from lighthouse.progress import Progress
 from lighthouse.protocol import (
     FenceRequest,
     FenceResponse,
@@ -44,7 +45,8 @@ from lighthouse.protocol import (
     QuorumRequest,
     Register,
 )
-from lighthouse.replies import QuorumAnswer, QuorumFailed, QuorumUpdate, decode_session_reply
+from lighthouse.replies import decode_session_reply
+from lighthouse.stream_writer import StreamWriter
 from lighthouse.tls import TlsFiles, grpc_aio_channel
 
 logger = logging.getLogger(__name__)
@@ -57,26 +59,6 @@ DUPLICATE_PATIENCE_S = 5.0
 before the refusal is final. A restarted group whose predecessor's host vanished (its
 session silent, not closed) is refused until the lighthouse drops that session, at most its
 heartbeat timeout (2 s by default); a second live process is refused every time."""
-
-class Progress:
-    """A group's training progress, as its heartbeats report it: the step and a count of calls.
-
-    Shared on purpose between the training thread, which records (``record``), and the
-    session's heartbeats on the client's loop, which read: each is one attribute store or load,
-    atomic under the GIL, and a lost increment when both record at once still changes the
-    count, which is all the lighthouse needs to see a group progressing.
-    """
-
-    __slots__ = ("step", "count")
-
-    def __init__(self) -> None:
-        self.step = 0
-        self.count = 0
-
-    def record(self, step: int) -> None:
-        self.step = step
-        self.count += 1
-
 
 class AsyncLighthouseClient:
     """A replica group's connection to the lighthouse (used by group rank 0's manager)."""
@@ -123,14 +105,8 @@ class AsyncLighthouseClient:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._session_task: asyncio.Task[None] | None = None
         self._call: grpc.aio.StreamStreamCall | None = None
-        self._write_lock = asyncio.Lock()
-        """Heartbeats and quorum requests share the stream; grpc.aio allows one write at a time."""
-        self._last_write = 0.0
-        """When the session last sent anything (monotonic): heartbeats fill only the silences."""
-        self._num_asks = 0
-        self._pending: PendingAsk | None = None
-        self._session_quorum: Quorum | None = None
-        """The last quorum sent on the current session: what a QuorumUpdate changes."""
+        self._writer = StreamWriter()
+        self._asks = SessionAsks(replica_id)
         self._closing = False
 
     async def start(self) -> None:
@@ -144,7 +120,7 @@ class AsyncLighthouseClient:
         call = self._call
         if call is not None and self._registered.is_set():
             try:
-                await asyncio.wait_for(self._write(call, Heartbeat(self.progress.step, self.progress.count, leaving=True)), 1.0)
+                await asyncio.wait_for(self._writer.write(call, Heartbeat(self.progress.step, self.progress.count, leaving=True)), 1.0)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError, LighthouseUnavailable) as e:
                 logger.debug("could not announce leaving to the lighthouse: %s", e)
         if self._session_task is not None:
@@ -207,7 +183,7 @@ class AsyncLighthouseClient:
                 shrink_only=shrink_only,
                 commit_failures=commit_failures,
                 data=data or {},
-                ask=self._num_asks + 1,
+                ask=self._asks.num_asks + 1,
             )
             try:
                 quorum = await self._ask(request, remaining + DEADLINE_GRACE_S)
@@ -229,9 +205,7 @@ class AsyncLighthouseClient:
         call = self._call
         if call is None or not self._registered.is_set():
             raise LighthouseUnavailable("the session with the lighthouse ended before the request was sent")
-        self._num_asks = request.ask
-        pending = PendingAsk(request.ask, asyncio.get_running_loop().create_future())
-        self._pending = pending
+        pending = self._asks.begin(request.ask)
         # A timer that fails the answer, rather than asyncio.wait/wait_for around it: ~15 µs
         # less per request (measured), and the answer's own QuorumTimeout, the lighthouse's
         # reason, is never confused with this side's deadline.
@@ -239,35 +213,13 @@ class AsyncLighthouseClient:
             timeout_s, pending.fail, QuorumTimeout(f"the lighthouse at {self.address} did not answer quorum request "
                                                    f"{pending.ask} of {self.replica_id!r} within {timeout_s:g}s"))
         try:
-            await self._write(call, request)
+            await self._writer.write(call, request)
             return await pending.answer
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as e:
             raise LighthouseUnavailable(f"the session with the lighthouse broke: {e}") from None
         finally:
             timer.cancel()
-            if pending.answer.done() and not pending.answer.cancelled():
-                pending.answer.exception()  # retrieved: a send that failed already said why
-            if self._pending is pending:
-                self._pending = None
-
-    def _settle(self, reply: QuorumAnswer | QuorumUpdate | QuorumFailed) -> None:
-        """Take a quorum reply. Every quorum sent on the session becomes the base of the next
-        update, whether or not it is still awaited: the lighthouse counts what it sent."""
-        result: Quorum | QuorumFailed
-        if isinstance(reply, QuorumAnswer):
-            result = self._session_quorum = Quorum.decode(reply.quorum)
-        elif isinstance(reply, QuorumUpdate):
-            if self._session_quorum is None:
-                raise ProtocolError(f"QuorumUpdate for request {reply.ask} before any quorum on this session")
-            result = self._session_quorum = reply.apply(self._session_quorum)
-        else:
-            result = reply
-        if self._pending is None or not self._pending.settle(reply.ask, result):
-            logger.debug("%s ignores a late reply to quorum request %d", self.replica_id, reply.ask)
-
-    def _fail_pending(self, error: Exception) -> None:
-        if self._pending is not None:
-            self._pending.fail(error)
+            self._asks.end(pending)
 
     async def fence(self, quorum_id: int, step: int, timeout_s: float) -> FenceResponse:
         """Ask whether this group may commit ``step`` of ``quorum_id``; never raises for I/O.
@@ -340,7 +292,7 @@ class AsyncLighthouseClient:
         """Retrying cannot help: every waiting and later call raises ``error``."""
         logger.error("lighthouse refused the session of %s: %s", self.replica_id, error)
         self._fatal = error
-        self._fail_pending(error)
+        self._asks.fail(error)
         self._registered.set()
 
     async def _one_session(self) -> bool:
@@ -348,11 +300,11 @@ class AsyncLighthouseClient:
         channel = self._channel_to(self.targets.current)
         call = channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata,
                                                               wait_for_ready=self._wait_for_ready)
-        self._session_quorum = None
+        self._asks.new_session()
         self._call = call
         heartbeats: asyncio.Task[None] | None = None
         try:
-            await self._write(call, Register(self.replica_id, self.member_address, self.world_size, self.progress.step,
+            await self._writer.write(call, Register(self.replica_id, self.member_address, self.world_size, self.progress.step,
                                              self.last_quorum_id, self.instance, self.heartbeat_interval_s))
             raw = await call.read()
             if raw is grpc.aio.EOF:
@@ -371,7 +323,7 @@ class AsyncLighthouseClient:
                     return True
                 reply = decode_session_reply(raw)
                 if not isinstance(reply, Notice):
-                    self._settle(reply)
+                    self._asks.settle(reply)
                     continue
                 self._pace(reply)
                 if self.on_notice is not None:
@@ -383,7 +335,7 @@ class AsyncLighthouseClient:
                     return True
         finally:
             self._call = None
-            self._fail_pending(LighthouseUnavailable("the session with the lighthouse ended"))
+            self._asks.fail(LighthouseUnavailable("the session with the lighthouse ended"))
             if heartbeats is not None:
                 heartbeats.cancel()
             call.cancel()
@@ -398,25 +350,8 @@ class AsyncLighthouseClient:
         step of a fast loop sends no heartbeats at all (at 256 members these were more than
         half of the lighthouse's reads)."""
         while not self._closing:
-            quiet_s = time.monotonic() - self._last_write
+            quiet_s = time.monotonic() - self._writer.last_write
             if quiet_s >= self.heartbeat_interval_s:
-                await self._write(call, Heartbeat(self.progress.step, self.progress.count))
+                await self._writer.write(call, Heartbeat(self.progress.step, self.progress.count))
                 quiet_s = 0.0
             await asyncio.sleep(self.heartbeat_interval_s - quiet_s)
-
-    async def _write(self, call: grpc.aio.StreamStreamCall, message: Any) -> None:
-        """Send ``message`` on the session stream ``call``.
-
-        Raises LighthouseUnavailable when the session ends while the message is being sent:
-        grpc fails a write in flight on a call cancelled locally (the session ending, e.g.
-        fenced) with asyncio.CancelledError, which must not read as this task's cancellation.
-        """
-        async with self._write_lock:
-            try:
-                await call.write(envelope.encode(message))
-            except asyncio.CancelledError:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    raise
-                raise LighthouseUnavailable("the session with the lighthouse ended while a message was being sent") from None
-            self._last_write = time.monotonic()

@@ -30,13 +30,14 @@ import grpc
 from lighthouse import envelope, protocol
 from lighthouse.binding import bind_grpc
 from lighthouse.delivery import Delivery
-from lighthouse.errors import DuplicateReplica, ProtocolError, QuorumTooLarge, VersionMismatch
+from lighthouse.errors import DuplicateReplica, ProtocolError, QuorumTooLarge
+from lighthouse.guards import reject, require_leader, require_token
 from lighthouse.leadership import Leadership, takeover_notices
 from lighthouse.liveness import LoopLag
 from lighthouse.members import Lost
 from lighthouse.membership import Membership
 from lighthouse.metrics import Metrics
-from lighthouse.options import TOKEN_METADATA_KEY, LighthouseOptions, token_problem
+from lighthouse.options import LighthouseOptions
 from lighthouse.protocol import (
     FenceRequest,
     Notice,
@@ -53,6 +54,7 @@ from lighthouse.session import (
     check_on_session,
 )
 from lighthouse.status import StatusServer, status_snapshot
+from lighthouse.waits import Waits
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +79,7 @@ class LighthouseServer:
         self.membership = Membership(options.membership, self.incarnation)
         self.metrics = Metrics()
         self._sessions: dict[str, Session] = {}
-        self._waiters: dict[str, Waiter] = {}
-        self._round_started: float | None = None
+        self._waits = Waits()
         self._taken_over: tuple[int, frozenset[str]] | None = None
         """The previous leader's last quorum (id, members), until this leader's first quorum."""
         self._delivery = Delivery(self._sessions, self.metrics)
@@ -129,14 +130,14 @@ class LighthouseServer:
 
     async def _session(self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         await self._authenticate(context)
-        await self._require_leader(context)
+        await require_leader(context, self.leadership)
         try:
             first = await asyncio.wait_for(context.read(), REGISTER_TIMEOUT_S)
             if first is grpc.aio.EOF:
                 return
             reg = Register.decode(first)
         except (asyncio.TimeoutError, ProtocolError) as e:  # not the builtin before 3.11
-            await self._reject(context, e if isinstance(e, ProtocolError) else ProtocolError(
+            await reject(context, self._refused, e if isinstance(e, ProtocolError) else ProtocolError(
                 f"no Register message within {REGISTER_TIMEOUT_S:g}s of opening a session"))
             return
         try:
@@ -176,8 +177,8 @@ class LighthouseServer:
             )
             self._decide()
         if reader.done() and not reader.cancelled() and reader.exception() is None and (rejected := reader.result()):
-            await self._reject(context, rejected)
-        await self._require_leader(context)  # ended by a step-down: say where to go
+            await reject(context, self._refused, rejected)
+        await require_leader(context, self.leadership)  # ended by a step-down: say where to go
 
     async def _read_session(self, session: Session, context: grpc.aio.ServicerContext) -> ProtocolError | None:
         """Take a session's heartbeats and quorum requests until it ends; returns the error
@@ -214,11 +215,11 @@ class LighthouseServer:
 
     async def _quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)
-        await self._require_leader(context)
+        await require_leader(context, self.leadership)
         try:
             req = QuorumRequest.decode(raw)
         except ProtocolError as e:
-            await self._reject(context, e)
+            await reject(context, self._refused, e)
         result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         waiter = Waiter.on_future(req, result)
         if not self._join(req, waiter):
@@ -232,18 +233,17 @@ class LighthouseServer:
         except WaitFailed as e:
             await context.abort(FAILURE_STATUS[e.code], e.reason)
         finally:
-            if self._waiters.get(req.replica_id) is waiter:  # the caller went away first
-                del self._waiters[req.replica_id]
+            if self._waits.discard(waiter):  # the caller went away first
                 self.membership.leave(req.replica_id, time.monotonic())
         raise AssertionError("unreachable")
 
     async def _fence(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)
-        await self._require_leader(context)
+        await require_leader(context, self.leadership)
         try:
             req = FenceRequest.decode(raw)
         except ProtocolError as e:
-            await self._reject(context, e)
+            await reject(context, self._refused, e)
         return envelope.encode(self.membership.fence(req))
 
     # -- state-machine plumbing -------------------------------------------------------------
@@ -260,13 +260,7 @@ class LighthouseServer:
             logger.error("refused a quorum request of %s: %s", req.replica_id, e)
             waiter.fail("refused", str(e))
             return True
-        previous = self._waiters.pop(req.replica_id, None)
-        if previous is not None:
-            previous.fail("aborted", f"superseded by a newer quorum request from {req.replica_id!r}")
-        waiter.deadline = now + req.timeout_s
-        self._waiters[req.replica_id] = waiter
-        if self._round_started is None:
-            self._round_started = now
+        self._waits.add(waiter, now)
         if self.membership.may_form_now():
             self._decide()
         return True
@@ -275,9 +269,7 @@ class LighthouseServer:
         return self.membership.last_decision.reason if self.membership.last_decision else ""
 
     def _expire_waits(self, now: float) -> None:
-        expired = [w for w in self._waiters.values() if w.deadline <= now]
-        for waiter in expired:
-            del self._waiters[waiter.replica_id]
+        for waiter in self._waits.expired(now):
             self.membership.leave(waiter.replica_id, now)
             waiter.fail("timeout", f"no quorum with {waiter.replica_id!r} formed within {waiter.timeout_s:g}s: "
                                    f"{self._last_reason()}")
@@ -291,11 +283,10 @@ class LighthouseServer:
         if quorum is None:
             return
         self.metrics.quorums_formed += 1
-        if self._round_started is not None:
-            self.metrics.quorum_latency_s.observe(now - self._round_started)
-        self._round_started = now if self._waiters.keys() - set(quorum.replica_ids) else None
+        waiters, took = self._waits.take(quorum.replica_ids, now)
+        if took is not None:
+            self.metrics.quorum_latency_s.observe(took)
         encoded = self._delivery.encode(quorum)
-        waiters = [w for rid in quorum.replica_ids if (w := self._waiters.pop(rid, None)) is not None]
         new_id = quorum.quorum_id != previous_id
         if new_id and self.leadership is not None:
             # A new quorum id reaches members only once etcd holds it (replicated.py).
@@ -315,6 +306,15 @@ class LighthouseServer:
         for w in waiters:
             w.fail("aborted", f"quorum {quorum.quorum_id} was not published: {why}")
 
+    # -- guards (guards.py) -----------------------------------------------------------------
+
+    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        await require_token(context, self.options.token, server="lighthouse", refused=self._refused,
+                            fix="; start the manager with the lighthouse's token (--token or REPLICAFT_TOKEN)")
+
+    def _refused(self) -> None:
+        self.metrics.rejected_requests += 1
+
     # -- leadership (a replicated lighthouse) -----------------------------------------------
 
     def serving(self) -> bool:
@@ -330,35 +330,24 @@ class LighthouseServer:
         self.membership = self.membership.successor(incarnation)
         self.membership.restore(last_quorum, next_quorum_id, time.monotonic())
         self._taken_over = (last_quorum_id, frozenset(last_quorum)) if last_quorum else None
-        self._round_started = None
+        self._waits.round_started = None
         logger.warning("lighthouse leads (incarnation %d): quorum ids from %d; waiting for %s", incarnation,
                        next_quorum_id, sorted(last_quorum) if last_quorum is not None else "no recorded quorum")
 
     def step_down(self, reason: str) -> None:
         """Stop serving: every session ends (told where the leader is) and every wait fails.
         Idempotent; the membership is dropped, a later lead restores it from etcd."""
-        if not self._sessions and not self._waiters and not self.membership.members:
+        if not self._sessions and not self._waits.by_replica and not self.membership.members:
             return
         logger.warning("lighthouse stops serving: %s", reason)
-        for waiter in list(self._waiters.values()):
-            waiter.fail("aborted", f"the lighthouse stopped leading: {reason}")
-        self._waiters.clear()
+        self._waits.fail_all(f"the lighthouse stopped leading: {reason}")
         for session in self._sessions.values():
             session.close()
         self.membership = self.membership.successor(self.incarnation)
-        self._round_started = None
-
-    async def _require_leader(self, context: grpc.aio.ServicerContext) -> None:
-        if not self.serving():
-            assert self.leadership is not None
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                f"this lighthouse is not the leader ({self.leadership.leader_hint()})")
 
     def _handle_lost(self, lost: list[Lost]) -> None:
         for m in lost:
-            waiter = self._waiters.pop(m.replica_id, None)
-            if waiter is not None:
-                waiter.fail("aborted", f"replica {m.replica_id!r} was declared lost: {m.reason}")
+            self._waits.fail(m.replica_id, f"replica {m.replica_id!r} was declared lost: {m.reason}")
             self._delivery.send_lost(m, self.incarnation)
 
     async def _tick_forever(self) -> None:
@@ -376,20 +365,3 @@ class LighthouseServer:
                 self._expire_waits(time.monotonic())
             except Exception:
                 logger.exception("lighthouse tick failed; continuing")
-
-    async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        problem = token_problem(context.invocation_metadata(), self.options.token)
-        if problem is not None:
-            self.metrics.rejected_requests += 1
-            logger.warning("rejected a call from %s: %s token", context.peer(), problem)
-            await context.abort(
-                grpc.StatusCode.UNAUTHENTICATED,
-                f"{problem} {TOKEN_METADATA_KEY}; start the manager with the lighthouse's token "
-                "(--token or REPLICAFT_TOKEN)",
-            )
-
-    async def _reject(self, context: grpc.aio.ServicerContext, error: ProtocolError) -> None:
-        self.metrics.rejected_requests += 1
-        logger.warning("rejected a message from %s: %s", context.peer(), error)
-        code = grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, VersionMismatch) else grpc.StatusCode.INVALID_ARGUMENT
-        await context.abort(code, str(error))

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from lighthouse.client import Progress
 from lighthouse.plan import StepPlan
+from lighthouse.progress import Progress
 from replicaft.boundary import StepBoundary
 from replicaft.events import EventLog
 from replicaft.faults import parse_fault_points

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
-from lighthouse.client import Progress
+from lighthouse.progress import Progress
 from lighthouse.protocol import Notice
 from replicaft.faults import slow_serve_hook
 from replicaft.group.client import (

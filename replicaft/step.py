@@ -41,9 +41,9 @@ from typing import Any
 
 import torch
 
-from lighthouse.client import Progress
 from lighthouse.errors import QuorumTimeout, TlsRefused, Unauthenticated, VersionMismatch
 from lighthouse.plan import StepPlan
+from lighthouse.progress import Progress
 from replicaft.boundary import StepBoundary
 from replicaft.commit import (
     FlagReading,

@@ -15,8 +15,8 @@ import pytest
 from conftest import start_lighthouse
 
 from lighthouse import envelope
-from lighthouse.client import Progress
 from lighthouse.options import TOKEN_METADATA_KEY
+from lighthouse.progress import Progress
 from replicaft.group import protocol as gp
 from replicaft.group.client import RemoteGroupChannel
 from replicaft.group.coordinator import GroupCoordinator

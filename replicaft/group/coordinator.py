@@ -16,7 +16,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from lighthouse.client import AsyncLighthouseClient, Progress
+from lighthouse.client import AsyncLighthouseClient
+from lighthouse.progress import Progress
 from lighthouse.protocol import Notice, Quorum
 from replicaft.commit import CommitDecision, decide_commit
 from replicaft.errors import GroupBroken, GroupError, StepMismatch

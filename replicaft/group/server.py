@@ -19,7 +19,7 @@ import grpc
 
 from lighthouse import envelope
 from lighthouse.errors import LighthouseError, ProtocolError
-from lighthouse.options import TOKEN_METADATA_KEY, token_problem
+from lighthouse.guards import require_token
 from lighthouse.tls import TlsFiles, add_port
 from replicaft.errors import GroupBroken, StepMismatch
 from replicaft.group import protocol as gp
@@ -84,9 +84,7 @@ class GroupServer:
         return f"{host}:{port}"
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        problem = token_problem(context.invocation_metadata(), self._token)
-        if problem is not None:
-            await context.abort(grpc.StatusCode.UNAUTHENTICATED, f"group manager: {problem} {TOKEN_METADATA_KEY}")
+        await require_token(context, self._token, server="group manager")
 
     async def _quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lighthouse.blocking_client import LighthouseClient as _BlockingLighthouseClient
-from lighthouse.client import Progress
 from lighthouse.membership import MembershipOptions
 from lighthouse.options import LighthouseOptions
 from lighthouse.plan import plan_step
+from lighthouse.progress import Progress
 from lighthouse.protocol import Quorum as _Quorum
 from lighthouse.server import LighthouseServer as _LighthouseServer
 from replicaft.errors import OptionsError
