@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch", type=int, default=None, help="accumulate gradients over micro-batches of this size")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--lr", type=float, default=1e-2)
+    p.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda or cuda:N")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per step (demo pacing)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -60,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     inputs = torch.randn(args.dataset_size, 16, generator=torch.Generator().manual_seed(1234))
     with torch.no_grad():
         labels = target(inputs)
+    device = torch.device(args.device)
+    model.to(device)
     with replicaft.Manager(options) as manager:
         ddp = replicaft.DistributedDataParallel(manager, model)
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
@@ -78,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             # A healer's gradient is replaced by zeros, but it still runs the step (any batch)
             # so that its collectives line up with the donors'.
             batches = loader.micro_batches() or [((inputs[: args.batch_size], labels[: args.batch_size]), 1.0)]
-            loss = torch.zeros(())
+            loss = torch.zeros((), device=device)
             for i, ((x, y), weight) in enumerate(batches):
                 last = i == len(batches) - 1
                 with contextlib.nullcontext() if last else ddp.no_sync():
-                    micro_loss = nn.functional.mse_loss(ddp(x), y) * weight
+                    micro_loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device)) * weight
                     micro_loss.backward()
                 loss += micro_loss.detach()
             manager.annotate_commit(loss=loss.item())

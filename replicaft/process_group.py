@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -182,6 +183,11 @@ class FaultTolerantProcessGroup:
             return dist.ProcessGroupGloo(store, rank, size, options)
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
+        # Non-blocking communicator init: the init with a member that died meanwhile returns
+        # instead of blocking in NCCL, and ``abandon``'s abort() can end it; torch bounds its
+        # waits on a non-blocking communicator by TORCH_NCCL_NONBLOCKING_TIMEOUT (read here).
+        options.config.blocking = False
+        os.environ.setdefault("TORCH_NCCL_NONBLOCKING_TIMEOUT", f"{self.connect_timeout_s:g}")
         pg = dist.ProcessGroupNCCL(store, rank, size, options)
         device = torch.device("cuda", torch.cuda.current_device())
         pg.eager_connect_single_device(device)
