@@ -119,6 +119,14 @@ class ManagerOptions:
     """After SIGTERM, how long the writer group may spend on its emergency save."""
     fault_points: str | None = None
     """Kill this process at named points (``allreduce@5``), for chaos tests; see faults.py."""
+    deterministic: bool = False
+    """Make each committed update depend only on the step's global batch, never on which groups
+    took part (``REPLICAFT_DETERMINISTIC=1``): the batch is cut into ``virtual_shards`` fixed
+    shards whose gradients are summed exactly (deterministic.py). Needs the DDP wrapper and
+    ``policy="global"`` data; costs one backward per shard and twice the bytes on the wire."""
+    virtual_shards: int = 8
+    """Shards of each step's global batch in the deterministic mode: at least the most groups
+    the job will have (groups past it contribute zeros), and a divisor of the global batch."""
 
     def __post_init__(self) -> None:
         self.tls()
@@ -174,6 +182,11 @@ class ManagerOptions:
             raise OptionsError("checkpoint intervals must be >= 0 (0 = off)")
         if self.preemption_grace_s <= 0:
             raise OptionsError(f"preemption_grace_s={self.preemption_grace_s}; it must be positive")
+        if self.virtual_shards < 1:
+            raise OptionsError(f"virtual_shards={self.virtual_shards}; it must be at least 1 (at least the most groups)")
+        if self.deterministic and self.group_world_size > 1:
+            raise OptionsError(f"deterministic=True with group_world_size={self.group_world_size}: the deterministic "
+                               "mode supports groups of one rank (the DDP wrapper) only; unset it or use W=1")
         if self.digest_every_steps < 0:
             raise OptionsError(f"digest_every_steps={self.digest_every_steps}; use 0 (off) or more")
 
@@ -219,6 +232,10 @@ def _is_host_port(address: str) -> bool:
 
 
 def _parse(env_name: str, type_name: str, raw: str) -> Any:
+    if type_name.startswith("bool"):
+        if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
+            raise OptionsError(f"{env_name}={raw!r} is not a boolean; set it to 1 or 0 (true/false) or unset it")
+        return raw.lower() in ("1", "true", "yes")
     try:
         if type_name.startswith("int"):
             return int(raw)

@@ -189,3 +189,17 @@ def test_from_env_empty_variable_means_unset() -> None:
     )
     assert options.token is None
     assert options.heal_timeout_s == ManagerOptions(lighthouse="127.0.0.1:29510", replica_id="g0").heal_timeout_s
+
+
+def test_deterministic_mode_read_from_env_and_checked() -> None:
+    env = {**{f"REPLICAFT_{k.upper()}": v for k, v in REQUIRED.items()},
+           "REPLICAFT_DETERMINISTIC": "true", "REPLICAFT_VIRTUAL_SHARDS": "6"}
+    options = ManagerOptions.from_env(env)
+    assert (options.deterministic, options.virtual_shards) == (True, 6)
+    assert ManagerOptions.from_env({**env, "REPLICAFT_DETERMINISTIC": "0"}).deterministic is False
+    with pytest.raises(OptionsError, match="REPLICAFT_DETERMINISTIC='maybe' is not a boolean; set it to 1 or 0"):
+        ManagerOptions.from_env({**env, "REPLICAFT_DETERMINISTIC": "maybe"})
+    with pytest.raises(OptionsError, match="virtual_shards=0; it must be at least 1"):
+        build(virtual_shards=0)
+    with pytest.raises(OptionsError, match="supports groups of one rank"):
+        build(deterministic=True, group_world_size=2, group_store="h:1")
