@@ -41,7 +41,8 @@ from replicaft.checkpoint import CheckpointReader
 from replicaft.options import ManagerOptions
 from replicaft.persistence import Persistence
 from replicaft.state import flatten
-from replicaft.transfer.client import Donor, fetch_state
+from replicaft.transfer.client import fetch_state
+from replicaft.transfer.donors import Donor
 from replicaft.transfer.server import StateServer
 from replicaft.transfer.snapshot import Snapshot, SpareBuffer
 

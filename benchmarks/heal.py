@@ -353,7 +353,7 @@ def run(*, quick: bool) -> BenchmarkResult:
         "(params has every round's and a bootstrap 95 % interval of the median; heal_1donor_aa_paired_* is the "
         "one-donor heal over the other one-donor heal, the control: identical heals differ this much); the "
         "loopback donors share one host, so with two or three one is read over both connections and the others "
-        "are spares, asked for their manifests only (replicaft.transfer.client.streams_by_donor); "
+        "are spares, asked for their manifests only (replicaft.transfer.donors.streams_by_donor); "
         "TLS: heal_gbps_*_1donor_tls heals from one donor over TLS (mutual; throw-away CA, ECDSA P-256; "
         "the donor's second, TLS listener serves the same live tensors), its ratio is to the plaintext "
         "one-donor heal of the same run (heal_plaintext_gbps_*); *_vs_raw_tls to the raw receiver over TLS "

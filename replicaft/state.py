@@ -36,10 +36,10 @@ import msgpack
 import torch
 
 from replicaft.errors import StateError
-
-_TENSOR = "__tensor__"
-_TUPLE = "__tuple__"
-_DICT = "__dict__"
+from replicaft.skeleton import DICT as _DICT
+from replicaft.skeleton import TENSOR as _TENSOR
+from replicaft.skeleton import TUPLE as _TUPLE
+from replicaft.skeleton import SkeletonError, check_skeleton
 
 DTYPES: dict[str, torch.dtype] = {
     str(dt).removeprefix("torch."): dt
@@ -145,15 +145,19 @@ def flatten(state: Mapping[str, Any]) -> Flat:
 
 
 def unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    """The state ``flatten`` made ``skeleton`` from, with ``tensors`` in place; StateError for a
+    skeleton no ``flatten`` could have made (skeleton.py)."""
+    try:
+        check_skeleton(skeleton, len(tensors))
+    except SkeletonError as e:
+        raise StateError(str(e)) from None
+
     def walk(value: Any) -> Any:
         if isinstance(value, list):
             return [walk(v) for v in value]
         if isinstance(value, dict):
             if _TENSOR in value:
-                index = value[_TENSOR]
-                if not isinstance(index, int) or not 0 <= index < len(tensors):
-                    raise StateError(f"state skeleton refers to tensor {index!r}; there are {len(tensors)}")
-                return tensors[index]
+                return tensors[value[_TENSOR]]
             if _TUPLE in value:
                 return tuple(walk(v) for v in value[_TUPLE])
             if _DICT in value:

@@ -31,7 +31,7 @@ def manifest_for(buffer: bytes, chunk_bytes: int, tensors: tuple[TensorSpec, ...
         step=step,
         quorum_id=2,
         replica_id="g1",
-        skeleton={"model": {"w": {"__tensor__": 0}}, "step": step},
+        skeleton={"model": {f"t{i}": {"__tensor__": i} for i in range(len(tensors))}, "step": step},
         tensors=tensors,
         total_bytes=len(buffer),
         chunk_bytes=chunk_bytes,
@@ -40,7 +40,7 @@ def manifest_for(buffer: bytes, chunk_bytes: int, tensors: tuple[TensorSpec, ...
 
 
 def sized_manifest(total_bytes: int, chunk_bytes: int) -> Manifest:
-    return Manifest(5, 2, "g1", None, (), total_bytes, chunk_bytes, (bytes(16),) * -(-total_bytes // chunk_bytes))
+    return Manifest(5, 2, "g1", {}, (), total_bytes, chunk_bytes, (bytes(16),) * -(-total_bytes // chunk_bytes))
 
 
 # -- layout and checksums -------------------------------------------------------------------
@@ -166,7 +166,7 @@ def test_encoded_manifest_decodes_to_itself() -> None:
 @settings(deadline=None)
 @given(st.integers(0, 2**62), st.integers(0, 2**62), st.text(min_size=1, max_size=128))
 def test_manifest_with_any_ids_decodes_to_itself(step: int, quorum_id: int, replica_id: str) -> None:
-    manifest = Manifest(step, quorum_id, replica_id, [1, {"a": None}], (), 0, 64, ())
+    manifest = Manifest(step, quorum_id, replica_id, {"x": [1, {"a": None}]}, (), 0, 64, ())
     assert Manifest.decode(manifest.encode()) == manifest
 
 

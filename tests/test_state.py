@@ -236,5 +236,5 @@ def test_unsupported_value_message_says_what_to_do() -> None:
 
 @pytest.mark.parametrize("index", [5, -1, "0", None])
 def test_skeleton_referring_to_a_missing_tensor_raises_state_error(index: Any) -> None:
-    with pytest.raises(StateError, match=r"refers to tensor .*; there are 2"):
+    with pytest.raises(StateError, match=r"state.w: tensor reference .* is not one of the 2 tensors"):
         unflatten({"w": {"__tensor__": index}}, [torch.zeros(1), torch.zeros(1)])

@@ -25,7 +25,8 @@ from lighthouse.throwaway_ca import make_throwaway_ca
 from lighthouse.tls import TlsFiles, tls_refusal
 from replicaft.errors import HealError
 from replicaft.state import flatten
-from replicaft.transfer.client import Donor, fetch_state
+from replicaft.transfer.client import fetch_state
+from replicaft.transfer.donors import Donor
 from replicaft.transfer.server import StateServer
 from replicaft.transfer.snapshot import Snapshot
 

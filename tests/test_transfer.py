@@ -27,13 +27,8 @@ from lighthouse.errors import ProtocolError
 from replicaft.errors import HealError, StateError
 from replicaft.state import flatten, unflatten
 from replicaft.transfer import live as live_module
-from replicaft.transfer.client import (
-    Donor,
-    HealResult,
-    fetch_manifest,
-    fetch_state,
-    streams_by_donor,
-)
+from replicaft.transfer.client import HealResult, fetch_manifest, fetch_state
+from replicaft.transfer.donors import Donor, streams_by_donor
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec, chunk_stripes
 from replicaft.transfer.placement import Placement
@@ -963,3 +958,59 @@ def test_a_state_server_retires_the_snapshots_it_stops_serving() -> None:
         assert spare.take() is None
         server.retain(set())
         assert spare.take() is not None and server.published_steps == set()
+
+
+def _liar(snapshot: Snapshot, **changes: Any) -> Snapshot:
+    """The same bytes under a manifest that lies about the rest of the state (issue 19 bug 1)."""
+    skeleton = msgpack.unpackb(msgpack.packb(snapshot.manifest.skeleton), strict_map_key=False)
+    skeleton["cursor"] = 999_999
+    skeleton["optimizer"]["param_groups"][0]["lr"] = 10.0
+    return Snapshot(snapshot.buffer, dataclasses.replace(snapshot.manifest, skeleton=skeleton, **changes))
+
+
+def test_two_donors_disagreeing_on_the_non_tensor_state_heal_from_neither() -> None:
+    snapshot = sample_snapshot()
+    with donors(("a-liar", _liar(snapshot), None), ("honest", snapshot, None)) as ds:
+        with pytest.raises(HealError, match=r"donors \['a-liar', 'honest'\] disagree on the state of step 5"):
+            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+
+
+def test_an_outvoted_liar_is_not_healed_from_even_when_its_id_sorts_first() -> None:
+    snapshot = sample_snapshot()
+    with donors(("a-liar", _liar(snapshot), None), ("b", snapshot, None), ("c", snapshot, None)) as ds:
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+    state = unflatten(result.manifest.skeleton, result.tensors)
+    assert state["cursor"] == 4096 and state["optimizer"]["param_groups"][0]["lr"] == 1e-3
+    assert "a-liar" not in result.bytes_by_donor
+    assert_same_state(result, snapshot)
+
+
+def test_a_tensor_relabelled_to_another_dtype_is_refused_against_the_healers_own() -> None:
+    snapshot = sample_snapshot()
+    relabelled = tuple(dataclasses.replace(t, dtype="int32") if t.name == "state.model.w" else t
+                       for t in snapshot.manifest.tensors)
+    own = flatten(sample_state())
+    expected = {n: (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in zip(own.names, own.tensors, strict=True)}
+    liar = Snapshot(snapshot.buffer, dataclasses.replace(snapshot.manifest, tensors=relabelled))
+    with donors(("liar", liar, None)) as ds:
+        with pytest.raises(HealError, match=r"describes state.model.w as int32\[300000\]; this rank's is float32\[300000\]"):
+            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, expected=expected)
+
+
+def test_a_state_larger_than_the_healer_expects_is_refused_before_anything_is_allocated() -> None:
+    snapshot = sample_snapshot()
+    huge = 64 * 2**30
+    claim = dataclasses.replace(snapshot.manifest, skeleton={"w": {"__tensor__": 0}},
+                                tensors=(TensorSpec("state.w", "float32", (huge // 4,), 0, huge),),
+                                total_bytes=huge, chunk_bytes=2**30, checksums=(bytes(16),) * 64)
+    with donors(("liar", Snapshot(snapshot.buffer, claim), None)) as ds:
+        with pytest.raises(HealError, match=f"claims {huge} bytes of state; this rank expects at most 1000000"):
+            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, max_bytes=1_000_000)
+
+
+def test_a_malformed_skeleton_is_refused_with_the_manifest_not_after_the_vote() -> None:
+    snapshot = sample_snapshot()
+    broken = Snapshot(snapshot.buffer, dataclasses.replace(snapshot.manifest, skeleton={"w": {"__tensor__": 99}}))
+    with donors(("broken", broken, None)) as ds:
+        with pytest.raises(HealError, match=r"Manifest.skeleton: state skeleton at state.w: tensor reference"):
+            fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)

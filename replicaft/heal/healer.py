@@ -36,9 +36,16 @@ from replicaft.heal.catchup import CatchUp
 from replicaft.options import ManagerOptions
 from replicaft.registry import StateRegistry
 from replicaft.state import SMALL_TENSOR_BYTES, unflatten
-from replicaft.transfer.client import Donor, HealResult, fetch_state
+from replicaft.transfer.client import HealResult, fetch_state
+from replicaft.transfer.donors import Donor
 
 logger = logging.getLogger(__name__)
+
+HEAL_SIZE_FACTOR = 4
+HEAL_SIZE_SLACK_BYTES = 256 * 1024 * 1024
+"""A donor's state may be larger than the healer's own (an optimizer that creates its state at
+its first step: Adam's two moments make it 3x the parameters), but not beyond this factor of
+it plus this slack: a manifest claiming more is refused before anything is allocated for it."""
 
 Emit = Callable[..., None]
 
@@ -86,10 +93,14 @@ class Healer:
         if self._catchup is not None:
             return False
         targets = self._targets()
+        own = self._registry.flat()
+        expected = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape))
+                    for name, t in zip(own.names, own.tensors, strict=True)}
+        max_bytes = HEAL_SIZE_FACTOR * sum(t.numel() * t.element_size() for t in own.tensors) + HEAL_SIZE_SLACK_BYTES
         self._torn = self._torn or bool(targets)
         self._emit("heal_start", quorum_id=plan.quorum_id, donors=list(plan.donors), max_step=plan.max_step,
                    hold=self._hold_next)
-        future = self._pool.submit(self._fetch, plan, targets)
+        future = self._pool.submit(self._fetch, plan, targets, expected, max_bytes)
         self._catchup = CatchUp(plan.max_step, future, targets=targets, versions={n: t._version for n, t in targets.items()},
                                 hold=self._hold_next, max_records=self._options.heal_replay_steps,
                                 max_record_bytes=self._options.heal_replay_bytes)
@@ -183,7 +194,8 @@ class Healer:
             if name not in self._not_in_place and t.numel() * t.element_size() >= SMALL_TENSOR_BYTES
         }
 
-    def _fetch(self, plan: StepPlan, targets: dict[str, torch.Tensor]) -> HealResult:
+    def _fetch(self, plan: StepPlan, targets: dict[str, torch.Tensor],
+               expected: dict[str, tuple[str, tuple[int, ...]]], max_bytes: int) -> HealResult:
         """On the heal thread: pull and verify the donors' snapshot of ``plan.max_step``."""
         r = self._options.group_rank
         donors = []
@@ -204,6 +216,8 @@ class Healer:
             reader=self._options.replica_id,
             connections=self._options.heal_connections,
             tls=tls.client_context() if tls else None,
+            expected=expected,
+            max_bytes=max_bytes,
         )
 
 

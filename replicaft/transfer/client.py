@@ -32,10 +32,10 @@ import socket
 import ssl
 import threading
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -43,9 +43,16 @@ from lighthouse.errors import ProtocolError, TlsRefused
 from replicaft.device import CopyStream, CopyTimeout
 from replicaft.errors import HealError, StateError
 from replicaft.options import HEAL_CONNECTIONS
+from replicaft.transfer.board import StripeBoard, StripeTask
+from replicaft.transfer.donors import (
+    Donor,
+    agreed_donors,
+    check_against_own,
+    host_port,
+    streams_by_donor,
+)
 from replicaft.transfer.manifest import (
     MAX_MANIFEST_BYTES,
-    ByteStripe,
     Manifest,
     chunk_ok,
     chunk_stripes,
@@ -61,12 +68,6 @@ MANIFEST_WAIT_S = 10.0
 MANIFEST_GRACE_S = 1.0
 """Once one donor served its manifest, how long the others may still say "not yet"."""
 DONE_NOTICE_TIMEOUT_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class Donor:
-    replica_id: str
-    address: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,18 +92,12 @@ class HealResult:
         return sum(s.num_bytes for s in self.manifest.tensors if s.name in self.in_place)
 
 
-def _host_port(address: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port`` too) as (host, port)."""
-    host, port = address.rsplit(":", 1)
-    return host.strip("[]"), int(port)
-
-
 def _connect(address: str, deadline: float, tls: ssl.SSLContext | None) -> socket.socket:
     """A connection to the state server at ``address``, TLS-wrapped (handshake done) with ``tls``.
 
     A failed handshake raises TlsRefused (an OSError, so a donor that cannot be reached and
     one whose certificate is not the job CA's are both dropped, the latter with a reason)."""
-    host, port = _host_port(address)
+    host, port = host_port(address)
     sock = socket.create_connection((host, port), timeout=max(0.1, deadline - time.monotonic()))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
@@ -174,69 +169,6 @@ def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float,
     return manifest
 
 
-@dataclass
-class _Task:
-    stripe: ByteStripe
-    excluded: set[str] = field(default_factory=set)
-
-
-class _Board:
-    """The stripes still to fetch, shared by the donor workers."""
-
-    def __init__(self, stripes: list[ByteStripe], donors: Sequence[str]) -> None:
-        self.pending = [_Task(s) for s in stripes]
-        self.alive = set(donors)
-        self.in_flight = 0
-        self.failed: str | None = None
-        self.refetched = 0
-        self.taken_over = 0
-        """Stripes pulled from another donor than the one they were dealt to, that one being alive."""
-        self.cond = threading.Condition()
-
-    def take(self, donor: str, deadline: float, *, wait: bool = True) -> _Task | None:
-        """A stripe for ``donor``: its own, or a dead donor's, or else the last another donor
-        has not been asked for yet. None when there is none left for it, or (``wait=False``)
-        none right now."""
-        with self.cond:
-            while True:
-                if self.failed is not None or donor not in self.alive:
-                    return None
-                mine = [t for t in self.pending if donor not in t.excluded]
-                task = next((t for t in mine if t.stripe.donor == donor or t.stripe.donor not in self.alive), None)
-                if task is None and mine:
-                    task = mine[-1]
-                    self.taken_over += 1
-                if task is not None:
-                    self.pending.remove(task)
-                    self.in_flight += 1
-                    return task
-                if not wait or (not self.pending and self.in_flight == 0):
-                    return None
-                if time.monotonic() >= deadline:
-                    return None
-                self.cond.wait(0.05)
-
-    def release(self, task: _Task) -> None:
-        """Give back a stripe taken but not attempted (requested ahead from a donor that failed)."""
-        with self.cond:
-            self.in_flight -= 1
-            self.pending.append(task)
-            self.cond.notify_all()
-
-    def finish(self, task: _Task, ok: bool, donor: str, why: str = "") -> None:
-        with self.cond:
-            self.in_flight -= 1
-            if not ok:
-                self.alive.discard(donor)
-                task.excluded.add(donor)
-                self.refetched += 1
-                if not (self.alive - task.excluded):
-                    self.failed = f"bytes {task.stripe.start}..{task.stripe.stop} failed on every donor (last: {why})"
-                else:
-                    self.pending.append(task)
-            self.cond.notify_all()
-
-
 def _receive_verified(sock: socket.socket, placement: Placement, start: int, stop: int, donor: str,
                       deadline: float) -> None:
     """Receive [start, stop) chunk by chunk, checking each chunk's digest as soon as it is in.
@@ -267,7 +199,7 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
             landing.drop()
 
 
-def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: str | None, deadline: float,
+def _pull(donor: Donor, board: StripeBoard, placement: Placement, step: int, token: str | None, deadline: float,
           reader: str | None, tls: ssl.SSLContext | None) -> int:
     """Fetch stripes from ``donor`` over one connection until the board has none for it
     (each of a donor's connections runs one of these).
@@ -281,7 +213,7 @@ def _pull(donor: Donor, board: _Board, placement: Placement, step: int, token: s
     """
     rid = donor.replica_id
     sock: socket.socket | None = None
-    requested: deque[_Task] = deque()
+    requested: deque[StripeTask] = deque()
     received = 0
     try:
         while True:
@@ -327,29 +259,6 @@ def _tell_done(donors: Sequence[Donor], step: int, token: str | None, reader: st
             logger.debug("heal: donor %s was not told step %d is done: %s", donor.replica_id, step, e)
 
 
-def _deal(connections: int, among: Sequence[str]) -> dict[str, int]:
-    """``connections`` dealt evenly among donors or hosts, at least one each."""
-    base, extra = divmod(connections, len(among))
-    return {key: max(1, base + (i < extra)) for i, key in enumerate(among)}
-
-
-def streams_by_donor(connections: int, donors: Sequence[Donor], healer_index: int = 0) -> dict[str, int]:
-    """Connections per donor read from: ``connections`` dealt over the donors' hosts, at least
-    one each, each host's to one of its donors, chosen by ``healer_index`` so that several
-    healers read different ones; the host's other donors are spares.
-
-    Donors on one host share its link and memory bus, so reading several of them at once adds
-    senders, not bandwidth. On the 2-core benchmark host (1 GiB over loopback, 2 connections,
-    40-60 paired rounds each) reading two donors one connection each was 0-5 % slower than
-    reading one over both, and three, one connection each, 5 % slower.
-    """
-    by_host: dict[str, list[str]] = {}
-    for donor in donors:
-        by_host.setdefault(_host_port(donor.address)[0], []).append(donor.replica_id)
-    return {by_host[host][healer_index % len(by_host[host])]: share
-            for host, share in _deal(connections, list(by_host)).items()}
-
-
 def fetch_state(
     donors: Sequence[Donor],
     step: int,
@@ -362,6 +271,8 @@ def fetch_state(
     connections: int = HEAL_CONNECTIONS,
     tls: ssl.SSLContext | None = None,
     stream: CopyStream | None = None,
+    expected: Mapping[str, tuple[str, tuple[int, ...]]] | None = None,
+    max_bytes: int | None = None,
 ) -> HealResult:
     """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
 
@@ -373,6 +284,9 @@ def fetch_state(
     (``streams_by_donor``). ``tls``: a client context (lighthouse.tls.TlsFiles.client_context)
     when the donors serve over TLS. ``stream``: the copy stream ``into``'s device tensors are
     received through (placement.py; default: the process's stream for their device).
+    ``expected``: the dtype and shape of each tensor the healer has, by manifest name, and
+    ``max_bytes``: the most state it will take; a manifest at odds with either is refused
+    before anything is allocated (``check_against_own``).
     """
     if connections < 1:
         raise ValueError(f"connections={connections}; it must be at least 1")
@@ -407,12 +321,9 @@ def fetch_state(
                 grace.cancel()
         if not manifests:
             raise HealError(f"no donor of {sorted(by_id)} served the manifest of step {step} ({refusals or 'no answer'})")
-        votes = Counter(m.checksums for m in manifests.values())
-        agreed = votes.most_common(1)[0][0]
-        usable = sorted(rid for rid, m in manifests.items() if m.checksums == agreed)
-        if len(usable) < len(manifests):
-            logger.error("heal: donors disagree on the state of step %d; using %s", step, usable)
+        usable = agreed_donors(manifests, step)
         manifest = manifests[usable[0]]
+        check_against_own(manifest, expected, max_bytes)
         try:
             placement = Placement(manifest, into, stream)
         except StateError as e:
@@ -420,7 +331,7 @@ def fetch_state(
         streams = streams_by_donor(connections, [by_id[rid] for rid in usable], healer_index)
         readers = [rid for rid in usable if rid in streams]
         spares = deque(rid for rid in usable if rid not in streams)
-        board = _Board(chunk_stripes(manifest, readers, healer_index, max(streams.values())), usable)
+        board = StripeBoard(chunk_stripes(manifest, readers, healer_index, max(streams.values())), usable)
         if reader is not None and spares:
             threading.Thread(target=_tell_done, args=([by_id[rid] for rid in spares], step, token, reader, tls),
                              name="replicaft-heal-spares", daemon=True).start()

@@ -6,10 +6,17 @@ the non-tensor state) and carries a digest per fixed-size chunk (checksum.py; th
 names the algorithm), so a healer can fetch chunk-aligned stripes from several donors at
 once and verify each stripe on arrival, before anything is applied. Pure: no sockets, no
 torch.
+
+The chunk digests cover the bytes; :func:`state_digest` covers everything else a healer takes
+from a donor (the step, the non-tensor state, every tensor's name, dtype, shape and place, the
+chunk digests): the donors' majority vote compares it, so no part of a heal is taken on one
+donor's word where others were asked (a donor's quorum id and replica id are its own, not
+the state's, and are left out).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +26,7 @@ import msgpack
 from lighthouse.envelope import MAX_ID_CHARS, check_int, check_str, require
 from lighthouse.errors import ProtocolError
 from lighthouse.plan import STRIPES_PER_DONOR, assign_stripes
+from replicaft.skeleton import SkeletonError, check_skeleton
 from replicaft.transfer.checksum import ALGORITHM as CHECKSUM_ALGORITHM
 from replicaft.transfer.checksum import DIGEST_BYTES, digest
 
@@ -58,13 +66,8 @@ class Manifest:
         return len(self.checksums)
 
     def same_state_as(self, other: Manifest) -> bool:
-        """Two donors serve interchangeable bytes only if layout and checksums agree."""
-        return (
-            self.step == other.step
-            and self.tensors == other.tensors
-            and self.checksums == other.checksums
-            and self.skeleton == other.skeleton
-        )
+        """Two donors serve interchangeable state only if everything but their names agrees."""
+        return state_digest(self) == state_digest(other)
 
     def encode(self) -> bytes:
         return msgpack.packb(
@@ -131,17 +134,29 @@ class Manifest:
                 raise ProtocolError(f"Manifest.tensors[{i}] ({spec.name}) at offset {spec.offset} overlaps or "
                                     f"precedes the tensor before it; tensors must be in ascending byte order")
             specs.append(spec)
+        skeleton = require(o, m, "skeleton")
+        try:
+            check_skeleton(skeleton, len(specs))
+        except SkeletonError as e:
+            raise ProtocolError(f"Manifest.skeleton: {e}") from None
         return cls(
             step=check_int(m, "step", require(o, m, "step"), 0),
             quorum_id=check_int(m, "quorum_id", require(o, m, "quorum_id"), 0),
             replica_id=check_str(m, "replica_id", require(o, m, "replica_id"), MAX_ID_CHARS),
-            skeleton=require(o, m, "skeleton"),
+            skeleton=skeleton,
             tensors=tuple(specs),
             total_bytes=total,
             chunk_bytes=chunk,
             checksums=tuple(checksums),
             checksum=algorithm,
         )
+
+
+def state_digest(m: Manifest) -> bytes:
+    """One digest over all of the state ``m`` describes (module docstring)."""
+    return hashlib.blake2b(msgpack.packb(
+        [m.step, m.skeleton, [[t.name, t.dtype, list(t.shape), t.offset, t.num_bytes] for t in m.tensors],
+         m.total_bytes, m.chunk_bytes, m.checksum, list(m.checksums)], use_bin_type=True), digest_size=16).digest()
 
 
 def layout(sizes: Sequence[int]) -> tuple[list[int], int]:
