@@ -181,6 +181,7 @@ class StagingPool:
         self.buffer_bytes = buffer_bytes
         self.max_buffers = max_buffers
         self.allocated = 0
+        self.changes = 0
         self._free: list[torch.Tensor] = []
         self._cond = threading.Condition()
 
@@ -191,19 +192,33 @@ class StagingPool:
 
     def acquire(self, deadline: float) -> torch.Tensor:
         """A free buffer, waiting for one to be released until the monotonic ``deadline``."""
-        with self._cond:
-            buffer = None
-            while buffer is None:
-                buffer = self._take()
-                if buffer is None and not self._cond.wait(max(0.0, deadline - time.monotonic())):
-                    raise CopyTimeout(f"no staging buffer of {self.buffer_bytes} bytes was released in time "
-                                      f"(all {self.max_buffers} in use)")
-            return buffer
+        while True:
+            seen = self.changes
+            buffer = self.try_acquire()
+            if buffer is not None:
+                return buffer
+            self.wait_for_change(seen, deadline)
 
     def release(self, buffer: torch.Tensor) -> None:
         with self._cond:
             self._free.append(buffer)
-            self._cond.notify()
+            self.changes += 1
+            self._cond.notify_all()
+
+    def changed(self) -> None:
+        """Wake the waiters of :meth:`wait_for_change`: a buffer was queued for release."""
+        with self._cond:
+            self.changes += 1
+            self._cond.notify_all()
+
+    def wait_for_change(self, seen: int, deadline: float) -> None:
+        """Wait until :attr:`changes` moves past ``seen`` (a release, or a buffer queued for
+        one), until the monotonic ``deadline``."""
+        with self._cond:
+            while self.changes == seen:
+                if not self._cond.wait(max(0.0, deadline - time.monotonic())):
+                    raise CopyTimeout(f"no staging buffer of {self.buffer_bytes} bytes was released in time "
+                                      f"(all {self.max_buffers} in use)")
 
     def _take(self) -> torch.Tensor | None:
         if self._free:
@@ -225,14 +240,18 @@ class StagedWriter:
         self._lock = threading.Lock()
 
     def buffer(self, deadline: float) -> torch.Tensor:
-        """A staging buffer to fill: a free one, else the oldest whose copies are done (waited for)."""
-        self._reap(block_until=None)
-        buffer = self.pool.try_acquire()
-        while buffer is None:
-            if not self._reap(block_until=deadline):
-                return self.pool.acquire(deadline)  # every pending buffer is another writer's
+        """A staging buffer to fill: a free one, else the oldest whose copies are done (waited
+        for). With none free and none pending, every buffer is being filled by another thread:
+        wait until one is landed or released, then look again (a landed buffer is reaped here,
+        whoever landed it, so a writer that has finished leaves nothing stranded)."""
+        while True:
+            seen = self.pool.changes
+            self._reap(block_until=None)
             buffer = self.pool.try_acquire()
-        return buffer
+            if buffer is not None:
+                return buffer
+            if not self._reap(block_until=deadline):
+                self.pool.wait_for_change(seen, deadline)
 
     def land(self, buffer: torch.Tensor, copies: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Queue each ``(dst, src)`` copy (``src`` a slice of ``buffer``); ``buffer`` goes back to
@@ -245,6 +264,7 @@ class StagedWriter:
             return
         with self._lock:
             self._pending.append((buffer, event))
+        self.pool.changed()
 
     def finish(self, deadline: float) -> None:
         """Wait for every queued copy; the buffers go back to the pool."""

@@ -96,6 +96,25 @@ def test_staged_writer_shared_by_threads_lands_every_piece() -> None:
     assert all(int(target[p * 64]) == p % 251 + 1 for p in range(100))
 
 
+def test_a_writer_waiting_for_a_buffer_takes_one_landed_by_a_writer_that_has_finished() -> None:
+    """The one buffer is landed by a thread that then stops asking; the thread already waiting
+    must reap it rather than wait for a release nobody will make."""
+    target = torch.zeros(64, dtype=torch.uint8)
+    writer = StagedWriter(StagingPool(HostCopyStream(), 64, max_buffers=1))
+    first = writer.buffer(deadline())
+    got: list[torch.Tensor] = []
+    waiter = threading.Thread(target=lambda: got.append(writer.buffer(deadline())))
+    waiter.start()
+    until = deadline()
+    while not writer.pool._cond._waiters and time.monotonic() < until:  # the waiter is parked
+        time.sleep(0.001)
+    assert writer.pool._cond._waiters, "the second writer never waited for a buffer"
+    first.fill_(7)
+    writer.land(first, [(raw_bytes(target), first)])
+    waiter.join(DEADLINE_S)
+    assert got and got[0] is first and int(target[0]) == 7
+
+
 def test_fetch_through_staging_receives_in_place_and_a_second_heal_allocates_nothing() -> None:
     """The healer's staged path end to end over real sockets: chunks received into staging
     buffers, verified there, copied into the healer's own tensors on the copy stream."""
