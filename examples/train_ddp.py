@@ -11,6 +11,9 @@ address from the environment (``REPLICAFT_LIGHTHOUSE``, set by the launcher) or 
 Data: a fixed synthetic regression dataset read in exactly-once order: the
 ``ExactlyOnceSampler`` hands each group its share of the step's samples, and its cursor
 travels with heals, so across any failures every sample trains in exactly one committed step.
+With ``REPLICAFT_DETERMINISTIC=1`` the batch policy is ``global`` (``--batch-size`` is then the
+step's global batch, cut into ``REPLICAFT_VIRTUAL_SHARDS`` shards) and the run ends bit for bit
+where the same run with any other membership, or any failures, ends (replicaft/deterministic.py).
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(inner, lambda step: 1.0 / (1.0 + step / 100))
         optimizer = replicaft.Optimizer(manager, inner, scheduler)
-        sampler = ExactlyOnceSampler(manager, args.dataset_size, args.batch_size)
+        policy = "global" if options.deterministic else "per_group"
+        sampler = ExactlyOnceSampler(manager, args.dataset_size, args.batch_size, policy=policy)
         loader = StepDataLoader(
             sampler,
             torch.utils.data.TensorDataset(inputs, labels),

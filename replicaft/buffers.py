@@ -38,8 +38,18 @@ class BufferAverager:
     def start_average(self) -> None:
         """Issue the all-reduce of the buffers (after backward, beside the gradients)."""
         if self.enabled and self.backup:
-            self._average = torch.cat([b.detach().reshape(-1).to(torch.float64) for _, b in self._module.named_buffers()])
+            self._average = self.flat()
             self._work = self._manager.allreduce(self._average)
+
+    def flat(self) -> torch.Tensor:
+        """The current buffers as one float64 vector (the layout ``write`` takes)."""
+        return torch.cat([b.detach().reshape(-1).to(torch.float64) for _, b in self._module.named_buffers()])
+
+    def adopt(self, average: torch.Tensor) -> None:
+        """Take ``average`` (reduced elsewhere: the deterministic mode's exact sum, shard_gradients.py)
+        as this step's average, written back on commit as if this averager had reduced it."""
+        self._average = average
+        self._work = ManagedWork(average, lambda: True)
 
     def wait(self) -> None:
         if self._work is not None:

@@ -18,6 +18,11 @@ Two batch policies: ``per_group`` (each contributor takes ``batch_size``; the gl
 follows the quorum size) and ``global`` (``batch_size`` is the global batch, split as evenly
 as possible; ``loss_scale`` corrects the gradient when shares are unequal, and a share larger
 than ``micro_batch_size`` is split into micro-batches for gradient accumulation).
+
+In the deterministic mode (``ManagerOptions.deterministic``, ``policy="global"`` only) a
+group's share is the run of whole virtual shards it owns (deterministic.py), and each
+micro-batch is exactly one shard, with loss weight 1.0: the DDP wrapper takes each backward as
+one shard's gradient and divides the exact sum by the number of shards.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any, Literal
 
 import torch
 
+from replicaft.deterministic import check_shards, shard_bounds, step_shards
 from replicaft.errors import OptionsError
 from replicaft.manager import Manager
 from replicaft.registry import StepHooks
@@ -87,6 +93,18 @@ def assign_share(
     return Share(cursor, cursor + total, start, start + size, scale)
 
 
+def shard_share(cursor: int, *, batch_size: int, num_shards: int, shards: range) -> Share:
+    """The positions of ``shards`` (virtual shards owned by one group) of the step at ``cursor``
+    (pure): contiguous, since a group owns a contiguous run; none for a group that owns none.
+    ``loss_scale`` is the number of shards, as the sum of their gradients is divided by the
+    number of all shards, not of contributors."""
+    if not shards:
+        return Share(cursor, cursor + batch_size, cursor, cursor, 0.0)
+    start, _ = shard_bounds(cursor, batch_size, num_shards, shards[0])
+    _, stop = shard_bounds(cursor, batch_size, num_shards, shards[-1])
+    return Share(cursor, cursor + batch_size, start, stop, float(len(shards)))
+
+
 def epoch_permutation(epoch: int, dataset_len: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     return torch.randperm(dataset_len, generator=g)
@@ -126,6 +144,14 @@ class ExactlyOnceSampler(StepHooks):
             raise OptionsError(f"dataset_len={dataset_len} and batch_size={batch_size} must both be at least 1")
         if policy not in ("per_group", "global"):
             raise OptionsError(f"policy={policy!r}; use 'per_group' or 'global'")
+        self.deterministic = manager.options.deterministic
+        self.num_shards = manager.options.virtual_shards
+        if self.deterministic:
+            if policy != "global":
+                raise OptionsError(f"policy={policy!r} with deterministic=True: the deterministic mode cuts a fixed "
+                                   "global batch into virtual shards; use policy='global' (batch_size is then the "
+                                   "global batch)")
+            check_shards(batch_size, self.num_shards)
         self.manager = manager
         self.dataset_len = dataset_len
         self.batch_size = batch_size
@@ -142,6 +168,9 @@ class ExactlyOnceSampler(StepHooks):
 
     def share(self) -> Share:
         """This rank's share of the current step (blocks until the quorum is known)."""
+        if self._share is None and self.deterministic:
+            shards = step_shards(self.manager.wait_quorum(), self.num_shards)
+            self._share = shard_share(self.cursor, batch_size=self.batch_size, num_shards=self.num_shards, shards=shards)
         if self._share is None:
             plan = self.manager.wait_quorum()
             num = plan.num_contributors if plan is not None else 1
@@ -235,6 +264,13 @@ class StepDataLoader:
             raise OptionsError(f"micro_batch_size={micro_batch_size}; use None or at least 1")
         if num_workers < 0:
             raise OptionsError(f"num_workers={num_workers}; use 0 (load in this process) or more")
+        if sampler.deterministic:
+            shard_size = check_shards(sampler.batch_size, sampler.num_shards)
+            if micro_batch_size not in (None, shard_size):
+                raise OptionsError(f"micro_batch_size={micro_batch_size} with deterministic=True: each micro-batch is "
+                                   f"one virtual shard ({sampler.batch_size} / {sampler.num_shards} = {shard_size} "
+                                   "samples); leave micro_batch_size unset")
+            micro_batch_size = shard_size
         self.sampler = sampler
         self.dataset = dataset
         self.micro_batch_size = micro_batch_size
@@ -262,6 +298,8 @@ class StepDataLoader:
             self._predicted = self._split(share.start + total, share.stop + total)
             self._plan.extend(self._predicted)
             batches = self._receive(wanted)
+        if self.sampler.deterministic:  # exactly 1.0: a computed weight would round differently per group
+            return [(b, 1.0) for b in batches]
         return [(b, len(positions) / n * share.loss_scale) for b, positions in zip(batches, wanted, strict=True)]
 
     def _split(self, start: int, stop: int) -> list[list[int]]:

@@ -14,6 +14,10 @@ DDP's ``broadcast_buffers`` does within a job: they are averaged across the cont
 groups with the gradients and written back only when the step commits; an aborted step
 restores the values from the step's start, so a forward pass of a step that does not commit
 leaves no trace. (torchft leaves them to drift apart per group.)
+
+With ``ManagerOptions.deterministic``, every backward of a step is one virtual shard of the
+global batch and the buckets are reduced exactly once the group's last shard is done, buffers
+included (shard_gradients.py); ``no_sync()`` and ``broadcast_buffers`` have no effect there.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from replicaft.buffers import BufferAverager
 from replicaft.errors import GroupError
 from replicaft.manager import Manager
 from replicaft.registry import StepHooks
+from replicaft.shard_gradients import ShardGradients
 
 
 class DistributedDataParallel(nn.Module, StepHooks):
@@ -65,6 +70,7 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self._sync = True
         self._in_step = False
         self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
+        self._shards = ShardGradients(manager, self._buffer_sync) if manager.options.deterministic else None
         self._allocate_buckets()
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -88,6 +94,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
         if self._generation != self._manager.abandon_generation:
             self._allocate_buckets()
         self._attach_grads()
+        if self._shards is not None:
+            self._shards.before_forward()
         return self.module(*args, **kwargs)
 
     # -- buckets -------------------------------------------------------------------------------
@@ -119,11 +127,13 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self._next_launch = 0
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
-        if not self._sync:
+        if not self._sync and self._shards is None:
             return
         if not self._callback_queued:
             self._callback_queued = True
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        if self._shards is not None:
+            return
         bucket = self._bucket_of[id(p)]
         bucket.ready.add(id(p))
         if bucket.full:
@@ -136,6 +146,9 @@ class DistributedDataParallel(nn.Module, StepHooks):
 
     def _finish_backward(self) -> None:
         self._callback_queued = False
+        if self._shards is not None:
+            self._shards.backward_done(self._buckets)
+            return
         self._next_launch = launch_in_order(self._buckets, self._next_launch, lambda _: True, self._launch)
         self._buffer_sync.start_average()
         for bucket in self._buckets:
@@ -151,6 +164,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self._callback_queued = False  # a backward that raised never ran its callback
         self._in_step = True
         self._buffer_sync.step_start()
+        if self._shards is not None:
+            self._shards.step_start()
 
     def on_commit(self) -> None:
         self._in_step = False

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 
 import torch
 
+from lighthouse.plan import StepPlan
 from replicaft.errors import OptionsError
 
 INT_BITS = 62
@@ -89,6 +90,14 @@ def owned_shards(num_shards: int, contributors: Sequence[str], replica_id: str) 
     base, extra = divmod(num_shards, n)
     start = rank * base + min(rank, extra)
     return range(start, start + base + (1 if rank < extra else 0))
+
+
+def step_shards(plan: StepPlan | None, num_shards: int) -> range:
+    """The virtual shards this group computes in the step of ``plan``: none while healing (its
+    gradient is replaced by zeros) or without a plan (the step will not commit)."""
+    if plan is None or plan.healing:
+        return range(0)
+    return owned_shards(num_shards, plan.donors, plan.replica_id)
 
 
 def shard_seed(seed: int, step: int, shard: int) -> int:

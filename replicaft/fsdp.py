@@ -77,7 +77,7 @@ from replicaft.buckets import (
     launch_in_order,
 )
 from replicaft.buffers import BufferAverager
-from replicaft.errors import GroupError, StateError
+from replicaft.errors import GroupError, OptionsError, StateError
 from replicaft.manager import Manager
 from replicaft.registry import StepHooks
 
@@ -110,6 +110,9 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
                 f"FaultTolerantFSDP needs the root module after fully_shard (an FSDPModule), got "
                 f"{type(module).__name__}; call fully_shard(module, mesh=...) on its blocks and then on it"
             )
+        if manager.options.deterministic:
+            raise OptionsError("deterministic=True: the deterministic mode (virtual shards, exact sums) is built for "
+                               "replicaft.DistributedDataParallel only; unset REPLICAFT_DETERMINISTIC to use FSDP")
         super().__init__()
         self.module = module
         self._manager = manager

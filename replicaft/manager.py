@@ -26,7 +26,7 @@ from replicaft.options import ManagerOptions
 from replicaft.persistence import STATE_NAME as CHECKPOINT_STATE
 from replicaft.persistence import Persistence
 from replicaft.plan_applier import PlanApplier
-from replicaft.process_group import FaultTolerantProcessGroup, ManagedWork
+from replicaft.process_group import FaultTolerantProcessGroup, ManagedWork, Reduce
 from replicaft.registry import LoadStateDictFn, StateDictFn, StateRegistry, StepHooks
 from replicaft.services import RankServices
 from replicaft.step import StepDriver, step_seed
@@ -141,9 +141,10 @@ class Manager:
         """The plan of this step, applied; None if the quorum failed (the step will not commit)."""
         return self._driver.wait_quorum()
 
-    def allreduce(self, tensor: torch.Tensor) -> ManagedWork:
-        """Average ``tensor`` in place across the groups that contribute this step."""
-        return self._driver.allreduce(tensor)
+    def allreduce(self, tensor: torch.Tensor, *, reduce: Reduce = "sum", average: bool = True) -> ManagedWork:
+        """Average ``tensor`` in place across the groups that contribute this step (with
+        ``average=False``, only SUM or MAX it: the deterministic mode's exact sum)."""
+        return self._driver.allreduce(tensor, reduce=reduce, average=average)
 
     def record_progress(self) -> None:
         """Show the lighthouse that this group's loop is alive between steps: a loop that runs

@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 WAIT_POLL_S = 0.01
 """How often a wait checks its abort signal; bounds how late a member-lost notice is acted on."""
+Reduce = Literal["sum", "max"]
+"""The reductions a column all-reduce does: SUM for gradients and flags, MAX for the
+deterministic mode's agreed scale (deterministic.py)."""
 MAX_PARKED = 16
 """Broken groups kept alive until their abandoned operations end; beyond this the oldest is
 released anyway (logged), so a pathological run cannot grow without bound."""
@@ -193,8 +197,8 @@ class FaultTolerantProcessGroup:
         pg.eager_connect_single_device(device)
         return pg
 
-    def allreduce(self, tensor: torch.Tensor, op: str = "allreduce") -> CollectiveHandle:
-        """Start a SUM all-reduce of ``tensor`` in place; raises CollectiveError if unusable."""
+    def allreduce(self, tensor: torch.Tensor, op: str = "allreduce", *, reduce: Reduce = "sum") -> CollectiveHandle:
+        """Start a SUM (or MAX) all-reduce of ``tensor`` in place; raises CollectiveError if unusable."""
         if self.spec is None:
             raise CollectiveError(f"{op}: the column group is not configured for this quorum")
         if self.broken is not None:
@@ -202,7 +206,7 @@ class FaultTolerantProcessGroup:
         if self._pg is None:
             return CollectiveHandle(self, None, op)
         opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.SUM
+        opts.reduceOp = dist.ReduceOp.MAX if reduce == "max" else dist.ReduceOp.SUM
         try:
             work = self._pg.allreduce([tensor], opts)
         except Exception as e:

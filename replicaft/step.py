@@ -68,6 +68,7 @@ from replicaft.process_group import (
     CollectiveHandle,
     FaultTolerantProcessGroup,
     ManagedWork,
+    Reduce,
 )
 from replicaft.registry import StateRegistry
 from replicaft.services import RankServices
@@ -187,8 +188,9 @@ class StepDriver:
 
     # -- 3. all-reduce -------------------------------------------------------------------------
 
-    def allreduce(self, tensor: torch.Tensor) -> ManagedWork:
-        """Average ``tensor`` in place across the groups that contribute this step."""
+    def allreduce(self, tensor: torch.Tensor, *, reduce: Reduce = "sum", average: bool = True) -> ManagedWork:
+        """Average ``tensor`` in place across the groups that contribute this step; with
+        ``average=False`` only reduce it (SUM or MAX, deterministic.py: a healer's zeros count)."""
         s = self.current
         plan = self.wait_quorum() if s.error is None else None
         if plan is None or s.error is not None:
@@ -196,13 +198,13 @@ class StepDriver:
         if plan.healing:
             tensor.zero_()
         try:
-            handle = self._column.allreduce(tensor)
+            handle = self._column.allreduce(tensor, reduce=reduce)
         except CollectiveError as e:
             self.report_error(e)
             return ManagedWork(tensor, lambda: False)
         reached(self._faults, "allreduce", self.step)
         return ManagedWork(tensor, lambda: self._wait_collective(s, handle, "allreduce")
-                           and _divide(tensor, plan.num_contributors))
+                           and _divide(tensor, plan.num_contributors if average else 1))
 
     def _wait_collective(self, s: StepRecord, handle: CollectiveHandle, phase: str) -> bool:
         try:

@@ -16,6 +16,7 @@ from routed_train import Routed
 from replicaft.buckets import launch_in_order
 from replicaft.ddp import DistributedDataParallel
 from replicaft.errors import GroupError
+from replicaft.options import ManagerOptions
 
 
 class _Done:
@@ -27,6 +28,7 @@ class RecordingManager:
     """What the gradient wrapper calls on a manager; records each all-reduced tensor."""
 
     abandon_generation = 0
+    options = ManagerOptions(lighthouse="127.0.0.1:29510", replica_id="g0")
 
     def __init__(self) -> None:
         self.reduced: list[torch.Tensor] = []

@@ -5,7 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replicaft.data import assign_share, epoch_permutation, sample_ids
+from replicaft.data import assign_share, epoch_permutation, sample_ids, shard_share
+from replicaft.deterministic import owned_shards
 
 
 def test_per_group_shares_are_disjoint_and_contiguous() -> None:
@@ -68,3 +69,25 @@ def test_committed_steps_cover_a_prefix_exactly_once(steps: list[tuple[int, bool
                 covered.extend(range(s.start, s.stop))
             cursor = shares[0].step_stop
     assert sorted(covered) == list(range(cursor))
+
+
+def test_deterministic_share_is_the_run_of_owned_shards_with_loss_scale_their_count() -> None:
+    s = shard_share(240, batch_size=24, num_shards=6, shards=range(2, 4))
+    assert (s.step_start, s.step_stop, s.start, s.stop, s.loss_scale) == (240, 264, 248, 256, 2.0)
+
+
+def test_deterministic_share_of_a_group_without_shards_is_empty_but_spans_the_step() -> None:
+    s = shard_share(24, batch_size=24, num_shards=6, shards=range(0))
+    assert s.num_samples == 0 and (s.step_start, s.step_stop) == (24, 48)
+
+
+@given(st.integers(0, 1000), st.integers(1, 12), st.integers(1, 8), st.integers(1, 6))
+def test_deterministic_shares_cover_the_global_batch_whatever_the_contributors(
+    cursor: int, shard_size: int, num_shards: int, num_groups: int
+) -> None:
+    batch = shard_size * num_shards
+    groups = [f"g{i}" for i in range(num_groups)]
+    shares = [shard_share(cursor, batch_size=batch, num_shards=num_shards, shards=owned_shards(num_shards, groups, g))
+              for g in groups]
+    covered = sorted(p for s in shares for p in range(s.start, s.stop))
+    assert covered == list(range(cursor, cursor + batch))
