@@ -47,6 +47,8 @@ def group_command(scenario: Scenario) -> list[str]:
         script = [s.script, *s.script_args]
     else:
         script = [str(EXAMPLE), "--steps", str(s.steps), "--width", str(s.width), "--step-delay", str(s.step_delay_s)]
+        if s.deterministic:
+            script += ["--batch-size", str(s.global_batch)]
     if s.ranks_per_group == 1:
         return [sys.executable, *script]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks_per_group),
@@ -71,6 +73,9 @@ def group_env(scenario: Scenario, group_id: str, placement: GroupPlacement) -> d
         env["GLOO_SOCKET_IFNAME"] = p.interface
     if p.fault_points:
         env["REPLICAFT_FAULT_POINTS"] = p.fault_points
+    if scenario.deterministic:
+        env["REPLICAFT_DETERMINISTIC"] = "1"
+        env["REPLICAFT_VIRTUAL_SHARDS"] = str(scenario.virtual_shards)
     return env
 
 

@@ -194,6 +194,15 @@ class Scenario:
     """Invariant 5: allowed relative difference of the final loss from a fault-free run."""
     loss_window: int = 100
     """Invariant 5 compares the median loss of this many last steps, not one batch's loss."""
+    deterministic: bool = False
+    """Run replicaft's deterministic mode (``REPLICAFT_DETERMINISTIC=1``): the example's
+    ``global_batch`` is cut into ``virtual_shards``, and with ``--reference`` the run must end
+    bit for bit where the fault-free run ends (invariant ``bitwise_equal_to_reference``)."""
+    virtual_shards: int = 6
+    """``REPLICAFT_VIRTUAL_SHARDS`` in the deterministic mode: at least ``groups``."""
+    global_batch: int = 48
+    """The example's ``--batch-size`` in the deterministic mode (the step's global batch), a
+    multiple of ``virtual_shards``."""
 
     @property
     def group_ids(self) -> tuple[str, ...]:
@@ -239,6 +248,10 @@ class Scenario:
                 f"ranks_per_group={self.ranks_per_group}: W > 1 checkpoints need torch.distributed initialised "
                 "inside the group, which examples/train_ddp.py does not do; use ranks_per_group = 1"
             )
+        if self.deterministic and (self.virtual_shards < self.groups or self.global_batch % self.virtual_shards):
+            raise ScenarioError(f"scenario {self.name!r}: virtual_shards={self.virtual_shards}, global_batch="
+                                f"{self.global_batch} with groups={self.groups}; the deterministic mode needs at least "
+                                "one shard per group and a global batch that the shards divide")
         if self.lighthouse_replicas not in (1, 3):
             raise ScenarioError(f"scenario {self.name!r}: lighthouse_replicas={self.lighthouse_replicas!r}; use 1 "
                                 "(the single lighthouse) or 3 (replicated on etcd)")

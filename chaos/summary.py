@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import datetime
 from collections import Counter, defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.bitwise import check_bitwise_equal, step_digests
 from chaos.invariants import NO_HANG, CheckOptions, check_all, epoch_starts, final_loss
 from chaos.metrics import goodput, recovery_seconds, rejoin_seconds, summarise
 from chaos.outcomes import OutcomeOptions, check_outcomes
@@ -31,13 +32,15 @@ class Reference:
     committed_steps: int
     finished: bool
     """It committed every step; an unfinished reference is no baseline and is not compared with."""
+    digests: Mapping[tuple[int, int], str] = field(default_factory=dict)
+    """(step, group rank) -> state digest after the step (chaos/bitwise.py)."""
 
 
 def reference_from(record: RunRecord, events: Sequence[Event]) -> Reference:
     all_commits = commits(events)
     steps = max((c.step for c in all_commits), default=0)
     return Reference(goodput(all_commits).value, final_loss(events, record.scenario.loss_window), str(record.out_dir), steps,
-                     steps >= record.scenario.steps)
+                     steps >= record.scenario.steps, step_digests(events))
 
 
 def _reference_note(reference: Reference | None, target_steps: int) -> str:
@@ -71,7 +74,9 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
         ranks_per_group=s.ranks_per_group,
     )
     verdicts = (*check_all(events, record.faults, record.exits, options),
-                *check_outcomes(events, record.faults, record.exits, outcome_options))
+                *check_outcomes(events, record.faults, record.exits, outcome_options),
+                check_bitwise_equal(events, baseline.digests if baseline else None, deterministic=s.deterministic,
+                                    target_steps=s.steps, epoch_starts=starts))
     violations = [v.to_dict() for verdict in verdicts for v in verdict.violations]
     recovery: dict[str, list[float]] = defaultdict(list)
     rejoin: dict[str, list[float]] = defaultdict(list)

@@ -40,3 +40,13 @@ def test_lighthouse_binds_the_lab_address_only_when_given() -> None:
     s = scenario_from_dict({"name": "a"})
     assert "--host" not in lighthouse_command(s, host=None, port=0)
     assert lighthouse_command(s, host="10.88.0.1", port=4242)[-2:] == ["--host", "10.88.0.1"]
+
+
+def test_deterministic_scenario_sets_the_mode_and_the_global_batch() -> None:
+    s = scenario_from_dict({"name": "d", "groups": 3, "deterministic": True, "virtual_shards": 6, "global_batch": 48})
+    assert group_command(s)[-2:] == ["--batch-size", "48"]
+    env = group_env(s, "g0", GroupPlacement(lighthouse="127.0.0.1:1", events_dir=Path("/tmp/e")))
+    assert (env["REPLICAFT_DETERMINISTIC"], env["REPLICAFT_VIRTUAL_SHARDS"]) == ("1", "6")
+    plain = scenario_from_dict({"name": "p"})
+    assert "REPLICAFT_DETERMINISTIC" not in group_env(plain, "g0", GroupPlacement(lighthouse="127.0.0.1:1", events_dir=Path("/tmp/e")))
+    assert "--batch-size" not in group_command(plain)
