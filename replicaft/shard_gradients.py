@@ -56,6 +56,8 @@ class ShardGradients:
         self._buffers = buffers
         self._num_shards = manager.options.virtual_shards
         self._owned: range | None = None
+        self._active = False
+        """Between the step's start and its reduction: a forward then computes a shard."""
         self._done = 0
         """Backward passes finished in this step."""
         self._grads: list[list[torch.Tensor]] = []
@@ -66,6 +68,7 @@ class ShardGradients:
 
     def step_start(self) -> None:
         self._owned = None
+        self._active = True
         self._done = 0
         self._grads = []
         self._buffer_values = []
@@ -77,7 +80,10 @@ class ShardGradients:
         return self._owned
 
     def before_forward(self) -> None:
-        """Seed torch's generator for the shard this forward computes; restore the buffers."""
+        """Seed torch's generator for the shard this forward computes; restore the buffers.
+        Outside a step's shards (an evaluation after the commit) it does nothing."""
+        if not self._active:
+            return
         owned = self.owned()
         plan = self._manager.plan
         step = plan.max_step if plan is not None else self._manager.current_step()
@@ -101,6 +107,7 @@ class ShardGradients:
         for b in buckets:
             b.buffer.zero_()
         if self._done == expected:
+            self._active = False
             self._reduce(buckets)
 
     def _reduce(self, buckets: Sequence[Bucket]) -> None:

@@ -164,3 +164,18 @@ def test_a_backward_beyond_the_owned_shards_is_refused() -> None:
         nn.functional.mse_loss(ddp(DATA[:4]), LABELS[:4]).backward()
     with pytest.raises(GroupError, match=r"backward ran 3 times in one step; .* owns \(2: shards \[0, 1\]\)"):
         nn.functional.mse_loss(ddp(DATA[:4]), LABELS[:4]).backward()
+
+
+def test_an_evaluation_forward_after_the_commit_keeps_the_committed_statistics() -> None:
+    manager = ThreadManager(Column(1), "g0", ("g0",))
+    net = model()
+    ddp = DistributedDataParallel(manager, net)  # type: ignore[arg-type]
+    ddp.on_step_start()
+    for k in range(SHARDS):
+        nn.functional.mse_loss(ddp(DATA[k * SHARD_SIZE:(k + 1) * SHARD_SIZE]), LABELS[:SHARD_SIZE]).backward()
+    ddp.on_commit()
+    committed = [b.clone() for b in net.buffers()]
+    net.eval()
+    with torch.no_grad():
+        ddp(DATA)
+    assert same([b.clone() for b in net.buffers()], committed)
