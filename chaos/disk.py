@@ -5,7 +5,9 @@
   its checkpoint directory for its whole length (``mount -t tmpfs``, root only); the fault
   writes a filler file until ENOSPC and deletes it when the duration is over. Where the mount
   is refused, the fault is skipped with the reason, never simulated.
-* ``corrupt_checkpoint`` flips one byte in the middle of the first ``*.distcp`` shard of the
+* ``corrupt_checkpoint`` flips one byte in the middle of the first chunk pack (``pack-*.bin``;
+  ``*.distcp`` in the previous release's format; the tensor index when an increment wrote no
+  pack) of the
   newest *published* checkpoint (``step-NNNNNNNNN-<lineage>/``; temporary ``*.tmp-*`` directories are not
   checkpoints). The harness does it while every group is down, so no writer races it.
 
@@ -67,14 +69,14 @@ def flip_byte(path: Path) -> int:
 
 
 def corrupt_newest_checkpoint(directory: Path) -> Corruption:
-    """Flip a byte in the first ``*.distcp`` shard of the newest published checkpoint."""
+    """Flip a byte in the first data file of the newest published checkpoint."""
     found = published_checkpoints(directory)
     if not found:
         raise DiskUnavailable(f"no published checkpoint in {directory} to corrupt")
     step, path = found[0]
-    shards = sorted(path.glob("*.distcp"))
+    shards = sorted(path.glob("pack-*.bin")) or sorted(path.glob("*.distcp")) or sorted(path.glob("tensors.msgpack"))
     if not shards:
-        raise DiskUnavailable(f"{path} has no *.distcp shard to corrupt")
+        raise DiskUnavailable(f"{path} has no data file to corrupt")
     offset = flip_byte(shards[0])
     logger.info("corrupted %s at byte %d (checkpoint of step %d)", shards[0], offset, step)
     return Corruption(step, shards[0], offset)

@@ -28,7 +28,10 @@ event              fields
 ``checkpoint_start`` ``checkpoint_step``, ``background_copy_bytes`` (copied behind the next
                    step; 0: the whole snapshot was copied at the step boundary)
 ``checkpoint``     ``checkpoint_step``, ``ok``, ``status`` (published/refused/failed),
-                   ``reason``, ``path``, ``num_bytes``
+                   ``reason``, ``path``, ``num_bytes`` (written by this save), ``kind``
+                   (base/increment)
+``checkpoint_upload`` a checkpoint uploaded to the object-store tier (or not): ``checkpoint_step``,
+                   ``name``, ``ok``, ``reason``, ``num_bytes`` (sent), ``seconds``
 ``resume``         ``checkpoint_step``, ``path``, ``digest`` (loaded from disk)
 ``state_size``     once per process, after its first commit: ``num_bytes`` of state, of them
                    ``cpu_bytes`` in host memory (the launcher sizes a standby's reserve by it);

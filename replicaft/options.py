@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from lighthouse import errors as lighthouse_errors
@@ -115,6 +115,20 @@ class ManagerOptions:
     """Also keep every checkpoint whose step is a multiple of this, forever (0 = none)."""
     checkpoint_tier2_dir: str | None = None
     """A durable second directory receiving a verified background copy of each checkpoint."""
+    checkpoint_chain_length: int = 10
+    """Incremental checkpoints: a full base every N saves; between them a save writes only the
+    chunks that changed (1 = every save writes everything). See replicaft/checkpoint/chain.py."""
+    checkpoint_compression_level: int = 0
+    """zstd level (1-22) for checkpoint chunks; 0 = off, the right choice for a local disk."""
+    checkpoint_key_file: str | None = None
+    """Encrypt checkpoints at rest (AES-256-GCM) with the 32-byte key in this file, kept outside
+    the checkpoint directories; ``REPLICAFT_CHECKPOINT_KEY`` gives the key itself instead."""
+    checkpoint_key: str | None = field(default=None, repr=False)
+    checkpoint_object_store: str | None = None
+    """``s3://bucket/prefix``: each checkpoint is uploaded there in the background and restored
+    from there when no local copy is left. Credentials: boto3's (``AWS_ACCESS_KEY_ID``, ...)."""
+    checkpoint_object_store_endpoint: str | None = None
+    """The S3 API endpoint (``http://host:port``) of a store other than AWS's."""
     preemption_grace_s: float = 30.0
     """After SIGTERM, how long the writer group may spend on its emergency save."""
     fault_points: str | None = None

@@ -36,6 +36,7 @@ import datetime
 import logging
 import signal
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -110,8 +111,15 @@ class Persistence:
         # Imported here: DCP pulls in DTensor and sympy, about a second of every start-up,
         # which a job without checkpoints (or a restarted group about to heal) need not pay.
         from replicaft.checkpoint import CheckpointReader, CheckpointWriter
+        from replicaft.checkpoint.keys import load_key
+        from replicaft.checkpoint.objectstore import ObjectStore
 
-        self._reader = CheckpointReader(o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir)
+        key = load_key(key_file=o.checkpoint_key_file, key=o.checkpoint_key,
+                       data_directories=(o.checkpoint_dir, o.checkpoint_tier2_dir))
+        store = (ObjectStore(o.checkpoint_object_store, endpoint_url=o.checkpoint_object_store_endpoint)
+                 if o.checkpoint_object_store else None)
+        self._reader = CheckpointReader(o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir, encryption_key=key,
+                                        object_store=store)
         self._writer = CheckpointWriter(
             o.checkpoint_dir,
             tier2_directory=o.checkpoint_tier2_dir,
@@ -122,6 +130,10 @@ class Persistence:
             process_group=process_group,
             writer_id=f"{o.replica_id}/{o.group_rank}",
             wait_when_busy_s=SAVE_TIMEOUT_S if process_group is not None else None,
+            chain_length=o.checkpoint_chain_length,
+            compression_level=o.checkpoint_compression_level,
+            encryption_key=key,
+            object_store=store,
         )
 
     def close(self) -> None:
@@ -153,8 +165,8 @@ class Persistence:
         return self._lineage
 
     def has_checkpoint(self) -> bool:
-        """Cheap: is any checkpoint published? (Validity is checked when loading.)"""
-        return self._reader is not None and bool(self._reader.list(verify_files=False))
+        """Cheap: is any checkpoint published, in any tier? (Validity is checked when loading.)"""
+        return self._reader is not None and self._reader.has_any()
 
     def load_latest(self, template: dict[str, Any], occasion: str) -> LoadedCheckpoint | None:
         """Load the newest valid checkpoint into ``template``; the state returned carries the
@@ -223,10 +235,17 @@ class Persistence:
             return
         handle = self._writer.save_async(self._snapshot(state, step, quorum_id, None), step, {"reason": "preemption"},
                                          lineage=self._lineage)
+        deadline = time.monotonic() + self.options.preemption_grace_s
         try:
             handle.wait(timeout_s=self.options.preemption_grace_s)
         except TimeoutError as e:
             logger.error("preemption save: %s", e)
+        # A preempted machine takes its disk with it: what is not in the object store is lost.
+        uploader = self._writer.uploader
+        if uploader is not None and not uploader.wait_idle(max(0.0, deadline - time.monotonic())):
+            logger.error("[%s] preemption: the upload of the emergency checkpoint to %s did not finish within "
+                         "preemption_grace_s=%g; the next writer resumes it if this disk survives",
+                         self.options.replica_id, uploader.store.url, self.options.preemption_grace_s)
         self._report()
 
     def _snapshot(self, state: Callable[[], dict[str, Any]], step: int, quorum_id: int,
@@ -251,5 +270,9 @@ class Persistence:
                 reason=r.reason,
                 path=str(r.path) if r.path else None,
                 num_bytes=r.num_bytes,
+                kind=r.kind,
             )
+        for u in self._writer.uploader.pop_finished() if self._writer.uploader is not None else ():
+            self._emit("checkpoint_upload", checkpoint_step=u.step, name=u.name, ok=u.ok, reason=u.reason,
+                       num_bytes=u.num_bytes, seconds=u.seconds)
 

@@ -23,13 +23,13 @@ def name(step: int) -> str:
 def write_checkpoints(directory: Path, steps: list[int]) -> None:
     with CheckpointWriter(directory, lineage=LINEAGE) as writer:
         for step in steps:
-            state = {"replicaft": {"step": step}, "model": {"w": torch.zeros(256)}}
+            state = {"replicaft": {"step": step}, "model": {"w": torch.full((256,), float(step))}}
             snap = Snapshot.capture(flatten(state), step=step, quorum_id=1, replica_id="g0")
             assert writer.save_async(snap, step).wait(60).ok
 
 
 def corrupt(path: Path) -> None:
-    shard = path / "__0_0.distcp"
+    shard = path / "pack-0.bin"
     data = bytearray(shard.read_bytes())
     data[-1] ^= 0x01
     shard.write_bytes(bytes(data))
@@ -43,9 +43,9 @@ def test_list_shows_step_size_age_and_validity(tmp_path: Path, capsys: pytest.Ca
     assert main(["list", str(tmp_path)]) == 0
 
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split()[:4] == ["200", LINEAGE, "3.6", "KiB"]
-    assert f"ago  INVALID: {name(200)}/__0_0.distcp checksum mismatch (expected " in lines[0]
-    assert lines[1].split()[:4] == ["100", LINEAGE, "3.6", "KiB"] and lines[1].endswith("ago  valid")
+    assert lines[0].split()[:4] == ["200", LINEAGE, "1.3", "KiB"]
+    assert f"ago  INVALID: {name(200)}/pack-0.bin checksum mismatch (expected " in lines[0]
+    assert lines[1].split()[:4] == ["100", LINEAGE, "1.3", "KiB"] and lines[1].endswith("ago  valid")
     assert lines[2] == "1 unpublished (ignored; the next writer removes them): step-000000300.tmp-abc123"
 
 
@@ -69,7 +69,7 @@ def test_verify_valid_exits_0_and_invalid_exits_1_with_the_reason(tmp_path: Path
 
     assert main(["verify", str(tmp_path / name(200))]) == 1
     out = capsys.readouterr().out
-    assert out.startswith(f"INVALID: {name(200)}/__0_0.distcp checksum mismatch (expected ")
+    assert out.startswith(f"INVALID: {name(200)}/pack-0.bin checksum mismatch (expected ")
 
 
 @pytest.mark.parametrize(

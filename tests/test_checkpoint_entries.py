@@ -95,7 +95,7 @@ def test_fifo_in_place_of_a_manifest_or_a_shard_does_not_hang(tmp_path: Path, ca
     older, newer = write(tmp_path, OLD, [10, 20])
     (newer / MANIFEST_FILE).unlink()
     os.mkfifo(newer / MANIFEST_FILE)
-    shard = next(older.glob("*.distcp"))
+    shard = older / "pack-0.bin"
     shard.unlink()
     os.mkfifo(shard)
 

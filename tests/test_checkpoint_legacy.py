@@ -3,8 +3,10 @@
 Issue 19 bug 4: DCP read ``.metadata`` with ``pickle.load``, so a planted ``.metadata`` (its
 manifest entry re-hashed) ran code on resume; DCP's ``CheckpointException`` is a
 ``BaseException`` and passed through ``except Exception``, so resume crashed instead of
-trying the previous checkpoint. Issue 22: a checkpoint of the previous release's format
-(``tests/fixtures/checkpoint_v1``, written by that release) still loads, bitwise.
+trying the previous checkpoint. Issue 22: checkpoints of the previous releases' formats
+(``tests/fixtures/checkpoint_v1`` and ``checkpoint_v2``, each written by that release) still
+load, bitwise, through the same restricted reader, and a save after one continues its
+lineage. This release's format (version 3) holds no pickle at all.
 """
 
 from __future__ import annotations
@@ -21,12 +23,19 @@ import torch
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter
 from replicaft.checkpoint.__main__ import main
-from replicaft.checkpoint.layout import DCP_METADATA_FILE, LEGACY_LINEAGE, MANIFEST_FILE
+from replicaft.checkpoint.layout import (
+    DCP_METADATA_FILE,
+    LEGACY_LINEAGE,
+    MANIFEST_FILE,
+    TENSORS_FILE,
+)
+from replicaft.checkpoint.reader import load
 from replicaft.errors import CheckpointCorrupt
 from replicaft.state import digest, flatten
 from replicaft.transfer.snapshot import Snapshot
 
-FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint_v1"
+FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURE = FIXTURES / "checkpoint_v1"
 
 
 def state(step: int) -> dict[str, object]:
@@ -35,7 +44,7 @@ def state(step: int) -> dict[str, object]:
 
 def write(directory: Path, steps: list[int]) -> list[Path]:
     paths = []
-    with CheckpointWriter(directory, keep_last=10) as writer:
+    with CheckpointWriter(directory, keep_last=10, chain_length=1) as writer:
         for step in steps:
             snap = Snapshot.capture(flatten(state(step)), step=step, quorum_id=1, replica_id="g0")
             result = writer.save_async(snap, step).wait(60)
@@ -64,14 +73,27 @@ class _Plant:
         return (os.mkdir, (str(self.marker),))
 
 
+def legacy_pair(directory: Path) -> tuple[Path, Path]:
+    """Two checkpoints of the previous release's format: the fixture (step 3) and a copy of it
+    published as step 2 (its manifest says so; the manifest itself is not checksummed)."""
+    newer = directory / "step-000000003"
+    shutil.copytree(FIXTURE / newer.name, newer)
+    older = directory / "step-000000002"
+    shutil.copytree(FIXTURE / newer.name, older)
+    manifest = json.loads((older / MANIFEST_FILE).read_text())
+    manifest["step"] = 2
+    (older / MANIFEST_FILE).write_text(json.dumps(manifest))
+    return older, newer
+
+
 def test_planted_dcp_metadata_never_runs_and_resume_falls_back(tmp_path: Path) -> None:
-    older, newer = write(tmp_path / "ckpt", [10, 20])
+    older, newer = legacy_pair(tmp_path / "ckpt")
     marker = tmp_path / "pwned"
     replace_and_rehash(newer, DCP_METADATA_FILE, pickle.dumps(_Plant(marker)))
     assert CheckpointReader.verify(newer)[0]  # the checksums match: only the content is hostile
 
     with pytest.raises(CheckpointCorrupt, match=r"names posix\.mkdir, which DCP metadata never holds"):
-        CheckpointReader.load(newer)
+        load(newer)
     loaded = CheckpointReader(tmp_path / "ckpt").load_latest_valid()
 
     assert not marker.exists()
@@ -79,25 +101,36 @@ def test_planted_dcp_metadata_never_runs_and_resume_falls_back(tmp_path: Path) -
 
 
 def test_metadata_pointing_outside_the_checkpoint_is_refused(tmp_path: Path) -> None:
-    (path,) = write(tmp_path, [10])
+    _, path = legacy_pair(tmp_path)
     metadata = (path / DCP_METADATA_FILE).read_bytes().replace(b"__0_0.distcp", b"../../passwd")
     replace_and_rehash(path, DCP_METADATA_FILE, metadata)
     with pytest.raises(CheckpointCorrupt, match=r"is stored in '\.\./\.\./passwd'"):
-        CheckpointReader.load(path)
+        load(path)
 
 
-def test_dcp_checkpoint_exception_is_a_bad_checkpoint_not_a_crash(tmp_path: Path) -> None:
-    older, newer = write(tmp_path, [10, 20])
-    shard = next(newer.glob("*.distcp"))
-    replace_and_rehash(newer, shard.name, b"\x00" * shard.stat().st_size)  # torch.load fails inside DCP
+@pytest.mark.parametrize("version", [1, 3])
+def test_dcp_checkpoint_exception_is_a_bad_checkpoint_not_a_crash(tmp_path: Path, version: int) -> None:
+    older, newer = legacy_pair(tmp_path) if version == 1 else write(tmp_path, [10, 20])
+    data = next(p for p in newer.iterdir() if p.suffix in (".distcp", ".bin"))
+    # Zeros where the tensors were: torch.load (version 1) or the chunk check (3) fails
+    # inside DCP, which raises its CheckpointException, a BaseException.
+    replace_and_rehash(newer, data.name, b"\x00" * data.stat().st_size)
 
     with pytest.raises(CheckpointCorrupt, match="could not load the tensors"):
-        CheckpointReader.load(newer)
+        load(newer)
     loaded = CheckpointReader(tmp_path).load_latest_valid()
-    assert loaded is not None and loaded.path == older and loaded.state["model"]["w"].eq(10.0).all()
+    assert loaded is not None and loaded.path == older
 
 
-def test_previous_release_checkpoint_loads_bitwise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tensor_index_pointing_outside_the_chain_is_refused(tmp_path: Path) -> None:
+    first, second = write(tmp_path, [10, 20])
+    index = (second / TENSORS_FILE).read_bytes().replace(second.name.encode(), first.name.encode())
+    replace_and_rehash(second, TENSORS_FILE, index)
+    with pytest.raises(CheckpointCorrupt, match=f"refers to {first.name}, which is not in its chain"):
+        load(second)
+
+
+def test_version_1_checkpoint_loads_bitwise(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     expected = json.loads((FIXTURE / "expected.json").read_text())
     shutil.copytree(FIXTURE, tmp_path / "old")
 
@@ -107,3 +140,24 @@ def test_previous_release_checkpoint_loads_bitwise(tmp_path: Path, capsys: pytes
     assert digest(flatten(loaded.state)) == expected["digest"]
     assert main(["verify", str(tmp_path / "old" / "step-000000003")]) == 0
     assert capsys.readouterr().out.startswith("valid: step-000000003: 3 files")
+
+
+def test_previous_release_checkpoint_loads_bitwise_and_the_next_save_continues_its_lineage(tmp_path: Path) -> None:
+    fixture = FIXTURES / "checkpoint_v2"
+    expected = json.loads((fixture / "expected.json").read_text())
+    shutil.copytree(fixture, tmp_path / "old")
+
+    loaded = CheckpointReader(tmp_path / "old").load_latest_valid()
+    assert loaded is not None and (loaded.step, loaded.lineage) == (expected["step"], expected["lineage"])
+    assert digest(flatten(loaded.state)) == expected["digest"]
+
+    # The next save builds on nothing it cannot chunk: a full base of this release's format,
+    # in the same lineage, and the older checkpoint stays readable beside it.
+    with CheckpointWriter(tmp_path / "old", keep_last=10) as writer:
+        snap = Snapshot.capture(flatten(loaded.state), step=6, quorum_id=1, replica_id="g0")
+        result = writer.save_async(snap, 6, lineage=loaded.lineage).wait(60)
+    assert result.ok and result.kind == "base", result.reason
+    assert json.loads((result.path / MANIFEST_FILE).read_text())["version"] == 3
+    newer = CheckpointReader(tmp_path / "old").load_latest_valid()
+    assert newer is not None and (newer.step, newer.lineage) == (6, expected["lineage"])
+    assert digest(flatten(newer.state)) == expected["digest"]

@@ -137,7 +137,7 @@ def test_manifest_records_files_checksums_and_metadata(tmp_path: Path) -> None:
     assert result.path is not None
     manifest = json.loads((result.path / MANIFEST_FILE).read_text())
     assert manifest["step"] == 3
-    assert {f["name"] for f in manifest["files"]} == {".metadata", "__0_0.distcp", "state.msgpack"}
+    assert {f["name"] for f in manifest["files"]} == {"pack-0.bin", "state.msgpack", "tensors.msgpack"}
     assert all(len(f["sha256"]) == 64 for f in manifest["files"])
     assert sum(f["num_bytes"] for f in manifest["files"]) == result.num_bytes
     metadata = manifest["metadata"]
@@ -173,18 +173,18 @@ def test_flipped_byte_in_shard_rejected_and_previous_checkpoint_loaded(
     with CheckpointWriter(tmp_path) as writer:
         save(writer, small_state(300), 300)
         save(writer, small_state(400), 400)
-    shard = ckpt_dir(tmp_path, 400) / "__0_0.distcp"
+    shard = ckpt_dir(tmp_path, 400) / "pack-0.bin"
     flip_byte(shard, shard.stat().st_size // 2)
 
     ok, reason = CheckpointReader.verify(shard.parent)
     assert not ok
-    assert reason.startswith(f"{shard.parent.name}/__0_0.distcp checksum mismatch (expected ")
+    assert reason.startswith(f"{shard.parent.name}/pack-0.bin checksum mismatch (expected ")
 
     with caplog.at_level(logging.WARNING, logger="replicaft.checkpoint.reader"):
         loaded = CheckpointReader(tmp_path).load_latest_valid()
     assert loaded is not None and loaded.step == 300
     assert loaded.state["model"]["w"].eq(300.0).all()
-    assert f"{shard.parent.name}/__0_0.distcp checksum mismatch" in caplog.text
+    assert f"{shard.parent.name}/pack-0.bin checksum mismatch" in caplog.text
     assert f"skipping step 400, trying step 300 ({ckpt_dir(tmp_path, 300).name})" in caplog.text
 
 
@@ -192,9 +192,9 @@ def test_flipped_byte_in_shard_rejected_and_previous_checkpoint_loaded(
     ("damage", "reason"),
     [
         pytest.param(lambda p: (p / MANIFEST_FILE).unlink(), "manifest.json is missing", id="manifest_deleted"),
-        pytest.param(lambda p: (p / "__0_0.distcp").unlink(), "__0_0.distcp is missing", id="shard_deleted"),
+        pytest.param(lambda p: (p / "pack-0.bin").unlink(), "pack-0.bin is missing", id="shard_deleted"),
         pytest.param(
-            lambda p: os.truncate(p / "__0_0.distcp", 100), "__0_0.distcp is 100 bytes, the manifest says", id="shard_truncated"
+            lambda p: os.truncate(p / "pack-0.bin", 100), "pack-0.bin is 100 bytes, the manifest says", id="shard_truncated"
         ),
         pytest.param(lambda p: (p / MANIFEST_FILE).write_text("{"), "manifest.json is not valid JSON", id="manifest_garbled"),
     ],
@@ -240,7 +240,7 @@ def test_sigkill_mid_save_keeps_previous_and_next_writer_cleans_up(tmp_path: Pat
     child.wait_for_line(lambda line: line == "published", WAIT_S, what="the first checkpoint")
 
     def shard_being_written() -> bool:
-        return any((tmp_path / name / "__0_0.distcp").exists() for name in tmp_dirs(tmp_path))
+        return any((tmp_path / name / "pack-0.bin").exists() for name in tmp_dirs(tmp_path))
 
     wait_until(shard_being_written, WAIT_S, "the save of step 200 to write its shard")
     child.send_signal(signal.SIGKILL)
@@ -439,7 +439,7 @@ def test_two_rank_group_writes_one_shard_per_rank_and_loads_in_one_process(tmp_p
     assert reports[0]["path"] == reports[1]["path"] == str(ckpt_dir(directory, 10))
 
     manifest = json.loads((ckpt_dir(directory, 10) / MANIFEST_FILE).read_text())
-    assert {"__0_0.distcp", "__1_0.distcp"} <= {f["name"] for f in manifest["files"]}
+    assert {"pack-0.bin", "pack-1.bin"} <= {f["name"] for f in manifest["files"]}
     assert manifest["metadata"]["group_world_size"] == 2
     loaded = CheckpointReader(directory).load_latest_valid()  # one process, no process group
     assert loaded is not None and digest(flatten(loaded.state)) == reports[0]["digest"] == manifest["metadata"]["digest"]

@@ -50,7 +50,7 @@ def committed_digest(events: Path, step: int) -> str:
 
 
 def flip_a_byte(checkpoint: Path) -> Path:
-    shard = sorted(checkpoint.glob("*.distcp"))[0]
+    shard = sorted(checkpoint.glob("pack-*.bin"))[0]
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))

@@ -248,7 +248,7 @@ def test_sharded_group_killed_whole_resumes_each_rank_from_its_checkpoint_shards
         newest = next(i for i in CheckpointReader(ckpt).list() if i.valid)
         manifest = json.loads((newest.path / MANIFEST_FILE).read_text())
         assert manifest["metadata"]["group_world_size"] == 2
-        assert {"__0_0.distcp", "__1_0.distcp"} <= {f["name"] for f in manifest["files"]}
+        assert {"pack-0.bin", "pack-1.bin"} <= {f["name"] for f in manifest["files"]}
 
         restarted_at = time.time()
         groups["g0"] = start()
@@ -291,4 +291,4 @@ def test_sigterm_to_one_rank_of_the_writer_group_stops_both_ranks_after_one_step
     (newest,) = [i for i in CheckpointReader(ckpt).list() if i.valid]
     manifest = json.loads((newest.path / MANIFEST_FILE).read_text())
     assert manifest["metadata"]["reason"] == "preemption"
-    assert {"__0_0.distcp", "__1_0.distcp"} <= {f["name"] for f in manifest["files"]}
+    assert {"pack-0.bin", "pack-1.bin"} <= {f["name"] for f in manifest["files"]}

@@ -4,17 +4,30 @@ Peers heal each other; a checkpoint on disk is read only when no peer can donate
 written rarely (every N steps and/or T seconds), by one group (the quorum's replica rank 0),
 asynchronously from a host snapshot, and it must never be the reason a run loses its state:
 
-* **atomic publish** — written under ``step-N.tmp-<token>``, every file checksummed (SHA-256)
-  and fsynced, ``manifest.json`` last, then renamed to ``step-N``; a crash at any point leaves
-  the previous checkpoint intact (``writer.py``, ``durable.py``, ``layout.py``);
-* **verified reads** — every file is checked against the manifest before loading; damaged
-  checkpoints are skipped, newest first, with a warning naming the file (``reader.py``);
-* **retention** — newest ``keep_last`` plus milestones, applied only after a publish
-  (``retention.py``, pure); **policy** — when to save, skip-don't-wait, free space
-  (``policy.py``, pure); an optional verified **tier-2** copy (``tier2.py``).
+* **atomic publish** — written under ``step-N-<lineage>.tmp-<token>``, every file checksummed
+  (SHA-256) and fsynced, ``manifest.json`` last, then renamed; a crash at any point leaves the
+  previous checkpoint intact (``writer.py``, ``durable.py``, ``layout.py``);
+* **lineages** — a checkpoint names the history it belongs to, so two runs in one directory
+  never mix, and a resume picks the most recent history, whole (``lineage.py``);
+* **incremental** — tensors are stored as content-addressed chunks (``chunks.py``,
+  ``storage.py``, ``index.py``): a save writes only the chunks its parent's chain lacks, with a
+  full base every ``chain_length`` saves (``chain.py``); optionally zstd-compressed and
+  AES-256-GCM-encrypted per chunk (``keys.py``);
+* **verified reads** — every file of a checkpoint and its chain is checked against the
+  manifests, every chunk against its id; damaged checkpoints are skipped, newest first, with
+  a warning naming the file (``reader.py``, ``tiers.py``); hostile directory entries are
+  judged without following or blocking (``entries.py``); nothing read runs pickle (the
+  previous release's format is read through a restricted unpickler, ``legacy.py``);
+* **retention** — newest ``keep_last`` plus milestones plus the chains they need, applied only
+  after a publish (``retention.py``, pure); **policy** — when to save, skip-don't-wait, free
+  space (``policy.py``, pure);
+* **tiers** — an optional verified tier-2 directory copy (``tier2.py``) and an S3-API object
+  store, uploaded in the background and restored from on a new machine (``objectstore.py``,
+  ``objecttier.py``).
 
-Tensors go through ``torch.distributed.checkpoint`` (DCP), so a group of W ranks writes W
-shards and any group size can load them; plain values go to ``state.msgpack``, never pickle.
+DCP (``torch.distributed.checkpoint``) plans what each of W ranks writes and reshards on
+load, so any group size loads any checkpoint; the bytes are ours (storage.py says why); plain
+values go to ``state.msgpack``, never pickle.
 
 Wiring into the manager (``manager.state_dict()`` / ``load_state_dict`` and
 :class:`replicaft.transfer.snapshot.Snapshot` are the only contact points)::
@@ -68,13 +81,13 @@ if TYPE_CHECKING:
     from replicaft.checkpoint.policy import enough_space as enough_space
     from replicaft.checkpoint.policy import should_save as should_save
     from replicaft.checkpoint.reader import CheckpointInfo as CheckpointInfo
-    from replicaft.checkpoint.reader import CheckpointReader as CheckpointReader
     from replicaft.checkpoint.reader import LoadedCheckpoint as LoadedCheckpoint
     from replicaft.checkpoint.results import SaveHandle as SaveHandle
     from replicaft.checkpoint.results import SaveResult as SaveResult
     from replicaft.checkpoint.results import WriterStatistics as WriterStatistics
     from replicaft.checkpoint.retention import RetentionDecision as RetentionDecision
     from replicaft.checkpoint.retention import decide_retention as decide_retention
+    from replicaft.checkpoint.tiers import CheckpointReader as CheckpointReader
     from replicaft.checkpoint.writer import CheckpointWriter as CheckpointWriter
 
 _WHERE = {
@@ -83,7 +96,7 @@ _WHERE = {
     "enough_space": "policy",
     "should_save": "policy",
     "CheckpointInfo": "reader",
-    "CheckpointReader": "reader",
+    "CheckpointReader": "tiers",
     "LoadedCheckpoint": "reader",
     "SaveHandle": "results",
     "SaveResult": "results",

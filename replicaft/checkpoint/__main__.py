@@ -20,7 +20,8 @@ from typing import NoReturn
 
 from replicaft.checkpoint.entries import scan
 from replicaft.checkpoint.layout import is_tmp_dirname, lineage_label
-from replicaft.checkpoint.reader import CheckpointReader, verify
+from replicaft.checkpoint.reader import verify
+from replicaft.checkpoint.tiers import CheckpointReader
 
 EXIT_OK = 0
 EXIT_INVALID = 1

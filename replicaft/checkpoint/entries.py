@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -97,12 +95,12 @@ def scan(directory: Path) -> list[Entry]:
     return [judge(directory / name) for name in names]
 
 
-@contextmanager
-def open_regular(path: Path, where: str) -> Iterator[BinaryIO]:
+def open_regular(path: Path, where: str) -> BinaryIO:
     """Open ``path`` for reading only if it is a regular file; never follows a link, never blocks.
 
     Raises CheckpointCorrupt naming ``where`` for a missing file, a link, a FIFO, a device
     or a directory (what it found instead, and that a checkpoint holds only regular files).
+    The caller closes the file (use it in a ``with``).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -118,12 +116,10 @@ def open_regular(path: Path, where: str) -> Iterator[BinaryIO]:
         if not stat.S_ISREG(mode):
             raise CheckpointCorrupt(f"{where} is a {kind_of(mode)}, not a regular file; a checkpoint holds only regular files")
         os.set_blocking(fd, True)
-        f = os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)
         raise
-    with f:
-        yield f
 
 
 def read_small(path: Path, where: str, max_bytes: int = MAX_SMALL_FILE_BYTES) -> bytes:

@@ -3,13 +3,17 @@
 ::
 
     DIR/step-000000400-3f9c2a1b7e55/    published: complete, checksummed, never modified
-        manifest.json                   files with sizes and SHA-256, lineage, metadata (manifest.py)
+        manifest.json                   files with sizes and SHA-256, lineage, chain, codec (manifest.py)
         state.msgpack                   non-tensor state (msgpack skeleton) and the tensor list
-        .metadata, __0_0.distcp, ...    torch.distributed.checkpoint (DCP) files
+        tensors.msgpack                 where every tensor's chunks are (index.py)
+        pack-0.bin, pack-1.bin, ...     the chunks each rank wrote (storage.py); an increment's
+                                        packs hold only what changed since its parent
     DIR/step-000000500-3f9c2a1b7e55.tmp-3f9c.../
                                         being written, or left by a crash: ignored by readers,
                                         removed by the next writer
-    DIR/step-000000300/                 written by a release before lineages (format version 1)
+    DIR/step-000000300-3f9c2a1b7e55/    format version 2 (the previous release; version 1 the same
+        .metadata, __0_0.distcp, ...    without the lineage, DIR/step-000000300/): DCP's own
+                                        files, read with a restricted unpickler (legacy.py)
 
 A published name carries the step and the *lineage*: the history of training the state
 belongs to (a run that resumes from a checkpoint continues its lineage; one that starts
@@ -33,6 +37,8 @@ from dataclasses import dataclass
 MANIFEST_FILE = "manifest.json"
 STATE_FILE = "state.msgpack"
 DCP_METADATA_FILE = ".metadata"
+TENSORS_FILE = "tensors.msgpack"
+_PACK = re.compile(r"pack-(\d{1,7})\.bin")
 STEP_DIGITS = 9
 LINEAGE_CHARS = 12
 LEGACY_LINEAGE = ""
@@ -106,6 +112,15 @@ def parse_dirname(name: str) -> CheckpointName | None:
 
 def is_tmp_dirname(name: str) -> bool:
     return _TMP.fullmatch(name) is not None
+
+
+def pack_name(rank: int) -> str:
+    """The file a rank appends the chunks it writes to (storage.py)."""
+    return f"pack-{rank}.bin"
+
+
+def is_pack_name(name: str) -> bool:
+    return _PACK.fullmatch(name) is not None
 
 
 def dcp_key(name: str, own_rank: int | None) -> str:

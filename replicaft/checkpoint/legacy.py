@@ -73,7 +73,7 @@ class _MetadataUnpickler(pickle.Unpickler):
 
 
 def read_dcp_metadata(path: Path, listed_files: Collection[str]) -> dcp_metadata.Metadata:
-    """The DCP metadata of version-1 checkpoint directory ``path``, read without running code.
+    """The DCP metadata of version-1 or -2 checkpoint directory ``path``, read without running code.
 
     ``listed_files`` are the file names the manifest lists; every data file the metadata
     points at must be one of them. Raises CheckpointCorrupt naming the file and the entry.

@@ -27,19 +27,24 @@ from typing import Any
 
 import msgpack
 
-from replicaft.checkpoint.layout import LEGACY_LINEAGE, is_lineage
+from replicaft.checkpoint.layout import LEGACY_LINEAGE, is_lineage, parse_dirname
 from replicaft.errors import CheckpointCorrupt
 from replicaft.state import DTYPES
 
 FORMAT = "replicaft-checkpoint"
-FORMAT_VERSION = 2
-"""Version 2 added the lineage (layout.py). Every version this release can read is listed in
-``READABLE_VERSIONS``; a checkpoint of a newer one is refused with the version named, never
-guessed at."""
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+"""Version 2 added the lineage (layout.py). Version 3: chunked tensors (``tensors.msgpack`` and
+packs in place of DCP's files, storage.py), incremental chains (``kind``, ``requires``,
+chain.py) and the codec (compression level, encryption key id). Versions 1 and 2 hold DCP's
+own files (``DCP_FILES_VERSIONS``), read by legacy.py. Every version this release can read is
+listed in ``READABLE_VERSIONS``; a checkpoint of a newer one is refused with the version
+named, never guessed at."""
+READABLE_VERSIONS = (1, 2, 3)
+DCP_FILES_VERSIONS = (1, 2)
 LAYOUT_VERSION = 1
 """Version of ``state.msgpack``'s own encoding (unchanged since version 1 of the format)."""
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+_KEY_ID = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +66,20 @@ class CheckpointManifest:
     lineage: str = LEGACY_LINEAGE
     """The history this checkpoint belongs to (layout.py); ``LEGACY_LINEAGE`` for version 1."""
     version: int = FORMAT_VERSION
+    kind: str = "base"
+    """"base" (every chunk in its own packs) or "increment" (chain.py)."""
+    requires: tuple[str, ...] = ()
+    """The checkpoints (directory names, same lineage, same directory) whose packs hold
+    chunks this one refers to: its chain, without itself."""
+    chain_position: int = 1
+    compression_level: int = 0
+    key_id: str | None = None
+    """The id of the key its chunks and state are encrypted under (keys.py); None = plain."""
+
+    @property
+    def holds_dcp_files(self) -> bool:
+        """Written by a release before chunked tensors: DCP's ``.metadata`` and data files."""
+        return self.version in DCP_FILES_VERSIONS
 
     @property
     def num_bytes(self) -> int:
@@ -73,6 +92,10 @@ class CheckpointManifest:
                 "version": FORMAT_VERSION,
                 "step": self.step,
                 "lineage": self.lineage,
+                "kind": self.kind,
+                "requires": list(self.requires),
+                "chain_position": self.chain_position,
+                "codec": {"compression_level": self.compression_level, "key_id": self.key_id},
                 "created_unix_s": self.created_unix_s,
                 "files": [{"name": f.name, "num_bytes": f.num_bytes, "sha256": f.sha256} for f in self.files],
                 "metadata": self.metadata,
@@ -119,7 +142,24 @@ class CheckpointManifest:
             files.append(FileEntry(name, num_bytes, sha256))
         if step < 0:
             raise CheckpointCorrupt(f"{where}: step {step} is negative")
-        return cls(step, float(created), tuple(files), metadata, lineage, version)
+        if version in DCP_FILES_VERSIONS:
+            return cls(step, float(created), tuple(files), metadata, lineage, version)
+        kind = _field(o, "kind", str, where)
+        requires = _field(o, "requires", list, where)
+        position = _field(o, "chain_position", int, where)
+        codec = _field(o, "codec", dict, where)
+        level, key_id = codec.get("compression_level"), codec.get("key_id")
+        names = [parse_dirname(r) if isinstance(r, str) else None for r in requires]
+        if kind not in ("base", "increment") or (kind == "base") != (not requires) or position < 1:
+            raise CheckpointCorrupt(f"{where}: kind {kind!r} with requires {requires!r}, chain position {position}")
+        if not all(n is not None and n.lineage == lineage and n.step < step for n in names):
+            raise CheckpointCorrupt(f"{where}: requires {requires!r} are not earlier checkpoints of lineage {lineage}")
+        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 22:
+            raise CheckpointCorrupt(f"{where}: codec compression_level {level!r} is not 0..22")
+        if key_id is not None and not (isinstance(key_id, str) and _KEY_ID.fullmatch(key_id)):
+            raise CheckpointCorrupt(f"{where}: codec key_id {key_id!r} is not a key id")
+        return cls(step, float(created), tuple(files), metadata, lineage, version, kind, tuple(requires), position,
+                   level, key_id)
 
 
 @dataclass(frozen=True, slots=True)

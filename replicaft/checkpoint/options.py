@@ -69,11 +69,20 @@ class CheckpointOptions:
     """Also keep every checkpoint whose step is a multiple of this, forever (0 = none)."""
     free_space_margin: float = 0.1
     """Refuse a save unless the disk holds its estimate plus this fraction."""
+    chain_length: int = 10
+    """Incremental saves: a full base every this many saves (1 = every save is full; chain.py)."""
+    compression_level: int = 0
+    """zstd level for chunks (1-22), 0 = off (the default for the local tier: there CPU costs
+    more than bytes). Applied when chunks are written, so it holds in every tier."""
 
     def __post_init__(self) -> None:
         check_interval_options(self.interval_steps, self.interval_s)
         check_retention_options(self.keep_last, self.milestone_every)
         check_fraction("free_space_margin", self.free_space_margin)
+        check_count("chain_length", self.chain_length, minimum=1, fix="; 1 makes every save a full base")
+        check_count("compression_level", self.compression_level, fix="; 0 (off) or a zstd level 1-22")
+        if self.compression_level > 22:
+            raise OptionsError(f"compression_level={self.compression_level}; zstd levels go from 1 to 22 (0 = off)")
         for name in ("directory", "tier2_directory"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str | os.PathLike) or not str(value)):
@@ -107,9 +116,19 @@ def check_checkpoint_options(
     interval_s: float,
     keep_last: int,
     milestone_every: int,
+    chain_length: int = 10,
+    compression_level: int = 0,
+    object_store: str | None = None,
 ) -> CheckpointOptions:
     """The checkpoint part of the manager's options, validated (``ManagerOptions`` calls this
     from ``__post_init__`` with its ``checkpoint_*`` fields). Raises OptionsError."""
+    if object_store is not None:
+        bucket = object_store.removeprefix("s3://").partition("/")[0]
+        if not object_store.startswith("s3://") or not 3 <= len(bucket) <= 63:
+            raise OptionsError(f"checkpoint_object_store={object_store!r} is not s3://bucket/prefix (bucket: 3-63 characters)")
+        if directory is None:
+            raise OptionsError("checkpoint_object_store is set without checkpoint_dir: checkpoints are written locally "
+                               "first, then uploaded; set checkpoint_dir too")
     return CheckpointOptions(
         directory=directory,
         tier2_directory=tier2_directory,
@@ -117,4 +136,6 @@ def check_checkpoint_options(
         interval_s=interval_s,
         keep_last=keep_last,
         milestone_every=milestone_every,
+        chain_length=chain_length,
+        compression_level=compression_level,
     )

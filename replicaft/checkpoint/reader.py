@@ -1,27 +1,28 @@
-"""Reading checkpoints back: list, verify every byte, load the newest valid one.
+"""Reading one checkpoint: find, verify every byte, load.
 
 A checkpoint on disk may be incomplete (a writer killed before publishing leaves only a
 ``*.tmp-*`` directory, which is never read) or damaged after publishing (a flipped bit, a
-truncated copy, a deleted shard). ``verify`` catches the second kind by checking every file
-against ``manifest.json`` before a single byte is loaded; ``load_latest_valid`` walks the
-checkpoints newest first and skips damaged ones with a warning naming the file and the
-reason, so a run restarts from the newest state that is actually intact.
+truncated copy, a deleted pack). ``check_chain`` catches the second kind by checking every
+file of the checkpoint and of its chain against their ``manifest.json`` before a single byte
+is loaded, and ``load`` checks every chunk against its id as it decodes it; which checkpoint
+to try first, and falling back past damaged ones, is ``tiers.py``'s.
 
-Loading uses ``torch.distributed.checkpoint.load`` without a process group (``no_dist``),
-from however many shard files the writing group produced: a checkpoint written by a group of
-W ranks loads into any other W. Replicated tensors are read whole; a template's DTensor
-(FSDP state) is filled with just this rank's part of the saved global tensor; a plain tensor
-each rank of a sharded group saved its own value of (``StateLayout.own_ranks``) is read from
-that rank's copy (``rank``), or rank 0's when the checkpoint had fewer ranks. Template tensors of the right name, dtype and shape are
-filled in place, DCP's usual contract, so a model on the GPU is restored without a host copy
-of it; tensors the template lacks (a fresh optimizer's moments) are allocated on the CPU.
+Loading uses ``torch.distributed.checkpoint.load`` without a process group (``no_dist``)
+through storage.py's reader (or, for the previous release's format, DCP's file reader with
+legacy.py's restricted ``.metadata`` reader): a checkpoint written by a group of W ranks
+loads into any other W. Replicated tensors are read whole; a template's DTensor (FSDP state)
+is filled with just this rank's part of the saved global tensor; a plain tensor each rank of
+a sharded group saved its own value of (``StateLayout.own_ranks``) is read from that rank's
+copy (``rank``), or rank 0's when the checkpoint had fewer ranks. Template tensors of the
+right name, dtype and shape are filled in place, DCP's usual contract, so a model on the GPU
+is restored without a host copy of it; tensors the template lacks (a fresh optimizer's
+moments) are allocated on the CPU.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,23 +30,27 @@ from typing import Any, NamedTuple
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import StorageReader
 
+from replicaft.checkpoint.chunks import ChunkCodec, open_blob
 from replicaft.checkpoint.durable import READ_BYTES
-from replicaft.checkpoint.entries import judge, open_regular, read_small, scan
+from replicaft.checkpoint.entries import MAX_SMALL_FILE_BYTES, judge, open_regular, read_small, scan
+from replicaft.checkpoint.keys import KEY_ENV, KEY_FILE_ENV, EncryptionKey
 from replicaft.checkpoint.layout import (
     DCP_METADATA_FILE,
     LEGACY_LINEAGE,
     MANIFEST_FILE,
     STATE_FILE,
+    TENSORS_FILE,
     CheckpointName,
     dcp_key,
     lineage_label,
     parse_dirname,
 )
 from replicaft.checkpoint.legacy import SafeFileSystemReader
-from replicaft.checkpoint.lineage import Candidate, order_for_resume
 from replicaft.checkpoint.manifest import CheckpointManifest, StateLayout
-from replicaft.errors import CheckpointCorrupt, StateError
+from replicaft.checkpoint.storage import ChunkStorageReader
+from replicaft.errors import CheckpointCorrupt, CheckpointKeyError, StateError
 from replicaft.state import DTYPES, Sharding, flatten, unflatten
 
 logger = logging.getLogger(__name__)
@@ -128,7 +133,7 @@ def check(path: Path, *, expected: CheckpointName | None = None) -> CheckpointMa
             f"the directory step {name.step} of lineage {lineage_label(name.lineage)}"
         )
     listed = {f.name for f in manifest.files}
-    for required in (STATE_FILE, DCP_METADATA_FILE):
+    for required in (STATE_FILE, DCP_METADATA_FILE if manifest.holds_dcp_files else TENSORS_FILE):
         if required not in listed:
             raise CheckpointCorrupt(f"{path.name}/{MANIFEST_FILE} does not list {required}")
     for entry in manifest.files:
@@ -141,14 +146,47 @@ def check(path: Path, *, expected: CheckpointName | None = None) -> CheckpointMa
     return manifest
 
 
+def check_chain(path: Path) -> CheckpointManifest:
+    """:func:`check` checkpoint ``path`` and every checkpoint of its chain (the earlier ones,
+    beside it, whose chunks it refers to); return its manifest. Raises CheckpointCorrupt
+    naming the damaged link: an increment is restorable only with its whole chain."""
+    manifest = check(path)
+    for name in manifest.requires:
+        try:
+            check(path.parent / name)
+        except CheckpointCorrupt as e:
+            raise CheckpointCorrupt(f"{path.name} builds on {name}, which is not intact: {e}") from e
+    return manifest
+
+
 def verify(path: str | Path) -> tuple[bool, str]:
-    """``(True, summary)`` if checkpoint directory ``path`` is complete and intact, else ``(False, reason)``."""
+    """``(True, summary)`` if checkpoint directory ``path`` (and its chain) is complete and
+    intact, else ``(False, reason)``. Needs no key: it checks the bytes as stored."""
     path = Path(path)
     try:
-        manifest = check(path)
+        manifest = check_chain(path)
     except CheckpointCorrupt as e:
         return False, str(e)
-    return True, f"{path.name}: {len(manifest.files)} files, {manifest.num_bytes} bytes, all checksums match"
+    chain = f", built on {len(manifest.requires)} earlier checkpoint(s), all intact" if manifest.requires else ""
+    return True, f"{path.name}: {len(manifest.files)} files, {manifest.num_bytes} bytes, all checksums match{chain}"
+
+
+def codec_for(manifest: CheckpointManifest, key: EncryptionKey | None, where: str) -> ChunkCodec:
+    """The codec to read a checkpoint with; raises CheckpointKeyError (never CheckpointCorrupt)
+    when it is encrypted and ``key`` is missing or another one."""
+    if manifest.key_id is None:
+        return ChunkCodec()
+    if key is None:
+        raise CheckpointKeyError(
+            f"{where} is encrypted (key id {manifest.key_id}) and no key was given; set {KEY_FILE_ENV} (or "
+            f"{KEY_ENV}) to the key it was written with. It is not damaged, and older checkpoints need the same key"
+        )
+    if key.key_id != manifest.key_id:
+        raise CheckpointKeyError(
+            f"{where} was encrypted under key id {manifest.key_id}, but the key given has id {key.key_id}: the wrong "
+            f"key. Give the key it was written with ({KEY_FILE_ENV} or {KEY_ENV}); the checkpoint is not damaged"
+        )
+    return ChunkCodec(key=key)
 
 
 def scan_checkpoints(directory: Path) -> Scan:
@@ -175,26 +213,46 @@ def published(directory: Path) -> list[tuple[int, Path]]:
     return [(name.step, path) for name, path in scan_checkpoints(directory).found]
 
 
+def _storage_reader(path: Path, manifest: CheckpointManifest, codec: ChunkCodec) -> StorageReader:
+    if manifest.holds_dcp_files:
+        return SafeFileSystemReader(path, [f.name for f in manifest.files])
+    chain = {path.name, *manifest.requires}
+
+    def locate(location: str) -> Path:
+        if location not in chain:
+            raise CheckpointCorrupt(f"{path.name}/{TENSORS_FILE} refers to {location}, which is not in its chain {sorted(chain)}")
+        return path.parent / location
+
+    return ChunkStorageReader(path, codec=codec, locate=locate)
+
+
 class TemplateMismatch(StateError):
     """A template tensor's dtype or shape differs from the saved one: the model changed, and
     an older checkpoint would not match either, so this is raised rather than skipped."""
 
 
-def load(path: str | Path, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint:
+def load(
+    path: str | Path, template: Mapping[str, Any] | None = None, *, rank: int = 0, key: EncryptionKey | None = None
+) -> LoadedCheckpoint:
     """Verify, then load checkpoint directory ``path``.
 
     Tensors of ``template`` whose name, dtype and shape match the checkpoint are filled in
     place and returned; the rest are allocated on the CPU. Raises CheckpointCorrupt for any
     failure to read or decode the checkpoint (DCP's own ``CheckpointException``, a
     ``BaseException``, included), and StateError when a template tensor has another dtype
-    or shape than the saved one (the model changed since the save). Never runs pickle.
+    or shape than the saved one (the model changed since the save), and CheckpointKeyError
+    when it is encrypted and ``key`` is missing or wrong. Never runs pickle.
     """
     path = Path(path)
-    manifest = check(path)
+    manifest = check_chain(path)
+    codec = codec_for(manifest, key, path.name)
     try:
-        layout = StateLayout.decode(read_small(path / STATE_FILE, f"{path.name}/{STATE_FILE}"), f"{path.name}/{STATE_FILE}")
+        where = f"{path.name}/{STATE_FILE}"
+        raw = open_blob(codec, read_small(path / STATE_FILE, where), encrypted=manifest.key_id is not None,
+                        max_bytes=MAX_SMALL_FILE_BYTES, where=where)
+        layout = StateLayout.decode(raw, where)
         to_load, tensors = _targets(path, layout, _template_tensors(template), rank)
-        dcp.load(to_load, storage_reader=SafeFileSystemReader(path, [f.name for f in manifest.files]), no_dist=True)
+        dcp.load(to_load, storage_reader=_storage_reader(path, manifest, codec), no_dist=True)
         state = unflatten(layout.skeleton, tensors)
     except TemplateMismatch:
         raise
@@ -248,104 +306,7 @@ def _template_tensors(template: Mapping[str, Any] | None) -> dict[str, tuple[tor
     return {name: (t, sh) for name, t, sh in zip(flat.names, flat.tensors, shardings, strict=True)}
 
 
-class CheckpointReader:
-    """The checkpoints of one run: ``directory`` and, optionally, its tier-2 copy.
-
-    Stateless apart from the two paths; safe to use from any thread and any rank. Nothing
-    here writes or deletes.
-    """
-
-    def __init__(self, directory: str | Path, *, tier2_directory: str | Path | None = None) -> None:
-        self.directory = Path(directory)
-        self.tier2_directory = Path(tier2_directory) if tier2_directory is not None else None
-
-    def list(self, *, verify_files: bool = True, now: float | None = None) -> list[CheckpointInfo]:
-        """Published checkpoints in ``directory``, newest first. Never raises for what the
-        directory holds: a look-alike entry is left out (see :meth:`ignored`), a damaged
-        checkpoint is listed as invalid with the reason.
-
-        ``verify_files=False`` skips reading every byte (fast; ``valid`` is then None).
-        """
-        now = time.time() if now is None else now
-        infos = []
-        for name, path in scan_checkpoints(self.directory).found:
-            try:
-                manifest = read_manifest(path)
-            except CheckpointCorrupt as e:
-                infos.append(CheckpointInfo(name.step, path, 0, now - _mtime(path, now), False, str(e), name.lineage))
-                continue
-            valid, reason = verify(path) if verify_files else (None, "not verified")
-            infos.append(CheckpointInfo(name.step, path, manifest.num_bytes, now - manifest.created_unix_s, valid,
-                                        reason, name.lineage))
-        return infos
-
-    def ignored(self) -> list[tuple[Path, str]]:
-        """Entries of ``directory`` named like a checkpoint that are not one, with the reason."""
-        return scan_checkpoints(self.directory).ignored
-
-    @staticmethod
-    def verify(path: str | Path) -> tuple[bool, str]:
-        """See :func:`verify`."""
-        return verify(path)
-
-    @staticmethod
-    def load(path: str | Path, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint:
-        """Load one given checkpoint (e.g. to go back to a milestone); see :func:`load`."""
-        return load(path, template, rank=rank)
-
-    def candidates(self) -> list[tuple[Candidate, Path]]:
-        """Every published checkpoint of both tiers, in the order a resume tries them (lineage.py)."""
-        found: dict[Candidate, Path] = {}
-        for tier, directory in enumerate((self.directory, self.tier2_directory)):
-            if directory is None:
-                continue
-            scanned = scan_checkpoints(directory)
-            for path, why in scanned.ignored:
-                logger.warning("%s: %s", path, why)
-            for name, path in scanned.found:
-                try:
-                    created: float | None = read_manifest(path).created_unix_s
-                except CheckpointCorrupt:
-                    created = None
-                label = path.name if tier == 0 else f"tier 2 {path.name}"
-                found[Candidate(name.step, name.lineage, created, tier, label)] = path
-        order = order_for_resume(found)
-        if found:
-            logger.info("resume order: %s", order.reason)
-        return [(c, found[c]) for c in order.candidates]
-
-    def load_latest_valid(self, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint | None:
-        """Load the newest checkpoint that verifies, from ``directory`` then tier 2; None if none does.
-
-        With several lineages (histories) present, the one written most recently is tried
-        first, whole, then the others (lineage.py); the choice is logged. Call at startup
-        only when no peer can donate (peers are always fresher). Damaged checkpoints are
-        skipped with a warning naming the file and the reason; a StateError (template does
-        not match) is raised, since an older checkpoint would not match either. Blocks for
-        as long as reading and hashing the checkpoints takes.
-        """
-        candidates = self.candidates()
-        for i, (candidate, path) in enumerate(candidates):
-            try:
-                loaded = load(path, template, rank=rank)
-            except CheckpointCorrupt as e:
-                following = (
-                    f"trying step {candidates[i + 1][0].step} ({candidates[i + 1][0].label})"
-                    if i + 1 < len(candidates)
-                    else "no older checkpoint left"
-                )
-                logger.warning("%s; skipping step %d, %s", e, candidate.step, following)
-                continue
-            newest = max(c.step for c, _ in candidates if c.lineage == candidate.lineage)
-            logger.info("loaded checkpoint of step %d (lineage %s) from %s", candidate.step,
-                        lineage_label(candidate.lineage), path)
-            return loaded._replace(newest_in_lineage=candidate.step == newest)
-        if candidates:
-            logger.error("none of the %d checkpoints in %s is intact; starting without one", len(candidates), self.directory)
-        return None
-
-
-def _mtime(path: Path, default: float) -> float:
+def mtime(path: Path, default: float) -> float:
     try:
         return path.lstat().st_mtime
     except OSError:

@@ -30,6 +30,8 @@ class SaveResult:
     tier2_error: str | None = None
     deleted_steps: tuple[int, ...] = ()
     """Steps retention removed from ``directory`` after this publish."""
+    kind: str = "base"
+    """"base" or "increment" (chain.py); ``num_bytes`` is what this save wrote."""
 
     @property
     def ok(self) -> bool:
@@ -41,7 +43,7 @@ class SaveResult:
             "step": self.step, "status": self.status, "reason": self.reason,
             "path": str(self.path) if self.path is not None else None, "num_bytes": self.num_bytes,
             "seconds": self.seconds, "tier2_path": str(self.tier2_path) if self.tier2_path is not None else None,
-            "tier2_error": self.tier2_error, "deleted_steps": list(self.deleted_steps),
+            "tier2_error": self.tier2_error, "deleted_steps": list(self.deleted_steps), "kind": self.kind,
         }
 
     @classmethod
@@ -49,7 +51,7 @@ class SaveResult:
         return cls(
             d["step"], d["status"], d["reason"], Path(d["path"]) if d["path"] is not None else None, d["num_bytes"],
             d["seconds"], Path(d["tier2_path"]) if d["tier2_path"] is not None else None, d["tier2_error"],
-            tuple(d["deleted_steps"]),
+            tuple(d["deleted_steps"]), d["kind"],
         )
 
 

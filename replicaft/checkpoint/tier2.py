@@ -18,7 +18,7 @@ from replicaft.checkpoint.durable import discard, new_token, publish, remove_par
 from replicaft.checkpoint.entries import judge
 from replicaft.checkpoint.layout import MANIFEST_FILE, parse_dirname, tmp_dirname
 from replicaft.checkpoint.manifest import CheckpointManifest
-from replicaft.checkpoint.reader import check, verify
+from replicaft.checkpoint.reader import check, read_manifest, verify
 
 logger = logging.getLogger(__name__)
 
@@ -27,10 +27,15 @@ def copy_verified(source: Path, tier2_directory: Path, manifest: CheckpointManif
     """Copy published checkpoint ``source`` into ``tier2_directory``; return the copy's path.
 
     Blocks for the whole copy (call it from a background thread). An intact copy already in
-    tier 2 is kept; a damaged one is replaced. Raises OSError or CheckpointCorrupt (the copy
-    did not verify) after removing the partial copy.
+    tier 2 is kept; a damaged one is replaced. An increment's chain is copied first where
+    tier 2 lacks it (normally it is there already: it was copied when it was published).
+    Raises OSError or CheckpointCorrupt (the copy did not verify) after removing the
+    partial copy.
     """
     tier2_directory.mkdir(parents=True, exist_ok=True)
+    for name in manifest.requires:
+        if judge(tier2_directory / name).kind == "missing":
+            copy_verified(source.parent / name, tier2_directory, read_manifest(source.parent / name))
     final = tier2_directory / source.name
     if judge(final).kind != "missing":
         ok, reason = verify(final)

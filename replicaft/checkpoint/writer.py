@@ -3,10 +3,12 @@
 Training is blocked only for the host copy (:meth:`Snapshot.capture`, taken by the caller).
 Everything else runs on the writer's one background thread, in this order::
 
-    check free space -> mkdir DIR/step-N.tmp-<token> -> dcp.save (each rank its shard, fsynced)
-    -> state.msgpack -> verify DCP metadata lists every tensor -> SHA-256 + fsync every file
-    -> manifest.json -> fsync dir -> rename to DIR/step-N -> fsync DIR
-    -> tier-2 copy (verified) -> retention on both tiers
+    check free space, pick the parent (chain.py) -> mkdir DIR/step-N-L.tmp-<token>
+    -> dcp.save through storage.py (each rank appends the chunks its parent's chain lacks to
+       its pack, fsynced; the coordinator writes tensors.msgpack) -> state.msgpack
+    -> verify the index lists every tensor -> SHA-256 + fsync every file -> manifest.json
+    -> fsync dir -> rename to DIR/step-N-L -> fsync DIR -> tier-2 copy (verified)
+    -> retention on both tiers (keeping every chain a kept checkpoint needs)
 
 Invariants: a published directory is complete and never modified; until the rename, nothing
 a reader looks at has changed, so a crash or SIGKILL at any point leaves the previous
@@ -53,6 +55,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from replicaft.checkpoint.chain import decide_chain
+from replicaft.checkpoint.chainfiles import chain_requirements, find_parent, known_chunks
+from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
 from replicaft.checkpoint.durable import (
     checksum_and_fsync,
     discard,
@@ -62,10 +67,13 @@ from replicaft.checkpoint.durable import (
     remove_partial,
     write_durably,
 )
-from replicaft.checkpoint.entries import judge
+from replicaft.checkpoint.entries import judge, read_small
+from replicaft.checkpoint.index import decode_index
+from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.layout import (
     MANIFEST_FILE,
     STATE_FILE,
+    TENSORS_FILE,
     checkpoint_dirname,
     dcp_key,
     is_lineage,
@@ -73,8 +81,14 @@ from replicaft.checkpoint.layout import (
     new_lineage,
     tmp_dirname,
 )
-from replicaft.checkpoint.legacy import read_dcp_metadata
-from replicaft.checkpoint.manifest import CheckpointManifest, SavedTensor, StateLayout
+from replicaft.checkpoint.manifest import (
+    FORMAT_VERSION,
+    CheckpointManifest,
+    SavedTensor,
+    StateLayout,
+)
+from replicaft.checkpoint.objectstore import ObjectStore
+from replicaft.checkpoint.objecttier import Uploader
 from replicaft.checkpoint.options import CheckpointOptions
 from replicaft.checkpoint.policy import (
     SaveDecision,
@@ -85,12 +99,16 @@ from replicaft.checkpoint.policy import (
 from replicaft.checkpoint.reader import check, scan_checkpoints
 from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
 from replicaft.checkpoint.retention import decide_retention
+from replicaft.checkpoint.storage import ChunkStorageWriter
 from replicaft.checkpoint.tier2 import copy_verified
-from replicaft.errors import CheckpointCorrupt, OptionsError
+from replicaft.errors import CheckpointCorrupt, ObjectStoreError, OptionsError
 from replicaft.state import Flat, digest
 from replicaft.threads import lower_thread_priority
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 
+DEFAULT_CHAIN_LENGTH = 10
+"""A full base every 10 saves: an increment costs what changed, a chain's damage reaches at
+most 10 checkpoints, and a restore reads at most 10 directories (chain.py)."""
 WRITER_NICENESS = 19
 """The writer thread's CPU niceness (Linux; the lowest priority). Training threads outrank it,
 so serialising, checksumming and copying to tier 2 take the CPU time training leaves idle
@@ -116,6 +134,11 @@ class _Prepared:
 
     tmp: Path | None
     refusal: SaveResult | None
+    parent: str | None = None
+    """The checkpoint whose chunks this save may reuse (chain.py); None for a base."""
+    chain_position: int = 1
+    name: str = ""
+    """The checkpoint's final name (rank 0's lineage), which every rank's chunk references carry."""
 
 
 def disk_free_bytes(directory: Path) -> int:
@@ -165,11 +188,15 @@ class CheckpointWriter:
         free_bytes: Callable[[Path], int] = disk_free_bytes,
         wait_when_busy_s: float | None = None,
         lineage: str | None = None,
+        chain_length: int = DEFAULT_CHAIN_LENGTH,
+        compression_level: int = 0,
+        encryption_key: EncryptionKey | None = None,
+        object_store: ObjectStore | None = None,
     ) -> None:
         CheckpointOptions(
             directory=str(directory), tier2_directory=str(tier2_directory) if tier2_directory is not None else None,
             interval_steps=interval_steps, interval_s=interval_s, keep_last=keep_last, milestone_every=milestone_every,
-            free_space_margin=free_space_margin,
+            free_space_margin=free_space_margin, chain_length=chain_length, compression_level=compression_level,
         )
         self.directory = Path(directory)
         self.tier2_directory = Path(tier2_directory) if tier2_directory is not None else None
@@ -178,6 +205,8 @@ class CheckpointWriter:
         self.interval_steps = interval_steps
         self.interval_s = interval_s
         self.free_space_margin = free_space_margin
+        self.chain_length = chain_length
+        self._codec = ChunkCodec(compression_level=compression_level, key=encryption_key)
         self.writer_id = writer_id
         if lineage is not None and not is_lineage(lineage):
             raise OptionsError(f"lineage={lineage!r} is not a lineage id; leave it None for a new history")
@@ -186,6 +215,9 @@ class CheckpointWriter:
         self._pg = process_group
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
         self._world_size = dist.get_world_size(process_group) if process_group is not None else 1
+        self.uploader = (Uploader(object_store, self.directory, keep_last=keep_last, milestone_every=milestone_every,
+                                  writer_id=writer_id) if object_store is not None and self._rank == 0 else None)
+        """Group rank 0's background upload of each published checkpoint to the object store."""
         self._free_bytes = free_bytes
         self.wait_when_busy_s = wait_when_busy_s
         self._last_handle: SaveHandle | None = None
@@ -310,25 +342,31 @@ class CheckpointWriter:
             return self._stats
 
     def close(self, timeout_s: float = 60.0) -> bool:
-        """Let queued saves finish, for at most ``timeout_s``; True if they all did.
+        """Let queued saves and uploads finish, for at most ``timeout_s``; True if they all did.
 
         On a timeout the thread is left running (it is a daemon) and a warning names the
-        directory: an unfinished save leaves only a temporary directory behind. The writer
-        accepts no saves afterwards.
+        directory: an unfinished save leaves only a temporary directory behind, an
+        unfinished upload resumes with the next writer. The writer accepts no saves afterwards.
         """
         self._closed = True
-        if self._thread is None:
-            return True
-        self._jobs.put(None)
-        self._thread.join(timeout_s)
-        if self._thread.is_alive():
-            logger.warning(
-                "[%s] checkpoint writer for %s still busy after %gs; abandoning its save (the previous "
-                "checkpoint is intact)", self.writer_id, self.directory, timeout_s,
-            )
-            return False
-        self._thread = None
-        return True
+        deadline = time.monotonic() + timeout_s
+        saved = True
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout_s)
+            saved = not self._thread.is_alive()
+            if saved:
+                self._thread = None
+            else:
+                logger.warning(
+                    "[%s] checkpoint writer for %s still busy after %gs; abandoning its save (the previous "
+                    "checkpoint is intact)", self.writer_id, self.directory, timeout_s,
+                )
+        uploaded = self.uploader.close(max(0.0, deadline - time.monotonic())) if self.uploader is not None else True
+        if not uploaded:
+            logger.warning("[%s] uploads to %s still pending after %gs; the next writer resumes them", self.writer_id,
+                           self.uploader.store.url if self.uploader else "", timeout_s)
+        return saved and uploaded
 
     def __enter__(self) -> CheckpointWriter:
         return self
@@ -386,14 +424,16 @@ class CheckpointWriter:
         assert prepared.tmp is not None
         tensors = tensors_from_buffer(snapshot.buffer, snapshot.manifest)
         try:
+            storage = ChunkStorageWriter(prepared.tmp, rank=self._rank, location=prepared.name,
+                                         codec=self._codec, known=known_chunks(self.directory, prepared.parent))
             dcp.save(
                 {dcp_key(spec.name, self._rank if spec.own else None): sh.wrap(t) if sh is not None else t
                  for spec, t, sh in zip(layout.tensors, tensors, shardings, strict=True)},
-                storage_writer=dcp.FileSystemWriter(str(prepared.tmp), single_file_per_rank=True, sync_files=True),
+                storage_writer=storage,
                 process_group=self._pg,
                 no_dist=self._pg is None,
             )
-            result = self._publish(job, layout, tensors, prepared.tmp, started) if leader else None
+            result = self._publish(job, layout, tensors, prepared, started) if leader else None
         # DCP's CheckpointException derives from BaseException, so name it; the rest are
         # OSError (ENOSPC, EIO), CheckpointCorrupt, and torch's RuntimeErrors from torch.save.
         except (Exception, dcp.CheckpointException) as e:
@@ -415,28 +455,41 @@ class CheckpointWriter:
                 )
                 self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
                 return _Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
+            chain = decide_chain(find_parent(self.directory, job.lineage), chain_length=self.chain_length,
+                                 key_id=self._codec.key_id)
+            self._log(logging.DEBUG, step, "checkpoint is a %s: %s", chain.kind, chain.reason)
             tmp = self.directory / tmp_dirname(checkpoint_dirname(step, job.lineage), new_token())
             tmp.mkdir()
         except Exception as e:  # not only OSError: with W > 1 the other ranks wait for an answer
             reason = f"cannot prepare {self.directory} for the checkpoint of step {step}: {type(e).__name__}: {e}"
             self._log(logging.ERROR, step, "checkpoint failed: %s", reason)
             return _Prepared(None, SaveResult(step, "failed", reason))
-        return _Prepared(tmp, None)
+        return _Prepared(tmp, None, chain.parent, chain.chain_position, checkpoint_dirname(step, job.lineage))
 
-    def _publish(self, job: _Job, layout: StateLayout, tensors: list[torch.Tensor], tmp: Path, started: float) -> SaveResult:
+    def _publish(self, job: _Job, layout: StateLayout, tensors: list[torch.Tensor], prepared: _Prepared,
+                 started: float) -> SaveResult:
         """Rank 0, after every rank's ``dcp.save`` returned: seal, verify, rename, then tier 2 and retention."""
         step = job.step
-        write_durably(tmp / STATE_FILE, layout.encode())
-        saved = read_dcp_metadata(tmp, [p.name for p in tmp.iterdir()]).state_dict_metadata
+        tmp = prepared.tmp
+        assert tmp is not None
+        write_durably(tmp / STATE_FILE, seal_blob(self._codec, layout.encode()))
+        where = f"{tmp.name}/{TENSORS_FILE}"
+        index, pieces = decode_index(read_small(tmp / TENSORS_FILE, where), where)
+        saved = index.state_dict_metadata
         expected = [dcp_key(t.name, rank if t.own else None) for t in layout.tensors
                     for rank in range(layout.own_ranks if t.own else 1)]
         missing = [key for key in expected if key not in saved]
         if missing:
-            raise CheckpointCorrupt(f"{tmp.name}: DCP metadata lacks {len(missing)} tensors, e.g. {missing[:3]}")
+            raise CheckpointCorrupt(f"{tmp.name}: the tensor index lacks {len(missing)} tensors, e.g. {missing[:3]}")
         files = tuple(checksum_and_fsync(p) for p in sorted(tmp.iterdir()) if p.is_file())
         state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]))
-        manifest = CheckpointManifest(step, time.time(), files, {**self._base_metadata(job, state_digest), **job.metadata},
-                                      job.lineage)
+        name = checkpoint_dirname(step, job.lineage)
+        requires = tuple(sorted({ref.location for piece in pieces.values() for ref in piece.chunks} - {name}))
+        manifest = CheckpointManifest(
+            step, time.time(), files, {**self._base_metadata(job, state_digest), **job.metadata}, job.lineage,
+            FORMAT_VERSION, "increment" if requires else "base", requires, prepared.chain_position if requires else 1,
+            self._codec.compression_level, self._codec.key_id,
+        )
         write_durably(tmp / MANIFEST_FILE, manifest.encode())
         final = self.directory / checkpoint_dirname(step, job.lineage)
         if self._already_published(final, manifest, step):
@@ -444,12 +497,15 @@ class CheckpointWriter:
             return SaveResult(step, "published", f"{final} already published", final, manifest.num_bytes, time.monotonic() - started)
         publish(tmp, final)
         seconds = time.monotonic() - started
-        self._log(logging.INFO, step, "checkpoint published: %s (%d bytes in %.2fs)", final, manifest.num_bytes, seconds)
+        self._log(logging.INFO, step, "checkpoint published: %s (%s, %d bytes in %.2fs)", final, manifest.kind,
+                  manifest.num_bytes, seconds)
         tier2_path, tier2_error = self._copy_to_tier2(final, manifest)
+        if self.uploader is not None:
+            self.uploader.submit(final)
         deleted = self._apply_retention(self.directory, step, job.lineage)
         return SaveResult(
             step, "published", f"published {final}", final, manifest.num_bytes, time.monotonic() - started,
-            tier2_path, tier2_error, deleted,
+            tier2_path, tier2_error, deleted, manifest.kind,
         )
 
     def _already_published(self, final: Path, manifest: CheckpointManifest, step: int) -> bool:
@@ -519,7 +575,8 @@ class CheckpointWriter:
         """Delete what retention says among this history's checkpoints (another history's are
         not this writer's to judge); one failed delete is logged and does not stop the others."""
         steps = {name.step: path for name, path in scan_checkpoints(directory).found if name.lineage == lineage}
-        decision = decide_retention(steps, keep_last=self.keep_last, milestone_every=self.milestone_every)
+        decision = decide_retention(steps, keep_last=self.keep_last, milestone_every=self.milestone_every,
+                                    requires=chain_requirements(directory, lineage))
         deleted = []
         for old in decision.delete:
             try:
@@ -532,10 +589,17 @@ class CheckpointWriter:
         return tuple(deleted)
 
     def _remove_leftovers_once(self, directory: Path) -> None:
-        """Remove ``*.tmp-*`` left by crashed saves, before this writer's first save there."""
+        """Remove ``*.tmp-*`` left by crashed saves, before this writer's first save there;
+        the first time in ``directory``, queue the uploads an earlier uploader did not finish."""
         if directory in self._cleaned:
             return
         self._cleaned.add(directory)
+        if self.uploader is not None and directory == self.directory:
+            try:
+                self.uploader.resume_pending()
+            except ObjectStoreError as e:
+                logger.error("[%s] cannot list %s to resume unfinished uploads: %s", self.writer_id,
+                             self.uploader.store.url, e)
         for name in remove_leftovers(directory):
             logger.info("[%s] removed %s/%s, left by an interrupted save or delete", self.writer_id, directory, name)
 
@@ -562,9 +626,11 @@ class CheckpointWriter:
         if prepared is not None:
             refusal = prepared.refusal.to_wire() if prepared.refusal is not None else None
             wire = {"tmp": str(prepared.tmp) if prepared.tmp is not None else None, "refusal": refusal}
+            wire["parent"], wire["chain_position"], wire["name"] = prepared.parent, prepared.chain_position, prepared.name
         d = self._agree(wire)
         return _Prepared(Path(d["tmp"]) if d["tmp"] is not None else None,
-                         SaveResult.from_wire(d["refusal"]) if d["refusal"] is not None else None)
+                         SaveResult.from_wire(d["refusal"]) if d["refusal"] is not None else None,
+                         d["parent"], d["chain_position"], d["name"])
 
     def _agree_result(self, result: SaveResult | None) -> SaveResult:
         """Group rank 0's result on every rank (rank 0 passes it, the others None)."""

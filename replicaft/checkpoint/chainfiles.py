@@ -1,0 +1,85 @@
+"""A lineage's chains on disk: the parent a save builds on, the chunks it may reuse, what
+retention must keep. The I/O around the pure rules of chain.py and retention.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from replicaft.checkpoint.chain import Parent
+from replicaft.checkpoint.entries import read_small
+from replicaft.checkpoint.index import ChunkRef, decode_index
+from replicaft.checkpoint.layout import TENSORS_FILE, parse_dirname
+from replicaft.checkpoint.manifest import CheckpointManifest
+from replicaft.checkpoint.reader import read_manifest, scan_checkpoints
+from replicaft.errors import CheckpointCorrupt
+
+logger = logging.getLogger(__name__)
+
+
+def files_present(path: Path, manifest: CheckpointManifest) -> str:
+    """"" when every file of checkpoint ``path`` and of its chain is there with its listed
+    size (``stat`` only, no hashing); else what is missing."""
+    chain = [(path, manifest)]
+    for name in manifest.requires:
+        try:
+            chain.append((path.parent / name, read_manifest(path.parent / name)))
+        except CheckpointCorrupt as e:
+            return str(e)
+    for directory, m in chain:
+        for entry in m.files:
+            try:
+                size = os.lstat(directory / entry.name).st_size
+            except OSError:
+                return f"{directory.name}/{entry.name} is missing"
+            if size != entry.num_bytes:
+                return f"{directory.name}/{entry.name} is {size} bytes, its manifest says {entry.num_bytes}"
+    return ""
+
+
+def find_parent(directory: Path, lineage: str) -> Parent | None:
+    """The newest published checkpoint of ``lineage`` in ``directory``, judged for building on."""
+    for name, path in scan_checkpoints(directory).found:
+        if name.lineage != lineage:
+            continue
+        try:
+            manifest = read_manifest(path)
+        except CheckpointCorrupt as e:
+            return Parent(path.name, 1, None, False, str(e))
+        if manifest.holds_dcp_files:
+            return Parent(path.name, 1, None, False, "it is in the previous release's format")
+        missing = files_present(path, manifest)
+        return Parent(path.name, manifest.chain_position, manifest.key_id, not missing, missing)
+    return None
+
+
+def known_chunks(directory: Path, parent: str | None) -> dict[bytes, ChunkRef]:
+    """Every chunk the parent's index refers to, by id: what an increment need not write.
+
+    An unreadable index gives none (the save then writes every chunk, which is always
+    correct) and a warning.
+    """
+    if parent is None:
+        return {}
+    where = f"{parent}/{TENSORS_FILE}"
+    try:
+        _, pieces = decode_index(read_small(directory / parent / TENSORS_FILE, where), where)
+    except CheckpointCorrupt as e:
+        logger.warning("%s; this save writes every chunk", e)
+        return {}
+    return {ref.chunk_id: ref for piece in pieces.values() for ref in piece.chunks}
+
+
+def chain_requirements(directory: Path, lineage: str) -> dict[int, list[int]]:
+    """For each checkpoint of ``lineage`` in ``directory``, the steps of its chain."""
+    requires: dict[int, list[int]] = {}
+    for name, path in scan_checkpoints(directory).found:
+        if name.lineage != lineage:
+            continue
+        try:
+            manifest = read_manifest(path)
+        except CheckpointCorrupt:
+            continue  # damaged: nothing can be built on it, retention may delete it
+        requires[name.step] = [n.step for r in manifest.requires if (n := parse_dirname(r)) is not None]
+    return requires
