@@ -62,7 +62,8 @@ class StepBoundary:
                 self._report_state_size()
         self._persistence.after_commit(step, is_writer=plan is not None and plan.replica_rank == 0,
                                        state=self._registry.state_dict,
-                                       quorum_id=plan.quorum_id if plan is not None else -1)
+                                       quorum_id=plan.quorum_id if plan is not None else -1,
+                                       num_groups=plan.num_replicas if plan is not None else 1)
 
     def _report_state_size(self) -> None:
         """Once per process, after its first commit (the optimizer's state exists by then)."""
@@ -79,6 +80,8 @@ class StepBoundary:
             logger.warning("no valid checkpoint to resume from; starting at step 0")
             return
         self._registry.load_state_dict(loaded.state)
+        if self._persistence.cadence is not None:
+            self._persistence.cadence.resumed()  # after the loaded history: a total failure
         self._emit("resume", checkpoint_step=loaded.step, path=str(loaded.path),
                    digest=digest(self._registry.flat(in_digest_only=True)))
         report_error(GroupError(f"resumed from checkpoint step {loaded.step} ({loaded.path}); this step only loaded"))

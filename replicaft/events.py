@@ -33,6 +33,11 @@ event              fields
 ``checkpoint_upload`` a checkpoint uploaded to the object-store tier (or not): ``checkpoint_step``,
                    ``name``, ``ok``, ``reason``, ``num_bytes`` (sent), ``seconds``
 ``resume``         ``checkpoint_step``, ``path``, ``digest`` (loaded from disk)
+``checkpoint_cadence`` ``checkpoint_interval="auto"`` chose an interval (cadence.py): ``interval_s``,
+                   ``rule_s`` (Young/Daly before the bounds), ``cost_s``, ``blocked_s``, ``write_s``,
+                   ``num_saves_measured``, ``mtbf_s``, ``mtbf_source`` (prior/member_losses/observed),
+                   ``min_s``, ``max_s``, ``prior_mtbf_s``, ``min_total_failures``, ``history``
+                   (the failure counts), ``reason``
 ``state_size``     once per process, after its first commit: ``num_bytes`` of state, of them
                    ``cpu_bytes`` in host memory (the launcher sizes a standby's reserve by it);
                    ``reserve_bytes`` of memory this process had faulted in as a standby,

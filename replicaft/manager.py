@@ -16,7 +16,9 @@ import torch
 
 from lighthouse.plan import StepPlan
 from lighthouse.progress import Progress
+from lighthouse.protocol import Notice
 from replicaft.boundary import StepBoundary
+from replicaft.cadence import STATE_NAME as CADENCE_STATE
 from replicaft.events import EventLog
 from replicaft.faults import parse_fault_points
 from replicaft.heal.donor import DonorSide
@@ -50,7 +52,7 @@ class Manager:
         self._events = EventLog(o.events_dir, o.replica_id, o.group_rank)
         progress = self._progress = Progress()
         notices = StepNotices(o.replica_id, lambda reason: self._emit("fenced", reason=reason))
-        self._services = RankServices(o, progress, notices.deliver, faults, self.current_step)
+        self._services = RankServices(o, progress, self._deliver_notice, faults, self.current_step)
         self._column = FaultTolerantProcessGroup(o.backend or ("nccl" if torch.cuda.is_available() else "gloo"),
                                                  collective_timeout_s=o.collective_timeout_s,
                                                  connect_timeout_s=o.connect_timeout_s, host=o.host)
@@ -70,6 +72,9 @@ class Manager:
         self._registry.register_state("replicaft", lambda: {"step": self._driver.step}, self._load_own_state)
         self._registry.register_state(CHECKPOINT_STATE, self._persistence.state_dict, self._persistence.load_state_dict,
                                       in_digest=False)
+        if self._persistence.cadence is not None:
+            self._registry.register_state(CADENCE_STATE, self._persistence.cadence.state_dict,
+                                          self._persistence.cadence.load_state_dict, in_digest=False, optional=True)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -127,6 +132,12 @@ class Manager:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._persistence.settle()  # a checkpoint copy still reading the state ends first
         self._registry.load_state_dict(state)
+
+    def _deliver_notice(self, notice: Notice) -> None:
+        """Any thread: a lighthouse notice, for the step in progress and the checkpoint cadence."""
+        self._notices.deliver(notice)
+        if self._persistence.cadence is not None:
+            self._persistence.cadence.notice(notice)
 
     def _load_own_state(self, state: dict[str, Any]) -> None:
         self._driver.step = int(state["step"])

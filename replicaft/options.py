@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from lighthouse import errors as lighthouse_errors
 from lighthouse.tls import TlsFiles
+from replicaft.checkpoint.cadence import check_cadence_options
 from replicaft.errors import OptionsError
 from replicaft.faults import parse_fault_points
 
@@ -110,6 +111,17 @@ class ManagerOptions:
     """Save every N committed steps (0 = not by steps). With a directory and no interval, 100."""
     checkpoint_interval_s: float = 0.0
     """Save every T seconds (0 = not by time); W = 1 only."""
+    checkpoint_interval: Literal["fixed", "auto"] = "fixed"
+    """``auto`` (``REPLICAFT_CHECKPOINT_INTERVAL=auto``): the interval in seconds is chosen, and
+    recomputed, from the measured cost of a save and the observed time between total failures
+    (replicaft/checkpoint/cadence.py), within the two bounds below; instead of the fixed
+    intervals, and W = 1 only (like ``checkpoint_interval_s``)."""
+    checkpoint_interval_min_s: float = 60.0
+    """``auto``: never save more often (also the interval until a save has been measured)."""
+    checkpoint_interval_max_s: float = 3600.0
+    """``auto``: never save less often; bounds the work a total failure can lose."""
+    checkpoint_mtbf_prior_s: float = 86400.0
+    """``auto``: the mean time between total failures assumed until two have been observed."""
     checkpoint_keep_last: int = 3
     checkpoint_milestone_every: int = 0
     """Also keep every checkpoint whose step is a multiple of this, forever (0 = none)."""
@@ -190,7 +202,11 @@ class ManagerOptions:
         if self.max_quorum_failures < 1:
             raise OptionsError(f"max_quorum_failures={self.max_quorum_failures}; it must be at least 1")
         parse_fault_points(self.fault_points)
-        if self.checkpoint_dir is not None and not (self.checkpoint_interval_steps or self.checkpoint_interval_s):
+        check_cadence_options(self.checkpoint_interval, self.checkpoint_interval_steps, self.checkpoint_interval_s,
+                              self.group_world_size, self.checkpoint_interval_min_s, self.checkpoint_interval_max_s,
+                              self.checkpoint_mtbf_prior_s)
+        if (self.checkpoint_dir is not None and self.checkpoint_interval == "fixed"
+                and not (self.checkpoint_interval_steps or self.checkpoint_interval_s)):
             object.__setattr__(self, "checkpoint_interval_steps", 100)
         if self.checkpoint_interval_steps < 0 or self.checkpoint_interval_s < 0:
             raise OptionsError("checkpoint intervals must be >= 0 (0 = off)")

@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from replicaft.cadence import AutoCadence
+from replicaft.checkpoint.cadence import CadenceLimits
 from replicaft.checkpoint.layout import (
     LEGACY_LINEAGE,
     forked_lineage,
@@ -84,6 +86,12 @@ class Persistence:
         """Tensors a background copy saw written mid-step: copied at once from then on."""
         self._lineage = new_lineage() if options.checkpoint_dir is not None else LEGACY_LINEAGE
         """The history this group's state belongs to (see the module docstring)."""
+        self.cadence = (AutoCadence(CadenceLimits(options.checkpoint_interval_min_s, options.checkpoint_interval_max_s,
+                                                  options.checkpoint_mtbf_prior_s), emit)
+                        if options.checkpoint_interval == "auto" and options.checkpoint_dir is not None else None)
+        """``checkpoint_interval="auto"``: chooses the writer's interval (cadence.py)."""
+        self._blocked_s: dict[int, float] = {}
+        """Seconds the training thread spent on each periodic save in flight, by step."""
 
     @property
     def enabled(self) -> bool:
@@ -189,7 +197,8 @@ class Persistence:
             loaded.state[STATE_NAME] = self.state_dict()
         return loaded
 
-    def after_commit(self, step: int, is_writer: bool, state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
+    def after_commit(self, step: int, is_writer: bool, state: Callable[[], dict[str, Any]], quorum_id: int,
+                     num_groups: int = 1) -> None:
         """Called at the step boundary after a commit, with the committed state in place.
 
         A due save copies the state to a host snapshot, reusing the previous save's buffer once
@@ -198,8 +207,14 @@ class Persistence:
         (:class:`BackgroundCapture`); :meth:`settle` must run before the state is written
         again. With W > 1 it is taken here, at once: every rank of the group must hand the
         writer the same steps, and a background copy can be refused on one rank alone.
+        ``num_groups``: the groups of the quorum that committed the step (for ``cadence``).
         """
+        if self.cadence is not None:
+            self.cadence.observe(num_groups)
+            if self._writer is not None and is_writer:
+                self._writer.interval_s = self.cadence.interval_s()
         if self._writer is not None and is_writer and self._writer.decide(step).save:
+            started = time.monotonic()
             spare = self._spare.take()
             deferred = 0
             if self.options.group_world_size > 1:
@@ -209,6 +224,7 @@ class Persistence:
                 self._capture = BackgroundCapture(flatten(state()), step=step, quorum_id=quorum_id,
                                                   replica_id=self.options.replica_id, out=spare, copy_now=self._copy_now)
                 deferred = self._capture.deferred_bytes
+            self._blocked_s[step] = time.monotonic() - started
             self._emit("checkpoint_start", checkpoint_step=step, background_copy_bytes=deferred)
         self._report()
 
@@ -217,7 +233,9 @@ class Persistence:
         capture, self._capture = self._capture, None
         if capture is None or self._writer is None:
             return
+        started = time.monotonic()
         snapshot, why = capture.finish(timeout_s=SAVE_TIMEOUT_S)
+        self._blocked_s[capture.step] = self._blocked_s.get(capture.step, 0.0) + time.monotonic() - started
         if snapshot is None:
             self._copy_now |= capture.changed
             if not capture.running:  # a copy still running would write into a reused buffer
@@ -262,6 +280,9 @@ class Persistence:
             self._spare.give(self._in_flight.buffer)
             self._in_flight = None
         for r in finished:
+            blocked_s = self._blocked_s.pop(r.step, None)
+            if self.cadence is not None and r.ok and blocked_s is not None:
+                self.cadence.save_measured(blocked_s, r.seconds)
             self._emit(
                 "checkpoint",
                 checkpoint_step=r.step,

@@ -72,19 +72,24 @@ class StateRegistry:
     def __init__(self) -> None:
         self._states: dict[str, tuple[StateDictFn, LoadStateDictFn]] = {}
         self._not_digested: set[str] = set()
+        self._optional: set[str] = set()
         self._hooks: list[StepHooks] = []
         self._steppers: list[_Stepper] = []
 
     def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn, *,
-                       in_digest: bool = True) -> None:
+                       in_digest: bool = True, optional: bool = False) -> None:
         """``in_digest=False``: bookkeeping that travels with the state but is not training
         state, so the digest that says two groups hold the same state leaves it out (the
-        checkpoint lineage: a resume that forks a new history changes it, not the state)."""
+        checkpoint lineage: a resume that forks a new history changes it, not the state).
+        ``optional=True``: a state to load may lack it (a checkpoint written before it was
+        registered); it is then left as it is."""
         if name in self._states:
             raise StateError(f"state {name!r} is registered twice; pick another name")
         self._states[name] = (state_dict, load_state_dict)
         if not in_digest:
             self._not_digested.add(name)
+        if optional:
+            self._optional.add(name)
 
     def register_hooks(self, hooks: StepHooks) -> None:
         self._hooks.append(hooks)
@@ -113,11 +118,12 @@ class StateRegistry:
         return flatten(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = set(self._states) - set(state)
+        missing = set(self._states) - set(state) - self._optional
         if missing:
             raise StateError(f"state to load lacks {sorted(missing)}; registered: {sorted(self._states)}")
         for name, (_, load) in self._states.items():
-            load(state[name])
+            if name in state:
+                load(state[name])
 
     # -- step boundaries ----------------------------------------------------------------------
 
