@@ -71,7 +71,7 @@ def test_member_losses_counted_once_per_member_and_quorum() -> None:
     clock.now += 10
     cadence.observe(2)
     assert cadence.history == FailureHistory(observed_s=10.0, group_s=20.0, degraded_s=10.0, member_losses=1,
-                                             max_groups=3)
+                                             max_groups=3, groups_now=2)
 
 
 def test_interval_reported_with_inputs_first_and_when_it_moves() -> None:

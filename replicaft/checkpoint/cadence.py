@@ -34,6 +34,9 @@ checkpoints so that it survives the failures it counts):
   ``G λ (1-u) u^(G-1)``; ``M`` is its inverse. With one group (no peer protection) that is
   the group's own cycle time, ``1/λ + R``: every loss is a total failure. With several groups
   and short repairs it is very long: peers protect the job, and checkpoints become rare.
+  ``G`` is the number of groups taking part *now*: while lost groups are away, fewer peers
+  protect the job, the estimate falls (towards ``1/λ + R`` with one group left) and saves come
+  more often, until the groups are back.
 
 Until enough total failures are observed, ``M`` is the configured prior, or the member-loss
 estimate when that is shorter: independence gives a floor on how often total failures occur,
@@ -117,16 +120,19 @@ class FailureHistory:
     total_failures: int = 0
     """Resumes from disk: every group was gone."""
     max_groups: int = 0
-    """The most groups seen in one quorum: the job's size, ``G``."""
+    """The most groups seen in one quorum: the job's size."""
+    groups_now: int = 0
+    """The groups of the latest quorum observed, ``G`` of the member-loss estimate."""
 
 
 def observe(history: FailureHistory, *, seconds: float, num_groups: int) -> FailureHistory:
     """``seconds`` more of training with ``num_groups`` groups taking part."""
     if seconds <= 0 or num_groups <= 0:
-        return replace(history, max_groups=max(history.max_groups, num_groups))
+        return replace(history, max_groups=max(history.max_groups, num_groups), groups_now=max(num_groups, 0))
     max_groups = max(history.max_groups, num_groups)
     return replace(
         history,
+        groups_now=num_groups,
         observed_s=history.observed_s + seconds,
         group_s=history.group_s + seconds * num_groups,
         degraded_s=history.degraded_s + (seconds if num_groups < max_groups else 0.0),
@@ -149,7 +155,7 @@ def member_loss_mtbf_s(history: FailureHistory) -> float | None:
     rate = history.member_losses / history.group_s
     repair_s = history.degraded_s / history.member_losses
     unavailable = rate * repair_s / (1.0 + rate * repair_s)
-    g = history.max_groups
+    g = history.groups_now if history.groups_now > 0 else history.max_groups
     total_rate = g * rate * (1.0 - unavailable) * unavailable ** (g - 1)
     return math.inf if total_rate == 0 else 1.0 / total_rate
 
@@ -164,7 +170,8 @@ def estimate_total_mtbf(history: FailureHistory, limits: CadenceLimits) -> MtbfE
     waiting = f"{n} of {limits.min_total_failures} total failures observed"
     if independent is not None and independent < limits.prior_mtbf_s:
         return MtbfEstimate(independent, "member_losses",
-                            f"{history.member_losses} member losses of {history.max_groups} groups in "
+                            f"{history.member_losses} member losses, {history.groups_now} of {history.max_groups} "
+                            f"groups taking part, in "
                             f"{history.observed_s:.0f}s (down {history.degraded_s:.0f}s) give {independent:.0f}s, "
                             f"below the prior {limits.prior_mtbf_s:g}s; {waiting}")
     return MtbfEstimate(limits.prior_mtbf_s, "prior", f"the prior {limits.prior_mtbf_s:g}s; {waiting}")
