@@ -873,8 +873,9 @@ def test_seal_names_a_served_tensor_written_in_place_meanwhile() -> None:
 
 def test_seal_shuts_a_stalled_healers_connection_instead_of_waiting_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(live_module, "LIVE_SEND_GRACE_S", 0.2)
-    state = {"w": torch.zeros(16 << 20)}  # 64 MiB: more than loopback buffers hold
-    live = live_snapshot(state)
+    state = {"w": torch.zeros(16 << 20)}  # 64 MiB in 16 MiB chunks: one chunk is more than loopback buffers hold
+    live = LiveSnapshot(flatten(state), step=STEP, quorum_id=1, replica_id="donor", readers=frozenset({"h"}),
+                        chunk_bytes=16 << 20)
     with serving(live) as (_, address):
         host, port = address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as stalled:
@@ -886,7 +887,7 @@ def test_seal_shuts_a_stalled_healers_connection_instead_of_waiting_for_it(monke
             started = time.monotonic()
             assert live.seal(wait_s=0.0) == ""
             assert time.monotonic() - started < 5.0
-            assert 0 < live.kept_bytes <= live.manifest.total_bytes
+            assert live.shut == 1 and 0 < live.kept_bytes <= live.manifest.total_bytes
             stalled.settimeout(DEADLINE_S)
             with pytest.raises((ConnectionError, OSError)):
                 while stalled.recv(1 << 20):

@@ -262,12 +262,12 @@ class LiveSnapshot:
             self.waited_s = time.monotonic() - started
             c = self.manifest.chunk_bytes
             total = self.manifest.total_bytes
-            for k, sent in enumerate(self._sent_to):
-                if not self.readers <= sent:
-                    lo, hi = k * c, min((k + 1) * c, total)
-                    self._plan.fill(self._plan.buffer[lo:hi], lo, hi, self._live.__contains__)
-                    self._kept[k] = True
-                    self.kept_bytes += hi - lo
+            unsent = [not self.readers <= sent for sent in self._sent_to]
+            for first, last in _runs(unsent):  # one copy per run: the donor's step waits for it
+                lo, hi = first * c, min((last + 1) * c, total)
+                self._plan.fill(self._plan.buffer[lo:hi], lo, hi, self._live.__contains__)
+                self._kept[first : last + 1] = [True] * (last + 1 - first)
+                self.kept_bytes += hi - lo
             self._copied = True
             self._give_back_if_unread()
             self._cond.notify_all()
@@ -276,6 +276,19 @@ class LiveSnapshot:
         if changed:
             return f"the state changed while it was served (written in place: {', '.join(changed[:5])})"
         return ""
+
+
+def _runs(flags: list[bool]) -> list[tuple[int, int]]:
+    """The ``(first, last)`` index of each run of consecutive true ``flags``."""
+    runs: list[tuple[int, int]] = []
+    for k, flag in enumerate(flags):
+        if not flag:
+            continue
+        if runs and runs[-1][1] == k - 1:
+            runs[-1] = (runs[-1][0], k)
+        else:
+            runs.append((k, k))
+    return runs
 
 
 def _shut(conn: socket.socket) -> None:
