@@ -195,6 +195,11 @@ class Persistence:
             self._lineage = loaded.lineage
         if STATE_NAME in template:
             loaded.state[STATE_NAME] = self.state_dict()
+        if loaded.imported:
+            kept = sorted(set(template) - set(loaded.state))
+            logger.warning("[%s] %s was imported (replicaft-ckpt import) and holds %s; keeping this job's own %s",
+                           self.options.replica_id, loaded.path.name, sorted(loaded.state), kept)
+            loaded.state.update({name: template[name] for name in kept})
         return loaded
 
     def after_commit(self, step: int, is_writer: bool, state: Callable[[], dict[str, Any]], quorum_id: int,

@@ -78,6 +78,8 @@ class LoadedCheckpoint(NamedTuple):
     newest_in_lineage: bool = True
     """False when newer checkpoints of the same lineage exist but did not load: a run that
     continues from here forks a new history rather than extend the one they belong to."""
+    imported: bool = False
+    """Made by ``replicaft-ckpt import`` (export.py): it holds only some entries of a state."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +269,7 @@ def load(
         raise CheckpointCorrupt(f"{path.name}: could not load the tensors ({type(e).__name__}: {e})") from e
     if not isinstance(state, dict):
         raise CheckpointCorrupt(f"{path.name}/{STATE_FILE} holds a {type(state).__name__}, not a state dict")
-    return LoadedCheckpoint(manifest.step, state, path, manifest.lineage)
+    return LoadedCheckpoint(manifest.step, state, path, manifest.lineage, imported=manifest.metadata.get("imported") is True)
 
 
 def _targets(
