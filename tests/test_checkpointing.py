@@ -136,17 +136,17 @@ def test_sigterm_to_the_writer_saves_its_step_before_exit(tmp_path: Path) -> Non
 
 @pytest.mark.timeout(420)
 def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Path) -> None:
-    """Issue 7's acceptance run: five random SIGKILLs (each group restarted, as an orchestrator
+    """Issue 7's acceptance run: three random SIGKILLs (each group restarted, as an orchestrator
     would), then every group killed at once and resumed from disk; across all of it, and across
     epoch boundaries, every sample trains in exactly one committed step."""
     rng = random.Random(7)
     lh = start_lighthouse(status=False)
-    args = ("--steps", "150", "--step-delay", "0.02", "--dataset-size", "500")
+    args = ("--steps", "100", "--step-delay", "0.02", "--dataset-size", "300")
     ids = ("g0", "g1", "g2")
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ids}
     events = tmp_path / "events"
     step = 5
-    for _ in range(5):
+    for _ in range(3):
         step += rng.randint(6, 12)
         victim = rng.choice(ids)
         wait_for_event(events, lambda e, s=step: e["event"] == "commit" and e["committed"] and e["step"] >= s, 120, f"step {step}")
@@ -171,6 +171,6 @@ def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Pat
     for rid, g in groups.items():
         assert g.wait_exit(240) == 0, f"{rid}\n{g.output_tail()}"
     positions = max(e["samples"][1] for e in read_events(events) if e["event"] == "commit" and e["committed"])
-    assert positions > 2 * 500, "the run should cross at least one epoch boundary"
-    assert_digests_agree(events, min_steps=140)
-    assert_samples_exactly_once(events, min_steps=150)
+    assert positions > 2 * 300, "the run should cross at least one epoch boundary"
+    assert_digests_agree(events, min_steps=90)
+    assert_samples_exactly_once(events, min_steps=100)
