@@ -29,6 +29,7 @@ from benchmarks.results import (
 BENCHMARKS: dict[str, str] = {
     "failover": "benchmarks.failover",
     "checkpoint": "benchmarks.checkpoint",
+    "deterministic": "benchmarks.deterministic",
     "diloco": "benchmarks.diloco",
     "diloco_wire": "benchmarks.diloco_wire",
     "heal": "benchmarks.heal",

@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                     micro_loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device)) * weight
                     micro_loss.backward()
                 loss += micro_loss.detach()
-            manager.annotate_commit(loss=loss.item())
+            # The deterministic mode's micro-batches are shards, each weighted 1.0: their mean is the loss.
+            manager.annotate_commit(loss=loss.item() / (len(batches) if options.deterministic else 1))
             if args.step_delay:
                 time.sleep(args.step_delay)
             if optimizer.step() and manager.current_step() % 10 == 0:
