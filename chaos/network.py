@@ -26,9 +26,11 @@ cleaner switch); one bridge in the host namespace (it would need host addresses 
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +41,9 @@ LIGHTHOUSE = "lh"
 """Host name of the lighthouse inside the lab."""
 BRIDGE = "br0"
 COMMAND_TIMEOUT_S = 10.0
+LINK_UP_TIMEOUT_S = 10.0
+"""How long a restored link may take to carry traffic again: the kernel reports a veth's
+carrier coming up asynchronously (its link watch batches such events for up to a second)."""
 _runs = itertools.count()
 
 
@@ -90,7 +95,7 @@ class NetworkLab:
         self._created: list[str] = []
         self._shaped: set[str] = set()
 
-    def _ip(self, *args: str) -> None:
+    def _ip(self, *args: str) -> str:
         cmd = ["ip", *args]
         try:
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False)
@@ -98,6 +103,7 @@ class NetworkLab:
             raise NetworkUnavailable(f"`{' '.join(cmd)}` could not run: {e}") from e
         if done.returncode != 0:
             raise NetworkUnavailable(f"`{' '.join(cmd)}` failed (exit {done.returncode}): {done.stderr.strip()}")
+        return done.stdout
 
     def _tc(self, namespace: str, *args: str) -> None:
         self._ip("netns", "exec", namespace, "tc", *args)
@@ -140,7 +146,34 @@ class NetworkLab:
         self._ip("-n", self.bridge_namespace, "link", "set", self.hosts[name].port, "down")
 
     def restore(self, name: str) -> None:
-        self._ip("-n", self.bridge_namespace, "link", "set", self.hosts[name].port, "up")
+        """Undo :meth:`cut`, returning once the link carries traffic: both veth ends up and the
+        bridge port forwarding, and no neighbour entry left failed by the cut (a connection
+        started sooner lost its first SYN and waited a second to resend it)."""
+        host = self.hosts[name]
+        self._ip("-n", self.bridge_namespace, "link", "set", host.port, "up")
+        deadline = time.monotonic() + LINK_UP_TIMEOUT_S
+        while not self._carries(host):
+            if time.monotonic() > deadline:
+                raise NetworkUnavailable(f"the link of {name} ({host.port}) was not forwarding "
+                                         f"{LINK_UP_TIMEOUT_S:g}s after it was set up")
+            time.sleep(0.01)  # polls the kernel's link state, an observable event
+        for other in self.hosts.values():
+            if other is not host and self._has_neighbour(other.namespace, host.address):
+                self._ip("-n", other.namespace, "neigh", "flush", "dev", "eth0", "to", host.address)
+        if self._has_neighbour(host.namespace, None):
+            self._ip("-n", host.namespace, "neigh", "flush", "dev", "eth0")
+
+    def _carries(self, host: Host) -> bool:
+        (port,) = json.loads(self._ip("-d", "-j", "-n", self.bridge_namespace, "link", "show", "dev", host.port))
+        (eth0,) = json.loads(self._ip("-j", "-n", host.namespace, "link", "show", "dev", "eth0"))
+        state = port.get("linkinfo", {}).get("info_slave_data", {}).get("state")
+        return port.get("operstate") == "UP" and eth0.get("operstate") == "UP" and state in ("forwarding", None)
+
+    def _has_neighbour(self, namespace: str, address: str | None) -> bool:
+        """Whether ``namespace`` has a neighbour entry on eth0 (for ``address``; any when None):
+        ``ip neigh flush`` fails when there is nothing to flush."""
+        entries = json.loads(self._ip("-j", "-n", namespace, "neigh", "show", "dev", "eth0") or "[]")
+        return any(address is None or e.get("dst") == address for e in entries)
 
     def shape(self, name: str, rate_mbit: float | None, delay_ms: float | None) -> None:
         """Slow host ``name``'s link both ways; raises NetworkUnavailable (e.g. no netem) having shaped nothing."""
