@@ -22,6 +22,9 @@ from pathlib import Path
 from chaos.scenario import Scenario
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "replicaft-chaos", "AWS_SECRET_ACCESS_KEY": "replicaft-chaos",
+                  "AWS_DEFAULT_REGION": "us-east-1"}
+"""What the groups sign their requests to the harness's S3 server with (it checks none)."""
 EXAMPLE = REPO_ROOT / "examples" / "train_ddp.py"
 
 
@@ -38,6 +41,9 @@ class GroupPlacement:
     interface: str | None = None
     """The network interface Gloo must use (network lab)."""
     fault_points: str | None = None
+    object_store: str | None = None
+    """``s3://bucket/prefix`` of the checkpoints' object-store tier (cold_start)."""
+    object_store_endpoint: str | None = None
 
 
 def group_command(scenario: Scenario) -> list[str]:
@@ -67,6 +73,10 @@ def group_env(scenario: Scenario, group_id: str, placement: GroupPlacement) -> d
     if p.checkpoint_dir is not None and scenario.checkpoint_interval_steps:
         env["REPLICAFT_CHECKPOINT_DIR"] = str(p.checkpoint_dir)
         env["REPLICAFT_CHECKPOINT_INTERVAL_STEPS"] = str(scenario.checkpoint_interval_steps)
+    if p.object_store is not None and "REPLICAFT_CHECKPOINT_DIR" in env:
+        env["REPLICAFT_CHECKPOINT_OBJECT_STORE"] = p.object_store
+        env["REPLICAFT_CHECKPOINT_OBJECT_STORE_ENDPOINT"] = p.object_store_endpoint or ""
+        env.update(S3_CREDENTIALS)
     if p.host is not None:
         env["REPLICAFT_HOST"] = p.host
     if p.interface is not None:

@@ -16,7 +16,8 @@ the first commit) *and* its target can take it:
   ``kill_all_groups``, a separate experiment with its own checks, never an accident of
   timing in a random soak;
 * ``kill_all_groups`` waits for a published checkpoint, ``corrupt_checkpoint`` for two (one
-  to damage, one to fall back to).
+  to damage, one to fall back to); ``cold_start`` and ``cold_start_corrupt`` for as many in
+  the object store.
 
 What a fault needs from the machine (network namespaces, a tmpfs) is set up by the runner at
 the start; a fault whose environment could not be built is skipped with that reason at once.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import shutil
 import signal
 import time
 from collections.abc import Callable
@@ -35,11 +37,16 @@ from pathlib import Path
 from typing import Protocol
 
 from chaos.disk import DiskUnavailable, SmallDisk, corrupt_newest_checkpoint, published_checkpoints
+from chaos.environment import OBJECT_STORE_BUCKET, OBJECT_STORE_PREFIX
 from chaos.job_view import JobView
 from chaos.network import NetworkLab, NetworkUnavailable
 from chaos.record import ALL_GROUPS, DISK, LIGHTHOUSE, InjectedFault
+from chaos.s3_server import S3Server
 from chaos.scenario import (
+    ALL_GROUPS_KINDS,
+    CORRUPTING_KINDS,
     NETWORK_KINDS,
+    OBJECT_STORE_KINDS,
     REPLICATED_LIGHTHOUSE_KINDS,
     SELF_ARMED_KINDS,
     FaultSpec,
@@ -106,6 +113,7 @@ class Injector:
         self._sup = sup
         self._lab: NetworkLab | None = None
         self._disk: SmallDisk | None = None
+        self._s3: S3Server | None = None
         self._checkpoint_dir = checkpoint_dir
         self.pending = list(range(len(scenario.faults)))
         """Indices of scenario faults not yet injected."""
@@ -130,6 +138,10 @@ class Injector:
     def use_disk(self, disk: SmallDisk) -> None:
         """The checkpoint directory is ``disk``, which fill_disk fills."""
         self._disk = disk
+
+    def use_object_store(self, server: S3Server) -> None:
+        """The checkpoints are tiered to ``server``, which cold_start restores from."""
+        self._s3 = server
 
     def skip_unavailable(self, kinds: frozenset[str], reason: str) -> None:
         """Skip every fault of ``kinds`` now: its environment could not be built."""
@@ -215,7 +227,7 @@ class Injector:
             return self._done(i, spec, LIGHTHOUSE)
         if kind in REPLICATED_LIGHTHOUSE_KINDS:
             return self._sup.lighthouse_fault(kind, spec.duration_s) or self._done(i, spec, LIGHTHOUSE)
-        if kind in ("kill_all_groups", "corrupt_checkpoint"):
+        if kind in ALL_GROUPS_KINDS:
             return self._kill_all(i, spec)
         if kind == "fill_disk":
             return self._fill_disk(i, spec)
@@ -269,14 +281,22 @@ class Injector:
         return None
 
     def _kill_all(self, i: int, spec: FaultSpec) -> str | None:
-        published = published_checkpoints(self._checkpoint_dir) if self._checkpoint_dir is not None else []
-        needed = 2 if spec.kind == "corrupt_checkpoint" else 1
-        if len(published) < needed:
-            return f"{needed} published checkpoint(s) needed, {len(published)} found in {self._checkpoint_dir}"
+        needed = 2 if spec.kind in CORRUPTING_KINDS else 1
+        if spec.kind in OBJECT_STORE_KINDS:
+            assert self._s3 is not None, "skip_unavailable() removes cold_start faults without an object store"
+            stored = self._s3.checkpoints(OBJECT_STORE_BUCKET, OBJECT_STORE_PREFIX)
+            if len(stored) < needed:
+                return f"{needed} checkpoint(s) needed in the object store, {len(stored)} uploaded"
+        else:
+            published = published_checkpoints(self._checkpoint_dir) if self._checkpoint_dir is not None else []
+            if len(published) < needed:
+                return f"{needed} published checkpoint(s) needed, {len(published)} found in {self._checkpoint_dir}"
         if not any(self._sup.is_healthy(g) for g in self.scenario.group_ids):
             return "no group was running and committing"
         ts = time.time()
         self._sup.kill_every_group(spec.kind)
+        if spec.kind in OBJECT_STORE_KINDS:
+            return self._cold_start(i, spec, ts)
         if spec.kind == "kill_all_groups":
             return self._done(i, spec, ALL_GROUPS, ts=ts)
         # Damaged while every group is down and reaped: no writer can publish a newer one meanwhile.
@@ -288,6 +308,19 @@ class Injector:
                               detail=f"every group was killed, but the checkpoint was not damaged: {e}")
         return self._done(i, spec, ALL_GROUPS, ts=ts, checkpoint_step=damage.step,
                           detail=f"flipped byte {damage.offset} of {damage.path.parent.name}/{damage.path.name}")
+
+    def _cold_start(self, i: int, spec: FaultSpec, ts: float) -> None:
+        """Every group is down and reaped: empty their disk (new machines); for the corrupt
+        variant, damage the newest checkpoint in the object store."""
+        assert self._checkpoint_dir is not None and self._s3 is not None
+        shutil.rmtree(self._checkpoint_dir, ignore_errors=True)
+        self._checkpoint_dir.mkdir(parents=True)
+        detail = f"deleted {self._checkpoint_dir}"
+        if spec.kind == "cold_start":
+            return self._done(i, spec, ALL_GROUPS, ts=ts, detail=detail)
+        step, key = self._s3.corrupt_newest(OBJECT_STORE_BUCKET, OBJECT_STORE_PREFIX)
+        return self._done(i, spec, ALL_GROUPS, ts=ts, checkpoint_step=step,
+                          detail=f"{detail}; flipped a byte of s3://{OBJECT_STORE_BUCKET}/{key}")
 
     def _fill_disk(self, i: int, spec: FaultSpec) -> str | None:
         assert self._disk is not None, "skip_unavailable() removes fill_disk faults without a disk"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from chaos.invariants import Verdict, Violation, verdict
 from chaos.record import ALL_GROUPS, JOB_TARGETS, InjectedFault, ProcessExit
-from chaos.scenario import ALL_GROUPS_KINDS
+from chaos.scenario import ALL_GROUPS_KINDS, CORRUPTING_KINDS, OBJECT_STORE_KINDS
 from chaos.timeline import Commit, Event, commits, epoch_of, next_commit
 
 FAULTS_REJOINED = "faults_rejoined"
@@ -177,7 +177,9 @@ def check_resume_from_disk(events: Sequence[Event], all_commits: Sequence[Commit
         before = [c.step for c in all_commits if c.epoch == epoch - 1]
         frontier = max(before, default=0)
         resumes = [e for e in events if e["event"] == "resume" and epoch_of(float(e["ts"]), starts) == epoch]
-        published = [int(e["checkpoint_step"]) for e in events if e["event"] == "checkpoint" and e.get("ok")
+        # After a cold start only what reached the object store survives the lost disks.
+        saved = "checkpoint_upload" if f.kind in OBJECT_STORE_KINDS else "checkpoint"
+        published = [int(e["checkpoint_step"]) for e in events if e["event"] == saved and e.get("ok")
                      and e["ts"] < f.ts and isinstance(e.get("checkpoint_step"), int)
                      and (f.checkpoint_step is None or e["checkpoint_step"] < f.checkpoint_step)]
         newest_intact = max(published, default=None)
@@ -190,7 +192,7 @@ def check_resume_from_disk(events: Sequence[Event], all_commits: Sequence[Commit
                 notes.append(f"{f.label}: nothing published before, restarted from step 0")
             continue
         resumed = max(int(e["checkpoint_step"]) for e in resumes)
-        allowed = options.checkpoint_interval_steps * (2 if f.kind == "corrupt_checkpoint" else 1) + options.resume_slack_steps
+        allowed = options.checkpoint_interval_steps * (2 if f.kind in CORRUPTING_KINDS else 1) + options.resume_slack_steps
         lost = frontier - resumed
         where = f"{f.label}: frontier {frontier}, resumed from checkpoint step {resumed}"
         if lost > allowed:
@@ -199,7 +201,7 @@ def check_resume_from_disk(events: Sequence[Event], all_commits: Sequence[Commit
         if newest_intact is not None and resumed < newest_intact:
             violations.append(Violation(RESUME_FROM_DISK, resumed, ALL_GROUPS,
                                         f"{where}, although intact checkpoint step {newest_intact} had been published"))
-        if f.kind == "corrupt_checkpoint":
+        if f.kind in CORRUPTING_KINDS:
             if f.checkpoint_step is None:
                 notes.append(f"{f.label}: {f.detail}")
             elif any(int(e["checkpoint_step"]) >= f.checkpoint_step for e in resumes):

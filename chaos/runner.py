@@ -203,6 +203,8 @@ class Runner:
             self._injector.use_network(self._env.lab)
         if self._env.disk is not None:
             self._injector.use_disk(self._env.disk)
+        if self._env.s3 is not None:
+            self._injector.use_object_store(self._env.s3)
         for kinds, reason in self._env.unavailable:
             self._injector.skip_unavailable(kinds, reason)
 
@@ -283,6 +285,8 @@ class Runner:
             host=self._env.lab.address(g.gid) if self._env.lab is not None else None,
             interface="eth0" if self._env.lab is not None else None,
             fault_points=points,
+            object_store=self._env.object_store,
+            object_store_endpoint=self._env.s3.endpoint if self._env.s3 is not None else None,
         )
         args = group_command(s)
         if self._env.lab is not None:

@@ -180,7 +180,6 @@ class S3Server:
             {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
         return key["AccessKeyId"], key["SecretAccessKey"]
 
-
     def checkpoints(self, bucket: str, prefix: str) -> list[tuple[int, str]]:
         """``(step, name)`` of the complete checkpoints under ``prefix`` (manifest uploaded), newest first."""
         found = []

@@ -36,9 +36,17 @@ Fault kinds (``kind``), what the harness does, and the outcome it then checks:
                          valid checkpoint (needs ``checkpoint_interval_steps``): work lost is
                          at most one interval plus ``resume_slack_steps``.
 ``corrupt_checkpoint``   ``kill_all_groups``, and while every group is down, flip a byte in
-                         the first ``*.distcp`` shard of the newest published checkpoint: the
+                         the first chunk pack of the newest published checkpoint: the
                          resume must skip it and load an older one. Waits for two published
                          checkpoints (one to corrupt, one to fall back to).
+``cold_start``           Checkpoints are also uploaded to an S3-API store the harness starts
+                         (chaos/s3_server.py). SIGKILL every group and delete the checkpoint
+                         directory (new machines, empty disks): all restart, fetch the newest
+                         checkpoint from the object store and resume from it. Waits for one
+                         checkpoint in the store.
+``cold_start_corrupt``   ``cold_start``, and while every group is down, flip a byte of the
+                         newest checkpoint *in the object store* (its newest increment): the
+                         resume must skip it and load an older one, never a mix.
 ``fill_disk``            Fill the checkpoint directory's file system (a tmpfs the harness
                          mounts there) for ``duration_s``: saves are refused or fail with a
                          clear reason, training continues; then the space is freed.
@@ -80,6 +88,7 @@ FaultKind = Literal[
     "sigkill", "sigkill_rank", "sigstop", "sigterm", "kill_donor_mid_heal", "kill_lighthouse", "kill_all_groups",
     "corrupt_checkpoint", "fill_disk", "partition", "slow_link", "fault_point",
     "kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member", "lose_etcd_quorum",
+    "cold_start", "cold_start_corrupt",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 FAULT_POINTS = ("allreduce", "heal", "serve", "commit")
@@ -88,11 +97,16 @@ FAULT_POINTS = ("allreduce", "heal", "serve", "commit")
 REPLICATED_LIGHTHOUSE_KINDS = frozenset({"kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member",
                                         "lose_etcd_quorum"})
 """Kinds of the replicated lighthouse (``lighthouse_replicas = 3``; chaos/lighthouse_set.py)."""
-JOB_WIDE_KINDS = frozenset({"kill_lighthouse", "kill_all_groups", "corrupt_checkpoint", "fill_disk"}) | REPLICATED_LIGHTHOUSE_KINDS
+OBJECT_STORE_KINDS = frozenset({"cold_start", "cold_start_corrupt"})
+"""Kinds that need the object-store checkpoint tier (the harness starts an S3 server)."""
+CORRUPTING_KINDS = frozenset({"corrupt_checkpoint", "cold_start_corrupt"})
+"""Kinds that damage the newest checkpoint: the resume must fall back past it."""
+JOB_WIDE_KINDS = (frozenset({"kill_lighthouse", "kill_all_groups", "corrupt_checkpoint", "fill_disk"})
+                  | REPLICATED_LIGHTHOUSE_KINDS | OBJECT_STORE_KINDS)
 """Kinds that hit the job rather than one group: they take no ``target``."""
-ALL_GROUPS_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint"})
+ALL_GROUPS_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint"}) | OBJECT_STORE_KINDS
 """Kinds after which every group resumes from disk (a sanctioned rollback to a checkpoint)."""
-CHECKPOINT_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint", "fill_disk"})
+CHECKPOINT_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint", "fill_disk"}) | OBJECT_STORE_KINDS
 NETWORK_KINDS = frozenset({"partition", "slow_link"})
 TIMED_KINDS = frozenset({"sigstop", "partition", "slow_link", "fill_disk", "partition_lighthouse_leader",
                          "kill_etcd_member", "lose_etcd_quorum"})
@@ -213,6 +227,11 @@ class Scenario:
     def needs_network(self) -> bool:
         """Whether the run must put its processes in network namespaces (partition, slow_link)."""
         return any(f.kind in NETWORK_KINDS for f in self.faults)
+
+    @property
+    def needs_object_store(self) -> bool:
+        """Whether checkpoints must be tiered to an S3 server the harness starts (cold_start)."""
+        return any(f.kind in OBJECT_STORE_KINDS for f in self.faults)
 
     @property
     def needs_disk(self) -> bool:
