@@ -133,6 +133,11 @@ def _fmt(value: Any) -> str:
     return html.escape(f"{value:.3g}" if isinstance(value, float) else str(value))
 
 
+def _per_group(counts: dict[str, int]) -> str:
+    """``g0: 0, g1: 1``: a count per group, every group shown, so a restarted group is seen by name."""
+    return ", ".join(f"{gid}: {n}" for gid, n in sorted(counts.items())) or "—"
+
+
 def _seconds(figures: dict[str, dict[str, float]]) -> str:
     return "; ".join(f"{kind}: median {v['median']:.2f}, max {v['max']:.2f}" for kind, v in figures.items()) or "—"
 
@@ -147,7 +152,7 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
         ("goodput", summary["goodput"]), ("goodput vs fault-free", summary["goodput_vs_fault_free"]),
         ("recovery seconds (fault → survivors' next new step)", _seconds(summary["recovery_seconds"])),
         ("rejoin seconds (target back → its first commit)", _seconds(summary["rejoin_seconds"])),
-        ("hangs", summary["hangs"]), ("restarts", summary["restarts"]),
+        ("hangs", summary["hangs"]), ("restarts", _per_group(summary["restarts"])),
         ("groups × ranks", f'{summary.get("groups")} × {summary.get("ranks_per_group")}'),
         *((f"environment: {k}", v) for k, v in summary.get("environment", {}).items()),
     ]

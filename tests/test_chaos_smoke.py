@@ -66,6 +66,7 @@ def test_smoke_scenario_runs_clean_and_writes_a_report(smoke_run: SmokeRun) -> N
     assert {"identical_digests", "monotonic_steps", "no_hang", "faults_rejoined"} <= set(summary["invariants_checked"])
     assert set(summary["recovery_seconds"]) == {"fault_point", "sigkill"}
     assert summary["hangs"] == 0
+    assert summary["restarts"] == {"g0": 0, "g1": 1, "g2": 1}, "g1 SIGKILLed and g2 killed at its fault point restart once"
     assert 0 < summary["goodput"] <= 1
     assert summary["goodput_vs_fault_free"] is None
     assert summary["environment"] == {"network": "loopback"}
@@ -74,6 +75,7 @@ def test_smoke_scenario_runs_clean_and_writes_a_report(smoke_run: SmokeRun) -> N
     assert "<svg" in page and "</svg>" in page and "<polyline" in page
     assert "<script" not in page and "src=" not in page and "<link" not in page, "the report must load nothing"
     assert "sigkill" in page and "fault_point" in page
+    assert "<td>restarts</td><td>g0: 0, g1: 1, g2: 1</td>" in page
 
 
 # -- the report in a real browser ------------------------------------------------------------------
