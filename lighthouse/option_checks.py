@@ -21,18 +21,23 @@ MAX_SECONDS = 24 * 3600.0
 of the lighthouse may be."""
 
 
-def check_number(name: str, value: Any, lo: float, hi: float, *, integer: bool = False, fix: str = "") -> None:
-    """Raise OptionsError naming ``name``, the value and the allowed range unless ``value`` is
-    a finite number (an ``int`` when ``integer``) with ``lo <= value <= hi``."""
+def check_number(name: str, value: Any, lo: float, hi: float, *, integer: bool = False, fix: str = "",
+                 error: type[Exception] = OptionsError) -> None:
+    """Raise ``error`` naming ``name``, the value and the allowed range unless ``value`` is
+    a finite number (an ``int`` when ``integer``) with ``lo <= value <= hi``.
+
+    ``error`` lets replicaft's options raise their own ``OptionsError`` (a subclass of this
+    package's) through the same rule, as ``check_replica_id`` does."""
     hint = f"; {fix}" if fix else ""
     kind = "an integer" if integer else "a number"
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        raise OptionsError(f"{name}={value!r} is {type(value).__name__}; expected {kind} in [{lo:g}, {hi:g}]{hint}")
+        raise error(f"{name}={value!r} is {type(value).__name__}; expected {kind} in [{lo:g}, {hi:g}]{hint}")
     if not math.isfinite(value) or not lo <= value <= hi:
-        raise OptionsError(f"{name}={value!r} is outside [{lo:g}, {hi:g}]; expected {kind} in that range{hint}")
+        raise error(f"{name}={value!r} is outside [{lo:g}, {hi:g}]; expected {kind} in that range{hint}")
 
 
-def check_seconds(name: str, value: Any, lo: float = 0.001, hi: float = MAX_SECONDS) -> None:
+def check_seconds(name: str, value: Any, lo: float = 0.001, hi: float = MAX_SECONDS, *,
+                  error: type[Exception] = OptionsError) -> None:
     """A duration: finite, at least ``lo`` (a millisecond: zero or less would fire at once) and
     at most ``hi``."""
-    check_number(name, value, lo, hi, fix=f"give {name} in seconds, e.g. 2.0")
+    check_number(name, value, lo, hi, fix=f"give {name} in seconds, e.g. 2.0", error=error)

@@ -53,10 +53,13 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
+from lighthouse.membership import MAX_MEMBERS
+from lighthouse.option_checks import MAX_SECONDS, check_number
+from lighthouse.replica_id import check_replica_id
 from replicaft.console import (
     TORCHRUN_ROLE,
     Console,
@@ -93,11 +96,30 @@ _GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """Removed from the groups' environment: torchrun sets them per rank, and a W = 1 group has none."""
 _LIGHTHOUSE_ADDRESS_LINE = re.compile(r"^lighthouse serving gRPC at (\S+)$")
 _RESERVED = re.compile(rf"{re.escape(RESERVED_LINE)} (\d+) bytes, pid (\d+)")
-_REPLICA_PREFIX = re.compile(r"^[A-Za-z0-9_.-]+$")
-
 
 
 # -- arguments ------------------------------------------------------------------------------
+
+
+MAX_LOCAL_PROCESSES = 1024
+"""Groups, ranks per group or standbys on one machine: each is a process with its own ports,
+and past this the machine's limits decide, not replicaft; a cluster's scheduler starts more."""
+MAX_RESTARTS = 1_000_000
+"""Restarts per group; at the shortest delay, more than a job restarting for weeks."""
+
+NUMBER_FLAGS: dict[str, tuple[str, float, float]] = {
+    # field: (its flag, lowest, highest). Every int and float field of LaunchOptions is here
+    # (checked at import): NaN, inf, a negative or a huge value is refused naming the flag
+    # (a NaN --restart-delay left dead groups never restarted, issue 19).
+    "num_groups": ("--groups", 1, MAX_LOCAL_PROCESSES),
+    "ranks_per_group": ("--ranks-per-group", 1, MAX_LOCAL_PROCESSES),
+    "restart_delay_s": ("--restart-delay", 0.0, MAX_SECONDS),
+    "max_restarts": ("--max-restarts", 0, MAX_RESTARTS),
+    "min_replicas": ("--min-replicas", 1, MAX_MEMBERS),
+    "status_interval_s": ("--status-interval", 0.001, MAX_SECONDS),
+    "stop_grace_s": ("--stop-grace", 0.001, MAX_SECONDS),
+    "standbys": ("--standbys", 0, MAX_LOCAL_PROCESSES),
+}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -128,42 +150,32 @@ class LaunchOptions:
     """Have each standby fault in memory for the restarted group's buckets and heal (reserve.py)."""
 
     def __post_init__(self) -> None:
-        for flag, value, minimum in (
-            ("--groups", self.num_groups, 1),
-            ("--ranks-per-group", self.ranks_per_group, 1),
-            ("--max-restarts", self.max_restarts, 0),
-            ("--restart-delay", self.restart_delay_s, 0.0),
-        ):
-            if value < minimum:
-                raise OptionsError(f"{flag} {value:g}: use {minimum:g} or more")
-        for flag, value in (("--status-interval", self.status_interval_s), ("--stop-grace", self.stop_grace_s)):
-            if not value > 0:
-                raise OptionsError(f"{flag} {value:g}: it must be positive")
+        for name, (flag, lo, hi) in NUMBER_FLAGS.items():
+            value, kind = getattr(self, name), _FIELD_TYPES[name]
+            if value is not None or not kind.endswith("| None"):
+                check_number(flag, value, lo, hi, integer=kind.startswith("int"), error=OptionsError,
+                             fix="in seconds" if kind.startswith("float") else "")
+        if not isinstance(self.standby_reserve, bool):
+            raise OptionsError(f"standby_reserve={self.standby_reserve!r}; give True or False (--no-standby-reserve)")
         if self.lighthouse is not None:
             host, _, port = self.lighthouse.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
                 raise OptionsError(f"--lighthouse {self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510)")
-        if self.min_replicas is not None:
-            if self.min_replicas < 1:
-                raise OptionsError(f"--min-replicas {self.min_replicas}: it must be at least 1")
-            if self.lighthouse is None and self.min_replicas > self.num_groups:
-                raise OptionsError(
-                    f"--min-replicas {self.min_replicas} is more than --groups {self.num_groups}, so no "
-                    f"quorum could ever form; lower --min-replicas or raise --groups"
-                )
-        if self.standbys is not None:
-            if self.standbys < 0:
-                raise OptionsError(f"--standbys {self.standbys}: use 0 or more")
-            if self.standbys and self.ranks_per_group > 1:
-                raise OptionsError(
-                    f"--standbys {self.standbys} with --ranks-per-group {self.ranks_per_group}: torchrun starts the "
-                    "ranks of a W > 1 group, so they cannot run in a standby; use --standbys 0"
-                )
-        if not _REPLICA_PREFIX.match(self.replica_prefix):
+        if self.min_replicas is not None and self.lighthouse is None and self.min_replicas > self.num_groups:
             raise OptionsError(
-                f"--replica-prefix {self.replica_prefix!r}: replica ids name event files; use letters, "
-                "digits, '_', '.' or '-'"
+                f"--min-replicas {self.min_replicas} is more than --groups {self.num_groups}, so no "
+                f"quorum could ever form; lower --min-replicas or raise --groups"
             )
+        if self.standbys and self.ranks_per_group > 1:
+            raise OptionsError(
+                f"--standbys {self.standbys} with --ranks-per-group {self.ranks_per_group}: torchrun starts the "
+                "ranks of a W > 1 group, so they cannot run in a standby; use --standbys 0"
+            )
+        if not isinstance(self.replica_prefix, str):
+            raise OptionsError(f"--replica-prefix {self.replica_prefix!r}; give a string such as 'g'")
+        # The one rule for replica ids (lighthouse/replica_id.py); the last id is the longest.
+        check_replica_id(f"{self.replica_prefix}{self.num_groups - 1}", error=OptionsError,
+                         where=f"--replica-prefix {self.replica_prefix!r}: the replica id")
 
     def replica_ids(self) -> list[str]:
         return [f"{self.replica_prefix}{i}" for i in range(self.num_groups)]
@@ -172,6 +184,12 @@ class LaunchOptions:
         if self.standbys is not None:
             return self.standbys
         return 1 if self.ranks_per_group == 1 else 0
+
+
+_FIELD_TYPES = {f.name: str(f.type) for f in fields(LaunchOptions)}
+assert NUMBER_FLAGS.keys() == {n for n, t in _FIELD_TYPES.items() if t.split(" |")[0] in ("int", "float")}, (
+    "every numeric LaunchOptions field needs its flag and range in NUMBER_FLAGS"
+)
 
 
 class _Parser(argparse.ArgumentParser):

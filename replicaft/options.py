@@ -15,8 +15,17 @@ The timeouts form one hierarchy, validated in ``__post_init__``::
   it is retried (up to ``max_quorum_failures``).
 * ``heal_timeout_s`` bounds one state transfer.
 
+Every other value is checked once, here, too (issue 19): each number through the lighthouse's
+one rule (``lighthouse.option_checks.check_number``: a number of the field's type, not a bool,
+finite, inside the range :data:`NUMBER_RANGES` gives it), so a NaN timeout, a NaN checkpoint
+interval or a quorum timeout the lighthouse refuses on the wire fails at start, naming the
+field, instead of hanging or failing later with a traceback. The replica id follows the
+lighthouse's rule (``lighthouse/replica_id.py``), and the checkpoint part the checkpoint's
+(``checkpoint/options.py``).
+
 Explicit arguments always win over the environment; ``from_env`` is called by entry points,
-never by library code, and library code never writes ``os.environ``.
+never by library code, and library code never writes ``os.environ``. A ``REPLICAFT_*``
+variable that nothing reads is an error (env_names.py keeps the registry).
 """
 
 from __future__ import annotations
@@ -27,12 +36,19 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from lighthouse import errors as lighthouse_errors
+from lighthouse.envelope import MAX_WORLD_SIZE
+from lighthouse.membership import MAX_MEMBERS
+from lighthouse.option_checks import MAX_SECONDS, check_number
+from lighthouse.options import LighthouseOptions
+from lighthouse.replica_id import check_replica_id
 from lighthouse.tls import TlsFiles
 from replicaft.checkpoint.cadence import check_cadence_options
+from replicaft.checkpoint.options import MAX_COMPRESSION_LEVEL, MAX_STEPS, check_checkpoint_options
+from replicaft.checkpoint.options import MAX_SECONDS as CHECKPOINT_MAX_SECONDS
+from replicaft.env_names import ENV_PREFIX, check_variable_names, known_variable_names
 from replicaft.errors import OptionsError
 from replicaft.faults import parse_fault_points
 
-ENV_PREFIX = "REPLICAFT_"
 HEAL_CONNECTIONS = 2
 """Connections a heal pulls over in all, at least one per donor host, each host's to one of its
 donors (transfer/client.py, ``streams_by_donor``). One TCP stream does not carry
@@ -42,6 +58,16 @@ what a host can send: on this project's 2-core benchmark host a raw loopback soc
 count per donor: the healer's cores bound what it can receive, and two donors pulled over
 two connections each (four receiving threads on two cores) healed no faster than one donor
 over two."""
+MAX_HEAL_CONNECTIONS = 64
+"""Each connection is a receiving thread and a socket; past a few per core (measured: no gain
+beyond four on two cores) more only contend."""
+MAX_HEAL_REPLAY_STEPS = 1 << 16
+"""Steps a heal records whatever their size (each holds an averaged gradient in memory); a
+heal missing more should restart and hold the donors, which it then does."""
+MAX_HEAL_REPLAY_BYTES = 1 << 40
+"""A TiB of recorded steps held in host memory: beyond any host this runs on."""
+MAX_QUORUM_FAILURES = 10_000
+"""At the longest quorum timeout (a day) already decades; a larger count means "forever"."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -155,13 +181,24 @@ class ManagerOptions:
     the job will have (groups past it contribute zeros), and a divisor of the global batch."""
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in NUMBER_RANGES:
+                check_option_number(f.name, value, f.name)
+            elif f.type in ("str", "str | None") and not (value is None and f.type == "str | None"):
+                if not isinstance(value, str) or "\x00" in value:
+                    raise OptionsError(f"{f.name}={value!r} is not a string without NUL bytes; give a string"
+                                       + (" or leave it unset" if f.type == "str | None" else ""))
+        if not isinstance(self.deterministic, bool):
+            raise OptionsError(f"deterministic={self.deterministic!r}; give True or False")
         self.tls()
-        if not self.replica_id:
-            raise OptionsError("replica_id is empty; name each replica group (e.g. --replica-id g0)")
+        check_replica_id(self.replica_id, where="replica_id", error=OptionsError)
         if not all(_is_host_port(a.strip()) for a in self.lighthouse.split(",")):
             raise OptionsError(f"lighthouse={self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510), or every "
                                "lighthouse of a replicated set as host:port,host:port,...")
-        if self.group_world_size < 1 or not 0 <= self.group_rank < self.group_world_size:
+        if self.token is not None and not self.token:
+            raise OptionsError("token is empty; pass a non-empty token or none at all")
+        if not self.group_rank < self.group_world_size:
             raise OptionsError(
                 f"group_rank={self.group_rank} with group_world_size={self.group_world_size}; "
                 "need 0 <= group_rank < group_world_size"
@@ -175,11 +212,26 @@ class ManagerOptions:
             raise OptionsError(f"group_store={self.group_store!r} is not host:port (e.g. 127.0.0.1:29500)")
         if self.backend not in (None, "gloo", "nccl"):
             raise OptionsError(f"backend={self.backend!r}; use 'gloo', 'nccl', or leave it unset to pick by device")
-        if self.min_replicas < 1:
-            raise OptionsError(f"min_replicas={self.min_replicas}; it must be at least 1")
-        for f in ("heartbeat_interval_s", "collective_timeout_s", "quorum_timeout_s", "heal_timeout_s", "connect_timeout_s"):
-            if not getattr(self, f) > 0:
-                raise OptionsError(f"{f}={getattr(self, f)}; it must be positive")
+        self._check_timeout_hierarchy()
+        parse_fault_points(self.fault_points)
+        check_cadence_options(self.checkpoint_interval, self.checkpoint_interval_steps, self.checkpoint_interval_s,
+                              self.group_world_size, self.checkpoint_interval_min_s, self.checkpoint_interval_max_s,
+                              self.checkpoint_mtbf_prior_s)
+        if (self.checkpoint_dir is not None and self.checkpoint_interval == "fixed"
+                and not (self.checkpoint_interval_steps or self.checkpoint_interval_s)):
+            object.__setattr__(self, "checkpoint_interval_steps", 100)
+        check_checkpoint_options(
+            directory=self.checkpoint_dir, tier2_directory=self.checkpoint_tier2_dir,
+            interval_steps=self.checkpoint_interval_steps, interval_s=self.checkpoint_interval_s,
+            keep_last=self.checkpoint_keep_last, milestone_every=self.checkpoint_milestone_every,
+            chain_length=self.checkpoint_chain_length, compression_level=self.checkpoint_compression_level,
+            object_store=self.checkpoint_object_store,
+        )
+        if self.deterministic and self.group_world_size > 1:
+            raise OptionsError(f"deterministic=True with group_world_size={self.group_world_size}: the deterministic "
+                               "mode supports groups of one rank (the DDP wrapper) only; unset it or use W=1")
+
+    def _check_timeout_hierarchy(self) -> None:
         if self.collective_timeout_s <= self.heartbeat_interval_s:
             raise OptionsError(
                 f"collective_timeout_s={self.collective_timeout_s} is not above heartbeat_interval_s="
@@ -192,33 +244,6 @@ class ManagerOptions:
                     "so a group would give up on the quorum while a failed step or heal is still "
                     f"being resolved; set quorum_timeout_s above {getattr(self, f)}"
                 )
-        if self.heal_replay_steps < 0 or self.heal_replay_bytes < 0:
-            raise OptionsError(
-                f"heal_replay_steps={self.heal_replay_steps}, heal_replay_bytes={self.heal_replay_bytes}; "
-                "they must be >= 0 (0 and 0: every heal holds the donors from its second attempt)"
-            )
-        if self.heal_connections < 1:
-            raise OptionsError(f"heal_connections={self.heal_connections}; it must be at least 1")
-        if self.max_quorum_failures < 1:
-            raise OptionsError(f"max_quorum_failures={self.max_quorum_failures}; it must be at least 1")
-        parse_fault_points(self.fault_points)
-        check_cadence_options(self.checkpoint_interval, self.checkpoint_interval_steps, self.checkpoint_interval_s,
-                              self.group_world_size, self.checkpoint_interval_min_s, self.checkpoint_interval_max_s,
-                              self.checkpoint_mtbf_prior_s)
-        if (self.checkpoint_dir is not None and self.checkpoint_interval == "fixed"
-                and not (self.checkpoint_interval_steps or self.checkpoint_interval_s)):
-            object.__setattr__(self, "checkpoint_interval_steps", 100)
-        if self.checkpoint_interval_steps < 0 or self.checkpoint_interval_s < 0:
-            raise OptionsError("checkpoint intervals must be >= 0 (0 = off)")
-        if self.preemption_grace_s <= 0:
-            raise OptionsError(f"preemption_grace_s={self.preemption_grace_s}; it must be positive")
-        if self.virtual_shards < 1:
-            raise OptionsError(f"virtual_shards={self.virtual_shards}; it must be at least 1 (at least the most groups)")
-        if self.deterministic and self.group_world_size > 1:
-            raise OptionsError(f"deterministic=True with group_world_size={self.group_world_size}: the deterministic "
-                               "mode supports groups of one rank (the DDP wrapper) only; unset it or use W=1")
-        if self.digest_every_steps < 0:
-            raise OptionsError(f"digest_every_steps={self.digest_every_steps}; use 0 (off) or more")
 
     def tls(self) -> TlsFiles | None:
         """The TLS files, checked (read and parsed; OptionsError naming the option and path); None: plaintext."""
@@ -232,28 +257,93 @@ class ManagerOptions:
         """Build from explicit arguments, filling the rest from the environment.
 
         Reads ``REPLICAFT_<FIELD>`` for every field (e.g. ``REPLICAFT_QUORUM_TIMEOUT_S``), and
-        torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` for the group.
+        torchrun's ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT`` for the group. An
+        empty variable means unset, except ``REPLICAFT_TOKEN``: empty there is an error, as for
+        the lighthouse (it used to turn authentication off without a word). A ``REPLICAFT_*``
+        variable replicaft does not read is an error naming the closest one (env_names.py).
+        Raises OptionsError naming the variable or argument, its value and the fix.
         """
         env = os.environ if environ is None else environ
+        check_variable_names(env, KNOWN_VARIABLES)
+        try:
+            LighthouseOptions.token_from_env(env)
+        except lighthouse_errors.OptionsError as e:
+            raise OptionsError(str(e)) from None
+        unknown = sorted(set(explicit) - {f.name for f in fields(cls)})
+        if unknown:
+            raise OptionsError(f"ManagerOptions has no option {unknown[0]!r}; the options are its fields")
         values: dict[str, Any] = {}
-        types = {f.name: f.type for f in fields(cls)}
-        for name, type_name in types.items():
-            raw = env.get(ENV_PREFIX + name.upper())
-            if raw:  # an empty variable means "unset", as for the lighthouse's token
-                values[name] = _parse(ENV_PREFIX + name.upper(), str(type_name), raw)
-        if "RANK" in env and "group_rank" not in values:
-            values["group_rank"] = _parse("RANK", "int", env["RANK"])
-        if "WORLD_SIZE" in env and "group_world_size" not in values:
-            values["group_world_size"] = _parse("WORLD_SIZE", "int", env["WORLD_SIZE"])
+        sources: dict[str, str] = {}
+        for f in fields(cls):
+            env_name = ENV_PREFIX + f.name.upper()
+            raw = env.get(env_name)
+            if raw:
+                values[f.name], sources[f.name] = _parse(env_name, str(f.type), raw), env_name
+        for name, env_name in (("group_rank", "RANK"), ("group_world_size", "WORLD_SIZE")):
+            if env_name in env and name not in values:
+                values[name], sources[name] = _parse(env_name, "int", env[env_name]), env_name
         if "MASTER_ADDR" in env and "MASTER_PORT" in env and "group_store" not in values:
             values["group_store"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
-        values.update({k: v for k, v in explicit.items() if v is not None})
+        given = {k: v for k, v in explicit.items() if v is not None}
+        for name, env_name in sources.items():
+            if name in NUMBER_RANGES and name not in given:
+                check_option_number(name, values[name], env_name)
+        values.update(given)
         for required in ("lighthouse", "replica_id"):
             if required not in values:
                 raise OptionsError(
                     f"{required} is not set; pass it or set {ENV_PREFIX}{required.upper()}"
                 )
         return cls(**values)
+
+
+NUMBER_RANGES: Mapping[str, tuple[float, float, str]] = {
+    # field: (lowest, highest, the fix named in the error). Every int and float field is here
+    # (checked below, at import). The bounds are the edges of what the system acts on, taken
+    # from the module that acts: a larger value is a typo, and NaN or inf never expire.
+    "group_rank": (0, MAX_WORLD_SIZE - 1, "need 0 <= group_rank < group_world_size"),
+    "group_world_size": (1, MAX_WORLD_SIZE, "ranks per group, as many as the lighthouse accepts"),
+    "min_replicas": (1, MAX_MEMBERS, "at least 1, at most the groups the lighthouse accepts"),
+    # Timeouts: at most a day, what the lighthouse accepts for any wait (a quorum request's
+    # timeout travels to it); longer reads as "never", which no wait here may be.
+    "heartbeat_interval_s": (0.001, MAX_SECONDS, "seconds, e.g. 0.1"),
+    "collective_timeout_s": (0.001, MAX_SECONDS, "seconds, e.g. 10.0"),
+    "quorum_timeout_s": (0.001, MAX_SECONDS, "seconds, e.g. 60.0"),
+    "heal_timeout_s": (0.001, MAX_SECONDS, "seconds, e.g. 30.0"),
+    "connect_timeout_s": (0.001, MAX_SECONDS, "seconds, e.g. 10.0"),
+    "preemption_grace_s": (0.001, MAX_SECONDS, "seconds, e.g. 30.0"),
+    "heal_connections": (1, MAX_HEAL_CONNECTIONS, "at least 1 per donor host"),
+    "heal_replay_steps": (0, MAX_HEAL_REPLAY_STEPS, "0 or more (0 and 0 bytes: a heal holds the donors from its second try)"),
+    "heal_replay_bytes": (0, MAX_HEAL_REPLAY_BYTES, "0 or more bytes"),
+    "max_quorum_failures": (1, MAX_QUORUM_FAILURES, "at least 1"),
+    "digest_every_steps": (0, MAX_STEPS, "use 0 (off) or more"),
+    "seed": (0, 2**63 - 1, "a non-negative 63-bit integer"),
+    "checkpoint_interval_steps": (0, MAX_STEPS, "0 disables the step trigger"),
+    # Checkpoint seconds: the checkpoint module's bound (an MTBF prior of weeks is sensible).
+    "checkpoint_interval_s": (0, CHECKPOINT_MAX_SECONDS, "seconds; 0 disables the time trigger"),
+    "checkpoint_interval_min_s": (0.001, CHECKPOINT_MAX_SECONDS, "seconds between saves at most often"),
+    "checkpoint_interval_max_s": (0.001, CHECKPOINT_MAX_SECONDS, "seconds between saves at least often"),
+    "checkpoint_mtbf_prior_s": (0.001, CHECKPOINT_MAX_SECONDS, "seconds between failures of every group at once"),
+    "checkpoint_keep_last": (0, MAX_STEPS, "0 or more (the newest is always kept)"),
+    "checkpoint_milestone_every": (0, MAX_STEPS, "use 0 for no milestones"),
+    "checkpoint_chain_length": (1, MAX_STEPS, "1 makes every save a full base"),
+    "checkpoint_compression_level": (0, MAX_COMPRESSION_LEVEL, "0 (off) or a zstd level 1-22"),
+    "virtual_shards": (1, MAX_MEMBERS, "at least the most groups the job will have"),
+}
+assert NUMBER_RANGES.keys() == {f.name for f in fields(ManagerOptions) if f.type in ("int", "float")}, (
+    "every numeric ManagerOptions field needs its range in NUMBER_RANGES"
+)
+KNOWN_VARIABLES = known_variable_names(f.name for f in fields(ManagerOptions))
+"""Every ``REPLICAFT_*`` variable the project reads (env_names.py)."""
+
+
+def check_option_number(name: str, value: Any, label: str) -> None:
+    """OptionsError naming ``label`` (the field, or the variable it came from) unless ``value``
+    is a finite number of ``name``'s type inside its :data:`NUMBER_RANGES` range; the one rule,
+    ``lighthouse.option_checks.check_number``, with replicaft's error type."""
+    lo, hi, fix = NUMBER_RANGES[name]
+    integer = ManagerOptions.__dataclass_fields__[name].type == "int"
+    check_number(label, value, lo, hi, integer=integer, fix=fix, error=OptionsError)
 
 
 def _is_host_port(address: str) -> bool:

@@ -9,7 +9,9 @@ and the sleeper ignores SIGTERM so the launcher has to escalate to SIGKILL.
 
 from __future__ import annotations
 
+import dataclasses
 import io
+import math
 import os
 import signal
 import time
@@ -24,7 +26,7 @@ from training_events import read_events
 from replicaft.console import Console, label_torchrun_line
 from replicaft.errors import OptionsError
 from replicaft.job_status import EventProgress, GroupStatus, render_status
-from replicaft.launch import LaunchOptions, main, parse_args
+from replicaft.launch import NUMBER_FLAGS, LaunchOptions, main, parse_args
 from replicaft.process_tree import ProcessInfo, descendants, running_below
 from replicaft.restart_policy import decide_restart
 
@@ -103,17 +105,24 @@ def test_standbys_reserve_memory_unless_told_not_to(tmp_path: Path) -> None:
     ("args", "message_part"),
     [
         ([], "SCRIPT"),
-        (["--groups", "0", "{script}"], "--groups 0"),
+        (["--groups", "0", "{script}"], "--groups=0 is outside [1, 1024]"),
         (["--groups", "two", "{script}"], "invalid int value: 'two'"),
-        (["--ranks-per-group", "0", "{script}"], "--ranks-per-group 0"),
-        (["--restart-delay", "-1", "{script}"], "--restart-delay -1"),
-        (["--max-restarts", "-1", "{script}"], "--max-restarts -1"),
-        (["--stop-grace", "0", "{script}"], "--stop-grace 0"),
+        (["--ranks-per-group", "0", "{script}"], "--ranks-per-group=0 is outside"),
+        (["--restart-delay", "-1", "{script}"], "--restart-delay=-1.0 is outside [0, 86400]"),
+        (["--restart-delay", "nan", "{script}"], "--restart-delay=nan is outside [0, 86400]"),
+        (["--restart-delay", "inf", "{script}"], "--restart-delay=inf is outside"),
+        (["--status-interval", "nan", "{script}"], "--status-interval=nan is outside"),
+        (["--max-restarts", "-1", "{script}"], "--max-restarts=-1 is outside"),
+        (["--stop-grace", "0", "{script}"], "--stop-grace=0.0 is outside"),
+        (["--stop-grace", "1e12", "{script}"], "--stop-grace=1000000000000.0 is outside"),
+        (["--min-replicas", "0", "{script}"], "--min-replicas=0 is outside"),
         (["--lighthouse", "localhost", "{script}"], "is not host:port"),
         (["--lighthouse", "localhost:99999", "{script}"], "is not host:port"),
         (["--groups", "2", "--min-replicas", "3", "{script}"], "no quorum could ever form"),
-        (["--replica-prefix", "a/b", "{script}"], "--replica-prefix 'a/b'"),
-        (["--standbys", "-1", "{script}"], "--standbys -1: use 0 or more"),
+        (["--replica-prefix", "a/b", "{script}"], "--replica-prefix 'a/b': the replica id is 'a/b1'; a replica id is"),
+        (["--replica-prefix", "g" * 200, "{script}"], "the replica id is 201 characters long"),
+        (["--replica-prefix=.g", "{script}"], "starting with a letter, a digit or _"),
+        (["--standbys", "-1", "{script}"], "--standbys=-1 is outside [0, 1024]"),
         (["--standbys", "1", "--ranks-per-group", "2", "{script}"], "torchrun starts the ranks of a W > 1 group"),
         (["--bogus", "{script}"], "unrecognized arguments: --bogus"),
         (["{missing}"], "is not a file"),
@@ -126,6 +135,28 @@ def test_bad_arguments_raise_options_error_naming_the_flag(tmp_path: Path, args:
     with pytest.raises(OptionsError) as excinfo:
         parse_args(argv)
     assert message_part in str(excinfo.value)
+
+
+LAUNCH_NUMBERS = [(f.name, str(f.type)) for f in dataclasses.fields(LaunchOptions)
+                  if str(f.type).split(" |")[0] in ("int", "float")]
+BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1, 1e12]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [(n, v) for n, t in LAUNCH_NUMBERS for v in BAD_NUMBERS + ([0.5, True, 2**64] if t.startswith("int") else [True])],
+    ids=repr,
+)
+def test_every_numeric_launch_option_refuses_nonfinite_negative_huge_and_wrong_types(name: str, value: Any) -> None:
+    # Derived from the dataclass, so a new option is covered; the message names its flag.
+    with pytest.raises(OptionsError) as raised:
+        LaunchOptions(script=Path("train.py"), **{name: value})
+    assert str(raised.value).startswith(f"{NUMBER_FLAGS[name][0]}={value!r} "), str(raised.value)
+
+
+def test_the_launch_number_list_is_the_whole_class() -> None:
+    assert {n for n, _ in LAUNCH_NUMBERS} == {"num_groups", "ranks_per_group", "restart_delay_s", "max_restarts",
+                                             "min_replicas", "status_interval_s", "stop_grace_s", "standbys"}
 
 
 def test_main_with_bad_arguments_prints_one_line_and_returns_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

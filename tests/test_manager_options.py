@@ -5,12 +5,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO_ROOT
 
+from lighthouse import errors as lighthouse_errors
+from lighthouse.options import LighthouseOptions
+from replicaft.checkpoint.options import CheckpointOptions
+from replicaft.env_names import READ_OUTSIDE_THE_LIBRARY
 from replicaft.errors import OptionsError
-from replicaft.options import ManagerOptions
+from replicaft.options import KNOWN_VARIABLES, ManagerOptions
 
 REQUIRED = {"lighthouse": "127.0.0.1:29510", "replica_id": "g0"}
 
@@ -29,7 +39,10 @@ def test_defaults_are_valid_single_rank_loopback() -> None:
 @pytest.mark.parametrize(
     ("fields", "names", "fix"),
     [
-        pytest.param({"replica_id": ""}, "replica_id is empty", "e.g. --replica-id g0", id="empty_replica_id"),
+        pytest.param({"replica_id": ""}, "replica_id is empty", "e.g. 'g0'", id="empty_replica_id"),
+        pytest.param({"replica_id": "g" * 200}, "replica_id is 200 characters long", "1-128 characters",
+                     id="replica_id_too_long_issue_19"),
+        pytest.param({"replica_id": "g0\nFORGED"}, "replica_id is 'g0\\nFORGED'", "letters, digits", id="replica_id_newline"),
         pytest.param({"lighthouse": "localhost"}, "lighthouse='localhost'", "host:port (e.g. 127.0.0.1:29510)", id="no_port"),
         pytest.param({"lighthouse": "localhost:"}, "lighthouse='localhost:'", "host:port", id="empty_port"),
         pytest.param({"lighthouse": ":29510"}, "lighthouse=':29510'", "host:port", id="empty_host"),
@@ -38,15 +51,34 @@ def test_defaults_are_valid_single_rank_loopback() -> None:
         pytest.param({"group_rank": 2, "group_world_size": 2, "group_store": "h:1"}, "group_rank=2 with group_world_size=2",
                      "need 0 <= group_rank < group_world_size", id="rank_past_world"),
         pytest.param({"group_rank": -1}, "group_rank=-1", "need 0 <= group_rank", id="negative_rank"),
-        pytest.param({"group_world_size": 0}, "group_world_size=0", "need 0 <= group_rank < group_world_size", id="empty_world"),
+        pytest.param({"group_world_size": 0}, "group_world_size=0 is outside [1, 65536]", "ranks per group", id="empty_world"),
         pytest.param({"group_world_size": 2}, "group_world_size=2 needs group_store", "MASTER_ADDR and MASTER_PORT",
                      id="world_without_store"),
         pytest.param({"group_store": "store"}, "group_store='store'", "host:port (e.g. 127.0.0.1:29500)", id="store_without_port"),
         pytest.param({"backend": "mpi"}, "backend='mpi'", "use 'gloo', 'nccl', or leave it unset", id="unknown_backend"),
         pytest.param({"min_replicas": 0}, "min_replicas=0", "at least 1", id="min_replicas_zero"),
-        pytest.param({"heartbeat_interval_s": 0.0}, "heartbeat_interval_s=0.0", "must be positive", id="heartbeat_zero"),
-        pytest.param({"connect_timeout_s": -1.0}, "connect_timeout_s=-1.0", "must be positive", id="connect_negative"),
-        pytest.param({"heal_timeout_s": float("nan")}, "heal_timeout_s=nan", "must be positive", id="heal_nan"),
+        pytest.param({"heartbeat_interval_s": 0.0}, "heartbeat_interval_s=0.0 is outside [0.001, 86400]", "seconds",
+                     id="heartbeat_zero"),
+        pytest.param({"connect_timeout_s": -1.0}, "connect_timeout_s=-1.0 is outside", "seconds", id="connect_negative"),
+        pytest.param({"heal_timeout_s": float("nan")}, "heal_timeout_s=nan is outside", "seconds", id="heal_nan"),
+        pytest.param({"quorum_timeout_s": 1e6}, "quorum_timeout_s=1000000.0 is outside [0.001, 86400]", "seconds",
+                     id="quorum_timeout_past_a_day_issue_19"),
+        pytest.param({"checkpoint_dir": "/ckpt", "checkpoint_interval_s": float("nan")},
+                     "checkpoint_interval_s=nan is outside", "0 disables the time trigger", id="checkpoint_interval_nan_issue_19"),
+        pytest.param({"preemption_grace_s": float("nan")}, "preemption_grace_s=nan is outside", "seconds",
+                     id="preemption_grace_nan"),
+        pytest.param({"checkpoint_keep_last": -1}, "checkpoint_keep_last=-1 is outside", "the newest is always kept",
+                     id="keep_last_negative_issue_19"),
+        pytest.param({"checkpoint_object_store": "bucket/prefix", "checkpoint_dir": "/ckpt"},
+                     "checkpoint_object_store='bucket/prefix' is not s3://bucket/prefix", "3-63 characters",
+                     id="object_store_not_s3"),
+        pytest.param({"checkpoint_tier2_dir": "/t2"}, "tier2_directory='/t2' is set without a checkpoint directory",
+                     "set both", id="tier2_without_dir"),
+        pytest.param({"token": ""}, "token is empty", "pass a non-empty token or none at all", id="empty_token"),
+        pytest.param({"lighthouse": 29510}, "lighthouse=29510 is not a string", "give a string", id="lighthouse_not_str"),
+        pytest.param({"events_dir": "/tmp/\x00x"}, "events_dir='/tmp/\\x00x' is not a string without NUL bytes",
+                     "or leave it unset", id="nul_in_path"),
+        pytest.param({"deterministic": 1}, "deterministic=1", "give True or False", id="deterministic_not_bool"),
         pytest.param({"collective_timeout_s": 0.05}, "collective_timeout_s=0.05 is not above heartbeat_interval_s=0.1",
                      "raise collective_timeout_s", id="collective_not_above_heartbeat"),
         pytest.param({"collective_timeout_s": 60.0}, "quorum_timeout_s=60.0 is not above collective_timeout_s=60.0",
@@ -182,12 +214,10 @@ def test_from_env_values_are_validated_like_arguments() -> None:
         ManagerOptions.from_env({"REPLICAFT_QUORUM_TIMEOUT_S": "10"}, **REQUIRED)
 
 
-
 def test_from_env_empty_variable_means_unset() -> None:
     options = ManagerOptions.from_env(
-        {"REPLICAFT_LIGHTHOUSE": "127.0.0.1:29510", "REPLICAFT_REPLICA_ID": "g0", "REPLICAFT_TOKEN": "", "REPLICAFT_HEAL_TIMEOUT_S": ""}
+        {"REPLICAFT_LIGHTHOUSE": "127.0.0.1:29510", "REPLICAFT_REPLICA_ID": "g0", "REPLICAFT_HEAL_TIMEOUT_S": ""}
     )
-    assert options.token is None
     assert options.heal_timeout_s == ManagerOptions(lighthouse="127.0.0.1:29510", replica_id="g0").heal_timeout_s
 
 
@@ -199,7 +229,141 @@ def test_deterministic_mode_read_from_env_and_checked() -> None:
     assert ManagerOptions.from_env({**env, "REPLICAFT_DETERMINISTIC": "0"}).deterministic is False
     with pytest.raises(OptionsError, match="REPLICAFT_DETERMINISTIC='maybe' is not a boolean; set it to 1 or 0"):
         ManagerOptions.from_env({**env, "REPLICAFT_DETERMINISTIC": "maybe"})
-    with pytest.raises(OptionsError, match="virtual_shards=0; it must be at least 1"):
+    with pytest.raises(OptionsError, match=r"virtual_shards=0 is outside \[1, 65536\].*at least the most groups"):
         build(virtual_shards=0)
     with pytest.raises(OptionsError, match="supports groups of one rank"):
         build(deterministic=True, group_world_size=2, group_store="h:1")
+
+
+# -- every numeric field, derived from the dataclass so a new field is covered (issue 19) ------
+
+def numeric_fields(cls: type) -> list[tuple[str, str]]:
+    return [(f.name, str(f.type)) for f in dataclasses.fields(cls) if f.type in ("int", "float")]
+
+
+NUMERIC_FIELDS = numeric_fields(ManagerOptions)
+CHECKPOINT_NUMBERS = numeric_fields(CheckpointOptions)
+STRING_FIELDS = [f.name for f in dataclasses.fields(ManagerOptions) if f.type in ("str", "str | None")]
+BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1, 1e12]
+"""Fed to every numeric field: none is a usable value for any of them."""
+BAD_INTEGERS = [0.5, True, 2**64, "2"]
+"""Fed to every integer field besides: a float, a bool (it would read as 1), a huge int, a string."""
+
+
+def build_checkpoint_options(**fields: Any) -> CheckpointOptions:
+    return CheckpointOptions(directory="/ckpt", **fields)
+
+
+@pytest.mark.parametrize(
+    ("builder", "name", "value"),
+    [pytest.param(builder, n, v, id=f"{builder.__name__}-{n}-{v!r}")
+     for builder, numbers in ((build, NUMERIC_FIELDS), (build_checkpoint_options, CHECKPOINT_NUMBERS))
+     for n, t in numbers for v in BAD_NUMBERS + (BAD_INTEGERS if t == "int" else [True, "2.0"])],
+)
+def test_every_numeric_field_refuses_nonfinite_negative_huge_and_wrong_types(builder: Callable[..., object], name: str,
+                                                                             value: Any) -> None:
+    # ManagerOptions and the checkpoint's own options, each over its dataclass's fields.
+    with pytest.raises(OptionsError) as raised:
+        builder(**{name: value})
+    assert str(raised.value).startswith(f"{name}={value!r} "), str(raised.value)
+
+
+def test_the_numeric_field_list_is_the_whole_class() -> None:
+    # A guard on the derivation above: if field types stopped being the plain strings "int" and
+    # "float" (annotations evaluated, say), the parametrization would silently shrink.
+    assert len(NUMERIC_FIELDS) >= 25
+    assert {"quorum_timeout_s", "checkpoint_keep_last", "checkpoint_interval_s", "seed"} <= {n for n, _ in NUMERIC_FIELDS}
+
+
+@pytest.mark.parametrize("name", STRING_FIELDS)
+@pytest.mark.parametrize("value", [5, b"g0", "a\x00b"], ids=repr)
+def test_every_string_field_refuses_other_types_and_nul(name: str, value: Any) -> None:
+    with pytest.raises(OptionsError) as raised:
+        build(**{name: value})
+    assert str(raised.value).startswith(f"{name}={value!r} "), str(raised.value)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"quorum_timeout_s": 86400.0, "heal_timeout_s": 86399.0, "collective_timeout_s": 86399.0}, id="a_day"),
+        pytest.param({"checkpoint_dir": "/ckpt", "checkpoint_interval_s": 0.0, "checkpoint_interval_steps": 5,
+                      "checkpoint_keep_last": 0, "checkpoint_compression_level": 22}, id="checkpoint_edges"),
+        pytest.param({"replica_id": "j" * 128, "seed": 2**63 - 1, "heal_replay_steps": 0, "heal_replay_bytes": 0},
+                     id="longest_id_largest_seed"),
+        pytest.param({"quorum_timeout_s": 90, "min_replicas": 65536}, id="int_for_float"),
+    ],
+)
+def test_values_at_the_edges_accepted(fields: dict[str, Any]) -> None:
+    assert build(**fields) is not None
+
+
+def test_checkpoint_keep_last_negative_refused_at_construction_issue_19() -> None:
+    with pytest.raises(OptionsError, match="keep_last=-1 is out of range"):
+        CheckpointOptions(directory="/ckpt", keep_last=-1)
+    assert {n for n, _ in CHECKPOINT_NUMBERS} >= {"keep_last", "interval_s", "chain_length", "free_space_margin"}
+
+
+# -- the environment --------------------------------------------------------------------------
+
+
+def test_from_env_misspelt_variable_is_an_error_suggesting_the_known_one_issue_19() -> None:
+    env = {**{f"REPLICAFT_{k.upper()}": v for k, v in REQUIRED.items()}, "REPLICAFT_QUORUM_TIMEOUT": "5"}
+    with pytest.raises(OptionsError) as raised:
+        ManagerOptions.from_env(env)
+    assert str(raised.value).startswith("REPLICAFT_QUORUM_TIMEOUT is set, but replicaft reads no variable of that name")
+    assert "did you mean REPLICAFT_QUORUM_TIMEOUT_S?" in str(raised.value)
+
+
+def test_from_env_unknown_variable_with_nothing_close_lists_the_known_ones() -> None:
+    with pytest.raises(OptionsError, match="REPLICAFT_XYZZY is set.*the known ones are .*REPLICAFT_LIGHTHOUSE"):
+        ManagerOptions.from_env({"REPLICAFT_XYZZY": "1"}, **REQUIRED)
+
+
+@pytest.mark.parametrize("name", sorted(READ_OUTSIDE_THE_LIBRARY))
+def test_from_env_accepts_the_variables_scripts_around_the_library_set(name: str) -> None:
+    assert ManagerOptions.from_env({name: "x"}, **REQUIRED) == build()
+
+
+def test_from_env_empty_token_is_the_lighthouses_error_issue_19() -> None:
+    with pytest.raises(lighthouse_errors.OptionsError) as lighthouse_raised:
+        LighthouseOptions.token_from_env({"REPLICAFT_TOKEN": ""})
+    with pytest.raises(OptionsError) as raised:
+        ManagerOptions.from_env({"REPLICAFT_TOKEN": ""}, **REQUIRED)
+    assert str(raised.value) == str(lighthouse_raised.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "message"),
+    [
+        ("REPLICAFT_HEARTBEAT_INTERVAL_S", "nan", "REPLICAFT_HEARTBEAT_INTERVAL_S=nan is outside [0.001, 86400]"),
+        ("REPLICAFT_CHECKPOINT_INTERVAL_S", "nan", "REPLICAFT_CHECKPOINT_INTERVAL_S=nan is outside"),
+        ("REPLICAFT_QUORUM_TIMEOUT_S", "1e6", "REPLICAFT_QUORUM_TIMEOUT_S=1000000.0 is outside [0.001, 86400]"),
+        ("REPLICAFT_PREEMPTION_GRACE_S", "inf", "REPLICAFT_PREEMPTION_GRACE_S=inf is outside"),
+        ("REPLICAFT_CHECKPOINT_KEEP_LAST", "-1", "REPLICAFT_CHECKPOINT_KEEP_LAST=-1 is outside"),
+        ("WORLD_SIZE", "0", "WORLD_SIZE=0 is outside [1, 65536]"),
+    ],
+)
+def test_from_env_out_of_range_value_names_the_variable(name: str, raw: str, message: str) -> None:
+    with pytest.raises(OptionsError) as raised:
+        ManagerOptions.from_env({name: raw}, **REQUIRED)
+    assert str(raised.value).startswith(message), str(raised.value)
+
+
+def test_from_env_unknown_keyword_argument_is_an_options_error() -> None:
+    with pytest.raises(OptionsError, match="ManagerOptions has no option 'quorum_timeout'"):
+        ManagerOptions.from_env({}, quorum_timeout=5.0, **REQUIRED)
+
+
+_SET_OR_READ = re.compile(r"""["'](REPLICAFT_[A-Z0-9_]*[A-Z0-9])["']|\b(REPLICAFT_[A-Z0-9_]*[A-Z0-9])(?:=|:-)""")
+"""A name quoted in code, or assigned (``NAME=``, ``dict(NAME=...)``, ``${NAME:-...}``) in code and scripts."""
+
+
+def test_every_replicaft_variable_the_repository_sets_or_reads_is_known() -> None:
+    misspelt_on_purpose = {Path(__file__).name, "test_fuzz_options.py"}
+    files = [p for p in REPO_ROOT.rglob("*") if p.suffix in (".py", ".sh", ".sbatch", ".yaml", ".yml")
+             and p.is_file() and not {".venv", ".git", "node_modules"} & set(p.parts) and p.name not in misspelt_on_purpose]
+    assert len(files) > 50
+    named = {m.group(1) or m.group(2) for p in files for m in _SET_OR_READ.finditer(p.read_text(errors="replace"))}
+    assert {"REPLICAFT_REPO", "REPLICAFT_LIGHTHOUSE", "REPLICAFT_CHECKPOINT_KEY"} <= named
+    assert named - KNOWN_VARIABLES == set()

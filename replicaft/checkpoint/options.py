@@ -23,6 +23,8 @@ from replicaft.errors import OptionsError
 MAX_STEPS = 1 << 62
 """Far beyond any run, far below what msgpack and JSON carry exactly."""
 MAX_SECONDS = 10 * 365 * 86400.0
+MAX_COMPRESSION_LEVEL = 22
+"""zstd's highest level."""
 
 
 def check_count(name: str, value: object, *, minimum: int = 0, fix: str = "") -> int:
@@ -81,8 +83,9 @@ class CheckpointOptions:
         check_fraction("free_space_margin", self.free_space_margin)
         check_count("chain_length", self.chain_length, minimum=1, fix="; 1 makes every save a full base")
         check_count("compression_level", self.compression_level, fix="; 0 (off) or a zstd level 1-22")
-        if self.compression_level > 22:
-            raise OptionsError(f"compression_level={self.compression_level}; zstd levels go from 1 to 22 (0 = off)")
+        if self.compression_level > MAX_COMPRESSION_LEVEL:
+            raise OptionsError(f"compression_level={self.compression_level}; zstd levels go from 1 to "
+                               f"{MAX_COMPRESSION_LEVEL} (0 = off)")
         for name in ("directory", "tier2_directory"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str | os.PathLike) or not str(value)):
