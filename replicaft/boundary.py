@@ -92,5 +92,5 @@ class StepBoundary:
         has (every rank its shards); every group then exits."""
         if plan is not None and plan.replica_rank == 0:
             self._persistence.emergency_save(step, self._registry.state_dict, plan.quorum_id)
-        self._emit("stop", reason="preempted (SIGTERM)")
+        self._emit("stop", reason=f"preempted ({self._persistence.preemption_reason})")
         raise SystemExit(PREEMPTED_EXIT_CODE)

@@ -48,6 +48,7 @@ from replicaft.checkpoint.options import MAX_SECONDS as CHECKPOINT_MAX_SECONDS
 from replicaft.env_names import ENV_PREFIX, check_variable_names, known_variable_names
 from replicaft.errors import OptionsError
 from replicaft.faults import parse_fault_points
+from replicaft.preemption import check_notice_options
 
 HEAL_CONNECTIONS = 2
 """Connections a heal pulls over in all, at least one per donor host, each host's to one of its
@@ -169,6 +170,16 @@ class ManagerOptions:
     """The S3 API endpoint (``http://host:port``) of a store other than AWS's."""
     preemption_grace_s: float = 30.0
     """After SIGTERM, how long the writer group may spend on its emergency save."""
+    preemption_notice: str | None = None
+    """Where this host's preemption is announced ahead of SIGTERM (``REPLICAFT_PREEMPTION_NOTICE``):
+    ``gce``, ``aws`` (the provider's metadata URL), an ``http(s)://`` URL, or ``file:PATH``; a
+    notice leaves exactly as SIGTERM does, only sooner. None/empty = not watched (preemption.py)."""
+    preemption_notice_kind: str = "auto"
+    """How to read ``preemption_notice``: ``gce`` (body TRUE), ``aws`` (200 vs 404), ``http``
+    (200 is a notice), ``file`` (it exists and does not say false), or ``auto`` (from its form)."""
+    preemption_poll_s: float = 5.0
+    """Seconds between two looks at ``preemption_notice``: AWS announces two minutes ahead and
+    suggests polling every 5 s; each request gives up after a quarter of this (0.5-2 s)."""
     fault_points: str | None = None
     """Kill this process at named points (``allreduce@5``), for chaos tests; see faults.py."""
     deterministic: bool = False
@@ -214,6 +225,7 @@ class ManagerOptions:
             raise OptionsError(f"backend={self.backend!r}; use 'gloo', 'nccl', or leave it unset to pick by device")
         self._check_timeout_hierarchy()
         parse_fault_points(self.fault_points)
+        check_notice_options(self.preemption_notice, self.preemption_notice_kind)
         check_cadence_options(self.checkpoint_interval, self.checkpoint_interval_steps, self.checkpoint_interval_s,
                               self.group_world_size, self.checkpoint_interval_min_s, self.checkpoint_interval_max_s,
                               self.checkpoint_mtbf_prior_s)
@@ -312,6 +324,7 @@ NUMBER_RANGES: Mapping[str, tuple[float, float, str]] = {
     "heal_timeout_s": (0.001, MAX_SECONDS, "seconds, e.g. 30.0"),
     "connect_timeout_s": (0.001, MAX_SECONDS, "seconds, e.g. 10.0"),
     "preemption_grace_s": (0.001, MAX_SECONDS, "seconds, e.g. 30.0"),
+    "preemption_poll_s": (0.01, 3600.0, "seconds between two looks at preemption_notice; AWS suggests 5"),
     "heal_connections": (1, MAX_HEAL_CONNECTIONS, "at least 1 per donor host"),
     "heal_replay_steps": (0, MAX_HEAL_REPLAY_STEPS, "0 or more (0 and 0 bytes: a heal holds the donors from its second try)"),
     "heal_replay_bytes": (0, MAX_HEAL_REPLAY_BYTES, "0 or more bytes"),

@@ -20,7 +20,8 @@
   tells every rank of the group that one of them is leaving, so all ranks of a W > 1 group
   stop after the same step even when the signal reached them on either side of a boundary.
   The writer group saves at once (bounded by ``preemption_grace_s``) and the process exits
-  with status 143; other groups just leave.
+  with status 143; other groups just leave. A preemption notice (``preemption_notice``,
+  preemption.py) raises the same flag, naming its source, before any SIGTERM: same path.
 
 W > 1: DCP then needs a process group spanning the group's ranks, taken from the default
 process group the script initialised inside its group (FSDP/HSDP scripts do); each rank
@@ -54,6 +55,7 @@ from replicaft.checkpoint.layout import (
 )
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
+from replicaft.preemption import PreemptionWatcher, parse_notice_source
 from replicaft.state import flatten
 from replicaft.transfer.snapshot import BackgroundCapture, Snapshot, SpareBuffer
 
@@ -79,6 +81,13 @@ class Persistence:
         self._writer: CheckpointWriter | None = None
         self._reader: CheckpointReader | None = None
         self.preempted = threading.Event()
+        self.preemption_reason = "SIGTERM"
+        """What raised ``preempted`` first: SIGTERM, or a notice naming its source."""
+        self._noticed_at: float | None = None
+        self._sigterm_at: float | None = None
+        source = parse_notice_source(options.preemption_notice, options.preemption_notice_kind)
+        self._watcher = (PreemptionWatcher(source, options.preemption_poll_s, self.preempt, emit,
+                                           f"{options.replica_id}/{options.group_rank}") if source else None)
         self._previous_sigterm: Any = None
         self._in_flight: Snapshot | None = None
         self._capture: BackgroundCapture | None = None
@@ -100,7 +109,9 @@ class Persistence:
     def start(self) -> None:
         o = self.options
         if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, lambda *_: self.preempted.set())
+            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if self._watcher is not None:
+            self._watcher.start()
         if o.checkpoint_dir is None:
             return
         process_group = None
@@ -145,6 +156,8 @@ class Persistence:
         )
 
     def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.stop()
         self.settle()
         if self._writer is not None:
             self._writer.close(timeout_s=self.options.preemption_grace_s)
@@ -152,6 +165,22 @@ class Persistence:
         if self._previous_sigterm is not None:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
+        if self._noticed_at is not None and self._sigterm_at is not None:
+            # Reported here, not by the handler: emitting takes the event log's lock, which the
+            # interrupted main thread may hold.
+            self._emit("preemption_sigterm", after_notice_s=round(self._sigterm_at - self._noticed_at, 3))
+
+    def preempt(self, reason: str) -> None:
+        """Any thread: leave at the next step boundary, as after SIGTERM (the module docstring).
+        The first reason stays."""
+        if not self.preempted.is_set():
+            self.preemption_reason = reason
+            self._noticed_at = time.monotonic()
+        self.preempted.set()
+
+    def _on_sigterm(self, *_: object) -> None:
+        self._sigterm_at = time.monotonic()
+        self.preempted.set()
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint part of the training state, which heals carry: the lineage."""
