@@ -169,6 +169,7 @@ class Persistence:
             # Reported here, not by the handler: emitting takes the event log's lock, which the
             # interrupted main thread may hold.
             self._emit("preemption_sigterm", after_notice_s=round(self._sigterm_at - self._noticed_at, 3))
+            self._noticed_at = None  # reported once, should close() run twice
 
     def preempt(self, reason: str) -> None:
         """Any thread: leave at the next step boundary, as after SIGTERM (the module docstring).

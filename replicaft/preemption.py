@@ -46,7 +46,9 @@ NoticeKind = Literal["gce", "aws", "http", "file"]
 KINDS = ("auto", "gce", "aws", "http", "file")
 _URL_KINDS: dict[str, NoticeKind] = {"gce": "gce", "aws": "aws", "http": "http"}
 
-GCE_URL = "http://metadata.google.internal/computeMetadata/v1/instance/preempted"
+GCE_URL = "http://169.254.169.254/computeMetadata/v1/instance/preempted"
+"""The metadata server by address, as GCE documents it beside ``metadata.google.internal``: a
+name lookup is a wait that the request's timeout does not bound."""
 AWS_URL = "http://169.254.169.254/latest/meta-data/spot/instance-action"
 SHORTCUTS = {"gce": GCE_URL, "aws": AWS_URL}
 """``preemption_notice=gce`` / ``aws``: the provider's metadata URL."""

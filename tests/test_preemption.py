@@ -126,9 +126,10 @@ class MetadataServer:
     """GCE/AWS-style metadata on 127.0.0.1 (port 0). ``answer(path, status, body)`` sets what a
     path says; ``hang_up(path)`` makes it close the connection without an answer. Paths ending
     in GCE_PATH require ``Metadata-Flavor: Google``; paths ending in AWS_PATH require the IMDSv2
-    token that ``PUT /latest/api/token`` issues (401 without it)."""
+    token that ``PUT /latest/api/token`` issues (401 without it), unless ``imdsv1_only`` (no
+    tokens issued, none needed)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, imdsv1_only: bool = False) -> None:
         self._answers: dict[str, tuple[int, str] | None] = {}
         self._lock = threading.Condition()
         self.requests: dict[str, int] = {}
@@ -136,7 +137,9 @@ class MetadataServer:
 
         class Handler(BaseHTTPRequestHandler):
             def do_PUT(self) -> None:
-                if self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                if imdsv1_only:
+                    self._reply(405, "")
+                elif self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
                     self._reply(200, TOKEN)
                 else:
                     self._reply(400, "")
@@ -150,7 +153,8 @@ class MetadataServer:
                     self.close_connection = True  # no status line: the client sees the connection drop
                 elif self.path.endswith(GCE_PATH) and self.headers.get("Metadata-Flavor") != "Google":
                     self._reply(403, "Missing Metadata-Flavor:Google header.")
-                elif self.path.endswith(AWS_PATH) and self.headers.get("X-aws-ec2-metadata-token") != TOKEN:
+                elif (self.path.endswith(AWS_PATH) and not imdsv1_only
+                      and self.headers.get("X-aws-ec2-metadata-token") != TOKEN):
                     self._reply(401, "")
                 else:
                     self._reply(*answer)
@@ -225,20 +229,22 @@ def watch(source: NoticeSource, recorder: Recorder, poll_s: float = 0.02) -> Pre
 
 # -- the watcher --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", ["gce", "aws"])
-def test_watcher_announces_once_the_metadata_says_so(metadata: MetadataServer, kind: str) -> None:
+@pytest.mark.parametrize("dialect", ["gce", "aws", "aws-imdsv1"])
+def test_watcher_announces_once_the_metadata_says_so(dialect: str) -> None:
+    kind = dialect.removesuffix("-imdsv1")
     path, quiet, loud = ((GCE_PATH, (200, "FALSE"), (200, "TRUE")) if kind == "gce"
                          else (AWS_PATH, (404, ""), (200, AWS_NOTICE)))
-    metadata.answer(path, *quiet)
     recorder = Recorder()
-    watcher = watch(parse_notice_source(metadata.url + path), recorder)
-    try:
-        metadata.wait_requests(path, 3, timeout_s=10)
-        assert not recorder.noticed.is_set() and not recorder.events, recorder.events
-        metadata.answer(path, *loud)
-        assert recorder.noticed.wait(10), "no notice within 10 s"
-    finally:
-        watcher.stop()
+    with MetadataServer(imdsv1_only=dialect == "aws-imdsv1") as metadata:
+        metadata.answer(path, *quiet)
+        watcher = watch(parse_notice_source(metadata.url + path), recorder)
+        try:
+            metadata.wait_requests(path, 3, timeout_s=10)
+            assert not recorder.noticed.is_set() and not recorder.events, recorder.events
+            metadata.answer(path, *loud)
+            assert recorder.noticed.wait(10), "no notice within 10 s"
+        finally:
+            watcher.stop()
     reason = "instance/preempted is TRUE" if kind == "gce" else "spot instance-action terminate at 2026-11-27T15:02:00Z"
     assert recorder.reasons == [f"notice from {kind} {metadata.url}{path}: {reason}"]
     assert recorder.named("preemption_notice") == [{"source": metadata.url + path, "kind": kind, "reason": reason}]
