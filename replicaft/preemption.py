@@ -85,7 +85,7 @@ def parse_notice_source(notice: str | None, kind: str = "auto") -> NoticeSource 
     notice = SHORTCUTS.get(notice, notice)
     if notice.startswith("file:"):
         path = notice.removeprefix("file:").removeprefix("//")
-        if not path or kind not in ("auto", "file"):
+        if not Path(path).is_absolute() or kind not in ("auto", "file"):
             raise OptionsError(f"preemption_notice={notice!r} with preemption_notice_kind={kind!r}: a file source "
                                "is file:/absolute/path and its kind 'file' (or 'auto')")
         return NoticeSource("file", path)

@@ -105,6 +105,7 @@ def test_parse_notice_source(notice: str | None, kind: str, expected: NoticeSour
         ("http://x/y", "file", "is a URL but preemption_notice_kind='file'"),
         ("file:/run/preempted", "aws", "a file source is file:/absolute/path"),
         ("file:", "auto", "a file source is file:/absolute/path"),
+        ("file:run/preempted", "file", "a file source is file:/absolute/path"),
     ],
 )
 def test_bad_notice_source_is_refused_naming_the_fix(notice: str, kind: str, message: str) -> None:
@@ -116,8 +117,9 @@ def test_options_read_the_notice_from_the_environment_and_refuse_a_zero_poll() -
     env = {"REPLICAFT_PREEMPTION_NOTICE": "aws", "REPLICAFT_PREEMPTION_POLL_S": "0.5"}
     o = ManagerOptions.from_env(env, lighthouse="127.0.0.1:1", replica_id="g0")
     assert (o.preemption_notice, o.preemption_notice_kind, o.preemption_poll_s) == ("aws", "auto", 0.5)
-    with pytest.raises(OptionsError, match=r"preemption_poll_s=0 is outside \[0.01, 3600\]"):
-        ManagerOptions(lighthouse="127.0.0.1:1", replica_id="g0", preemption_notice="gce", preemption_poll_s=0)
+    for poll_s in (0, float("inf")):
+        with pytest.raises(OptionsError, match=rf"preemption_poll_s={poll_s} is outside \[0.01, 3600\]"):
+            ManagerOptions(lighthouse="127.0.0.1:1", replica_id="g0", preemption_notice="gce", preemption_poll_s=poll_s)
 
 
 # -- a local metadata server ----------------------------------------------------------------
