@@ -35,6 +35,11 @@ Design:
   Once the groups have reported the size of their state, each standby is asked to fault in that
   much memory (``--no-standby-reserve`` not to), for the restarted group's buckets and heal
   (``replicaft.reserve``). With W > 1 torchrun starts the ranks, so restarts are always cold.
+* Every server of the job is authenticated: when the launcher starts the lighthouse and
+  ``REPLICAFT_TOKEN`` is unset, it makes a secret for this job and hands it to the lighthouse,
+  every group and every standby (in their environment, never on a command line, which any
+  local user can read in ``/proc``). A job against an outside lighthouse (``--lighthouse``)
+  uses that lighthouse's token, which the caller sets.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ import functools
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -59,6 +65,7 @@ from typing import NoReturn
 
 from lighthouse.membership import MAX_MEMBERS
 from lighthouse.option_checks import MAX_SECONDS, check_number
+from lighthouse.options import TOKEN_ENV
 from lighthouse.replica_id import check_replica_id
 from replicaft.console import (
     TORCHRUN_ROLE,
@@ -250,6 +257,17 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
     )
 
 
+def job_secret(options: LaunchOptions, environ: Mapping[str, str]) -> dict[str, str]:
+    """``{REPLICAFT_TOKEN: secret}`` to add to every child's environment, or nothing.
+
+    A fresh secret when the launcher starts the lighthouse itself and the caller set no token;
+    nothing when the caller set one (it is inherited, even empty, which the children refuse
+    by name) or the lighthouse is someone else's (its token is the caller's to set)."""
+    if options.lighthouse is not None or TOKEN_ENV in environ:
+        return {}
+    return {TOKEN_ENV: secrets.token_urlsafe(32)}
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free right now; torchrun needs a number before it binds its store."""
     with socket.socket() as s:
@@ -338,6 +356,7 @@ class Launcher:
         self._reserve_asked: dict[int, int] = {}
         """Standby pid -> the reserve it was asked for."""
         self._latest_start = time.monotonic()
+        self._job_secret = job_secret(options, os.environ)
 
     def request_stop(self, signum: int) -> None:
         """Ask ``run()`` to stop everything; a second request skips the grace period. Signal-safe."""
@@ -374,7 +393,7 @@ class Launcher:
         args = [sys.executable, "-m", "lighthouse", "--port", str(port)]
         if self.options.min_replicas is not None:
             args += ["--min-replicas", str(self.options.min_replicas)]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self._job_secret, "PYTHONUNBUFFERED": "1"}
         self._lighthouse = Child(args, env, self._on_lighthouse_line)
         if port:
             return True
@@ -423,6 +442,7 @@ class Launcher:
     def _base_env(self) -> dict[str, str]:
         """The environment of every group process, and of a standby, before the group's own variables."""
         env = {k: v for k, v in os.environ.items() if k not in _GROUP_VARIABLES}
+        env.update(self._job_secret)
         env["PYTHONUNBUFFERED"] = "1"
         return env
 

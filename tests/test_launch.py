@@ -26,7 +26,7 @@ from training_events import read_events
 from replicaft.console import Console, label_torchrun_line
 from replicaft.errors import OptionsError
 from replicaft.job_status import EventProgress, GroupStatus, render_status
-from replicaft.launch import NUMBER_FLAGS, LaunchOptions, main, parse_args
+from replicaft.launch import NUMBER_FLAGS, LaunchOptions, job_secret, main, parse_args
 from replicaft.process_tree import ProcessInfo, descendants, running_below
 from replicaft.restart_policy import decide_restart
 
@@ -279,7 +279,30 @@ def wait_for_event(
 
 
 def start_launcher(*args: str) -> ManagedProcess:
-    return spawn_python("-m", "replicaft.launch", *args, name="launcher")
+    env = {k: v for k, v in os.environ.items() if k != "REPLICAFT_TOKEN"}
+    return spawn_python("-m", "replicaft.launch", *args, name="launcher", env=env)
+
+
+@pytest.mark.parametrize(
+    ("lighthouse", "environ", "made"),
+    [
+        (None, {}, True),  # the launcher's own lighthouse, no token set: a secret for the job
+        (None, {"REPLICAFT_TOKEN": "mine"}, False),  # the caller's token is inherited
+        (None, {"REPLICAFT_TOKEN": ""}, False),  # inherited too: the children refuse it by name
+        ("10.0.0.1:29510", {}, False),  # someone else's lighthouse: its token is the caller's to set
+    ],
+)
+def test_the_launcher_makes_a_job_secret_only_for_its_own_lighthouse_and_no_token(
+        tmp_path: Path, lighthouse: str | None, environ: dict[str, str], made: bool) -> None:
+    args = ["--lighthouse", lighthouse] if lighthouse else []
+    (tmp_path / "train.py").write_text("")
+    options = parse_args([*args, str(tmp_path / "train.py")])
+    first, second = job_secret(options, environ), job_secret(options, environ)
+    if made:
+        assert set(first) == {"REPLICAFT_TOKEN"} and len(first["REPLICAFT_TOKEN"]) >= 32
+        assert first != second, "a fresh secret per job"
+    else:
+        assert first == second == {}
 
 
 @pytest.mark.slow
@@ -304,6 +327,14 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
         90, "g1 committed step 3", launcher,
     )  # fmt: skip
     (start,) = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == "g1"]
+    # One secret for the job, made by the launcher, in the lighthouse's, every group's and the
+    # standby's environment (never on a command line).
+    pids = {e["replica_id"]: e["pid"] for e in read_events(events) if e["event"] == "start"}
+    lighthouse_pid = next(pid for pid in _process_tree(launcher.pid)
+                          if b"lighthouse" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+    secrets_seen = {_environ(pid).get("REPLICAFT_TOKEN") for pid in [*pids.values(), standby_pid, lighthouse_pid]}
+    assert len(secrets_seen) == 1 and len(secrets_seen.pop() or "") >= 32
+    assert not any(b"REPLICAFT_TOKEN" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in _process_tree(launcher.pid))
     os.kill(start["pid"], signal.SIGKILL)
     killed_at = time.time()
     heal = wait_for_event(
@@ -325,6 +356,7 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
     assert "[launcher] g1 killed by SIGKILL; restart 1 of 10 in 0.5s" in log
     assert f"[launcher] started g1 in warm standby pid {standby_pid}, restart 1" in log
     assert "[launcher] all 3 groups finished" in log
+    assert not any("no REPLICAFT_TOKEN" in line.text for line in launcher.lines()), "a launched job runs authenticated"
     assert any(text.startswith("[launcher] status: ") and "| quorum 3 |" in text for text in log), log
     out = [line.text for line in launcher.lines()]
     assert {"[g0/0] [g0] step 80", "[g1/0] [g1] step 80", "[g2/0] [g2] step 80"} <= {t.rsplit(" loss", 1)[0] for t in out}
@@ -381,6 +413,12 @@ def _process_tree(root_pid: int) -> dict[int, int]:
                 tree[pid] = start_ticks
                 frontier.append(pid)
     return tree
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """Process ``pid``'s environment as it started, from /proc."""
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
 
 
 def _stat_fields(pid: int) -> list[str]:
