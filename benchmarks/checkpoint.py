@@ -52,13 +52,17 @@ BATCH = 16
 
 
 class Trainer:
-    """A model, AdamW and the manager's step order around ``Persistence``."""
+    """A model, AdamW and the manager's step order around ``Persistence``.
 
-    def __init__(self, width: int, layers: int, directory: Path) -> None:
+    On ``device="cuda"`` (``python -m benchmarks gpu``) the state lives in GPU memory, the save
+    captures it through the copy stream (replicaft/device.py), and every step ends with
+    ``torch.cuda.synchronize()``, so that its time is its kernels', not their launch."""
+
+    def __init__(self, width: int, layers: int, directory: Path, device: str = "cpu") -> None:
         torch.manual_seed(0)
-        self.model = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
+        self.model = nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers))).to(device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.inputs = torch.randn(BATCH, width)
+        self.inputs = torch.randn(BATCH, width, device=device)
         self.step = 0
         options = ManagerOptions(lighthouse="127.0.0.1:1", replica_id="bench", checkpoint_dir=str(directory),
                                  checkpoint_interval_steps=1, checkpoint_keep_last=2)
@@ -78,6 +82,8 @@ class Trainer:
         self.model(self.inputs).square().mean().backward()
         self.persistence.settle()
         self.optimizer.step()
+        if self.inputs.is_cuda:
+            torch.cuda.synchronize()
         self.step += 1
         return time.perf_counter() - started
 

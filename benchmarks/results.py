@@ -33,6 +33,14 @@ DECIMALS = 4
 """Figures are milliseconds or counts; 0.1 µs is far below this machine's noise."""
 
 
+class BenchmarkUnavailable(RuntimeError):
+    """This machine cannot run the benchmark (no GPU for ``gpu``): it measured nothing.
+
+    Raised by a benchmark's ``run`` before it measures anything. The runner then writes no
+    record, so a real result measured elsewhere (``gpu.json`` from a GPU machine) is not
+    overwritten by a figure-less one, and says why instead of printing a traceback."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BenchmarkResult:
     """What one benchmark returns; the runner adds the time and the machine and writes it."""

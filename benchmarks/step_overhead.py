@@ -39,9 +39,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | None = None
-                   ) -> tuple[float, dict[str, float]]:
-    """The slower trainer's median step and, for replicaft, that trainer's median phases."""
+async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | None = None, world: int = 2,
+                   worker_args: tuple[str, ...] = ()) -> tuple[float, dict[str, float]]:
+    """The slower trainer's median step and, for replicaft, that trainer's median phases.
+
+    ``world`` trainers (replicaft: one replica group each); ``worker_args`` go to every
+    step_worker (``--device``, ``--batch``: ``python -m benchmarks gpu``)."""
     deadline = time.monotonic() + RUN_TIMEOUT_S
     async with ChildProcesses() as children:
         extra: list[str] = []
@@ -53,10 +56,10 @@ async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | N
             extra = ["--store", f"127.0.0.1:{_free_port()}"]
         workers = [
             await children.start_python(
-                f"{mode}-{rank}", "-m", "benchmarks.step_worker", "--mode", mode, "--rank", str(rank), "--world", "2",
-                "--size-mb", str(size_mb), "--steps", str(steps), *extra,
+                f"{mode}-{rank}", "-m", "benchmarks.step_worker", "--mode", mode, "--rank", str(rank), "--world",
+                str(world), "--size-mb", str(size_mb), "--steps", str(steps), *extra, *worker_args,
             )
-            for rank in range(2)
+            for rank in range(world)
         ]
         medians = []
         for w in workers:

@@ -1,5 +1,10 @@
 """One trainer process of the step-overhead benchmark: plain DDP or replicaft, same model.
 
+``--device cuda`` trains on the GPU (both sides all-reduce the CUDA gradients over Gloo, so
+that several trainers can share one GPU, which NCCL refuses) and ends every timed step with
+``torch.cuda.synchronize()``, so a step's time is its kernels', not their launch
+(``python -m benchmarks gpu``); ``--batch`` sets how much compute a step has.
+
 Prints JSON lines: ``{"event": "ready"}`` once built, then ``{"event": "done",
 "step_s": [...], "phases_s": {...}}`` with the wall time of every timed step (``zero_grad`` to
 ``step``) and, for replicaft, each phase's time in every timed step (``Manager.step_phases``).
@@ -54,10 +59,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--events-dir", help="replicaft: write the event log (with a digest every step) here")
+    p.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda or cuda:N")
+    p.add_argument("--batch", type=int, default=BATCH, help="samples per step")
     args = p.parse_args()
     torch.set_num_threads(1)
-    model = build_model(args.size_mb)
-    x = torch.randn(BATCH, HIDDEN)
+    device = torch.device(args.device)
+    model = build_model(args.size_mb).to(device)
+    x = torch.randn(args.batch, HIDDEN, device=device)
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 
     if args.mode == "ddp":
         dist.init_process_group("gloo", init_method=f"tcp://{args.store}", rank=args.rank, world_size=args.world)
@@ -68,12 +77,14 @@ def main() -> None:
             opt.zero_grad()
             ddp(x).square().mean().backward()
             opt.step()
+            synchronize()
 
         print(json.dumps({"event": "ready"}), flush=True)
         times, phases = timed_steps(step, args.warmup, args.steps)
         dist.destroy_process_group()
     else:
-        options = replicaft.ManagerOptions(lighthouse=args.lighthouse, replica_id=f"g{args.rank}",
+        # Gloo, as plain DDP above: the trainers may share one GPU, which NCCL refuses.
+        options = replicaft.ManagerOptions(lighthouse=args.lighthouse, replica_id=f"g{args.rank}", backend="gloo",
                                            events_dir=args.events_dir, digest_every_steps=1 if args.events_dir else 0)
         with replicaft.Manager(options, init_sync=False) as manager:
             ddp = replicaft.DistributedDataParallel(manager, model)
@@ -84,6 +95,7 @@ def main() -> None:
                 ddp(x).square().mean().backward()
                 if not opt.step():
                     raise RuntimeError(f"step {manager.current_step()} did not commit: {manager.errored()}")
+                synchronize()
 
             print(json.dumps({"event": "ready"}), flush=True)
             times, phases = timed_steps(step, args.warmup, args.steps, manager.step_phases)
