@@ -2,9 +2,13 @@
 
 **How to run it** (one CUDA GPU; nothing outside the machine is contacted)::
 
-    python -m benchmarks gpu            # writes benchmarks/results/gpu.json (about 10 minutes)
-    python -m benchmarks gpu --quick    # smaller state, fewer samples (about 3 minutes)
+    python -m benchmarks gpu            # writes benchmarks/results/gpu.json
+    python -m benchmarks gpu --quick    # smaller state (400 MB), fewer samples
     python -m pytest -m gpu             # the CUDA tests: tests/test_cuda_*.py and this module's
+
+from the repository root. Not yet run on a GPU when written: a full run should take a few
+minutes on an H100 (estimated from the sizes in ``GPU``, not measured). Read
+``params.meets_targets`` and ``params.step_target_applies`` in gpu.json.
 
 Without CUDA (``torch.cuda.is_available()`` false) ``run`` measures nothing: it raises
 ``BenchmarkUnavailable`` ("needs CUDA ..."), the runner says so, exits 1 and writes no
