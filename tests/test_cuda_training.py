@@ -32,6 +32,13 @@ GPU_ARGS = ("--device", "cuda", "--width", "600")
 """Width 600: tensors over 1 MiB, received in place through staging and captured behind the step."""
 
 
+@pytest.fixture(autouse=True)
+def _gloo_across_groups(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gloo between the groups: they share one GPU, and NCCL refuses two ranks on one device
+    ("Duplicate GPU detected"); the default with CUDA present would be NCCL."""
+    monkeypatch.setenv("REPLICAFT_BACKEND", "gloo")
+
+
 @pytest.mark.timeout(300)
 def test_three_groups_on_one_gpu_one_killed_heals_into_gpu_memory_digests_equal(tmp_path: Path) -> None:
     lh = start_lighthouse("--min-replicas", "3", status=False)
