@@ -33,13 +33,13 @@ from pathlib import Path
 
 from chaos.etcd_cluster import EtcdCluster
 from chaos.processes import Child
+from lighthouse.announce import GRPC_LINE
 
 logger = logging.getLogger(__name__)
 
 REPLICAS = 3
 START_TIMEOUT_S = 30.0
 LEASE_TTL_S = 1
-_GRPC_LINE = re.compile(r"^lighthouse serving gRPC at (\S+)$", re.MULTILINE)
 _LEADS = re.compile(r"^(\S+ \S+) WARNING lighthouse\.replicated: lighthouse \S+ leads", re.MULTILINE)
 _STOPS = re.compile(r"^(\S+ \S+) WARNING lighthouse\.replicated: lighthouse \S+ stops leading", re.MULTILINE)
 KINDS = frozenset({"kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member", "lose_etcd_quorum"})
@@ -100,7 +100,7 @@ class LighthouseSet:
         child = Child(f"lighthouse{i}#{self._incarnations[i]}", args,
                       log_path=self.logs_dir / f"lighthouse{i}-{self._incarnations[i]}.log", env=self._env,
                       cwd=self._cwd).start()
-        child.wait_for_output(_GRPC_LINE, START_TIMEOUT_S)
+        child.wait_for_output(GRPC_LINE, START_TIMEOUT_S)
         self.lighthouses[i] = child
 
     def leader(self) -> int | None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import time
 from collections.abc import Callable
@@ -51,6 +50,7 @@ from chaos.network import LIGHTHOUSE as LAB_LIGHTHOUSE
 from chaos.processes import Child, descendants, python_env
 from chaos.record import ALL_GROUPS, LIGHTHOUSE, ProcessExit, RunRecord
 from chaos.scenario import Scenario
+from lighthouse.announce import GRPC_LINE
 from replicaft.events import EventTail
 
 logger = logging.getLogger(__name__)
@@ -60,7 +60,6 @@ LIGHTHOUSE_START_TIMEOUT_S = 30.0
 """A torch-free process; seconds on an idle box, but this one is shared by 2 cores."""
 TEARDOWN_GRACE_S = 3.0
 """How long a group that finished training may take to exit before it is killed."""
-_GRPC_LINE = re.compile(r"^lighthouse serving gRPC at (\S+)$", re.MULTILINE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +388,7 @@ class Runner:
             return
         child = self._lighthouse_child().start()
         self._lighthouse = child
-        match = child.wait_for_output(_GRPC_LINE, LIGHTHOUSE_START_TIMEOUT_S)
+        match = child.wait_for_output(GRPC_LINE, LIGHTHOUSE_START_TIMEOUT_S)
         self._lighthouse_address = match.group(1)
         self._lighthouse_port = int(self._lighthouse_address.rsplit(":", 1)[1])
         logger.info("lighthouse serving at %s", self._lighthouse_address)

@@ -12,6 +12,7 @@ import logging
 import signal
 import sys
 
+from lighthouse.announce import grpc_line
 from lighthouse.errors import OptionsError
 from lighthouse.membership import MembershipOptions
 from lighthouse.options import TOKEN_ENV, LighthouseOptions
@@ -103,7 +104,7 @@ async def _serve(options: LighthouseOptions, replication: ReplicationOptions | N
         LighthouseServer(options) if replication is None else ReplicatedLighthouse(options, replication)
     )
     addresses = await server.start()
-    print(f"lighthouse serving gRPC at {addresses.grpc}", flush=True)
+    print(grpc_line(addresses.grpc), flush=True)
     if addresses.status:
         print(f"lighthouse status page at {addresses.status}", flush=True)
     await stop.wait()

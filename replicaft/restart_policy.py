@@ -1,6 +1,6 @@
 """When a supervised process exits: restart it, leave it done, or give up. Pure.
 
-Used by ``replicaft-launch`` (replicaft/launch.py) for replica groups and the lighthouse, the
+Used by ``replicaft-launch`` (replicaft/launch/) for replica groups and the lighthouse, the
 way Slurm's requeue or a Kubernetes restart policy treats a job's processes.
 """
 

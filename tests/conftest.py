@@ -29,6 +29,8 @@ from typing import Any, Literal
 
 import pytest
 
+from lighthouse.announce import GRPC_LINE
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
@@ -236,7 +238,6 @@ def parse_json_line(text: str) -> dict[str, Any] | None:
 # -- the lighthouse as a process ------------------------------------------------------------
 
 LIGHTHOUSE_START_TIMEOUT_S = 15.0
-_GRPC_LINE = re.compile(r"^lighthouse serving gRPC at (\S+)$")
 _STATUS_LINE = re.compile(r"^lighthouse status page at (\S+)$")
 
 
@@ -279,9 +280,9 @@ def start_lighthouse(
         args += ["--status-port", "0"]
     process = spawn_python(*args, name="lighthouse", env=env)
     grpc_line = process.wait_for_line(
-        lambda text: _GRPC_LINE.match(text) is not None, timeout_s, what="its gRPC address"
+        lambda text: GRPC_LINE.match(text) is not None, timeout_s, what="its gRPC address"
     )
-    match = _GRPC_LINE.match(grpc_line.text)
+    match = GRPC_LINE.match(grpc_line.text)
     assert match is not None
     status_url = None
     if status:

@@ -1,0 +1,53 @@
+"""A process the launcher started: its own session, its output labelled line by line."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free right now; torchrun needs a number before it binds its store."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class Child:
+    """One process the launcher started, in a session of its own, whose output is labelled.
+
+    A reader thread passes each line of its stdout and stderr (merged) to ``on_line``, which a
+    standby's activation replaces; it ends when the last process holding the pipe exits, and
+    :meth:`join_output` waits for it. Its stdin is ``/dev/null``, or a pipe with ``stdin_pipe``.
+    """
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None], *,
+                 stdin_pipe: bool = False) -> None:
+        self.on_line = on_line
+        self.popen = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._read, name=f"output-{self.pid}", daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def _read(self) -> None:
+        assert self.popen.stdout is not None
+        for line in self.popen.stdout:
+            self.on_line(line.rstrip("\n"))
+
+    def join_output(self, timeout_s: float) -> None:
+        self._reader.join(timeout_s)
