@@ -30,6 +30,7 @@ from benchmarks.results import (
 BENCHMARKS: dict[str, str] = {
     "failover": "benchmarks.failover",
     "checkpoint": "benchmarks.checkpoint",
+    "checkpoint_storage": "benchmarks.checkpoint_storage",
     "deterministic": "benchmarks.deterministic",
     "diloco": "benchmarks.diloco",
     "diloco_wire": "benchmarks.diloco_wire",
