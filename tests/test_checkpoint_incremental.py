@@ -195,6 +195,17 @@ def test_encrypted_checkpoint_holds_no_plaintext_and_loads_only_with_its_key(tmp
         CheckpointReader(tmp_path, encryption_key=OTHER_KEY).load_latest_valid()
 
 
+def test_compressed_and_encrypted_checkpoint_loads(tmp_path: Path) -> None:
+    """Both at once: the whole-file state was compressed as well as encrypted, which the reader
+    refused, so every such checkpoint was skipped and the job started from nothing."""
+    zeros = torch.zeros_like(FROZEN)
+    with CheckpointWriter(tmp_path, compression_level=3, encryption_key=KEY) as writer:
+        packed = save(writer, 10, zeros)
+    assert manifest(packed)["codec"] == {"compression_level": 3, "key_id": KEY.key_id}
+    loaded = CheckpointReader(tmp_path, encryption_key=KEY).load_latest_valid()
+    assert loaded is not None and loaded.step == 10 and loaded.state["model"]["embedding"].equal(zeros)
+
+
 def test_a_new_key_starts_a_new_chain(tmp_path: Path) -> None:
     with CheckpointWriter(tmp_path, encryption_key=KEY, keep_last=5, lineage="aaaaaaaaaaaa") as writer:
         save(writer, 10)

@@ -60,9 +60,9 @@ class ChunkCodec:
             return hashlib.sha256(data).digest()
         return hmac.digest(self.key.chunk_id_key, data, "sha256")
 
-    def encode(self, chunk_id: bytes, data: bytes | memoryview) -> bytes:
+    def encode(self, chunk_id: bytes, data: bytes | memoryview, *, compress: bool = True) -> bytes:
         flags, payload = 0, data
-        if self.compression_level:
+        if self.compression_level and compress:
             # A fresh compressor per call: zstandard's objects are not thread-safe.
             packed = zstandard.ZstdCompressor(level=self.compression_level).compress(data)
             if len(packed) < len(data):
@@ -105,11 +105,13 @@ class ChunkCodec:
 
 def seal_blob(codec: ChunkCodec, data: bytes) -> bytes:
     """A whole small file (``state.msgpack``) as stored: itself when not encrypting, else its
-    id followed by the encrypted chunk, so that it is read back verified like a chunk."""
+    id followed by the encrypted chunk, so that it is read back verified like a chunk. Never
+    compressed: the reader knows no raw length to bound a decompression by (a compressed and
+    encrypted checkpoint was written and then refused on every load)."""
     if codec.key is None:
         return data
     chunk_id = codec.chunk_id(data)
-    return chunk_id + codec.encode(chunk_id, data)
+    return chunk_id + codec.encode(chunk_id, data, compress=False)
 
 
 def open_blob(codec: ChunkCodec, stored: bytes, *, encrypted: bool, max_bytes: int, where: str) -> bytes:
