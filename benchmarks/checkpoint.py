@@ -44,7 +44,8 @@ from replicaft.state import flatten
 from replicaft.transfer.client import fetch_state
 from replicaft.transfer.donors import Donor
 from replicaft.transfer.server import StateServer
-from replicaft.transfer.snapshot import Snapshot, SpareBuffer
+from replicaft.transfer.snapshot import Snapshot
+from replicaft.transfer.spare import SpareBuffer
 
 SIZES = {"100mb": (1024, 8), "1gb": (4096, 5)}
 """label -> (layer width, layers): width² × layers parameters, × 12 bytes with AdamW's moments."""

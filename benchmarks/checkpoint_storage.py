@@ -68,7 +68,8 @@ from replicaft.checkpoint.objectstore import ObjectStore
 from replicaft.options import ManagerOptions
 from replicaft.persistence import Persistence
 from replicaft.state import flatten
-from replicaft.transfer.snapshot import Snapshot, SpareBuffer
+from replicaft.transfer.snapshot import Snapshot
+from replicaft.transfer.spare import SpareBuffer
 
 MB = 1e6
 BUCKET = "replicaft-bench"

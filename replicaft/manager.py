@@ -32,7 +32,7 @@ from replicaft.process_group import FaultTolerantProcessGroup, ManagedWork, Redu
 from replicaft.registry import LoadStateDictFn, StateDictFn, StateRegistry, StepHooks
 from replicaft.services import RankServices
 from replicaft.step import StepDriver, step_seed
-from replicaft.transfer.snapshot import SpareBuffer
+from replicaft.transfer.spare import SpareBuffer
 
 logger = logging.getLogger(__name__)
 

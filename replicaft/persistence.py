@@ -57,7 +57,8 @@ from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.preemption import PreemptionWatcher, parse_notice_source
 from replicaft.state import flatten
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot, SpareBuffer
+from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+from replicaft.transfer.spare import SpareBuffer
 
 if TYPE_CHECKING:
     from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheckpoint

@@ -15,7 +15,8 @@ from replicaft.checkpoint.__main__ import main
 from replicaft.options import ManagerOptions
 from replicaft.persistence import Persistence
 from replicaft.state import digest, flatten
-from replicaft.transfer.snapshot import Snapshot, SpareBuffer
+from replicaft.transfer.snapshot import Snapshot
+from replicaft.transfer.spare import SpareBuffer
 
 
 def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer, dict[str, object]]:

@@ -16,7 +16,8 @@ from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.persistence import STATE_NAME, Persistence
 from replicaft.state import flatten
-from replicaft.transfer.snapshot import Snapshot, SpareBuffer
+from replicaft.transfer.snapshot import Snapshot
+from replicaft.transfer.spare import SpareBuffer
 
 A, B = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
 

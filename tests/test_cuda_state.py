@@ -17,7 +17,8 @@ from replicaft.device import pool_for, stream_for
 from replicaft.state import digest, flatten
 from replicaft.transfer.client import Donor, fetch_state
 from replicaft.transfer.live import LiveSnapshot
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot, SpareBuffer
+from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+from replicaft.transfer.spare import SpareBuffer
 
 pytestmark = [
     pytest.mark.gpu,

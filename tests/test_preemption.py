@@ -38,7 +38,7 @@ from replicaft.preemption import (
     parse_notice_source,
     read_answer,
 )
-from replicaft.transfer.snapshot import SpareBuffer
+from replicaft.transfer.spare import SpareBuffer
 
 AWS_NOTICE = '{"action": "terminate", "time": "2026-11-27T15:02:00Z"}'
 AWS_PATH = "/latest/meta-data/spot/instance-action"

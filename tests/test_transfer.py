@@ -33,7 +33,8 @@ from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec, chunk_stripes
 from replicaft.transfer.placement import Placement
 from replicaft.transfer.server import NotServed, RangeHook, Served, StateServer
-from replicaft.transfer.snapshot import Snapshot, SpareBuffer, tensors_from_buffer
+from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
+from replicaft.transfer.spare import SpareBuffer
 from replicaft.transfer.wire import MAX_FRAME_BYTES, WIRE_VERSION, recv_frame, send_frame
 
 STEP = 5

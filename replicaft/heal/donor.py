@@ -30,7 +30,7 @@ from replicaft.registry import StateRegistry
 from replicaft.state import Flat
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.server import StateServer
-from replicaft.transfer.snapshot import SpareBuffer
+from replicaft.transfer.spare import SpareBuffer
 
 Emit = Callable[..., None]
 

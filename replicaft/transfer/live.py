@@ -49,7 +49,8 @@ import torch
 from replicaft.state import SMALL_TENSOR_BYTES, Flat
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest
 from replicaft.transfer.server import NotServed
-from replicaft.transfer.snapshot import CopyPlan, SpareBuffer, deferrable, version_counter
+from replicaft.transfer.snapshot import CopyPlan, deferrable, version_counter
+from replicaft.transfer.spare import SpareBuffer
 
 LIVE_SEND_GRACE_S = 2.0
 """How long :meth:`LiveSnapshot.seal` lets sends in progress end (one chunk each: 4 MiB take
