@@ -13,15 +13,15 @@ Each member is started with ``PR_SET_PDEATHSIG``: no etcd outlives the process t
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from replicaft.process_tree import die_with_parent
 
 HEARTBEAT_MS = 25
 ELECTION_MS = 250
@@ -61,10 +61,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -119,7 +115,7 @@ class EtcdCluster:
         m.data_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(m.log_path, "ab") as log:
             m.process = subprocess.Popen(self._args(m, state), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
 
     def start(self) -> EtcdCluster:
         for m in self.members:

@@ -19,7 +19,6 @@ those pids can have been reused).
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import re
@@ -30,15 +29,11 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from replicaft.process_tree import die_with_parent
+
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 POLL_S = 0.05
-
-
-def _die_with_parent() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Child:
@@ -64,7 +59,7 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+                preexec_fn=die_with_parent if sys.platform == "linux" else None,
                 start_new_session=True,
             )
         logger.info("started %s (pid %d), log %s", self.name, self.popen.pid, self.log_path)

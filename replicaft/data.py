@@ -28,12 +28,9 @@ one shard's gradient and divides the exact sum by the number of shards.
 from __future__ import annotations
 
 import collections
-import ctypes
 import functools
 import multiprocessing
 import multiprocessing.context
-import os
-import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -43,6 +40,7 @@ import torch
 from replicaft.deterministic import check_shards, shard_bounds, step_shards
 from replicaft.errors import OptionsError
 from replicaft.manager import Manager
+from replicaft.process_tree import die_with_parent
 from replicaft.registry import StepHooks
 
 BatchPolicy = Literal["per_group", "global"]
@@ -387,12 +385,7 @@ def _forkserver_context() -> multiprocessing.context.BaseContext:
 def _die_with_parent(worker_id: int) -> None:
     """Workers are children of the forkserver, which dies with this process (even by SIGKILL,
     see replicaft/_forkserver.py); without this they would outlive a killed group."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
-        os._exit(1)
-
-
-_PR_SET_PDEATHSIG = 1
+    die_with_parent(exit_if_orphaned=True)
 
 
 @functools.lru_cache(maxsize=4)

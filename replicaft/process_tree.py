@@ -13,8 +13,23 @@ import signal
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 """``<linux/prctl.h>``."""
+
+
+def die_with_parent(*, exit_if_orphaned: bool = False) -> None:
+    """Have the kernel SIGKILL this process when its parent dies, however the parent dies.
+
+    Called in a child before it does anything (a ``preexec_fn``, a DataLoader worker's init,
+    the forkserver's preload): without it a SIGKILLed group, runner or supervisor leaves its
+    children running, holding pipes, ports and memory. ``exit_if_orphaned``: the parent may
+    already have died before the call (then the kernel never sends the signal), and this
+    child was re-parented to init: exit now. Not for a child whose real parent is init.
+    """
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if exit_if_orphaned and os.getppid() == 1:
+        os._exit(1)
 
 
 def become_subreaper() -> bool:
