@@ -33,6 +33,10 @@ from replicaft.transfer.checksum import DIGEST_BYTES, digest
 MANIFEST_VERSION = 2
 """2: 16-byte chunk digests of the algorithm the manifest names (checksum.py); 1 carried CRC-32s."""
 CHUNK_BYTES = 4 * 1024 * 1024
+MAX_CHUNK_BYTES = 64 * CHUNK_BYTES
+"""The largest chunk a healer accepts: it stages and verifies chunk-sized buffers, so a
+donor's manifest naming 1 TiB chunks (one digest covers any total) would have it allocate
+one (issue 19)."""
 ALIGN_BYTES = 64
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 MAX_TENSORS = 1_000_000
@@ -100,7 +104,7 @@ class Manifest:
         if o.get("v") != MANIFEST_VERSION:
             raise ProtocolError(f"Manifest.v is {o.get('v')!r}; this side reads version {MANIFEST_VERSION}")
         total = check_int(m, "total_bytes", require(o, m, "total_bytes"), 0)
-        chunk = check_int(m, "chunk_bytes", require(o, m, "chunk_bytes"), 1)
+        chunk = check_int(m, "chunk_bytes", require(o, m, "chunk_bytes"), 1, MAX_CHUNK_BYTES)
         raw_tensors = require(o, m, "tensors")
         algorithm = check_str(m, "checksum", require(o, m, "checksum"), 64)
         if algorithm != CHECKSUM_ALGORITHM:
@@ -116,7 +120,8 @@ class Manifest:
         for i, c in enumerate(checksums):
             if not (isinstance(c, bytes) and len(c) == DIGEST_BYTES):
                 raise ProtocolError(f"Manifest.checksums[{i}] is {c!r:.80}; expected {DIGEST_BYTES} bytes")
-        specs = []
+        specs: list[TensorSpec] = []
+        first_index: dict[str, int] = {}
         for i, t in enumerate(raw_tensors):
             if not (isinstance(t, list) and len(t) == 5 and isinstance(t[2], list)):
                 raise ProtocolError(f"Manifest.tensors[{i}] is malformed: {t!r:.200}")
@@ -128,6 +133,9 @@ class Manifest:
                 check_int(m, f"tensors[{i}].offset", offset, 0, total),
                 check_int(m, f"tensors[{i}].num_bytes", num_bytes, 0, total),
             )
+            if first_index.setdefault(spec.name, i) != i:
+                raise ProtocolError(f"Manifest.tensors[{i}].name {spec.name!r} repeats tensors[{first_index[spec.name]}]; "
+                                    "each tensor of a state has its own name")
             if spec.offset + spec.num_bytes > total:
                 raise ProtocolError(f"Manifest.tensors[{i}] ({spec.name}) ends past total_bytes={total}")
             if specs and spec.offset < specs[-1].offset + specs[-1].num_bytes:
