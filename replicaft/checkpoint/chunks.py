@@ -38,6 +38,7 @@ ID_BYTES = 32
 _COMPRESSED = 1
 _ENCRYPTED = 2
 _NONCE_BYTES = 12
+_TAG_BYTES = 16
 MAX_COMPRESSION_LEVEL = 22
 
 
@@ -83,6 +84,10 @@ class ChunkCodec:
         if flags & _ENCRYPTED:
             if self._aead is None:
                 raise CheckpointCorrupt(f"{where}: chunk is encrypted but its checkpoint says it is not")
+            if len(payload) < _NONCE_BYTES + _TAG_BYTES:
+                # AESGCM raises ValueError, not InvalidTag, for a nonce under 8 bytes (issue 19).
+                raise CheckpointCorrupt(f"{where}: encrypted chunk record is {len(stored)} bytes, shorter than "
+                                        f"its flags, nonce and tag ({1 + _NONCE_BYTES + _TAG_BYTES})")
             try:
                 payload = memoryview(self._aead.decrypt(bytes(payload[:_NONCE_BYTES]), bytes(payload[_NONCE_BYTES:]),
                                                         chunk_id + bytes([flags])))
@@ -124,7 +129,7 @@ def open_blob(codec: ChunkCodec, stored: bytes, *, encrypted: bool, max_bytes: i
     flags, payload = stored[ID_BYTES], stored[ID_BYTES + 1 :]
     if flags & _COMPRESSED:
         raise CheckpointCorrupt(f"{where}: an encrypted whole file is never compressed")
-    raw_len = len(payload) - _NONCE_BYTES - 16
+    raw_len = len(payload) - _NONCE_BYTES - _TAG_BYTES
     if raw_len < 0 or raw_len > max_bytes:
         raise CheckpointCorrupt(f"{where}: encrypted payload of {len(payload)} bytes is malformed")
     return codec.decode(chunk_id, stored[ID_BYTES:], raw_len, where)

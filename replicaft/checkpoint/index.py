@@ -99,7 +99,7 @@ def decode_index(raw: bytes, where: str) -> tuple[Metadata, dict[MetadataIndex, 
         raise CheckpointCorrupt(f"{where}: locations {locations!r} are not all checkpoint names")
     state_dict_metadata: dict[str, Any] = {}
     for fqn, entry in tensors.items():
-        ok = (isinstance(entry, list) and len(entry) == 3 and entry[0] in DTYPES and _dims(entry[1])
+        ok = (isinstance(entry, list) and len(entry) == 3 and _dtype(entry[0]) and _dims(entry[1])
               and isinstance(entry[2], list) and all(isinstance(c, list) and len(c) == 2 and _dims(c[0]) and _dims(c[1])
                                                      and len(c[0]) == len(c[1]) == len(entry[1]) for c in entry[2]))
         if not ok:
@@ -111,7 +111,7 @@ def decode_index(raw: bytes, where: str) -> tuple[Metadata, dict[MetadataIndex, 
     pieces = {}
     for i, s in enumerate(stored):
         ok = (isinstance(s, list) and len(s) == 6 and isinstance(s[0], str) and s[0] in tensors
-              and (s[1] is None or _dims(s[1])) and (s[2] is None or _count(s[2])) and s[3] in DTYPES and _dims(s[4])
+              and (s[1] is None or _dims(s[1])) and (s[2] is None or _count(s[2])) and _dtype(s[3]) and _dims(s[4])
               and isinstance(s[5], list))
         if not ok:
             raise CheckpointCorrupt(f"{where}: stored[{i}] is not [fqn, offset, index, dtype, shape, chunks]")
@@ -135,6 +135,11 @@ def _ref(r: Any, locations: list[str], where: str) -> ChunkRef:
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62
+
+
+def _dtype(value: Any) -> bool:
+    """A dtype's name; ``in DTYPES`` alone raises TypeError for a list (issue 19)."""
+    return isinstance(value, str) and value in DTYPES
 
 
 def _dims(value: Any) -> bool:

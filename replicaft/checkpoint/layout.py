@@ -45,7 +45,10 @@ LEGACY_LINEAGE = ""
 """The lineage of a checkpoint written before lineages existed (format version 1)."""
 
 _LINEAGE = re.compile(rf"[0-9a-f]{{{LINEAGE_CHARS}}}")
-_PUBLISHED = re.compile(rf"step-(\d{{{STEP_DIGITS},}})(?:-([0-9a-f]{{{LINEAGE_CHARS}}}))?")
+MAX_STEP_DIGITS = 19
+"""Steps are below 2**63. A name with more digits is not one we wrote, and ``int()`` of one
+over 4300 digits raises ValueError, not the None this parser promises (issue 19)."""
+_PUBLISHED = re.compile(rf"step-([0-9]{{{STEP_DIGITS},{MAX_STEP_DIGITS}}})(?:-([0-9a-f]{{{LINEAGE_CHARS}}}))?")
 _TMP = re.compile(rf"step-\d+(?:-[0-9a-f]{{{LINEAGE_CHARS}}})?\.tmp-[0-9a-zA-Z_-]+")
 
 

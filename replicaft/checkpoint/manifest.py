@@ -21,6 +21,7 @@ field, because these files come off a disk that may hold anything.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,7 @@ import msgpack
 
 from replicaft.checkpoint.layout import LEGACY_LINEAGE, is_lineage, parse_dirname
 from replicaft.errors import CheckpointCorrupt
+from replicaft.skeleton import SkeletonError, check_skeleton
 from replicaft.state import DTYPES
 
 FORMAT = "replicaft-checkpoint"
@@ -109,15 +111,17 @@ class CheckpointManifest:
         """Parse ``manifest.json`` read from ``where`` (named in every error)."""
         try:
             o = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointCorrupt(f"{where} is not valid JSON ({e})") from e
+        except ValueError as e:
+            # JSONDecodeError and UnicodeDecodeError, and the ValueError of an integer longer
+            # than Python converts (4300 digits): all are a file no writer wrote (issue 19).
+            raise CheckpointCorrupt(f"{where} is not valid JSON ({str(e)[:200]})") from e
         except RecursionError:
             # json's C scanner bounds its own recursion: 100 000 nested arrays end here.
             raise CheckpointCorrupt(f"{where} nests deeper than a manifest ever does; it is not a manifest") from None
         if not isinstance(o, dict):
             raise CheckpointCorrupt(f"{where} must hold a JSON object, got {type(o).__name__}")
         version = o.get("version")
-        if o.get("format") != FORMAT or isinstance(version, bool) or version not in READABLE_VERSIONS:
+        if o.get("format") != FORMAT or type(version) is not int or version not in READABLE_VERSIONS:
             raise CheckpointCorrupt(
                 f"{where} has format {o.get('format')!r} version {version!r}; this replicaft reads "
                 f"{FORMAT!r} versions {list(READABLE_VERSIONS)} (a newer replicaft wrote it?)"
@@ -127,6 +131,9 @@ class CheckpointManifest:
             raise CheckpointCorrupt(f"{where}: lineage {lineage!r} is not a lineage id")
         step = _field(o, "step", int, where)
         created = _field(o, "created_unix_s", (int, float), where)
+        if not math.isfinite(created):
+            # Python's json reads NaN, Infinity and 1e999; no clock says any of them.
+            raise CheckpointCorrupt(f"{where}: field 'created_unix_s' = {created!r} is not a finite number")
         metadata = _field(o, "metadata", dict, where)
         files = []
         for i, entry in enumerate(_field(o, "files", list, where)):
@@ -135,7 +142,7 @@ class CheckpointManifest:
             name = _field(entry, "name", str, f"{where}: files[{i}]")
             num_bytes = _field(entry, "num_bytes", int, f"{where}: files[{i}]")
             sha256 = _field(entry, "sha256", str, f"{where}: files[{i}]")
-            if not name or "/" in name or "\\" in name or name in (".", ".."):
+            if not name or "/" in name or "\\" in name or name in (".", "..") or not name.isprintable():
                 raise CheckpointCorrupt(f"{where}: files[{i}].name {name!r} is not a plain file name")
             if num_bytes < 0 or not _SHA256_HEX.fullmatch(sha256):
                 raise CheckpointCorrupt(f"{where}: files[{i}] ({name}) has size {num_bytes} / sha256 {sha256!r}")
@@ -208,6 +215,7 @@ class StateLayout:
                 isinstance(entry, list)
                 and len(entry) in (3, 4)
                 and isinstance(entry[0], str)
+                and isinstance(entry[1], str)
                 and entry[1] in DTYPES
                 and isinstance(entry[2], list)
                 and all(isinstance(d, int) and d >= 0 for d in entry[2])
@@ -219,6 +227,12 @@ class StateLayout:
         own_ranks = o.get("own_ranks", 0)
         if isinstance(own_ranks, bool) or not isinstance(own_ranks, int) or own_ranks < 0:
             raise CheckpointCorrupt(f"{where}: own_ranks = {own_ranks!r} is not a rank count")
+        try:
+            check_skeleton(o["skeleton"], len(tensors))
+        except SkeletonError as e:
+            # Checked here, not left to unflatten: a skeleton that nests 10 000 deep or names
+            # a tensor twice is a damaged file, named as such (issue 19).
+            raise CheckpointCorrupt(f"{where}: {e}") from None
         return cls(o["skeleton"], tuple(tensors), own_ranks)
 
 
