@@ -17,6 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DRAWABLE_KINDS = ("sigkill", "sigstop", "sigterm", "kill_lighthouse")
+MAX_SECONDS = 1e9
+"""No run lasts 30 years; a larger number (or inf, or NaN) is a typo."""
+MAX_EXPECTED_FAULTS = 10_000
+"""``until_s / every_s``, the mean number of faults drawn: the expansion is a loop over them
+and every one becomes a fault table, so a ratio of 1e12 would hang the loader (issue 19)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -30,10 +35,19 @@ class RandomFaults:
     sigstop_duration_s: float = 3.0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "kinds", tuple(self.kinds))
         for name in ("every_s", "until_s", "sigstop_duration_s"):
-            if not isinstance(getattr(self, name), int | float) or not getattr(self, name) > 0:
-                raise ValueError(f"random_faults.{name}={getattr(self, name)!r}; it must be a positive number of seconds")
+            value = getattr(self, name)
+            if type(value) not in (int, float) or not 0 < value <= MAX_SECONDS:
+                raise ValueError(f"random_faults.{name}={value!r:.80}; it must be a positive number of seconds, "
+                                 f"at most {MAX_SECONDS:g}")
+        if self.until_s / self.every_s > MAX_EXPECTED_FAULTS:
+            raise ValueError(f"random_faults: until_s={self.until_s:g} / every_s={self.every_s:g} expects "
+                             f"{self.until_s / self.every_s:.3g} faults; at most {MAX_EXPECTED_FAULTS} (raise every_s)")
+        if type(self.seed) is not int:
+            raise ValueError(f"random_faults.seed={self.seed!r:.80}; it must be a whole number")
+        if not isinstance(self.kinds, list | tuple) or not all(isinstance(k, str) for k in self.kinds):
+            raise ValueError(f"random_faults.kinds={self.kinds!r:.80}; it must be an array of kind names")
+        object.__setattr__(self, "kinds", tuple(self.kinds))
         bad = [k for k in self.kinds if k not in DRAWABLE_KINDS]
         if not self.kinds or bad:
             raise ValueError(f"random_faults.kinds={list(self.kinds)!r}; choose among {list(DRAWABLE_KINDS)}")

@@ -72,12 +72,23 @@ Fault kinds (``kind``), what the harness does, and the outcome it then checks:
 network namespaces, which needs root and ``ip``; where they cannot be created, the run uses
 loopback and those faults are reported in ``faults_skipped`` with the reason, never faked.
 
-Validation happens once, in ``__post_init__``, and every error names the file, the field,
-the value and the fix.
+Validation has two layers, and every error is a :class:`ScenarioError` naming the file, the
+field, the value and the fix. First each field's TOML type and range, derived from the
+dataclasses' annotations (:func:`check_field_types`: whole numbers where counts are meant,
+finite non-negative numbers, nothing huge), so that no rule ever compares a string or a
+NaN; then the rules between fields, in ``__post_init__``. A file that is not UTF-8 or not
+TOML, or whose ``faults`` is not an array of tables, is refused the same way, never with a
+traceback (bug 6).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+import types
+import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -121,6 +132,70 @@ class ScenarioError(ValueError):
     """A scenario file is missing, unreadable or describes an impossible experiment."""
 
 
+MAX_NUMBER = 10**9
+"""The largest number any field takes: no run has a billion steps or waits 30 years, so a
+larger one is a typo, and some would become loops or allocations of that size (issue 19)."""
+MAX_PROCESSES = 256
+"""The most groups, and ranks per group, one harness starts (every one is a process on this
+machine); the group ids are built from ``groups``, so a huge one would exhaust memory."""
+_RANGES: dict[str, tuple[int, int]] = {"groups": (1, MAX_PROCESSES), "ranks_per_group": (1, MAX_PROCESSES)}
+"""Fields with a tighter range than ``0..MAX_NUMBER``; finer rules stay in ``__post_init__``."""
+
+
+def toml_type(value: Any) -> str:
+    """What TOML calls the type of a parsed value, for messages about a scenario file."""
+    names = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", tuple: "array",
+             dict: "table"}
+    return names.get(type(value), type(value).__name__)
+
+
+@functools.cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _type_problem(name: str, value: Any, hint: Any) -> str | None:
+    """What is wrong with ``value`` for a field annotated ``hint``, or None."""
+    if isinstance(hint, types.UnionType):
+        if value is None and type(None) in hint.__args__:
+            return None
+        (hint,) = [h for h in hint.__args__ if h is not type(None)]
+    got = f"got {toml_type(value)} {value!r:.80}"
+    if hint is int or hint is float:
+        lo, hi = _RANGES.get(name, (0, MAX_NUMBER))
+        if hint is int and (type(value) is not int or not lo <= value <= hi):
+            return f"must be a whole number from {lo} to {hi}, {got}"
+        if hint is float and (type(value) not in (int, float) or not math.isfinite(value) or not lo <= value <= hi):
+            return f"must be a finite number from {lo} to {hi:g}, {got}"
+    elif hint is bool and type(value) is not bool:
+        return f"must be a boolean (true or false), {got}"
+    elif hint is str and not isinstance(value, str):
+        return f"must be a string, {got}"
+    elif typing.get_origin(hint) is Literal and value not in get_args(hint):
+        return f"must be one of {list(get_args(hint))}, {got}"
+    elif typing.get_origin(hint) is tuple:
+        (item,) = {h for h in get_args(hint) if h is not Ellipsis}
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, item) for v in value):
+            what = "strings" if item is str else "tables"
+            return f"must be an array of {what}, {got}"
+    return None
+
+
+def check_field_types(cls: type, values: Mapping[str, Any], where: str) -> None:
+    """Raise ScenarioError naming ``where`` and the first field of ``values`` whose type or range
+    does not fit its annotation on ``cls`` (Scenario or FaultSpec): TOML's types, finite
+    numbers, no fractions where whole numbers are meant, no negatives, nothing huge.
+
+    Checked before any rule compares fields, so that a rule never meets a string where it
+    expects a number (a TypeError) or a NaN that every comparison lets through."""
+    hints = _field_types(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            problem = _type_problem(f.name, values[f.name], hints[f.name])
+            if problem is not None:
+                raise ScenarioError(f"{where}{f.name} {problem}")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FaultSpec:
     kind: FaultKind
@@ -143,6 +218,9 @@ class FaultSpec:
     """``slow_link``: bandwidth cap of the target's link, both directions."""
     delay_ms: float | None = None
     """``slow_link``: added one-way delay (needs the kernel's netem qdisc)."""
+
+    def __post_init__(self) -> None:
+        check_field_types(FaultSpec, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "fault: ")
 
     def describe(self) -> str:
         what = self.kind if self.point is None else f"{self.kind}:{self.point}"
@@ -239,14 +317,13 @@ class Scenario:
         return any(f.kind == "fill_disk" for f in self.faults)
 
     def __post_init__(self) -> None:
+        check_field_types(Scenario, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
+                          f"scenario {self.name!r}: ")
         if not self.name:
             raise ScenarioError("scenario name is empty; set name = \"...\"")
         for name in ("groups", "ranks_per_group", "steps", "width", "loss_window"):
             if getattr(self, name) < 1:
                 raise ScenarioError(f"scenario {self.name!r}: {name}={getattr(self, name)}; it must be at least 1")
-        for name in ("step_delay_s", "restart_delay_s", "loss_tolerance", "checkpoint_interval_steps", "resume_slack_steps"):
-            if getattr(self, name) < 0:
-                raise ScenarioError(f"scenario {self.name!r}: {name}={getattr(self, name)}; it must be >= 0")
         for name in ("heartbeat_timeout_s", "progress_timeout_s", "collective_timeout_s", "run_timeout_s", "hang_bound_s"):
             if not getattr(self, name) > 0:
                 raise ScenarioError(f"scenario {self.name!r}: {name}={getattr(self, name)}; it must be positive")
@@ -257,8 +334,6 @@ class Scenario:
             )
         if self.script is not None and not Path(self.script).is_file():
             raise ScenarioError(f"scenario {self.name!r}: script={self.script!r} is not a file")
-        if not all(isinstance(a, str) for a in self.script_args):
-            raise ScenarioError(f"scenario {self.name!r}: script_args={list(self.script_args)!r}; give a list of strings")
         if self.script_args and self.script is None:
             raise ScenarioError(f"scenario {self.name!r}: script_args without script; name the script they are for")
         if self.checkpoint_interval_steps and self.ranks_per_group > 1 and self.script is None:
@@ -286,10 +361,6 @@ class Scenario:
             raise ScenarioError(f"{where}: kind {f.kind!r} is not one of {list(FAULT_KINDS)}")
         if (f.at_s is None) == (f.at_step is None):
             raise ScenarioError(f"{where}: give exactly one of at_s (seconds after the first commit) or at_step")
-        if f.at_step is not None and (isinstance(f.at_step, bool) or not isinstance(f.at_step, int)):
-            raise ScenarioError(f"{where}: at_step={f.at_step!r}; it must be a whole step number")
-        if f.at_s is not None and f.at_s < 0:
-            raise ScenarioError(f"{where}: at_s={f.at_s}; it must be >= 0")
         if f.at_step is not None and not 0 <= f.at_step < self.steps:
             raise ScenarioError(f"{where}: at_step={f.at_step} is outside the run's steps 0..{self.steps - 1}")
         if f.kind in JOB_WIDE_KINDS:
@@ -329,7 +400,7 @@ class Scenario:
         if f.kind == "sigkill_rank":
             if self.ranks_per_group < 2:
                 raise ScenarioError(f"{where}: needs groups of several ranks; set ranks_per_group = 2 (or more)")
-            if not isinstance(f.rank, int) or not 0 <= f.rank < self.ranks_per_group:
+            if f.rank is None or not f.rank < self.ranks_per_group:
                 raise ScenarioError(f"{where}: rank={f.rank!r}; expected a group rank in 0..{self.ranks_per_group - 1}")
         elif f.rank is not None:
             raise ScenarioError(f"{where}: rank applies to sigkill_rank only")
@@ -386,6 +457,9 @@ def _load_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except OSError as e:
         raise ScenarioError(f"cannot read scenario file {path}: {e}") from None
+    except UnicodeDecodeError as e:
+        raise ScenarioError(f"scenario file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+                            f"{e.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"scenario file {path} is not valid TOML: {e}") from None
 
@@ -397,17 +471,25 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir
     to the ``[[faults]]`` given by hand. A relative ``script`` is taken relative to ``base_dir``
     (the TOML file's directory) when given.
     """
+    where = f"scenario {source}: "
+    if not isinstance(data, dict):
+        raise ScenarioError(f"{where}a scenario is a table of fields, got {toml_type(data)}")
     data = dict(data)
-    if isinstance(data.get("script"), str) and base_dir is not None:
-        data["script"] = str((base_dir / data["script"]).resolve())
-    if isinstance(data.get("script_args"), list):
-        data["script_args"] = tuple(data["script_args"])
-    raw_faults = list(data.pop("faults", []))
+    raw_faults = data.pop("faults", [])
+    if not isinstance(raw_faults, list):
+        raise ScenarioError(f"{where}faults must be an array of tables ([[faults]]), got {toml_type(raw_faults)} "
+                            f"{raw_faults!r:.80}")
     raw_random = data.pop("random_faults", None)
     known = (set(Scenario.__dataclass_fields__) - {"faults"}) | {"random_faults"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ScenarioError(f"{source}: unknown keys {unknown}; known keys are {sorted(known)}")
+    check_field_types(Scenario, data, where)
+    if "script" in data and base_dir is not None:
+        data["script"] = str((base_dir / data["script"]).resolve())
+    if "script_args" in data:
+        data["script_args"] = tuple(data["script_args"])
+    raw_faults = list(raw_faults)
     if raw_random is not None:
         try:
             drawn = random_faults_from_dict(raw_random)
@@ -424,10 +506,15 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir
         bad = sorted(set(raw) - fault_keys)
         if bad:
             raise ScenarioError(f"{source}: faults[{i}] has unknown keys {bad}; known keys are {sorted(fault_keys)}")
+        check_field_types(FaultSpec, raw, f"{where}faults[{i}].")
+        if "kind" not in raw:
+            raise ScenarioError(f"{where}faults[{i}] has no kind; set kind to one of {list(FAULT_KINDS)}")
         faults.append(FaultSpec(**raw))
     try:
         return Scenario(**data, faults=tuple(faults))
-    except TypeError as e:
+    except TypeError as e:  # a required field missing (name)
+        raise ScenarioError(f"{source}: {e}") from None
+    except ScenarioError as e:
         raise ScenarioError(f"{source}: {e}") from None
 
 

@@ -3,7 +3,11 @@ arming of self-inflicted faults, and randomly timed faults (chaos/scenario.py, c
 
 from __future__ import annotations
 
+import math
+import re
 import statistics
+import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,7 +66,7 @@ def test_invalid_fault_is_rejected_naming_the_field_and_the_fix(fault: dict[str,
     [
         ({"script": "/nonexistent/train.py"}, "is not a file"),
         ({"script_args": ["--steps", "3"]}, "script_args without script"),
-        ({"script": __file__, "script_args": ["--steps", 3]}, "list of strings"),
+        ({"script": __file__, "script_args": ["--steps", 3]}, "script_args must be an array of strings"),
         ({"loss_window": 0}, "loss_window=0"),
     ],
 )
@@ -158,3 +162,106 @@ def test_invalid_random_faults_are_rejected(table: dict[str, Any], message: str)
     with pytest.raises(ScenarioError) as info:
         scenario_from_dict({"name": "r", "random_faults": table}, source="r.toml")
     assert message in str(info.value)
+
+
+# -- every field's type and range (bug 6, issue 19) -------------------------------------------------
+
+def _numeric_fields(cls: type) -> list[tuple[str, type]]:
+    """``cls``'s fields annotated ``int`` or ``float`` (optional or not), from its annotations."""
+    out = []
+    for name, hint in typing.get_type_hints(cls).items():
+        kinds = set(typing.get_args(hint)) - {type(None)} or {hint}
+        if kinds in ({int}, {float}):
+            out.append((name, kinds.pop()))
+    return out
+
+
+SCENARIO_NUMBERS = _numeric_fields(Scenario)
+FAULT_NUMBERS = _numeric_fields(FaultSpec)
+HOSTILE_NUMBERS: list[tuple[str, Any]] = [
+    ("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), ("negative", -1), ("huge", 10**12),
+    ("huge_float", 1e300), ("string", "3"), ("boolean", True), ("array", [1]), ("table", {"a": 1}),
+]
+
+
+def test_every_numeric_field_is_covered() -> None:
+    assert {"groups", "steps", "heartbeat_timeout_s", "loss_tolerance", "global_batch"} <= dict(SCENARIO_NUMBERS).keys()
+    assert dict(FAULT_NUMBERS).keys() == {"at_s", "at_step", "duration_s", "rank", "rate_mbit", "delay_ms"}
+
+
+def _bad_values(kind: type) -> list[tuple[str, Any]]:
+    return HOSTILE_NUMBERS + ([("fractional", 2.5)] if kind is int else [])
+
+
+@pytest.mark.parametrize(("field", "label", "value"), [
+    (name, label, value) for name, kind in SCENARIO_NUMBERS for label, value in _bad_values(kind)
+])
+def test_scenario_number_out_of_type_or_range_is_refused_naming_file_and_field(field: str, label: str,
+                                                                               value: Any) -> None:
+    with pytest.raises(ScenarioError, match=rf"^scenario x\.toml: {field} must be a (whole|finite) number from "):
+        scenario_from_dict({"name": "x", field: value}, source="x.toml")
+
+
+@pytest.mark.parametrize(("field", "label", "value"), [
+    (name, label, value) for name, kind in FAULT_NUMBERS for label, value in _bad_values(kind)
+])
+def test_fault_number_out_of_type_or_range_is_refused_naming_file_and_field(field: str, label: str,
+                                                                            value: Any) -> None:
+    fault = {"kind": "sigkill", "target": "g1", "at_step": 2, field: value}
+    with pytest.raises(ScenarioError,
+                       match=rf"^scenario x\.toml: faults\[0\]\.{field} must be a (whole|finite) number from "):
+        scenario_from_dict({"name": "x", "faults": [fault]}, source="x.toml")
+
+
+@pytest.mark.parametrize("cls", [Scenario, FaultSpec])
+def test_direct_construction_checks_types_too(cls: type) -> None:
+    fields = {"name": "x", "steps": "50"} if cls is Scenario else {"kind": "sigkill", "at_step": math.nan}
+    with pytest.raises(ScenarioError, match="must be a whole number"):
+        cls(**fields)
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"faults": 5}, r"^scenario x\.toml: faults must be an array of tables \(\[\[faults\]\]\), got integer 5"),
+    ({"faults": {"kind": "sigkill"}}, r"faults must be an array of tables"),
+    ({"faults": [{"target": "g1", "at_step": 2}]}, r"faults\[0\] has no kind"),
+    ({"faults": [{"kind": 3, "target": "g1", "at_step": 2}]}, r"faults\[0\]\.kind must be one of .*, got integer 3"),
+    ({"faults": [{"kind": "sigkill", "target": 1, "at_step": 2}]}, r"faults\[0\]\.target must be a string"),
+    ({"name": 5}, r"name must be a string, got integer 5"),
+    ({"deterministic": "yes"}, r"deterministic must be a boolean \(true or false\), got string 'yes'"),
+    ({"script_args": "--steps 3"}, r"script_args must be an array of strings, got string"),
+    ({"groups": 1000}, r"groups must be a whole number from 1 to 256, got integer 1000"),
+])
+def test_wrong_shape_is_refused_naming_file_and_field(fields: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message) as info:
+        scenario_from_dict({"name": "x", **fields}, source="x.toml")
+    assert "x.toml" in str(info.value)
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"every_s": math.nan, "until_s": 60.0}, "every_s=nan"),
+    ({"every_s": 5.0, "until_s": math.inf}, "until_s=inf"),
+    ({"every_s": 1e-9, "until_s": 1e6}, "expects 1e+15 faults; at most 10000"),
+    ({"every_s": True, "until_s": 60.0}, "every_s=True"),
+    ({"every_s": 5.0, "until_s": 60.0, "kinds": 5}, "kinds=5; it must be an array"),
+    ({"every_s": 5.0, "until_s": 60.0, "kinds": "sigkill"}, "kinds='sigkill'; it must be an array"),
+    ({"every_s": 5.0, "until_s": 60.0, "seed": 1.5}, "seed=1.5"),
+])
+def test_random_faults_out_of_type_or_range_are_refused(table: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError, match="^r.toml: random_faults") as info:
+        scenario_from_dict({"name": "r", "random_faults": table}, source="r.toml")
+    assert message in str(info.value)
+
+
+def test_scenario_file_that_is_not_utf8_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.toml"
+    path.write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
+    with pytest.raises(ScenarioError, match=rf"scenario file {re.escape(str(path))} is not UTF-8 text \(byte 0xe9 at "
+                                            "offset 11\\)"):
+        load_scenario(str(path))
+
+
+def test_scenario_file_with_faults_not_an_array_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "x.toml"
+    path.write_text('name = "x"\nfaults = 5\n')
+    with pytest.raises(ScenarioError, match=rf"^scenario {re.escape(str(path))}: faults must be an array of tables"):
+        load_scenario(str(path))
