@@ -150,6 +150,17 @@ hostile_values = st.one_of(
 nested (500 levels: under msgpack's own limit of ~1000, over any sane recursion)."""
 
 
+def without_bytes(value: Any) -> Any:
+    """``value`` with bytes as latin-1 text, for formats that have no bytes (JSON, TOML)."""
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    if isinstance(value, list):
+        return [without_bytes(v) for v in value]
+    if isinstance(value, dict):
+        return {k: without_bytes(v) for k, v in value.items()}
+    return value
+
+
 @st.composite
 def mutated_map(draw: st.DrawFn, valid: Mapping[str, Any], protected: frozenset[str] = frozenset()) -> dict[str, Any]:
     """``valid`` with one change: a field replaced by a hostile value, removed, or an extra

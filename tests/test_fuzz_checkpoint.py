@@ -10,12 +10,17 @@ return a valid object or raise exactly that, naming the file and the field.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import pickle
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+import torch
 from fuzz_support import (
     FUZZ,
     call_decoder,
@@ -23,14 +28,19 @@ from fuzz_support import (
     hostile_values,
     msgpack_values,
     mutated_map,
+    without_bytes,
 )
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.distributed.checkpoint import metadata as dcp_metadata
+from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 from replicaft.checkpoint.chunks import ChunkCodec, open_blob, seal_blob
+from replicaft.checkpoint.entries import read_small
 from replicaft.checkpoint.index import decode_index
 from replicaft.checkpoint.keys import EncryptionKey
-from replicaft.checkpoint.layout import parse_dirname
+from replicaft.checkpoint.layout import DCP_METADATA_FILE, parse_dirname
+from replicaft.checkpoint.legacy import read_dcp_metadata
 from replicaft.checkpoint.manifest import CheckpointManifest, StateLayout
 from replicaft.errors import CheckpointCorrupt
 
@@ -59,18 +69,6 @@ INDEX = {
 CODEC = ChunkCodec(compression_level=3, key=EncryptionKey.from_bytes(bytes(range(32))))
 
 
-def json_safe(value: Any) -> Any:
-    """``value`` with bytes as text, so that ``json.dumps`` writes it (NaN and inf included:
-    Python's json writes and reads them, so a manifest on disk can hold them)."""
-    if isinstance(value, bytes):
-        return value.decode("latin-1")
-    if isinstance(value, list):
-        return [json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    return value
-
-
 def check_manifest(raw: bytes) -> None:
     manifest = call_decoder(lambda: CheckpointManifest.decode(raw, "ckpt/manifest.json"), CheckpointCorrupt,
                             "CheckpointManifest.decode", len(raw))
@@ -96,7 +94,8 @@ def hostile_manifest_json(draw: st.DrawFn) -> bytes:
         body["codec"] = draw(mutated_map(body["codec"]))
     else:
         body = draw(mutated_map(body, protected=frozenset({"format"})))
-    return json.dumps(json_safe(body)).encode()
+    # Python's json writes and reads NaN and Infinity, so a manifest on disk can hold them.
+    return json.dumps(without_bytes(body)).encode()
 
 
 RAW_JSON_HOSTILE = [
@@ -199,6 +198,44 @@ def test_directory_name_parses_or_is_not_a_checkpoint(name: str) -> None:
         assert 0 <= parsed.step < 2**63 and parsed.step == int(name.split("-")[1])
 
 
+def dcp_records() -> dict[str, Any]:
+    """A version-2 checkpoint's DCP metadata, with its records by name (to damage one)."""
+    chunk = dcp_metadata.ChunkStorageMetadata(torch.Size([0]), torch.Size([4]))
+    tensor = dcp_metadata.TensorStorageMetadata(dcp_metadata.TensorProperties(dtype=torch.float32), torch.Size([4]),
+                                                [chunk])
+    index = dcp_metadata.MetadataIndex("w", torch.Size([0]), 0)
+    info = _StorageInfo("__0_0.distcp", 0, 16)
+    metadata = dcp_metadata.Metadata({"w": tensor}, storage_data={index: info})
+    return {"metadata": metadata, "tensor": tensor, "index": index, "info": info}
+
+
+@st.composite
+def hostile_dcp_metadata(draw: st.DrawFn) -> bytes:
+    """``.metadata`` pickled with one attribute of one record replaced or missing (the
+    records are the allowed classes: a planted file can give them any state)."""
+    records = dcp_records()
+    record = records[draw(st.sampled_from(sorted(records)))]
+    name = draw(st.sampled_from([f.name for f in dataclasses.fields(record)]))
+    if draw(st.booleans()):
+        object.__setattr__(record, name, draw(hostile_values))
+    else:
+        object.__delattr__(record, name)
+    return pickle.dumps(records["metadata"])
+
+
+DCP_DIR = Path(tempfile.mkdtemp(prefix="fuzz-dcp-")) / "step-000000001"
+DCP_DIR.mkdir()
+
+
+@FUZZ
+@given(raw=st.one_of(hostile_dcp_metadata(), damaged_bytes(pickle.dumps(dcp_records()["metadata"])),
+                     st.binary(max_size=100)))
+def test_dcp_metadata_decodes_or_raises_checkpoint_corrupt(raw: bytes) -> None:
+    (DCP_DIR / DCP_METADATA_FILE).write_bytes(raw)
+    call_decoder(lambda: read_dcp_metadata(DCP_DIR, frozenset({"__0_0.distcp"})), CheckpointCorrupt,
+                 "read_dcp_metadata", len(raw))
+
+
 # -- regression tests for what the fuzzing found (issue 19) -------------------------------------
 
 
@@ -255,3 +292,27 @@ def test_directory_name_with_a_step_too_long_for_an_int_is_not_a_checkpoint_issu
 def test_encrypted_chunk_too_short_for_its_nonce_is_corrupt_issue_19(stored: bytes) -> None:
     with pytest.raises(CheckpointCorrupt, match="pack-0.bin@0"):
         CODEC.decode(CHUNK_ID, stored, len(CHUNK), "pack-0.bin@0")
+
+
+@pytest.mark.parametrize(("record", "name", "value", "message"), [
+    ("info", "relative_path", ["__0_0.distcp"], r"is stored in \['__0_0.distcp'\]"),
+    ("info", "relative_path", None, r"a _StorageInfo without relative_path"),
+    ("metadata", "storage_data", None, r"storage_data is a NoneType, not a mapping"),
+    ("metadata", "state_dict_metadata", None, r"a Metadata without state_dict_metadata"),
+    ("info", "offset", -1, r"'w' is stored at offset, length \(-1, 16\)"),
+])
+def test_dcp_metadata_with_a_damaged_record_is_corrupt_issue_19(tmp_path: Path, record: str, name: str, value: Any,
+                                                                 message: str) -> None:
+    records = dcp_records()
+    if value is None:
+        object.__delattr__(records[record], name)
+    else:
+        object.__setattr__(records[record], name, value)
+    (tmp_path / DCP_METADATA_FILE).write_bytes(pickle.dumps(records["metadata"]))
+    with pytest.raises(CheckpointCorrupt, match=message):
+        read_dcp_metadata(tmp_path, frozenset({"__0_0.distcp"}))
+
+
+def test_reading_a_small_file_allocates_its_size_not_the_limit_issue_19(tmp_path: Path) -> None:
+    (tmp_path / "manifest.json").write_bytes(b"{}")
+    assert call_decoder(lambda: read_small(tmp_path / "manifest.json", "m"), (), "read_small") == b"{}"

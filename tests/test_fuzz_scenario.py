@@ -13,7 +13,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fuzz_support import FUZZ, call_decoder, damaged_bytes, hostile_values, mutated_map
+from fuzz_support import (
+    FUZZ,
+    call_decoder,
+    damaged_bytes,
+    hostile_values,
+    mutated_map,
+    without_bytes,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -28,17 +35,6 @@ VALID: dict[str, Any] = {
 }
 
 
-def toml_safe(value: Any) -> Any:
-    """``value`` as a TOML parser could return it (no bytes)."""
-    if isinstance(value, bytes):
-        return value.decode("latin-1")
-    if isinstance(value, list):
-        return [toml_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {k: toml_safe(v) for k, v in value.items()}
-    return value
-
-
 @st.composite
 def hostile_scenario(draw: st.DrawFn) -> dict[str, Any]:
     """VALID with one change: at the top, in one fault, or in the random-fault table."""
@@ -51,7 +47,7 @@ def hostile_scenario(draw: st.DrawFn) -> dict[str, Any]:
         body["random_faults"] = draw(mutated_map(body["random_faults"]))
     else:
         body = draw(mutated_map(body, protected=frozenset({"name"})))
-    return toml_safe(body)
+    return without_bytes(body)
 
 
 def test_valid_example_loads() -> None:
@@ -63,7 +59,7 @@ def test_valid_example_loads() -> None:
 def test_scenario_table_builds_or_raises_scenario_error_naming_the_source(data: dict[str, Any]) -> None:
     def build() -> Scenario:
         try:
-            return scenario_from_dict(toml_safe(data), source="fuzz.toml")
+            return scenario_from_dict(without_bytes(data), source="fuzz.toml")
         except ScenarioError as e:
             assert "fuzz.toml" in str(e), f"{e} does not name the file"
             raise

@@ -129,9 +129,12 @@ def read_small(path: Path, where: str, max_bytes: int = MAX_SMALL_FILE_BYTES) ->
         if size > max_bytes:
             raise CheckpointCorrupt(f"{where} is {size} bytes, more than the {max_bytes} such a file can hold")
         try:
-            data = f.read(max_bytes + 1)
+            # size + 1, not max_bytes + 1: read(n) allocates n bytes up front, and 256 MiB for
+            # every manifest read fails where memory is capped (issue 19).
+            data = f.read(size + 1)
         except OSError as e:
             raise CheckpointCorrupt(f"{where} cannot be read ({e})") from e
-    if len(data) > max_bytes:
-        raise CheckpointCorrupt(f"{where} grew past {max_bytes} bytes while being read")
+    if len(data) > size:
+        raise CheckpointCorrupt(f"{where} grew past {size} bytes while being read; a published checkpoint's "
+                                "files never change (is another process writing it?)")
     return data

@@ -86,23 +86,41 @@ def read_dcp_metadata(path: Path, listed_files: Collection[str]) -> dcp_metadata
         raise
     except Exception as e:  # a damaged pickle fails in many ways; none is a program error
         raise CheckpointCorrupt(f"{where} cannot be decoded ({type(e).__name__}: {e})") from e
-    if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(metadata.state_dict_metadata, dict):
+    if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(
+            _attribute(metadata, "state_dict_metadata", where), dict):
         raise CheckpointCorrupt(f"{where} does not hold DCP metadata (found {type(metadata).__name__})")
     for key, entry in metadata.state_dict_metadata.items():
         if not isinstance(key, str) or not isinstance(entry, dcp_metadata.TensorStorageMetadata):
             raise CheckpointCorrupt(f"{where}: entry {key!r} is a {type(entry).__name__}; replicaft saves tensors only")
-    storage = metadata.storage_data
+    storage = _attribute(metadata, "storage_data", where)
     if not isinstance(storage, dict):
         raise CheckpointCorrupt(f"{where}: storage_data is a {type(storage).__name__}, not a mapping")
     for index, info in storage.items():
         if not isinstance(index, dcp_metadata.MetadataIndex) or not isinstance(info, _StorageInfo):
             raise CheckpointCorrupt(f"{where}: storage entry {index!r} is malformed")
-        if info.relative_path not in listed_files or info.transform_descriptors:
+        fqn = _attribute(index, "fqn", where)
+        relative_path = _attribute(info, "relative_path", where)
+        transforms = _attribute(info, "transform_descriptors", where)
+        # A str first: ``in`` a frozenset raises TypeError for an unhashable path (issue 19).
+        if not isinstance(relative_path, str) or relative_path not in listed_files or transforms:
             raise CheckpointCorrupt(
-                f"{where}: {index.fqn} is stored in {info.relative_path!r} with transforms "
-                f"{info.transform_descriptors!r}; data must be in a file the manifest lists, untransformed"
+                f"{where}: {fqn!r:.200} is stored in {relative_path!r:.200} with transforms "
+                f"{transforms!r:.200}; data must be in a file the manifest lists, untransformed"
             )
+        place = (_attribute(info, "offset", where), _attribute(info, "length", where))
+        if not all(type(n) is int and 0 <= n < 1 << 62 for n in place):
+            raise CheckpointCorrupt(f"{where}: {fqn!r:.200} is stored at offset, length {place!r:.200}; expected "
+                                    "two byte counts")
     return metadata
+
+
+def _attribute(record: object, name: str, where: str) -> Any:
+    """``record.name``: an unpickled record has whatever attributes its file gave it, so a
+    missing one is a damaged file, not an AttributeError (issue 19)."""
+    try:
+        return getattr(record, name)
+    except AttributeError:
+        raise CheckpointCorrupt(f"{where}: a {type(record).__name__} without {name}") from None
 
 
 class SafeFileSystemReader(dcp.FileSystemReader):
