@@ -316,3 +316,12 @@ def test_dcp_metadata_with_a_damaged_record_is_corrupt_issue_19(tmp_path: Path, 
 def test_reading_a_small_file_allocates_its_size_not_the_limit_issue_19(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_bytes(b"{}")
     assert call_decoder(lambda: read_small(tmp_path / "manifest.json", "m"), (), "read_small") == b"{}"
+
+
+def test_dcp_metadata_declaring_a_huge_string_is_corrupt_without_allocating_it_issue_19(tmp_path: Path) -> None:
+    raw = pickle.dumps(dcp_records()["metadata"], protocol=4)
+    at = raw.index(b"\x8c\x0c__0_0.distcp")  # SHORT_BINUNICODE of the data file's name
+    damaged = raw[:at] + b"B" + raw[at + 1:]  # BINBYTES: its length is the next 4 bytes, ~2 GiB
+    (tmp_path / DCP_METADATA_FILE).write_bytes(damaged)
+    call_decoder(lambda: read_dcp_metadata(tmp_path, frozenset({"__0_0.distcp"})), CheckpointCorrupt,
+                 "read_dcp_metadata", len(damaged))

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import pickletools
 from collections.abc import Collection
 from pathlib import Path, PosixPath
 from typing import Any
@@ -81,6 +82,11 @@ def read_dcp_metadata(path: Path, listed_files: Collection[str]) -> dcp_metadata
     where = f"{path.name}/{DCP_METADATA_FILE}"
     raw = read_small(path / DCP_METADATA_FILE, where)
     try:
+        # The unpickler allocates a counted bytes or string opcode's declared length before
+        # reading it, so a 600-byte file declaring 2 GiB took 2 GiB. pickletools reads only
+        # what is there: a length past the end fails here first (ValueError; issue 19).
+        for _ in pickletools.genops(raw):
+            pass
         metadata = _MetadataUnpickler(raw, where).load()
     except CheckpointCorrupt:
         raise
