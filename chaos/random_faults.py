@@ -16,6 +16,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from lighthouse.errors import shown
+
 DRAWABLE_KINDS = ("sigkill", "sigstop", "sigterm", "kill_lighthouse")
 MAX_SECONDS = 1e9
 """No run lasts 30 years; a larger number (or inf, or NaN) is a typo."""
@@ -38,19 +40,19 @@ class RandomFaults:
         for name in ("every_s", "until_s", "sigstop_duration_s"):
             value = getattr(self, name)
             if type(value) not in (int, float) or not 0 < value <= MAX_SECONDS:
-                raise ValueError(f"random_faults.{name}={value!r:.80}; it must be a positive number of seconds, "
+                raise ValueError(f"random_faults.{name}={shown(value)}; it must be a positive number of seconds, "
                                  f"at most {MAX_SECONDS:g}")
         if self.until_s / self.every_s > MAX_EXPECTED_FAULTS:
             raise ValueError(f"random_faults: until_s={self.until_s:g} / every_s={self.every_s:g} expects "
                              f"{self.until_s / self.every_s:.3g} faults; at most {MAX_EXPECTED_FAULTS} (raise every_s)")
         if type(self.seed) is not int:
-            raise ValueError(f"random_faults.seed={self.seed!r:.80}; it must be a whole number")
+            raise ValueError(f"random_faults.seed={shown(self.seed)}; it must be a whole number")
         if not isinstance(self.kinds, list | tuple) or not all(isinstance(k, str) for k in self.kinds):
-            raise ValueError(f"random_faults.kinds={self.kinds!r:.80}; it must be an array of kind names")
+            raise ValueError(f"random_faults.kinds={shown(self.kinds)}; it must be an array of kind names")
         object.__setattr__(self, "kinds", tuple(self.kinds))
         bad = [k for k in self.kinds if k not in DRAWABLE_KINDS]
         if not self.kinds or bad:
-            raise ValueError(f"random_faults.kinds={list(self.kinds)!r}; choose among {list(DRAWABLE_KINDS)}")
+            raise ValueError(f"random_faults.kinds={shown(list(self.kinds))}; choose among {list(DRAWABLE_KINDS)}")
 
     def expand(self, group_ids: tuple[str, ...]) -> list[dict[str, Any]]:
         """The fault tables, in time order (``at_s`` rounded to 0.1 s)."""
@@ -73,11 +75,11 @@ class RandomFaults:
 def random_faults_from_dict(raw: Any) -> RandomFaults:
     """Build from a parsed ``[random_faults]`` table; raises ValueError naming the bad key."""
     if not isinstance(raw, dict):
-        raise ValueError(f"random_faults is {raw!r}; write it as a [random_faults] table")
+        raise ValueError(f"random_faults is {shown(raw)}; write it as a [random_faults] table")
     known = set(RandomFaults.__dataclass_fields__)
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ValueError(f"random_faults has unknown keys {unknown}; known keys are {sorted(known)}")
+        raise ValueError(f"random_faults has unknown keys {shown(unknown)}; known keys are {sorted(known)}")
     try:
         return RandomFaults(**raw)
     except TypeError as e:

@@ -94,6 +94,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args
 
 from chaos.random_faults import random_faults_from_dict
+from lighthouse.errors import shown
 
 FaultKind = Literal[
     "sigkill", "sigkill_rank", "sigstop", "sigterm", "kill_donor_mid_heal", "kill_lighthouse", "kill_all_groups",
@@ -160,7 +161,7 @@ def _type_problem(name: str, value: Any, hint: Any) -> str | None:
         if value is None and type(None) in hint.__args__:
             return None
         (hint,) = [h for h in hint.__args__ if h is not type(None)]
-    got = f"got {toml_type(value)} {value!r:.80}"
+    got = f"got {toml_type(value)} {shown(value)}"
     if hint is int or hint is float:
         lo, hi = _RANGES.get(name, (0, MAX_NUMBER))
         if hint is int and (type(value) is not int or not lo <= value <= hi):
@@ -462,6 +463,10 @@ def _load_toml(path: Path) -> dict[str, Any]:
                             f"{e.start}); TOML files are UTF-8") from None
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"scenario file {path} is not valid TOML: {e}") from None
+    except RecursionError:
+        # tomllib recurses per level of nested arrays and tables; a few hundred levels end here.
+        raise ScenarioError(f"scenario file {path} nests arrays or tables deeper than Python can parse; "
+                            "a scenario needs two levels") from None
 
 
 def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir: Path | None = None) -> Scenario:
@@ -478,12 +483,12 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir
     raw_faults = data.pop("faults", [])
     if not isinstance(raw_faults, list):
         raise ScenarioError(f"{where}faults must be an array of tables ([[faults]]), got {toml_type(raw_faults)} "
-                            f"{raw_faults!r:.80}")
+                            f"{shown(raw_faults)}")
     raw_random = data.pop("random_faults", None)
     known = (set(Scenario.__dataclass_fields__) - {"faults"}) | {"random_faults"}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ScenarioError(f"{source}: unknown keys {unknown}; known keys are {sorted(known)}")
+        raise ScenarioError(f"{source}: unknown keys {shown(unknown)}; known keys are {sorted(known)}")
     check_field_types(Scenario, data, where)
     if "script" in data and base_dir is not None:
         data["script"] = str((base_dir / data["script"]).resolve())
@@ -502,10 +507,11 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir
     faults = []
     for i, raw in enumerate(raw_faults):
         if not isinstance(raw, dict):
-            raise ScenarioError(f"{source}: faults[{i}] is {raw!r}; write each fault as a [[faults]] table")
+            raise ScenarioError(f"{source}: faults[{i}] is {shown(raw)}; write each fault as a [[faults]] table")
         bad = sorted(set(raw) - fault_keys)
         if bad:
-            raise ScenarioError(f"{source}: faults[{i}] has unknown keys {bad}; known keys are {sorted(fault_keys)}")
+            raise ScenarioError(f"{source}: faults[{i}] has unknown keys {shown(bad)}; known keys are "
+                                f"{sorted(fault_keys)}")
         check_field_types(FaultSpec, raw, f"{where}faults[{i}].")
         if "kind" not in raw:
             raise ScenarioError(f"{where}faults[{i}] has no kind; set kind to one of {list(FAULT_KINDS)}")

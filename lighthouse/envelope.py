@@ -26,7 +26,7 @@ from typing import Any
 
 import msgpack
 
-from lighthouse.errors import ProtocolError, VersionMismatch
+from lighthouse.errors import ProtocolError, VersionMismatch, shown
 from lighthouse.replica_id import MAX_REPLICA_ID_CHARS
 
 PROTOCOL_VERSION = 3
@@ -79,7 +79,7 @@ def unpack(raw: bytes, msg: str) -> dict[str, Any]:
     version = obj.get("v")
     if version != PROTOCOL_VERSION:
         raise VersionMismatch(
-            f"{msg} speaks protocol version {version!r}; this side speaks version "
+            f"{msg} speaks protocol version {shown(version)}; this side speaks version "
             f"{PROTOCOL_VERSION}. Run the same replicaft release on the lighthouse and the "
             "managers."
         )
@@ -109,7 +109,7 @@ def encode(message: Any) -> bytes:
 
 def check_str(msg: str, name: str, value: Any, max_chars: int, allow_empty: bool = False) -> str:
     if not isinstance(value, str):
-        raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {value!r}; expected a string")
+        raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {shown(value)}; expected a string")
     if not value and not allow_empty:
         raise ProtocolError(f"{msg}.{name} is empty; expected a non-empty string")
     if len(value) > max_chars:
@@ -129,7 +129,7 @@ def check_choice(msg: str, name: str, value: Any, choices: frozenset[str]) -> st
 
 def check_int(msg: str, name: str, value: Any, lo: int, hi: int = 2**62) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {value!r}; expected an integer")
+        raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {shown(value)}; expected an integer")
     if not lo <= value <= hi:
         raise ProtocolError(f"{msg}.{name} is {value}; expected {lo} <= {name} <= {hi}")
     return value
@@ -137,7 +137,7 @@ def check_int(msg: str, name: str, value: Any, lo: int, hi: int = 2**62) -> int:
 
 def check_float(msg: str, name: str, value: Any, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {value!r}; expected a number")
+        raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {shown(value)}; expected a number")
     if not math.isfinite(value) or not lo <= value <= hi:
         raise ProtocolError(f"{msg}.{name} is {value}; expected {lo} <= {name} <= {hi}")
     return float(value)
@@ -145,7 +145,7 @@ def check_float(msg: str, name: str, value: Any, lo: float, hi: float) -> float:
 
 def check_bool(msg: str, name: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {value!r}; expected a boolean")
+        raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {shown(value)}; expected a boolean")
     return value
 
 
@@ -190,7 +190,7 @@ def check_map(msg: str, name: str, value: Any) -> dict[str, Any]:
         raise ProtocolError(f"{msg}.{name} is {type(value).__name__}; expected a map")
     for key in value:
         if not isinstance(key, str):
-            raise ProtocolError(f"{msg}.{name} has a key {key!r}; keys must be strings")
+            raise ProtocolError(f"{msg}.{name} has a key {shown(key)}; keys must be strings")
     return value
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import reprlib
+from typing import Any
+
 
 class LighthouseError(Exception):
     """Base of every error raised by the lighthouse package."""
@@ -49,3 +52,20 @@ class NotLeader(LighthouseError):
 
 class TlsRefused(LighthouseError, ConnectionError):
     """A TLS handshake failed: the peer's certificate is not the job CA's, or one side runs plaintext."""
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel = 3
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 5
+
+
+def shown(value: Any) -> str:
+    """``value`` as an error message shows it: at most a few hundred characters, and never an
+    error of its own. Values in messages come off a wire or a disk: ``repr`` of a megabyte
+    string made a megabyte log line and gRPC status (whose metadata is capped at 8 KiB), and
+    of a list nested 1000 deep (msgpack allows 1024) raised RecursionError (issue 19)."""
+    try:
+        return _SHOWN.repr(value)
+    except ValueError:  # an int over 4300 digits, which repr refuses
+        return f"<{type(value).__name__} too long to show>"

@@ -39,7 +39,7 @@ from lighthouse.envelope import (
     unpack,
     unpack_data,
 )
-from lighthouse.errors import ProtocolError
+from lighthouse.errors import ProtocolError, shown
 from lighthouse.replica_id import check_replica_id, check_replica_id_column
 
 SERVICE = "replicaft.Lighthouse"
@@ -309,7 +309,7 @@ def decode_tagged(raw: bytes, msg: str, classes: tuple[Any, ...]) -> Any:
     for cls in classes:
         if tag == cls.TAG:
             return cls.from_map(o)
-    raise ProtocolError(f"{msg}.t is {tag!r}; expected one of {[cls.TAG for cls in classes]}")
+    raise ProtocolError(f"{msg}.t is {shown(tag)}; expected one of {[cls.TAG for cls in classes]}")
 
 
 @dataclass(frozen=True, slots=True)

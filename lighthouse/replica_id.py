@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from lighthouse.errors import ProtocolError
+from lighthouse.errors import ProtocolError, shown
 
 MAX_REPLICA_ID_CHARS = 128
 
@@ -36,7 +36,7 @@ RULE = (
 def replica_id_problem(value: Any) -> str | None:
     """Why ``value`` is not a valid replica id, or None when it is."""
     if not isinstance(value, str):
-        return f"is {type(value).__name__} {value!r}; expected a string"
+        return f"is {type(value).__name__} {shown(value)}; expected a string"
     if not value:
         return "is empty"
     if len(value) > MAX_REPLICA_ID_CHARS:

@@ -28,7 +28,7 @@ from lighthouse.envelope import (
     check_str,
     require,
 )
-from lighthouse.errors import ProtocolError
+from lighthouse.errors import ProtocolError, shown
 from lighthouse.protocol import Notice, Quorum, decode_tagged
 
 
@@ -132,7 +132,7 @@ class QuorumUpdate:
         steps: list[int] = []
         for i, run in enumerate(runs):
             if not isinstance(run, list) or len(run) != 2:
-                raise ProtocolError(f"QuorumUpdate.steps[{i}] is {run!r}; expected [step, count]")
+                raise ProtocolError(f"QuorumUpdate.steps[{i}] is {shown(run)}; expected [step, count]")
             step = check_int("QuorumUpdate", f"steps[{i}][0]", run[0], 0)
             count = check_int("QuorumUpdate", f"steps[{i}][1]", run[1], 1, len(last.replica_ids) - len(steps))
             steps += [step] * count

@@ -49,6 +49,12 @@ CALL_TIMEOUT_S = 5.0
 """One decode of at most a few MiB takes milliseconds; five seconds is a hang."""
 MAX_ALLOCATED_BYTES = 64 * 1024 * 1024
 """Above the input's own size: no decoder needs more than a few copies of its input."""
+MAX_MESSAGE_CHARS = 2000
+"""An error message is logged and sent back in a gRPC status (8 KiB of metadata at most): it
+shows a value, not the megabyte string it was given."""
+DEEP = 1010
+"""msgpack decodes up to 1024 levels; Python's ``repr`` and recursion stop at 1000, so a
+decoder that recurses on or prints a value this deep fails."""
 
 
 class DecoderHung(AssertionError):
@@ -98,7 +104,8 @@ def call_decoder(decode: Callable[[], Any], promised: type[BaseException] | tupl
         with _alarm(CALL_TIMEOUT_S, what):
             try:
                 result = decode()
-            except promised:
+            except promised as e:
+                assert len(str(e)) <= MAX_MESSAGE_CHARS, f"{what}'s error is {len(str(e))} characters: {str(e)[:300]}"
                 result = None
             except DecoderHung:
                 raise
@@ -160,10 +167,11 @@ decoder unpacks with ``strict_map_key``)."""
 
 hostile_values = st.one_of(
     msgpack_values,
-    st.sampled_from([nested(500), nested_map(500), [], {}, [[]], {"": None}]),
+    st.sampled_from([nested(DEEP), nested_map(DEEP), [], {}, [[]], {"": None}]),
 )
-"""A value to put where a field belongs: wrong type, out of range, non-finite, deeply
-nested (500 levels: under msgpack's own limit of ~1000, over any sane recursion)."""
+"""A value to put where a field belongs: wrong type, out of range, non-finite, deeply nested."""
+shallow_hostile_values = st.one_of(msgpack_values, st.sampled_from([nested(500), nested_map(500), [], {}]))
+"""The same for JSON and TOML files, whose writers in these tests stop at 1000 levels."""
 
 
 def without_bytes(value: Any) -> Any:
@@ -178,14 +186,15 @@ def without_bytes(value: Any) -> Any:
 
 
 @st.composite
-def mutated_map(draw: st.DrawFn, valid: Mapping[str, Any], protected: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """``valid`` with one change: a field replaced by a hostile value, removed, or an extra
+def mutated_map(draw: st.DrawFn, valid: Mapping[str, Any], protected: frozenset[str] = frozenset(),
+                values: st.SearchStrategy[Any] = hostile_values) -> dict[str, Any]:
+    """``valid`` with one change: a field replaced by one of ``values``, removed, or an extra
     field added; ``protected`` fields (the envelope's version) are left alone."""
     out = dict(valid)
     names = sorted(set(out) - protected)
     action = draw(st.sampled_from(["replace", "replace", "replace", "drop", "add"]))
     if action == "add" or not names:
-        out[draw(hostile_text)] = draw(hostile_values)
+        out[draw(hostile_text)] = draw(values)
         return out
     name = draw(st.sampled_from(names))
     if action == "drop":
@@ -193,10 +202,10 @@ def mutated_map(draw: st.DrawFn, valid: Mapping[str, Any], protected: frozenset[
     elif isinstance(out[name], list) and out[name] and draw(st.booleans()):
         # Inside a column or a nested record: one element replaced.
         column = list(out[name])
-        column[draw(st.integers(0, len(column) - 1))] = draw(hostile_values)
+        column[draw(st.integers(0, len(column) - 1))] = draw(values)
         out[name] = column
     else:
-        out[name] = draw(hostile_values)
+        out[name] = draw(values)
     return out
 
 

@@ -28,6 +28,7 @@ from fuzz_support import (
     hostile_values,
     msgpack_values,
     mutated_map,
+    shallow_hostile_values,
     without_bytes,
 )
 from hypothesis import given
@@ -89,11 +90,11 @@ def hostile_manifest_json(draw: st.DrawFn) -> bytes:
     body = json.loads(json.dumps(MANIFEST))
     where = draw(st.sampled_from(["top", "files", "codec"]))
     if where == "files":
-        body["files"][0] = draw(mutated_map(body["files"][0]))
+        body["files"][0] = draw(mutated_map(body["files"][0], values=shallow_hostile_values))
     elif where == "codec":
-        body["codec"] = draw(mutated_map(body["codec"]))
+        body["codec"] = draw(mutated_map(body["codec"], values=shallow_hostile_values))
     else:
-        body = draw(mutated_map(body, protected=frozenset({"format"})))
+        body = draw(mutated_map(body, protected=frozenset({"format"}), values=shallow_hostile_values))
     # Python's json writes and reads NaN and Infinity, so a manifest on disk can hold them.
     return json.dumps(without_bytes(body)).encode()
 
@@ -217,7 +218,7 @@ def hostile_dcp_metadata(draw: st.DrawFn) -> bytes:
     record = records[draw(st.sampled_from(sorted(records)))]
     name = draw(st.sampled_from([f.name for f in dataclasses.fields(record)]))
     if draw(st.booleans()):
-        object.__setattr__(record, name, draw(hostile_values))
+        object.__setattr__(record, name, draw(shallow_hostile_values))
     else:
         object.__delattr__(record, name)
     return pickle.dumps(records["metadata"])

@@ -18,7 +18,15 @@ from typing import Any
 
 import msgpack
 import pytest
-from fuzz_support import FUZZ, call_decoder, damaged_bytes, msgpack_values, mutated_map
+from fuzz_support import (
+    DEEP,
+    FUZZ,
+    call_decoder,
+    damaged_bytes,
+    msgpack_values,
+    mutated_map,
+    nested,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -139,3 +147,21 @@ def test_session_streams_dispatch_any_tag_or_raise_protocol_error(data: st.DataO
     raw = msgpack.packb(body, use_bin_type=True)
     call_decoder(lambda: decode_session_request(raw), ProtocolError, "decode_session_request", len(raw))
     call_decoder(lambda: decode_session_reply(raw), ProtocolError, "decode_session_reply", len(raw))
+
+
+# -- regression tests for what the fuzzing found (issue 19) -------------------------------------
+
+
+def test_field_nested_past_repr_depth_is_a_protocol_error_not_recursion_error_issue_19() -> None:
+    raw = msgpack.packb({"v": PROTOCOL_VERSION, "step": nested(DEEP), "progress": 0})
+    with pytest.raises(ProtocolError, match=r"Heartbeat.step is list \[\[\[\[\.\.\.\]\]\]\]; expected an integer"):
+        lighthouse.protocol.Heartbeat.decode(raw)
+
+
+@pytest.mark.parametrize("field", ["step", "replica_id", "timeout_s", "shrink_only", "t"])
+def test_error_shows_a_megabyte_value_in_a_short_message_issue_19(field: str) -> None:
+    """The message is logged and sent back as the gRPC status, whose metadata is capped at 8 KiB."""
+    body = {**body_of(EXAMPLES[lighthouse.protocol.QuorumRequest]), field: "x" * 1_000_000}
+    with pytest.raises(ProtocolError) as info:
+        decode_session_request(msgpack.packb(body))
+    assert f".{field} is " in str(info.value) and len(str(info.value)) < 400

@@ -13,12 +13,13 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fuzz_support import (
     FUZZ,
     call_decoder,
     damaged_bytes,
-    hostile_values,
     mutated_map,
+    shallow_hostile_values,
     without_bytes,
 )
 from hypothesis import given
@@ -42,11 +43,11 @@ def hostile_scenario(draw: st.DrawFn) -> dict[str, Any]:
     where = draw(st.sampled_from(["top", "fault", "random"]))
     if where == "fault":
         i = draw(st.integers(0, len(body["faults"]) - 1))
-        body["faults"][i] = draw(mutated_map(body["faults"][i]))
+        body["faults"][i] = draw(mutated_map(body["faults"][i], values=shallow_hostile_values))
     elif where == "random":
-        body["random_faults"] = draw(mutated_map(body["random_faults"]))
+        body["random_faults"] = draw(mutated_map(body["random_faults"], values=shallow_hostile_values))
     else:
-        body = draw(mutated_map(body, protected=frozenset({"name"})))
+        body = draw(mutated_map(body, protected=frozenset({"name"}), values=shallow_hostile_values))
     return without_bytes(body)
 
 
@@ -55,7 +56,7 @@ def test_valid_example_loads() -> None:
 
 
 @FUZZ
-@given(data=st.one_of(hostile_scenario(), st.dictionaries(st.text(max_size=20), hostile_values, max_size=4)))
+@given(data=st.one_of(hostile_scenario(), st.dictionaries(st.text(max_size=20), shallow_hostile_values, max_size=4)))
 def test_scenario_table_builds_or_raises_scenario_error_naming_the_source(data: dict[str, Any]) -> None:
     def build() -> Scenario:
         try:
@@ -82,3 +83,16 @@ def test_scenario_file_loads_or_raises_scenario_error_naming_the_file(raw: bytes
                 raise
 
         call_decoder(load, ScenarioError, "load_scenario", len(raw))
+
+
+def test_scenario_file_nested_too_deep_for_the_parser_is_a_scenario_error_issue_19(tmp_path: Path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text('name = "x"\ndescription = ' + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ScenarioError, match=r"deep.toml nests arrays or tables deeper than Python can parse"):
+        load_scenario(str(path))
+
+
+def test_unknown_keys_are_shown_briefly_issue_19() -> None:
+    with pytest.raises(ScenarioError) as info:
+        scenario_from_dict({"name": "x", "k" * 100_000: 1}, source="x.toml")
+    assert str(info.value).startswith("x.toml: unknown keys ['kkkkk") and len(str(info.value)) < 2000

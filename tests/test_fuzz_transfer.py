@@ -151,3 +151,17 @@ def frames(draw: st.DrawFn) -> bytes:
 def test_frame_decodes_to_a_map_or_raises_protocol_or_connection_error(wire: bytes) -> None:
     frame = read_frame_from(wire)
     assert frame is None or isinstance(frame, dict)
+
+
+def test_skeleton_check_does_not_copy_a_long_key_into_every_path_issue_19() -> None:
+    """A 1 MB key above 200 values made 200 path strings of 1 MB each (200 MB)."""
+    skeleton = {"k" * 1_000_000: [0] * 200}
+    call_decoder(lambda: check_skeleton(skeleton, 0), (), "check_skeleton")
+
+
+def test_skeleton_error_names_the_place_briefly_issue_19() -> None:
+    skeleton = {"model": [{"k" * 1000: {"__dict__": [[None, {"__tensor__": 7}]]}}]}
+    with pytest.raises(SkeletonError) as info:
+        check_skeleton(skeleton, 0)
+    assert str(info.value).startswith(f"state skeleton at state.model[0].{'k' * 40}...[None]: tensor reference")
+    assert len(str(info.value)) < 300

@@ -32,6 +32,7 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from lighthouse.errors import shown
 from replicaft.checkpoint.chunks import CHUNK_BYTES, ID_BYTES
 from replicaft.checkpoint.layout import parse_dirname
 from replicaft.errors import CheckpointCorrupt
@@ -96,14 +97,14 @@ def decode_index(raw: bytes, where: str) -> tuple[Metadata, dict[MetadataIndex, 
     if not isinstance(tensors, dict) or not isinstance(locations, list) or not isinstance(stored, list):
         raise CheckpointCorrupt(f"{where} lacks tensors, locations or stored")
     if not all(isinstance(loc, str) and parse_dirname(loc) is not None for loc in locations):
-        raise CheckpointCorrupt(f"{where}: locations {locations!r} are not all checkpoint names")
+        raise CheckpointCorrupt(f"{where}: locations {shown(locations)} are not all checkpoint names")
     state_dict_metadata: dict[str, Any] = {}
     for fqn, entry in tensors.items():
         ok = (isinstance(entry, list) and len(entry) == 3 and _dtype(entry[0]) and _dims(entry[1])
               and isinstance(entry[2], list) and all(isinstance(c, list) and len(c) == 2 and _dims(c[0]) and _dims(c[1])
                                                      and len(c[0]) == len(c[1]) == len(entry[1]) for c in entry[2]))
         if not ok:
-            raise CheckpointCorrupt(f"{where}: tensor {fqn!r} = {entry!r} is not [dtype, size, pieces]")
+            raise CheckpointCorrupt(f"{where}: tensor {shown(fqn)} = {shown(entry)} is not [dtype, size, pieces]")
         state_dict_metadata[fqn] = TensorStorageMetadata(
             TensorProperties(dtype=DTYPES[entry[0]]), torch.Size(entry[1]),
             [ChunkStorageMetadata(torch.Size(c[0]), torch.Size(c[1])) for c in entry[2]],
@@ -129,7 +130,7 @@ def _ref(r: Any, locations: list[str], where: str) -> ChunkRef:
           and r[1] < MAX_RANKS and _count(r[2]) and _count(r[3]) and _count(r[4]) and 0 < r[4] <= CHUNK_BYTES
           and isinstance(r[5], bytes) and len(r[5]) == ID_BYTES)
     if not ok:
-        raise CheckpointCorrupt(f"{where}: chunk reference {r!r} is malformed")
+        raise CheckpointCorrupt(f"{where}: chunk reference {shown(r)} is malformed")
     return ChunkRef(locations[r[0]], r[1], r[2], r[3], r[4], r[5])
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import msgpack
 
+from lighthouse.errors import shown
 from replicaft.checkpoint.layout import LEGACY_LINEAGE, is_lineage, parse_dirname
 from replicaft.errors import CheckpointCorrupt
 from replicaft.skeleton import SkeletonError, check_skeleton
@@ -123,12 +124,12 @@ class CheckpointManifest:
         version = o.get("version")
         if o.get("format") != FORMAT or type(version) is not int or version not in READABLE_VERSIONS:
             raise CheckpointCorrupt(
-                f"{where} has format {o.get('format')!r} version {version!r}; this replicaft reads "
+                f"{where} has format {shown(o.get('format'))} version {shown(version)}; this replicaft reads "
                 f"{FORMAT!r} versions {list(READABLE_VERSIONS)} (a newer replicaft wrote it?)"
             )
         lineage = LEGACY_LINEAGE if version == 1 else _field(o, "lineage", str, where)
         if version > 1 and (lineage == LEGACY_LINEAGE or not is_lineage(lineage)):
-            raise CheckpointCorrupt(f"{where}: lineage {lineage!r} is not a lineage id")
+            raise CheckpointCorrupt(f"{where}: lineage {shown(lineage)} is not a lineage id")
         step = _field(o, "step", int, where)
         created = _field(o, "created_unix_s", (int, float), where)
         if not math.isfinite(created):
@@ -143,9 +144,9 @@ class CheckpointManifest:
             num_bytes = _field(entry, "num_bytes", int, f"{where}: files[{i}]")
             sha256 = _field(entry, "sha256", str, f"{where}: files[{i}]")
             if not name or "/" in name or "\\" in name or name in (".", "..") or not name.isprintable():
-                raise CheckpointCorrupt(f"{where}: files[{i}].name {name!r} is not a plain file name")
+                raise CheckpointCorrupt(f"{where}: files[{i}].name {shown(name)} is not a plain file name")
             if num_bytes < 0 or not _SHA256_HEX.fullmatch(sha256):
-                raise CheckpointCorrupt(f"{where}: files[{i}] ({name}) has size {num_bytes} / sha256 {sha256!r}")
+                raise CheckpointCorrupt(f"{where}: files[{i}] ({name}) has size {num_bytes} / sha256 {shown(sha256)}")
             files.append(FileEntry(name, num_bytes, sha256))
         if step < 0:
             raise CheckpointCorrupt(f"{where}: step {step} is negative")
@@ -158,13 +159,15 @@ class CheckpointManifest:
         level, key_id = codec.get("compression_level"), codec.get("key_id")
         names = [parse_dirname(r) if isinstance(r, str) else None for r in requires]
         if kind not in ("base", "increment") or (kind == "base") != (not requires) or position < 1:
-            raise CheckpointCorrupt(f"{where}: kind {kind!r} with requires {requires!r}, chain position {position}")
+            raise CheckpointCorrupt(f"{where}: kind {shown(kind)} with requires {shown(requires)}, chain position "
+                                    f"{position}")
         if not all(n is not None and n.lineage == lineage and n.step < step for n in names):
-            raise CheckpointCorrupt(f"{where}: requires {requires!r} are not earlier checkpoints of lineage {lineage}")
+            raise CheckpointCorrupt(f"{where}: requires {shown(requires)} are not earlier checkpoints of lineage "
+                                    f"{lineage}")
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 22:
-            raise CheckpointCorrupt(f"{where}: codec compression_level {level!r} is not 0..22")
+            raise CheckpointCorrupt(f"{where}: codec compression_level {shown(level)} is not 0..22")
         if key_id is not None and not (isinstance(key_id, str) and _KEY_ID.fullmatch(key_id)):
-            raise CheckpointCorrupt(f"{where}: codec key_id {key_id!r} is not a key id")
+            raise CheckpointCorrupt(f"{where}: codec key_id {shown(key_id)} is not a key id")
         return cls(step, float(created), tuple(files), metadata, lineage, version, kind, tuple(requires), position,
                    level, key_id)
 
@@ -222,11 +225,11 @@ class StateLayout:
                 and (len(entry) == 3 or entry[3] is True)
             )
             if not ok:
-                raise CheckpointCorrupt(f"{where}: tensors[{i}] = {entry!r} is not [name, dtype, shape(, own)]")
+                raise CheckpointCorrupt(f"{where}: tensors[{i}] = {shown(entry)} is not [name, dtype, shape(, own)]")
             tensors.append(SavedTensor(entry[0], entry[1], tuple(entry[2]), len(entry) == 4))
         own_ranks = o.get("own_ranks", 0)
         if isinstance(own_ranks, bool) or not isinstance(own_ranks, int) or own_ranks < 0:
-            raise CheckpointCorrupt(f"{where}: own_ranks = {own_ranks!r} is not a rank count")
+            raise CheckpointCorrupt(f"{where}: own_ranks = {shown(own_ranks)} is not a rank count")
         try:
             check_skeleton(o["skeleton"], len(tensors))
         except SkeletonError as e:
@@ -241,5 +244,5 @@ def _field(o: dict[str, Any], name: str, kind: type | tuple[type, ...], where: s
         raise CheckpointCorrupt(f"{where} lacks the field {name!r}")
     value = o[name]
     if not isinstance(value, kind) or isinstance(value, bool):
-        raise CheckpointCorrupt(f"{where}: field {name!r} = {value!r} has the wrong type")
+        raise CheckpointCorrupt(f"{where}: field {name!r} = {shown(value)} has the wrong type")
     return value

@@ -24,7 +24,7 @@ from typing import Any
 import msgpack
 
 from lighthouse.envelope import MAX_ID_CHARS, check_int, check_str, require
-from lighthouse.errors import ProtocolError
+from lighthouse.errors import ProtocolError, shown
 from lighthouse.plan import STRIPES_PER_DONOR, assign_stripes
 from replicaft.skeleton import SkeletonError, check_skeleton
 from replicaft.transfer.checksum import ALGORITHM as CHECKSUM_ALGORITHM
@@ -33,9 +33,9 @@ from replicaft.transfer.checksum import DIGEST_BYTES, digest
 MANIFEST_VERSION = 2
 """2: 16-byte chunk digests of the algorithm the manifest names (checksum.py); 1 carried CRC-32s."""
 CHUNK_BYTES = 4 * 1024 * 1024
-MAX_CHUNK_BYTES = 64 * CHUNK_BYTES
-"""The largest chunk a healer accepts: it stages and verifies chunk-sized buffers, so a
-donor's manifest naming 1 TiB chunks (one digest covers any total) would have it allocate
+MAX_CHUNK_BYTES = 256 * CHUNK_BYTES
+"""The largest chunk a healer accepts (1 GiB): it stages and verifies chunk-sized buffers, so
+a donor's manifest naming 1 TiB chunks (one digest covers any total) would have it allocate
 one (issue 19)."""
 ALIGN_BYTES = 64
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
@@ -102,7 +102,7 @@ class Manifest:
         if not isinstance(o, dict):
             raise ProtocolError(f"Manifest must be a msgpack map, got {type(o).__name__}")
         if o.get("v") != MANIFEST_VERSION:
-            raise ProtocolError(f"Manifest.v is {o.get('v')!r}; this side reads version {MANIFEST_VERSION}")
+            raise ProtocolError(f"Manifest.v is {shown(o.get('v'))}; this side reads version {MANIFEST_VERSION}")
         total = check_int(m, "total_bytes", require(o, m, "total_bytes"), 0)
         chunk = check_int(m, "chunk_bytes", require(o, m, "chunk_bytes"), 1, MAX_CHUNK_BYTES)
         raw_tensors = require(o, m, "tensors")
@@ -119,12 +119,12 @@ class Manifest:
             raise ProtocolError(f"Manifest.checksums must list one digest per {chunk}-byte chunk of {total} bytes")
         for i, c in enumerate(checksums):
             if not (isinstance(c, bytes) and len(c) == DIGEST_BYTES):
-                raise ProtocolError(f"Manifest.checksums[{i}] is {c!r:.80}; expected {DIGEST_BYTES} bytes")
+                raise ProtocolError(f"Manifest.checksums[{i}] is {shown(c)}; expected {DIGEST_BYTES} bytes")
         specs: list[TensorSpec] = []
         first_index: dict[str, int] = {}
         for i, t in enumerate(raw_tensors):
             if not (isinstance(t, list) and len(t) == 5 and isinstance(t[2], list)):
-                raise ProtocolError(f"Manifest.tensors[{i}] is malformed: {t!r:.200}")
+                raise ProtocolError(f"Manifest.tensors[{i}] is malformed: {shown(t)}")
             name, dtype, shape, offset, num_bytes = t
             spec = TensorSpec(
                 check_str(m, f"tensors[{i}].name", name, 4096),
