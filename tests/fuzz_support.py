@@ -41,9 +41,10 @@ FUZZ = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
 """The suite's profile; a test passes it as ``@FUZZ``. 100 examples per test keep the four
-files (85 tests) at ~15 s on the shared 2-core machine (``pytest --durations``, load 3.6).
-Run at 1500 random examples per test (3 min) they found one bug more (a legacy ``.metadata``
-that made the unpickler allocate 2 GiB, now a regression test) and nothing after it."""
+files (95 tests) at 12-19 s on the shared 2-core machine (``pytest --durations``, load 3-4).
+Run at 1000-1500 random examples per test (2-3 min) they found one bug more (a legacy
+``.metadata`` that made the unpickler allocate 2 GiB, now a regression test) and nothing
+after it."""
 
 CALL_TIMEOUT_S = 5.0
 """One decode of at most a few MiB takes milliseconds; five seconds is a hang."""
