@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     model.to(device)
     with replicaft.Manager(options) as manager:
+        manager.checkpoint_tags(experiment="train_ddp", config=vars(args))
         ddp = replicaft.DistributedDataParallel(manager, model)
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(inner, lambda step: 1.0 / (1.0 + step / 100))
@@ -93,7 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                     micro_loss.backward()
                 loss += micro_loss.detach()
             # The deterministic mode's micro-batches are shards, each weighted 1.0: their mean is the loss.
-            manager.annotate_commit(loss=loss.item() / (len(batches) if options.deterministic else 1))
+            step_loss = loss.item() / (len(batches) if options.deterministic else 1)
+            manager.annotate_commit(loss=step_loss)
+            manager.report_metrics(loss=step_loss)  # saved with the checkpoint of this step, if one is due
             if args.step_delay:
                 time.sleep(args.step_delay)
             if optimizer.step() and manager.current_step() % 10 == 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -125,6 +126,21 @@ class Manager:
     def annotate_commit(self, **fields: Any) -> None:
         """Add fields to this step's "commit" event (e.g. the data sampler's sample range)."""
         self._driver.current.fields.update(fields)
+
+    # -- checkpoint labels (replicaft/checkpoint/labels.py) -----------------------------------
+
+    def checkpoint_tags(self, *, config: Mapping[str, Any] | None = None, **tags: str | int | float | bool) -> None:
+        """Tags for every checkpoint saved from now on, until set again: ``experiment="lr-sweep"``,
+        ``epoch=3`` (epoch-end retention reads it), anything else; ``config`` (JSON values) is
+        stored as its hash. They land in the manifest and the catalog (``replicaft-ckpt find``).
+        Training thread; the writing group's rank 0 values are the ones saved. Raises ValueError."""
+        self._persistence.labels.set_tags(config=config, **tags)
+
+    def report_metrics(self, **metrics: float) -> None:
+        """Metrics for the next checkpoint only (``loss=loss.item()``): keep-best retention and
+        ``replicaft-ckpt find --best`` rank checkpoints by them. Report every step to attach the
+        loss of the step a checkpoint holds. Training thread. Raises ValueError (not finite)."""
+        self._persistence.labels.report_metrics(**metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return self._registry.state_dict()

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from replicaft.cadence import AutoCadence
 from replicaft.checkpoint.cadence import CadenceLimits
+from replicaft.checkpoint.labels import CheckpointLabels
 from replicaft.checkpoint.layout import (
     LEGACY_LINEAGE,
     forked_lineage,
@@ -62,6 +63,7 @@ from replicaft.transfer.spare import SpareBuffer
 
 if TYPE_CHECKING:
     from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheckpoint
+    from replicaft.checkpoint.catalog import Catalog
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +104,10 @@ class Persistence:
         """``checkpoint_interval="auto"``: chooses the writer's interval (cadence.py)."""
         self._blocked_s: dict[int, float] = {}
         """Seconds the training thread spent on each periodic save in flight, by step."""
+        self.labels = CheckpointLabels()
+        """Tags and metrics for the next checkpoint (``Manager.checkpoint_tags``/``report_metrics``)."""
+        self._capture_labels: dict[str, Any] = {}
+        """The labels taken for the save whose background copy is running (see :meth:`settle`)."""
 
     @property
     def enabled(self) -> bool:
@@ -155,6 +161,18 @@ class Persistence:
             encryption_key=key,
             object_store=store,
         )
+        if self._writer.catalog is not None:
+            self._check_catalog(self._writer.catalog)
+
+    def _check_catalog(self, catalog: Catalog) -> None:
+        """A missing or unreadable catalog is rebuilt, with a warning event; it never stops a start."""
+        try:
+            problem = catalog.ensure()
+        except Exception as e:  # the catalog is a cache: nothing about it may stop training
+            problem = f"{catalog.path} could not be rebuilt ({type(e).__name__}: {e}); saves go on without it"
+        if problem is not None:
+            logger.warning("[%s] checkpoint catalog: %s", self.options.replica_id, problem)
+            self._emit("catalog_rebuilt", reason=problem)
 
     def close(self) -> None:
         if self._watcher is not None:
@@ -255,8 +273,9 @@ class Persistence:
             deferred = 0
             if self.options.group_world_size > 1:
                 self._in_flight = self._snapshot(state, step, quorum_id, spare)
-                self._writer.save_async(self._in_flight, step, lineage=self._lineage)
+                self._writer.save_async(self._in_flight, step, self.labels.take(), lineage=self._lineage)
             else:
+                self._capture_labels = self.labels.take()
                 self._capture = BackgroundCapture(flatten(state()), step=step, quorum_id=quorum_id,
                                                   replica_id=self.options.replica_id, out=spare, copy_now=self._copy_now)
                 deferred = self._capture.deferred_bytes
@@ -281,13 +300,13 @@ class Persistence:
             self._emit("checkpoint", checkpoint_step=capture.step, ok=False, status="failed", reason=why, path=None, num_bytes=0)
             return
         self._in_flight = snapshot
-        self._writer.save_async(snapshot, snapshot.manifest.step, lineage=self._lineage)
+        self._writer.save_async(snapshot, snapshot.manifest.step, self._capture_labels, lineage=self._lineage)
 
     def emergency_save(self, step: int, state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
         self.settle()
         if self._writer is None:
             return
-        handle = self._writer.save_async(self._snapshot(state, step, quorum_id, None), step, {"reason": "preemption"},
+        handle = self._writer.save_async(self._snapshot(state, step, quorum_id, None), step, {"reason": "preemption", **self.labels.take()},
                                          lineage=self._lineage)
         deadline = time.monotonic() + self.options.preemption_grace_s
         try:
@@ -330,6 +349,8 @@ class Persistence:
                 kind=r.kind,
             )
         for u in self._writer.uploader.pop_finished() if self._writer.uploader is not None else ():
+            if u.ok and self._writer.catalog is not None:
+                self._writer.catalog.set_tier([u.name], "object", present=True)
             self._emit("checkpoint_upload", checkpoint_step=u.step, name=u.name, ok=u.ok, reason=u.reason,
                        num_bytes=u.num_bytes, seconds=u.seconds)
 

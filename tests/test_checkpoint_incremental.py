@@ -26,7 +26,8 @@ from replicaft.checkpoint.keys import (
     parse_key,
 )
 from replicaft.checkpoint.layout import MANIFEST_FILE
-from replicaft.checkpoint.retention import decide_retention
+from replicaft.checkpoint.options import RetentionPolicy
+from replicaft.checkpoint.retention import CheckpointFacts, decide_retention
 from replicaft.errors import CheckpointKeyError, OptionsError
 from replicaft.state import digest, flatten
 from replicaft.transfer.snapshot import Snapshot
@@ -81,7 +82,8 @@ def test_decide_chain_table(parent: Parent | None, chain_length: int, key_id: st
 def test_retention_keeps_the_chains_of_kept_checkpoints(
     steps: list[int], requires: dict[int, list[int]], keep_last: int, deleted: list[int]
 ) -> None:
-    decision = decide_retention(steps, keep_last=keep_last, milestone_every=0, requires=requires)
+    facts = [CheckpointFacts(s, requires=tuple(requires.get(s, ()))) for s in steps]
+    decision = decide_retention(facts, RetentionPolicy(keep_last=keep_last))
     assert list(decision.delete) == deleted
 
 
@@ -149,7 +151,7 @@ def test_tier2_receives_the_chain_and_restores_when_tier1_is_lost(tmp_path: Path
         save(writer, 10)
         increment = save(writer, 20)
     assert increment.kind == "increment" and increment.tier2_error is None
-    for path in (tmp_path / "t1").iterdir():
+    for path in (tmp_path / "t1").glob("step-*"):  # the checkpoints; the catalog may sit beside them
         for f in path.iterdir():
             f.unlink()
     loaded = CheckpointReader(tmp_path / "t1", tier2_directory=tmp_path / "t2").load_latest_valid()

@@ -24,6 +24,7 @@ from chaos.s3_server import S3Server
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, SaveResult
 from replicaft.checkpoint.objectstore import ObjectStore
 from replicaft.checkpoint.objecttier import Uploader, stored_checkpoints
+from replicaft.checkpoint.options import RetentionPolicy
 from replicaft.checkpoint.retry import RetryPolicy
 from replicaft.state import digest, flatten
 from replicaft.transfer.snapshot import Snapshot
@@ -162,7 +163,7 @@ def test_uploader_killed_mid_upload_resumes_with_the_parts_already_sent(
     sent_by_child = server.faults(delay_parts_s=0)["parts"] - before
     assert stored_checkpoints(store) == []  # killed before the manifest went up
 
-    uploader = Uploader(store, tmp_path, keep_last=3, milestone_every=0)
+    uploader = Uploader(store, tmp_path, retention=RetentionPolicy())
     with caplog.at_level(logging.INFO, logger="replicaft.checkpoint.objectstore"):
         assert uploader.resume_pending() == 1 and uploader.wait_idle(WAIT_S)
     assert [r.ok for r in uploader.pop_finished()] == [True]

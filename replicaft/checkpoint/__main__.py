@@ -10,6 +10,13 @@
                                                 checkpoint DIR, or of the newest valid one in DIR
     replicaft-ckpt import FILE.safetensors... --into DIR [--step N]
                                                 a checkpoint of those files, for a warm start
+    replicaft-ckpt catalog DIR [--rebuild]      the catalog (catalog.py): tags, metrics, roles, tiers
+    replicaft-ckpt find DIR [--experiment X] [--lineage L] [--tag K=V]... [--min-step N]
+                        [--max-step N] [--best METRIC [--mode max] [--top N]]
+                                                matching checkpoints, newest (or best) first
+    replicaft-ckpt show DIR/step-000000400-…    one checkpoint's catalog row in full
+    replicaft-ckpt tag DIR/step-000000400-… KEY=VALUE...
+                                                add tags (kept across a catalog rebuild)
 
 An encrypted checkpoint is read with the key in ``REPLICAFT_CHECKPOINT_KEY_FILE`` (or
 ``REPLICAFT_CHECKPOINT_KEY``); ``import`` encrypts with it when one is set. Bad arguments
@@ -26,6 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from replicaft.checkpoint.catalog import Catalog, CatalogEntry, CatalogError
 from replicaft.checkpoint.entries import scan
 from replicaft.checkpoint.export import export_safetensors, import_safetensors
 from replicaft.checkpoint.keys import key_from_env
@@ -62,7 +70,32 @@ def _parser() -> argparse.ArgumentParser:
     import_cmd.add_argument("files", type=Path, nargs="+", help="<entry>.safetensors files (model.safetensors, ...)")
     import_cmd.add_argument("--into", type=Path, required=True, help="the checkpoint directory to write it into")
     import_cmd.add_argument("--step", type=int, default=0, help="the step it resumes at (default 0)")
+    catalog_cmd = commands.add_parser("catalog", help="list the catalog of a checkpoint directory")
+    catalog_cmd.add_argument("directory", type=Path)
+    catalog_cmd.add_argument("--rebuild", action="store_true", help="rebuild it from the checkpoints' manifests first")
+    find_cmd = commands.add_parser("find", help="find checkpoints by tags, step and metrics")
+    find_cmd.add_argument("directory", type=Path)
+    find_cmd.add_argument("--experiment")
+    find_cmd.add_argument("--lineage", help="the run's history id (the name's last part)")
+    find_cmd.add_argument("--tag", action="append", default=[], type=_key_value, help="KEY=VALUE, repeatable")
+    find_cmd.add_argument("--min-step", type=int)
+    find_cmd.add_argument("--max-step", type=int)
+    find_cmd.add_argument("--best", metavar="METRIC", help="only checkpoints with METRIC, best first")
+    find_cmd.add_argument("--mode", choices=["min", "max"], default="min", help="with --best: lower or higher is better")
+    find_cmd.add_argument("--top", type=int, default=None, help="at most this many (default: 1 with --best, all without)")
+    show_cmd = commands.add_parser("show", help="one checkpoint's catalog row")
+    show_cmd.add_argument("checkpoint", type=Path, help="a checkpoint directory, e.g. DIR/step-000000400-…")
+    tag_cmd = commands.add_parser("tag", help="add tags to a checkpoint")
+    tag_cmd.add_argument("checkpoint", type=Path, help="a checkpoint directory, e.g. DIR/step-000000400-…")
+    tag_cmd.add_argument("tags", nargs="+", type=_key_value, help="KEY=VALUE")
     return parser
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
 
 
 def _size(num_bytes: int) -> str:
@@ -127,16 +160,103 @@ def _import(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _catalog_of(directory: Path) -> Catalog:
+    """The catalog of ``directory``, rebuilt first (with a warning) if missing or unreadable."""
+    catalog = Catalog(directory)
+    problem = catalog.ensure()
+    if problem is not None:
+        print(f"warning: {problem}", file=sys.stderr)
+    return catalog
+
+
+def _row(entry: CatalogEntry) -> str:
+    metrics = " ".join(f"{k}={v:.6g}" for k, v in entry.metrics.items()) or "-"
+    return (f"{entry.name}  {entry.step:>10}  {'-' if entry.epoch is None else entry.epoch:>5}  "
+            f"{entry.experiment or '-':>12}  {','.join(entry.roles) or '-':>16}  {','.join(entry.tiers):>12}  "
+            f"{_size(entry.num_bytes):>10}  {metrics}")
+
+
+def _catalog(args: argparse.Namespace) -> int:
+    catalog = Catalog(args.directory)
+    if args.rebuild:
+        print(f"rebuilt {catalog.path} from {catalog.rebuild()} checkpoint manifest(s)")
+    else:
+        catalog = _catalog_of(args.directory)
+    entries = catalog.find()
+    if not entries:
+        print(f"no checkpoints in the catalog of {args.directory}")
+    for entry in entries:
+        print(_row(entry))
+    return EXIT_OK
+
+
+def _find(args: argparse.Namespace) -> int:
+    top = args.top if args.top is not None else (1 if args.best else None)
+    entries = _catalog_of(args.directory).find(
+        experiment=args.experiment, lineage=args.lineage, tags=dict(args.tag), min_step=args.min_step,
+        max_step=args.max_step, best=args.best, mode=args.mode, limit=top,
+    )
+    if not entries:
+        print(f"no checkpoint in {args.directory} matches")
+        return EXIT_INVALID
+    for entry in entries:
+        print(_row(entry))
+    return EXIT_OK
+
+
+def _show(checkpoint: Path) -> int:
+    entry = _catalog_of(checkpoint.parent).get(checkpoint.name)
+    if entry is None:
+        print(f"{checkpoint.name} is not in the catalog of {checkpoint.parent} (published and intact? see "
+              f"`replicaft-ckpt list {checkpoint.parent}`)")
+        return EXIT_INVALID
+    print(f"path: {checkpoint}")
+    for label, value in (("step", entry.step), ("epoch", entry.epoch), ("lineage", lineage_label(entry.lineage)),
+                         ("experiment", entry.experiment), ("config hash", entry.config_hash),
+                         ("code version", entry.code_version), ("roles", ", ".join(entry.roles)),
+                         ("tiers", ", ".join(entry.tiers)), ("size", f"{_size(entry.num_bytes)} ({entry.num_bytes} bytes)"),
+                         ("kind", entry.save_kind), ("format version", entry.format_version)):
+        print(f"{label}: {'-' if value is None or value == '' else value}")
+    for key, value in entry.metrics.items():
+        print(f"metric {key}: {value:.10g}")
+    for key, text in entry.tags.items():
+        print(f"tag {key}: {text}")
+    return EXIT_OK
+
+
+def _tag(args: argparse.Namespace) -> int:
+    catalog = _catalog_of(args.checkpoint.parent)
+    try:
+        catalog.tag(args.checkpoint.name, dict(args.tags))
+    except ValueError as e:  # a bad tag, or a checkpoint the catalog does not hold
+        print(f"replicaft-ckpt: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"tagged {args.checkpoint.name}: {', '.join(f'{k}={v}' for k, v in args.tags)}")
+    return EXIT_OK
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in ("catalog", "find") and not args.directory.is_dir():
+            parser.error(f"{args.directory} is not a directory")
+        if args.command in ("show", "tag") and parse_dirname(args.checkpoint.name) is None:
+            parser.error(f"{args.checkpoint} is not a checkpoint name; pass one such as DIR/step-000000400-<lineage>")
+        command = {"catalog": _catalog, "find": _find, "tag": _tag}.get(args.command)
+        if command is not None:
+            return command(args)
+        if args.command == "show":
+            return _show(args.checkpoint)
         if args.command == "export":
             return _export(args)
         if args.command == "import":
             return _import(args)
     except (CheckpointCorrupt, StateError) as e:
         print(f"INVALID: {e}")
+        return EXIT_INVALID
+    except CatalogError as e:
+        print(f"error: {e}", file=sys.stderr)
         return EXIT_INVALID
     except (CheckpointKeyError, OptionsError) as e:
         parser.error(str(e))

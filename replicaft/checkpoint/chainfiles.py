@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from replicaft.checkpoint.chain import Parent
 from replicaft.checkpoint.entries import read_small
 from replicaft.checkpoint.index import ChunkRef, decode_index
+from replicaft.checkpoint.labels import labels_of
 from replicaft.checkpoint.layout import TENSORS_FILE, parse_dirname
 from replicaft.checkpoint.manifest import CheckpointManifest
 from replicaft.checkpoint.reader import read_manifest, scan_checkpoints
+from replicaft.checkpoint.retention import CheckpointFacts
 from replicaft.errors import CheckpointCorrupt
 
 logger = logging.getLogger(__name__)
@@ -71,15 +74,25 @@ def known_chunks(directory: Path, parent: str | None) -> dict[bytes, ChunkRef]:
     return {ref.chunk_id: ref for piece in pieces.values() for ref in piece.chunks}
 
 
-def chain_requirements(directory: Path, lineage: str) -> dict[int, list[int]]:
-    """For each checkpoint of ``lineage`` in ``directory``, the steps of its chain."""
-    requires: dict[int, list[int]] = {}
+def retention_facts(directory: Path, lineage: str, pending_upload: Collection[str] = ()) -> dict[int, CheckpointFacts]:
+    """What retention needs of each checkpoint of ``lineage`` in ``directory``, by step: its
+    chain, epoch and metrics (from its manifest) and whether its name is in ``pending_upload``."""
+    facts: dict[int, CheckpointFacts] = {}
     for name, path in scan_checkpoints(directory).found:
         if name.lineage != lineage:
             continue
         try:
             manifest = read_manifest(path)
         except CheckpointCorrupt:
-            continue  # damaged: nothing can be built on it, retention may delete it
-        requires[name.step] = [n.step for r in manifest.requires if (n := parse_dirname(r)) is not None]
-    return requires
+            # damaged: nothing can be built on it, and its labels are unknown; retention may delete it
+            facts[name.step] = CheckpointFacts(name.step, pending_upload=path.name in pending_upload)
+            continue
+        facts[name.step] = facts_of(name.step, manifest, pending_upload=path.name in pending_upload)
+    return facts
+
+
+def facts_of(step: int, manifest: CheckpointManifest, *, pending_upload: bool = False) -> CheckpointFacts:
+    """Retention's view of the checkpoint of ``step``, from its manifest."""
+    labels = labels_of(manifest.metadata)
+    return CheckpointFacts(step, labels.epoch, labels.metrics,
+                           tuple(n.step for r in manifest.requires if (n := parse_dirname(r)) is not None), pending_upload)

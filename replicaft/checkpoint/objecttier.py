@@ -9,11 +9,13 @@ manifest first.
 **Upload** runs on one background thread per writer (:class:`Uploader`), after the local
 publish: training is never blocked on the store, and a save's result does not wait for it.
 An increment's chain is uploaded first where the store lacks it. After an upload, retention
-runs in the store with the writer's rule (keep-last, milestones, chains). When the uploader
+runs in the store with the writer's policy (retention.py: keep-last, milestones, best, ...,
+and the chains they need). When the uploader
 starts, every local checkpoint whose manifest is not in the store is queued again, oldest
 first: that, and ObjectStore's multipart resumption, is what makes the tier resume after a
-crash. A checkpoint that local retention deleted before it could be uploaded is skipped
-with a warning (only an upload slower than ``keep_last`` saves lets that happen).
+crash. Local retention keeps a checkpoint while its upload is queued or running
+(:meth:`Uploader.pending_names`), so an upload slower than the saves delays deletions rather
+than losing the checkpoint; one deleted locally anyway (by hand) is skipped with a warning.
 
 **Fetch** (:func:`fetch_checkpoint`) brings a checkpoint and its chain into the local
 directory the way a save publishes one: downloaded under a temporary name, every file
@@ -30,13 +32,15 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from replicaft.checkpoint.chainfiles import facts_of
 from replicaft.checkpoint.durable import discard, new_token, publish, remove_partial, write_durably
 from replicaft.checkpoint.entries import judge, read_small
 from replicaft.checkpoint.layout import MANIFEST_FILE, parse_dirname, tmp_dirname
 from replicaft.checkpoint.manifest import CheckpointManifest
 from replicaft.checkpoint.objectstore import SHA256_META, ObjectStore
+from replicaft.checkpoint.options import RetentionPolicy
 from replicaft.checkpoint.reader import check, read_manifest, scan_checkpoints
-from replicaft.checkpoint.retention import decide_retention
+from replicaft.checkpoint.retention import CheckpointFacts, decide_retention
 from replicaft.errors import CheckpointCorrupt, ObjectStoreError
 from replicaft.threads import lower_thread_priority
 
@@ -134,17 +138,16 @@ class Uploader:
     Call its methods from one thread (the writer's); :meth:`pop_finished` from any.
     """
 
-    def __init__(self, store: ObjectStore, directory: Path, *, keep_last: int, milestone_every: int,
-                 writer_id: str = "-") -> None:
+    def __init__(self, store: ObjectStore, directory: Path, *, retention: RetentionPolicy, writer_id: str = "-") -> None:
         self.store = store
         self.directory = directory
-        self.keep_last = keep_last
-        self.milestone_every = milestone_every
+        self.retention = retention
         self.writer_id = writer_id
         self._queue: queue.Queue[Path | None] = queue.Queue()
         self._lock = threading.Lock()
         self._finished: list[UploadResult] = []
-        self._pending = 0
+        self._pending: list[str] = []
+        """Names of the checkpoints queued or being uploaded, in queue order."""
         self._idle = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._uploaded: set[str] = set()
@@ -152,7 +155,7 @@ class Uploader:
     def submit(self, path: Path) -> None:
         """Queue published checkpoint ``path`` for upload; returns at once."""
         with self._lock:
-            self._pending += 1
+            self._pending.append(path.name)
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="replicaft-upload", daemon=True)
             self._thread.start()
@@ -174,7 +177,12 @@ class Uploader:
 
     def pending(self) -> int:
         with self._lock:
-            return self._pending
+            return len(self._pending)
+
+    def pending_names(self) -> frozenset[str]:
+        """The checkpoints queued or being uploaded: local retention keeps them (and their chains)."""
+        with self._lock:
+            return frozenset(self._pending)
 
     def pop_finished(self) -> list[UploadResult]:
         with self._lock:
@@ -217,7 +225,7 @@ class Uploader:
                 result = UploadResult(path.name, _step(path.name), False, f"internal error: {type(e).__name__}: {e}")
             with self._idle:
                 self._finished.append(result)
-                self._pending -= 1
+                self._pending.remove(path.name)
                 self._idle.notify_all()
 
     def _upload(self, path: Path, started: float) -> UploadResult:
@@ -257,15 +265,14 @@ class Uploader:
         """Retention in the store, for this lineage; a failure is logged, never raised."""
         try:
             names = [n for n in stored_checkpoints(self.store) if (p := parse_dirname(n)) is not None and p.lineage == lineage]
-            requires = {}
+            facts = []
             for name in names:
                 try:
-                    requires[_step(name)] = [_step(r) for r in stored_manifest(self.store, name).requires]
+                    facts.append(facts_of(_step(name), stored_manifest(self.store, name)))
                 except CheckpointCorrupt:
-                    requires[_step(name)] = []
+                    facts.append(CheckpointFacts(_step(name)))
             by_step = {_step(n): n for n in names}
-            decision = decide_retention(by_step, keep_last=self.keep_last, milestone_every=self.milestone_every,
-                                        requires=requires)
+            decision = decide_retention(facts, self.retention)
             for step in decision.delete:
                 self._delete(by_step[step])
             if decision.delete:

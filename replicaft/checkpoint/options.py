@@ -17,6 +17,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from replicaft.errors import OptionsError
 
@@ -51,6 +52,54 @@ def check_fraction(name: str, value: object, *, maximum: float = 10.0) -> float:
     return float(value)
 
 
+BestMode = Literal["min", "max"]
+"""Whether a lower (loss) or a higher (accuracy) value of the keep-best metric is better."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RetentionPolicy:
+    """Which published checkpoints retention keeps (retention.py applies it). A checkpoint is
+    kept when any rule keeps it; the newest, the chains of kept checkpoints and those a tier
+    still needs are kept whatever the rules say."""
+
+    keep_last: int = 3
+    """Newest checkpoints kept (the newest is always kept, even with 0)."""
+    milestone_every: int = 0
+    """Also keep every checkpoint whose step is a multiple of this, forever (0 = none)."""
+    milestone_at_epoch_end: bool = False
+    """Also keep the last checkpoint of each epoch (by the ``epoch`` it was saved with), once a
+    checkpoint of a later epoch exists; checkpoints saved without an epoch take no part."""
+    keep_geometric_from: int = 0
+    """Also keep the first checkpoint at or after each of the steps N, 2N, 4N, 8N, ...: a whole
+    run's history at a cost logarithmic in its length (0 = none)."""
+    keep_best_k: int = 0
+    """Also keep the ``keep_best_k`` checkpoints with the best ``keep_best_metric`` (0 = none)."""
+    keep_best_metric: str | None = None
+    """The metric (reported with the checkpoint, ``Manager.report_metrics``) keep-best ranks by;
+    checkpoints saved without it take no part."""
+    keep_best_mode: BestMode = "min"
+
+    def __post_init__(self) -> None:
+        check_count("keep_last", self.keep_last, fix="; keep at least 0 recent checkpoints (the newest is always kept)")
+        check_count("milestone_every", self.milestone_every, fix="; use 0 for no milestones")
+        if not isinstance(self.milestone_at_epoch_end, bool):
+            raise OptionsError(f"milestone_at_epoch_end={self.milestone_at_epoch_end!r} must be True or False")
+        check_count("keep_geometric_from", self.keep_geometric_from, fix="; use 0 for no geometric spacing")
+        check_count("keep_best_k", self.keep_best_k, fix="; use 0 to keep no best checkpoints")
+        if self.keep_best_mode not in ("min", "max"):
+            raise OptionsError(f"keep_best_mode={self.keep_best_mode!r} must be 'min' (lower is better, a loss) "
+                               "or 'max' (higher is better, an accuracy)")
+        metric = self.keep_best_metric
+        if metric is not None and (not isinstance(metric, str) or not metric):
+            raise OptionsError(f"keep_best_metric={metric!r} must be a metric name such as 'loss', or None")
+        if self.keep_best_k and metric is None:
+            raise OptionsError(f"keep_best_k={self.keep_best_k} needs keep_best_metric, the metric to rank "
+                               "checkpoints by (e.g. keep_best_metric='loss')")
+        if metric is not None and not self.keep_best_k:
+            raise OptionsError(f"keep_best_metric={metric!r} is set but keep_best_k=0, so no checkpoint is kept "
+                               "for it; set keep_best_k >= 1 or drop the metric")
+
+
 def _same_place(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
@@ -69,6 +118,14 @@ class CheckpointOptions:
     """Newest checkpoints kept (the newest is always kept, even with 0)."""
     milestone_every: int = 0
     """Also keep every checkpoint whose step is a multiple of this, forever (0 = none)."""
+    milestone_at_epoch_end: bool = False
+    """Also keep the last checkpoint of each epoch (``RetentionPolicy``)."""
+    keep_geometric_from: int = 0
+    """Also keep checkpoints at steps N, 2N, 4N, ... (``RetentionPolicy``; 0 = none)."""
+    keep_best_k: int = 0
+    """Also keep the K best by ``keep_best_metric`` (``RetentionPolicy``; 0 = none)."""
+    keep_best_metric: str | None = None
+    keep_best_mode: BestMode = "min"
     free_space_margin: float = 0.1
     """Refuse a save unless the disk holds its estimate plus this fraction."""
     chain_length: int = 10
@@ -79,7 +136,7 @@ class CheckpointOptions:
 
     def __post_init__(self) -> None:
         check_interval_options(self.interval_steps, self.interval_s)
-        check_retention_options(self.keep_last, self.milestone_every)
+        _ = self.retention  # validates the retention fields
         check_fraction("free_space_margin", self.free_space_margin)
         check_count("chain_length", self.chain_length, minimum=1, fix="; 1 makes every save a full base")
         check_count("compression_level", self.compression_level, fix="; 0 (off) or a zstd level 1-22")
@@ -98,17 +155,20 @@ class CheckpointOptions:
                     f"tier2_directory is the checkpoint directory itself ({self.directory}); give another one or None"
                 )
 
+    @property
+    def retention(self) -> RetentionPolicy:
+        """The retention fields as one policy (checked when built)."""
+        return RetentionPolicy(
+            keep_last=self.keep_last, milestone_every=self.milestone_every,
+            milestone_at_epoch_end=self.milestone_at_epoch_end, keep_geometric_from=self.keep_geometric_from,
+            keep_best_k=self.keep_best_k, keep_best_metric=self.keep_best_metric, keep_best_mode=self.keep_best_mode,
+        )
+
 
 def check_interval_options(interval_steps: object, interval_s: object) -> None:
     """Raise OptionsError when an interval is negative, not finite, or of the wrong type (0 disables that trigger)."""
     check_count("interval_steps", interval_steps, fix="; use 0 to disable the step trigger")
     check_seconds("interval_s", interval_s, fix="; use 0 to disable the time trigger")
-
-
-def check_retention_options(keep_last: object, milestone_every: object) -> None:
-    """Raise OptionsError when ``keep_last`` or ``milestone_every`` is out of range."""
-    check_count("keep_last", keep_last, fix="; keep at least 0 recent checkpoints (the newest is always kept)")
-    check_count("milestone_every", milestone_every, fix="; use 0 for no milestones")
 
 
 def check_checkpoint_options(

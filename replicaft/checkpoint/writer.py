@@ -8,7 +8,8 @@ Everything else runs on the writer's one background thread, in this order::
        its pack, fsynced; the coordinator writes tensors.msgpack) -> state.msgpack
     -> verify the index lists every tensor -> SHA-256 + fsync every file -> manifest.json
     -> fsync dir -> rename to DIR/step-N-L -> fsync DIR -> tier-2 copy (verified)
-    -> retention on both tiers (keeping every chain a kept checkpoint needs)
+    -> catalog row (catalog.py) -> retention on both tiers (keeping every chain a kept checkpoint
+       needs, and what the object tier has yet to upload), its verdicts noted in the catalog
 
 Invariants: a published directory is complete and never modified; until the rename, nothing
 a reader looks at has changed, so a crash or SIGKILL at any point leaves the previous
@@ -55,8 +56,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from replicaft.checkpoint.catalog import Catalog, code_version, entry_of
 from replicaft.checkpoint.chain import decide_chain
-from replicaft.checkpoint.chainfiles import chain_requirements, find_parent, known_chunks
+from replicaft.checkpoint.chainfiles import find_parent, known_chunks, retention_facts
 from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
 from replicaft.checkpoint.durable import (
     checksum_and_fsync,
@@ -70,6 +72,7 @@ from replicaft.checkpoint.durable import (
 from replicaft.checkpoint.entries import judge, read_small
 from replicaft.checkpoint.index import decode_index
 from replicaft.checkpoint.keys import EncryptionKey
+from replicaft.checkpoint.labels import CODE_VERSION_KEY
 from replicaft.checkpoint.layout import (
     MANIFEST_FILE,
     STATE_FILE,
@@ -89,7 +92,7 @@ from replicaft.checkpoint.manifest import (
 )
 from replicaft.checkpoint.objectstore import ObjectStore
 from replicaft.checkpoint.objecttier import Uploader
-from replicaft.checkpoint.options import CheckpointOptions
+from replicaft.checkpoint.options import BestMode, CheckpointOptions
 from replicaft.checkpoint.policy import (
     SaveDecision,
     enough_space,
@@ -98,7 +101,7 @@ from replicaft.checkpoint.policy import (
 )
 from replicaft.checkpoint.reader import check, scan_checkpoints
 from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
-from replicaft.checkpoint.retention import decide_retention
+from replicaft.checkpoint.retention import RetentionDecision, decide_retention
 from replicaft.checkpoint.storage import ChunkStorageWriter
 from replicaft.checkpoint.tier2 import copy_verified
 from replicaft.errors import CheckpointCorrupt, ObjectStoreError, OptionsError
@@ -180,6 +183,11 @@ class CheckpointWriter:
         tier2_directory: str | Path | None = None,
         keep_last: int = 3,
         milestone_every: int = 0,
+        milestone_at_epoch_end: bool = False,
+        keep_geometric_from: int = 0,
+        keep_best_k: int = 0,
+        keep_best_metric: str | None = None,
+        keep_best_mode: BestMode = "min",
         interval_steps: int = 0,
         interval_s: float = 0.0,
         free_space_margin: float = 0.1,
@@ -193,15 +201,17 @@ class CheckpointWriter:
         encryption_key: EncryptionKey | None = None,
         object_store: ObjectStore | None = None,
     ) -> None:
-        CheckpointOptions(
+        options = CheckpointOptions(
             directory=str(directory), tier2_directory=str(tier2_directory) if tier2_directory is not None else None,
             interval_steps=interval_steps, interval_s=interval_s, keep_last=keep_last, milestone_every=milestone_every,
+            milestone_at_epoch_end=milestone_at_epoch_end, keep_geometric_from=keep_geometric_from,
+            keep_best_k=keep_best_k, keep_best_metric=keep_best_metric, keep_best_mode=keep_best_mode,
             free_space_margin=free_space_margin, chain_length=chain_length, compression_level=compression_level,
         )
         self.directory = Path(directory)
         self.tier2_directory = Path(tier2_directory) if tier2_directory is not None else None
-        self.keep_last = keep_last
-        self.milestone_every = milestone_every
+        self.retention = options.retention
+        """Which checkpoints to keep after each publish (retention.py), in every tier."""
         self.interval_steps = interval_steps
         self.interval_s = interval_s
         self.free_space_margin = free_space_margin
@@ -215,9 +225,11 @@ class CheckpointWriter:
         self._pg = process_group
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
         self._world_size = dist.get_world_size(process_group) if process_group is not None else 1
-        self.uploader = (Uploader(object_store, self.directory, keep_last=keep_last, milestone_every=milestone_every,
-                                  writer_id=writer_id) if object_store is not None and self._rank == 0 else None)
+        self.uploader = (Uploader(object_store, self.directory, retention=self.retention, writer_id=writer_id)
+                         if object_store is not None and self._rank == 0 else None)
         """Group rank 0's background upload of each published checkpoint to the object store."""
+        self.catalog = Catalog(self.directory, tier2_directory=self.tier2_directory) if self._rank == 0 else None
+        """Group rank 0 registers each publish and retention's verdicts there (catalog.py)."""
         self._free_bytes = free_bytes
         self.wait_when_busy_s = wait_when_busy_s
         self._last_handle: SaveHandle | None = None
@@ -451,7 +463,7 @@ class CheckpointWriter:
             if not space.ok:
                 reason = (
                     f"not enough free space in {self.directory}: checkpoint of step {step} {space.reason}; "
-                    f"training continues without it; free space there or lower keep_last={self.keep_last}"
+                    f"training continues without it; free space there or lower keep_last={self.retention.keep_last}"
                 )
                 self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
                 return _Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
@@ -502,6 +514,8 @@ class CheckpointWriter:
         tier2_path, tier2_error = self._copy_to_tier2(final, manifest)
         if self.uploader is not None:
             self.uploader.submit(final)
+        if self.catalog is not None:
+            self.catalog.record(entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)))
         deleted = self._apply_retention(self.directory, step, job.lineage)
         return SaveResult(
             step, "published", f"published {final}", final, manifest.num_bytes, time.monotonic() - started,
@@ -546,7 +560,7 @@ class CheckpointWriter:
             # disk's state is the clearest evidence of the cause.
             reason += (
                 f"; {self.directory} has only {free} bytes free of the ~{estimated} needed: the disk is "
-                f"full (ENOSPC); free space there or lower keep_last={self.keep_last}"
+                f"full (ENOSPC); free space there or lower keep_last={self.retention.keep_last}"
             )
         remove_partial(tmp)
         previous = [name for name, _ in scan_checkpoints(self.directory).found
@@ -575,8 +589,8 @@ class CheckpointWriter:
         """Delete what retention says among this history's checkpoints (another history's are
         not this writer's to judge); one failed delete is logged and does not stop the others."""
         steps = {name.step: path for name, path in scan_checkpoints(directory).found if name.lineage == lineage}
-        decision = decide_retention(steps, keep_last=self.keep_last, milestone_every=self.milestone_every,
-                                    requires=chain_requirements(directory, lineage))
+        pending = self.uploader.pending_names() if self.uploader is not None and directory == self.directory else ()
+        decision = decide_retention(retention_facts(directory, lineage, pending).values(), self.retention)
         deleted = []
         for old in decision.delete:
             try:
@@ -586,7 +600,19 @@ class CheckpointWriter:
                 self._log(logging.WARNING, step, "retention could not delete %s: %s", steps[old], e)
         if deleted:
             self._log(logging.INFO, step, "retention in %s: %s", directory, decision.reason)
+        if self.catalog is not None:
+            self._catalog_retention(directory, lineage, decision, deleted)
         return tuple(deleted)
+
+    def _catalog_retention(self, directory: Path, lineage: str, decision: RetentionDecision, deleted: list[int]) -> None:
+        """The catalog after retention: why each checkpoint is kept, and which are gone from where."""
+        assert self.catalog is not None
+        gone = [checkpoint_dirname(old, lineage) for old in deleted]
+        if directory != self.directory:
+            self.catalog.set_tier(gone, "tier2", present=False)
+            return
+        self.catalog.set_roles({checkpoint_dirname(v.step, lineage): v.kept_as for v in decision.verdicts if v.keep})
+        self.catalog.remove(gone)
 
     def _remove_leftovers_once(self, directory: Path) -> None:
         """Remove ``*.tmp-*`` left by crashed saves, before this writer's first save there;
@@ -615,6 +641,7 @@ class CheckpointWriter:
             "replicaft_version": version,
             "torch_version": torch.__version__,
             "digest": state_digest,
+            CODE_VERSION_KEY: code_version(),
         }
 
     def _agree_prepared(self, prepared: _Prepared | None) -> _Prepared:
