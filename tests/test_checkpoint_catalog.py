@@ -129,14 +129,19 @@ def test_sigkill_mid_write_loses_at_most_the_row_being_written(tmp_path: Path) -
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_training_run_catalogs_its_saves_with_the_reported_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_training_run_rebuilds_a_bad_catalog_and_catalogs_its_saves_with_the_reported_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     env = dict(os.environ, REPLICAFT_LIGHTHOUSE=start_lighthouse(status=False).grpc_address, REPLICAFT_REPLICA_ID="g0",
                REPLICAFT_EVENTS_DIR=str(tmp_path / "events"), REPLICAFT_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
                REPLICAFT_CHECKPOINT_INTERVAL_STEPS="5", REPLICAFT_CHECKPOINT_KEEP_LAST="10")
     env.pop("REPLICAFT_FAULT_POINTS", None)
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / CATALOG_FILE).write_bytes(b"left by a crashed disk" * 64)  # rebuilt at start, with an event
     group = spawn_python(EXAMPLE, "--steps", "30", "--step-delay", "0.05", name="g0", env=env)
     assert group.wait_exit(150) == 0, group.output_tail()  # the manager's close waits for the last save
-    loss_at = {e["step"]: e["loss"] for e in read_events(tmp_path / "events") if e["event"] == "commit" and e["committed"]}
+    events = read_events(tmp_path / "events")
+    rebuilt = [e for e in events if e["event"] == "catalog_rebuilt"]
+    assert len(rebuilt) == 1 and "cannot be read" in rebuilt[0]["reason"], rebuilt
+    loss_at = {e["step"]: e["loss"] for e in events if e["event"] == "commit" and e["committed"]}
     published = sorted(i.path.name for i in CheckpointReader(tmp_path / "ckpt").list() if i.valid)
     rows = Catalog(tmp_path / "ckpt").find()
     # A save due while the previous one is still being written is skipped (policy.py): on a

@@ -1,17 +1,29 @@
 """Retention (replicaft/checkpoint/retention.py): every rule alone and combined; chains and
-pending uploads always kept; the newest never deleted; a reason for every checkpoint."""
+pending uploads always kept; the newest never deleted; a reason for every checkpoint. Then
+the writer applying it with a real object-store upload in flight."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from chaos.s3_server import S3Server
+from replicaft.checkpoint import CheckpointWriter
+from replicaft.checkpoint.objectstore import ObjectStore
 from replicaft.checkpoint.options import CheckpointOptions, RetentionPolicy
 from replicaft.checkpoint.retention import CheckpointFacts, decide_retention
+from replicaft.checkpoint.retry import RetryPolicy
 from replicaft.errors import OptionsError
+from replicaft.state import flatten
+from replicaft.transfer.snapshot import Snapshot
+
+MIB = 1024 * 1024
 
 
 def facts(*steps: int, **per_step: dict[int, Any]) -> list[CheckpointFacts]:
@@ -161,3 +173,38 @@ def test_retention_never_deletes_newest_recent_milestones_best_or_pending(
     assert all(set(chains.get(s, ())) <= keep for s in keep)
     ranked = sorted(ordered, key=lambda s: ((s * 7919) % 101, -s))[:best_k]
     assert set(ranked) <= keep
+
+
+# -- the writer applies it: a pending upload is not deleted (real files, a real S3 server) -----
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
+    for key, value in (("AWS_ACCESS_KEY_ID", "replicaft"), ("AWS_SECRET_ACCESS_KEY", "replicaft"),
+                       ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(key, value)
+    server = S3Server(buckets=["retention"]).start()
+    yield server
+    server.kill()
+
+
+def test_writer_keeps_checkpoints_whose_upload_is_pending(s3: S3Server, tmp_path: Path) -> None:
+    store = ObjectStore(f"s3://retention/{tmp_path.name}", endpoint_url=s3.endpoint, part_bytes=5 * MIB,
+                        retry=RetryPolicy(base_delay_s=0.05, max_delay_s=1.0, deadline_s=60.0))
+    frozen = torch.arange(6 * MIB // 4, dtype=torch.float32)  # two parts, each held back 1.5 s by the server
+    s3.faults(delay_parts_s=1.5)
+
+    def save(writer: CheckpointWriter, step: int) -> tuple[int, ...]:
+        snap = Snapshot.capture(flatten({"model": {"frozen": frozen, "head": torch.full((8,), float(step))}}),
+                                step=step, quorum_id=1, replica_id="g0")
+        result = writer.save_async(snap, step).wait(60)
+        assert result.ok, result.reason
+        return result.deleted_steps
+
+    with CheckpointWriter(tmp_path / "ckpt", keep_last=1, chain_length=1, object_store=store) as writer:
+        assert writer.uploader is not None
+        assert [save(writer, step) for step in (10, 20, 30)] == [(), (), ()], "uploads pending: nothing deleted"
+        assert len(writer.uploader.pending_names()) >= 2
+        s3.faults(delay_parts_s=0)
+        assert writer.uploader.wait_idle(60)
+        assert save(writer, 40) == (10, 20, 30)
