@@ -203,7 +203,7 @@ BAD_SCENARIOS = [
     ({"name": "x", "faults": [{"kind": "fault_point", "target": "g1", "at_s": 2.0, "point": "allreduce"}]}, "use at_step"),
     ({"name": "x", "faults": [{"kind": "fault_point", "target": "g1", "at_step": 2, "point": "lunch"}]}, "point='lunch'"),
     ({"name": "x", "faults": [{"kind": "kill_lighthouse", "target": "g1", "at_step": 2}]}, "takes no target"),
-    ({"name": "x", "faults": [{"kind": "meteor", "at_step": 2}]}, "kind 'meteor'"),
+    ({"name": "x", "faults": [{"kind": "meteor", "at_step": 2}]}, "faults[0].kind must be one of"),
     ({"name": "x", "steps": 10, "faults": [{"kind": "sigkill", "target": "g0", "at_step": 10}]}, "outside the run's steps"),
     ({"name": "x", "heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0}, "progress_timeout_s=5.0"),
 ]
