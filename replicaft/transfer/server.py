@@ -4,6 +4,13 @@ It makes no decisions: it answers a manifest request for the published step and 
 raw bytes of a requested range. Requests are validated (version, token, op, step, range) and
 a bad one gets an error frame naming what was wrong before the connection closes; other
 connections are unaffected. Nothing is unpickled.
+
+Resource bounds (issue 19): connections are admitted by admission.py's rule, each within
+deadlines for its handshake, its request frames and the idle time between them; a frame's
+length is checked before its body is allocated (wire.py), ranges against the served state;
+error texts, which may quote the peer's input, are cut to ``MAX_ERROR_CHARS``. Each bound
+enforced is counted (``statistics()``) and logged at most once per ``BOUND_LOG_INTERVAL_S``
+per kind, so a flood does not flood the log as well.
 """
 
 from __future__ import annotations
@@ -13,24 +20,37 @@ import logging
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from lighthouse.envelope import MAX_ID_CHARS, check_int, check_str, require
 from lighthouse.errors import ProtocolError
-from lighthouse.tls import HANDSHAKE_TIMEOUT_S
+from replicaft.transfer.admission import Admission, ServerLimits, ServerStatistics, admit
 from replicaft.transfer.manifest import Manifest
-from replicaft.transfer.wire import SEND_PIECE_BYTES, WIRE_VERSION, recv_frame, send_frame
+from replicaft.transfer.wire import (
+    SEND_PIECE_BYTES,
+    WIRE_VERSION,
+    FrameTimeout,
+    recv_frame,
+    send_frame,
+)
 
 logger = logging.getLogger(__name__)
 
-IDLE_TIMEOUT_S = 30.0
-"""A connection idle this long is closed, so a stalled healer cannot pin a server thread."""
+MAX_ERROR_CHARS = 512
+"""Error texts quote the peer's input (a 60 KB string where the version goes); cut to this."""
+BOUND_LOG_INTERVAL_S = 10.0
+ERROR_SEND_TIMEOUT_S = 1.0
+"""How long an error frame to a peer being cut off may take (it fits a socket buffer)."""
 
 NOT_SERVED = "not_served"
 """Error code of a request for a step this server holds no snapshot of (yet)."""
+BUSY = "busy"
+"""Error code of a connection refused or closed because the server holds as many as it may."""
 
 
 class Served(Protocol):
@@ -54,20 +74,42 @@ RangeHook = Callable[[int, int, memoryview], memoryview]
 """Fault injection for tests (``fault_hook``): may return altered bytes for a range."""
 
 
+@dataclass(eq=False)
+class _Connection:
+    sock: socket.socket
+    peer: object
+    accepted: float
+    """Monotonic time of the accept: the handshake deadline counts from it."""
+    authenticated: bool = False
+    evicted: str | None = None
+    """Why the accept loop closed it for a newer one (set before it shuts the socket down)."""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else f"{text[:MAX_ERROR_CHARS]}... ({len(text)} characters)"
+
+
 class StateServer:
     def __init__(self, host: str, token: str | None = None, *, fault_hook: RangeHook | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, limits: ServerLimits | None = None) -> None:
         """``tls``: a server context (lighthouse.tls.TlsFiles.server_context); every connection
-        is then TLS, its handshake done on the connection's own thread within HANDSHAKE_TIMEOUT_S."""
+        is then TLS, its handshake done on the connection's own thread within the handshake
+        deadline. ``limits``: the bounds on what peers may hold (defaults: ``ServerLimits()``)."""
         self._host = host
         self._token = token
         self._tls = tls
         self._fault_hook = fault_hook
+        self._limits = limits if limits is not None else ServerLimits()
         self._snapshots: dict[int, Served] = {}
         self._lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
+        self._conn_lock = threading.Lock()
+        self._connections: list[_Connection] = []
+        """Open connections in accept order (evicted ones leave it at once)."""
+        self._counts = {"refused": 0, "evicted": 0, "handshake_timeouts": 0, "request_timeouts": 0}
+        self._last_logged: dict[str, float] = {}
 
     def start(self) -> str:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
@@ -93,6 +135,12 @@ class StateServer:
             self._sock.close()
         if self._thread is not None:
             self._thread.join(5.0)
+
+    def statistics(self) -> ServerStatistics:
+        with self._conn_lock:
+            c = self._counts
+            return ServerStatistics(len(self._connections), sum(not x.authenticated for x in self._connections),
+                                    c["refused"], c["evicted"], c["handshake_timeouts"], c["request_timeouts"])
 
     def publish(self, snapshot: Served) -> None:
         """Serve ``snapshot`` (alongside any other step still retained)."""
@@ -120,47 +168,165 @@ class StateServer:
                 conn, peer = self._sock.accept()
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn, peer), name="replicaft-state-conn", daemon=True).start()
-
-    def _serve(self, conn: socket.socket, peer: object) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self._tls is not None:
-            conn.settimeout(HANDSHAKE_TIMEOUT_S)
+            record = _Connection(conn, peer, time.monotonic())
+            evicted: _Connection | None = None
+            admission: Admission
+            with self._conn_lock:
+                admission = admit(len(self._connections), sum(not c.authenticated for c in self._connections),
+                                  self._limits)
+                if admission.action == "refuse":
+                    self._counts["refused"] += 1
+                else:
+                    if admission.action == "evict_oldest":
+                        evicted = next(c for c in self._connections if not c.authenticated)
+                        evicted.evicted = admission.reason
+                        self._connections.remove(evicted)
+                        self._counts["evicted"] += 1
+                    self._connections.append(record)
+            if admission.action == "refuse":
+                self._log_bound("refused", "state server: refused a connection from %s: %s", peer, admission.reason)
+                self._refuse(conn, admission.reason)
+                continue
+            if evicted is not None:
+                self._log_bound("evicted", "state server: closed the connection from %s: %s", evicted.peer,
+                                admission.reason)
+                _shut_reading(evicted.sock)
             try:
-                conn = self._tls.wrap_socket(conn, server_side=True)
-            except (OSError, ssl.CertificateError) as e:  # ssl.SSLError is an OSError
-                logger.warning("state server: TLS handshake with %s failed: %s", peer, e)
+                threading.Thread(target=self._serve, args=(record,), name="replicaft-state-conn", daemon=True).start()
+            except RuntimeError as e:  # the process is out of threads: this connection goes, the server stays
+                logger.warning("state server: no thread for the connection from %s (%s); closed it", peer, e)
+                self._forget(record)
                 conn.close()
-                return
-        conn.settimeout(IDLE_TIMEOUT_S)
+
+    def _refuse(self, conn: socket.socket, reason: str) -> None:
+        """Tell a connection it is refused and close it, without blocking the accept loop: the
+        error frame fits an empty socket buffer. Over TLS it is only closed (an error frame
+        would need the handshake first, on this thread)."""
         try:
-            while True:
-                try:
-                    request = recv_frame(conn, "state request")
-                except ConnectionError:
-                    return
-                except ProtocolError as e:
-                    # An oversized or undecodable frame is answered like a bad request.
-                    self._reject(conn, peer, e)
-                    return
-                try:
-                    self._answer(conn, request)
-                except ProtocolError as e:
-                    self._reject(conn, peer, e)
-                    return
-        except (OSError, ProtocolError) as e:
-            logger.debug("state server: connection from %s ended: %s", peer, e)
+            if self._tls is None:
+                conn.setblocking(False)
+                send_frame(conn, {"ok": False, "error": reason, "code": BUSY})
+                conn.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
         finally:
             conn.close()
 
-    def _reject(self, conn: socket.socket, peer: object, error: ProtocolError) -> None:
-        if isinstance(error, NotServed):
-            logger.debug("state server: %s asked for a step not served: %s", peer, error)
-        else:
-            logger.warning("state server: rejected a request from %s: %s", peer, error)
-        send_frame(conn, {"ok": False, "error": str(error), "code": NOT_SERVED if isinstance(error, NotServed) else "rejected"})
+    def _log_bound(self, kind: str, message: str, *args: object) -> None:
+        """Warn that a bound was enforced, at most once per BOUND_LOG_INTERVAL_S per kind, with
+        the count so far (a flood of refusals must not also flood the log)."""
+        now = time.monotonic()
+        with self._conn_lock:
+            if now - self._last_logged.get(kind, -BOUND_LOG_INTERVAL_S) < BOUND_LOG_INTERVAL_S:
+                return
+            self._last_logged[kind] = now
+            count = self._counts.get(kind, 0)
+        logger.warning(message + " (%d so far; logged at most every %gs)", *args, count, BOUND_LOG_INTERVAL_S)
 
-    def _answer(self, conn: socket.socket, request: dict) -> None:
+    def _forget(self, record: _Connection) -> None:
+        with self._conn_lock:
+            if record in self._connections:
+                self._connections.remove(record)
+
+    def _authenticated(self, record: _Connection) -> None:
+        with self._conn_lock:
+            record.authenticated = True
+
+    def _serve(self, record: _Connection) -> None:
+        limits = self._limits
+        handshake_deadline = record.accepted + limits.handshake_timeout_s
+        conn = record.sock
+        try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._tls is not None:
+                conn = self._tls_handshake(record, handshake_deadline)
+            while True:
+                if record.authenticated:
+                    request = recv_frame(conn, "state request", idle_deadline=time.monotonic() + limits.idle_timeout_s,
+                                         frame_timeout_s=limits.request_timeout_s)
+                else:
+                    request = recv_frame(conn, "state request", frame_timeout_s=limits.request_timeout_s,
+                                         deadline=handshake_deadline)
+                self._check_credentials(request)
+                if not record.authenticated:
+                    self._authenticated(record)
+                conn.settimeout(limits.idle_timeout_s)  # each sendall of the reply, in total (Python >= 3.5)
+                self._answer(conn, request)
+        except FrameTimeout as e:
+            self._timed_out(conn, record, e)
+        except ConnectionError as e:
+            if record.evicted is not None:
+                self._send_error(conn, record.evicted, BUSY)
+            logger.debug("state server: connection from %s ended: %s", record.peer, e)
+        except ProtocolError as e:
+            # An oversized or undecodable frame, or a bad request: answered with what was wrong.
+            self._reject(conn, record.peer, e)
+        except (OSError, ssl.CertificateError) as e:  # ssl.SSLError is an OSError
+            if record.evicted is not None:
+                self._send_error(conn, record.evicted, BUSY)
+            logger.debug("state server: connection from %s ended: %s", record.peer, e)
+        finally:
+            self._forget(record)
+            record.sock.close()  # the TLS-wrapped socket once wrapped (conn is still the raw one if that failed)
+
+    def _tls_handshake(self, record: _Connection, deadline: float) -> ssl.SSLSocket:
+        """The connection wrapped in TLS, its handshake done by ``deadline``. The wrapped socket
+        replaces the raw one in ``record`` before any I/O, so an eviction can always shut it."""
+        with self._conn_lock:
+            assert self._tls is not None
+            conn = self._tls.wrap_socket(record.sock, server_side=True, do_handshake_on_connect=False)
+            record.sock = conn
+            if record.evicted is not None:
+                _shut_reading(conn)
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise FrameTimeout("TLS handshake not begun before the handshake deadline", begun=False)
+        conn.settimeout(remaining)  # the whole handshake, not each recv (CPython's _ssl)
+        try:
+            conn.do_handshake()
+        except TimeoutError as e:
+            raise FrameTimeout(f"TLS handshake not complete {self._limits.handshake_timeout_s:g}s after the accept",
+                               begun=True) from e
+        except (OSError, ssl.CertificateError) as e:
+            logger.warning("state server: TLS handshake with %s failed: %s", record.peer, e)
+            raise
+        return conn
+
+    def _timed_out(self, conn: socket.socket, record: _Connection, error: FrameTimeout) -> None:
+        """Close a connection that passed a deadline: quietly if it was idle between requests,
+        else counted, logged and told which limit it passed."""
+        limits = self._limits
+        if record.authenticated and not error.begun:
+            logger.debug("state server: closed the connection from %s, idle for %gs", record.peer, limits.idle_timeout_s)
+            return
+        if record.authenticated:
+            kind, why = "request_timeouts", f"request_timeout_s={limits.request_timeout_s:g}"
+        else:
+            kind, why = "handshake_timeouts", f"handshake_timeout_s={limits.handshake_timeout_s:g} after connecting"
+        with self._conn_lock:
+            self._counts[kind] += 1
+        message = f"{error}; the limit is {why}: closing the connection"
+        self._log_bound(kind, "state server: %s: %s", record.peer, message)
+        self._send_error(conn, message, "timeout")
+
+    def _send_error(self, conn: socket.socket, error: str, code: str) -> None:
+        """Best effort: the peer is being cut off, perhaps for not reading."""
+        try:
+            conn.settimeout(ERROR_SEND_TIMEOUT_S)
+            send_frame(conn, {"ok": False, "error": _cut(error), "code": code})
+        except OSError:
+            pass
+
+    def _reject(self, conn: socket.socket, peer: object, error: ProtocolError) -> None:
+        text = _cut(str(error))
+        if isinstance(error, NotServed):
+            logger.debug("state server: %s asked for a step not served: %s", peer, text)
+        else:
+            logger.warning("state server: rejected a request from %s: %s", peer, text)
+        self._send_error(conn, text, NOT_SERVED if isinstance(error, NotServed) else "rejected")
+
+    def _check_credentials(self, request: dict) -> None:
+        """Every request names the wire version and carries the token (ProtocolError if not)."""
         m = "StateRequest"
         if request.get("v") != WIRE_VERSION:
             raise ProtocolError(f"{m} speaks version {request.get('v')!r}; this server speaks {WIRE_VERSION}. "
@@ -169,6 +335,9 @@ class StateServer:
             given = request.get("token")
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._token.encode()):
                 raise ProtocolError(f"{m}: {'missing' if given is None else 'wrong'} token")
+
+    def _answer(self, conn: socket.socket, request: dict) -> None:
+        m = "StateRequest"
         op = check_str(m, "op", require(request, m, "op"), 16)
         step = check_int(m, "step", require(request, m, "step"), 0)
         with self._lock:
@@ -202,3 +371,14 @@ class StateServer:
         send_frame(conn, {"ok": True, "num_bytes": stop - start})
         for i in range(0, len(data), SEND_PIECE_BYTES):
             conn.sendall(data[i : i + SEND_PIECE_BYTES])
+
+
+def _shut_reading(sock: socket.socket) -> None:
+    """Wake the thread reading ``sock`` (its ``recv`` returns end of file) and let it say why it
+    closes: the write side stays open. Called from the accept loop, never the reader's thread.
+    ``socket.socket.shutdown`` itself, not an SSLSocket's, which drops its TLS state under the
+    reader's feet."""
+    try:
+        socket.socket.shutdown(sock, socket.SHUT_RD)
+    except OSError:
+        pass
