@@ -9,6 +9,15 @@ returns the snapshot (plain data, built by :func:`status_snapshot` from the stat
 and one that renders the metrics. So this module imports the state machine but never the
 server, and the server imports it: no import circle, and tests build a snapshot from a bare
 :class:`Membership`.
+
+What a client can hold is bounded (issue 19): at most ``MAX_CONNECTIONS`` at once (past it a
+503 at once, without reading the request), each with ``READ_TIMEOUT_S`` for its TLS
+handshake and for its whole request head (not per read), a head of at most
+``MAX_REQUEST_BYTES`` buffered, and ``WRITE_TIMEOUT_S`` for its reply to be taken. A client
+that asked and never read used to keep its connection, and the rendered page, for ever.
+Every connection costs a file descriptor the lighthouse's gRPC sessions draw on too. Over
+TLS a connection counts once its handshake is done (asyncio does it before the handler);
+until then only the handshake timeout bounds it.
 """
 
 from __future__ import annotations
@@ -29,6 +38,12 @@ logger = logging.getLogger(__name__)
 
 MAX_REQUEST_BYTES = 8192
 READ_TIMEOUT_S = 5.0
+WRITE_TIMEOUT_S = 5.0
+"""The most sending one reply may take (the page is tens of KB; a reader takes it in a moment)."""
+MAX_CONNECTIONS = 32
+"""Connections served at once: a browser or two and a few Prometheus scrapers need a handful."""
+BUSY_REPLY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+              b"Content-Length: 27\r\nConnection: close\r\n\r\ntoo many connections; retry\n")
 
 
 def status_snapshot(m: Membership, metrics: Metrics) -> dict[str, Any]:
@@ -127,16 +142,26 @@ class StatusServer:
     """Serves the page; ``snapshot`` and ``render_metrics`` are called on every request, on
     the event loop that runs this server (the lighthouse's, so they read its state safely)."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], render_metrics: Callable[[], str]) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], render_metrics: Callable[[], str], *,
+                 max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S,
+                 write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
         self._snapshot = snapshot
         self._render_metrics = render_metrics
+        self._max_connections = max_connections
+        self._read_timeout_s = read_timeout_s
+        self._write_timeout_s = write_timeout_s
         self._server: asyncio.Server | None = None
+        self.num_connections = 0
+        """Connections being served now (read on the server's loop, or as a plain int elsewhere)."""
+        self.num_refused = 0
+        """Connections answered 503 because ``max_connections`` were being served."""
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> str:
         """Serve on ``host:port`` (HTTPS with ``tls``); the page's URL."""
         try:
             self._server = await asyncio.start_server(
-                self._handle, host, port, ssl=tls, ssl_handshake_timeout=READ_TIMEOUT_S if tls else None)
+                self._handle, host, port, ssl=tls, ssl_handshake_timeout=self._read_timeout_s if tls else None,
+                limit=MAX_REQUEST_BYTES)
         except OSError as e:
             raise OSError(
                 f"lighthouse could not serve its status page on {host}:{port} "
@@ -152,8 +177,23 @@ class StatusServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.num_connections >= self._max_connections:
+            self.num_refused += 1
+            if self.num_refused == 1 or self.num_refused % 1000 == 0:
+                logger.warning("status page: %d connections open, its limit; answered 503 (%d so far)",
+                               self.num_connections, self.num_refused)
+            writer.write(BUSY_REPLY)
+            writer.close()
+            return
+        self.num_connections += 1
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+            await self._serve(reader, writer)
+        finally:
+            self.num_connections -= 1
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._read_timeout_s)
             if len(head) > MAX_REQUEST_BYTES:
                 raise ValueError("request head too large")
             parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
@@ -170,9 +210,11 @@ class StatusServer:
             "Cache-Control: no-store\r\nConnection: close\r\n\r\n".encode() + data
         )
         try:
-            await writer.drain()
-        finally:
-            writer.close()
+            await asyncio.wait_for(writer.drain(), self._write_timeout_s)
+        except (asyncio.TimeoutError, ConnectionError):
+            writer.transport.abort()  # close() would wait to flush what the client is not reading
+            return
+        writer.close()
 
     def _route(self, method: str, path: str) -> tuple[str, str, str]:
         if method != "GET":

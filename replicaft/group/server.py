@@ -8,6 +8,14 @@ Authenticated always: with the job's token when there is one, else with a secret
 for its group and hands to the other ranks through the group's rendezvous store (client.py),
 so no process outside the group can join its rounds or break it by opening and dropping a
 notice stream.
+
+Bounded (issue 19), since a peer needs no secret to connect: messages as on the channels
+(``envelope.MAX_MESSAGE_BYTES``); connections at ``max_connections(W)``, past which grpc
+closes a new one as it is accepted; a connection that has not sent its HTTP/2 settings
+(its TLS handshake included) within ``HANDSHAKE_TIMEOUT_S`` is closed (grpc's default waits
+two minutes); and RPCs at ``max_concurrent_rpcs(W)``, past which one is refused with
+RESOURCE_EXHAUSTED. A call without the secret is aborted before it does anything, so it
+holds its slot for microseconds.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ import grpc
 from lighthouse import envelope
 from lighthouse.errors import LighthouseError, ProtocolError
 from lighthouse.guards import require_token
-from lighthouse.tls import TlsFiles, add_port
+from lighthouse.tls import HANDSHAKE_TIMEOUT_S, TlsFiles, add_port
 from replicaft.errors import GroupBroken, StepMismatch
 from replicaft.group import protocol as gp
 from replicaft.group.coordinator import GroupCoordinator, GroupRefused
@@ -35,6 +43,23 @@ CHANNEL_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
+SPARE_CONNECTIONS = 16
+"""Room beyond the group's own: ranks reconnecting before grpc has dropped their old
+connections, and callers without the secret while they are being refused."""
+
+
+def max_connections(world_size: int) -> int:
+    """Ranks 1..W-1 hold one channel each, two while one reconnects: 2 W, plus spares. The cap
+    keeps a flood from taking the training process's file descriptors (NCCL, Gloo and the
+    checkpoint files draw on the same table); it is not what keeps strangers out (the secret is)."""
+    return 2 * world_size + SPARE_CONNECTIONS
+
+
+def max_concurrent_rpcs(world_size: int) -> int:
+    """Each rank has at most a notice stream, a quorum and a vote under way: 3 W, plus spares."""
+    return 3 * world_size + SPARE_CONNECTIONS
+
+
 _REFUSAL_STATUS = {
     "invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "mismatch": grpc.StatusCode.FAILED_PRECONDITION,
@@ -47,8 +72,10 @@ class GroupServer:
     """Serves ``coordinator`` on ``loop``; ``start()`` returns the address ranks connect to."""
 
     def __init__(self, coordinator: GroupCoordinator, loop: LoopThread, *, host: str, token: str,
-                 tls: TlsFiles | None = None) -> None:
+                 tls: TlsFiles | None = None, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+        """``handshake_timeout_s``: how long a new connection may take to send its HTTP/2 settings."""
         self._coordinator = coordinator
+        self._handshake_timeout_s = handshake_timeout_s
         self._loop = loop
         self._host = host
         self._token = token
@@ -68,7 +95,11 @@ class GroupServer:
         self._server = None
 
     async def _start(self) -> str:
-        self._server = grpc.aio.server(options=CHANNEL_OPTIONS[:2])
+        world_size = self._coordinator.options.group_world_size
+        self._server = grpc.aio.server(
+            options=[*CHANNEL_OPTIONS[:2], ("grpc.max_allowed_incoming_connections", max_connections(world_size)),
+                     ("grpc.server_handshake_timeout_ms", round(self._handshake_timeout_s * 1000))],
+            maximum_concurrent_rpcs=max_concurrent_rpcs(world_size))
         handler = grpc.method_handlers_generic_handler(
             gp.SERVICE,
             {
