@@ -22,6 +22,7 @@ from typing import Any
 import msgpack
 import pytest
 import torch
+from socket_waits import WAIT_S, read_until_closed, wait_for
 from transfer_donor import build_snapshot
 
 from lighthouse.errors import ProtocolError
@@ -35,8 +36,6 @@ from replicaft.transfer.wire import MAX_FRAME_BYTES, WIRE_VERSION, recv_frame
 
 STEP = 7
 TOKEN = "bounds-token"
-WAIT_S = 5.0
-"""The most any wait here takes before the test fails (a bound is seconds at most)."""
 SLACK_S = 1.0
 """How late past its deadline a cut may be observed on a loaded 2-core host."""
 
@@ -65,22 +64,6 @@ def manifest_request(**fields: Any) -> bytes:
     return frame({"v": WIRE_VERSION, "token": TOKEN, "op": "manifest", "step": STEP, **fields})
 
 
-def read_until_closed(sock: socket.socket, deadline: float) -> bytes:
-    """Everything the server sends until it closes the connection; fails at ``deadline``."""
-    out = bytearray()
-    while True:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"the server did not close the connection within the deadline (got {bytes(out)[:80]!r})"
-        sock.settimeout(remaining)
-        try:
-            piece = sock.recv(65536)
-        except ConnectionResetError:
-            return bytes(out)
-        if not piece:
-            return bytes(out)
-        out += piece
-
-
 def trickle_until_closed(sock: socket.socket, data: bytes, every_s: float, deadline: float) -> tuple[float, bytes]:
     """Send ``data`` one byte every ``every_s`` until the server closes the connection; the
     time it closed (monotonic) and what it sent before."""
@@ -103,13 +86,6 @@ def error_frame(raw: bytes) -> dict[str, Any]:
     reply = msgpack.unpackb(raw[4 : 4 + length], raw=False)
     assert reply["ok"] is False, reply
     return reply
-
-
-def wait_for(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen within {WAIT_S}s"
-        time.sleep(0.01)
 
 
 def authenticated(address: tuple[str, int]) -> socket.socket:
@@ -260,7 +236,7 @@ def test_an_oversized_frame_length_is_refused_from_its_header_without_allocating
         finally:
             tracemalloc.stop()
     assert f"state request frame is {2**32 - 1} bytes; the limit is {MAX_FRAME_BYTES}" in reply["error"]
-    assert peak < 1 << 20
+    assert peak < 64 << 20  # the test's own 1 MiB receive buffer included; the frame announced 4 GiB
 
 
 def test_a_huge_value_in_a_request_is_not_echoed_back_or_logged_in_full_issue_19(caplog: pytest.LogCaptureFixture) -> None:

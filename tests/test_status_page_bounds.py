@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+
+from socket_waits import WAIT_S, read_until_closed, wait_for
 
 from lighthouse.status import StatusServer
 from replicaft.threads import LoopThread
 
-WAIT_S = 5.0
 SLACK_S = 1.0
 
 
@@ -36,28 +37,6 @@ def status_page(server: StatusServer) -> Iterator[tuple[StatusServer, tuple[str,
     finally:
         loop.call(server.stop(), WAIT_S)
         loop.stop()
-
-
-def read_until_closed(sock: socket.socket, deadline: float) -> bytes:
-    out = bytearray()
-    while True:
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"the status page did not close the connection in time (got {bytes(out)[:80]!r})"
-        sock.settimeout(remaining)
-        try:
-            piece = sock.recv(1 << 20)
-        except ConnectionResetError:
-            return bytes(out)
-        if not piece:
-            return bytes(out)
-        out += piece
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen within {WAIT_S}s"
-        time.sleep(0.01)
 
 
 def test_a_connection_past_the_cap_is_answered_503_at_once_and_the_page_serves_again_after_issue_19() -> None:
