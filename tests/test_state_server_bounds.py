@@ -247,3 +247,14 @@ def test_a_huge_value_in_a_request_is_not_echoed_back_or_logged_in_full_issue_19
     assert reply["error"].startswith("StateRequest speaks version 'xxx")
     assert len(reply["error"]) < MAX_ERROR_CHARS + 40
     assert all(len(r.getMessage()) < MAX_ERROR_CHARS + 200 for r in caplog.records)
+
+
+def test_bad_first_requests_are_counted_and_logged_once_per_interval_not_once_each(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with serving(ServerLimits()) as (server, address):
+        for _ in range(5):
+            with socket.create_connection(address, timeout=WAIT_S) as sock:
+                sock.sendall(manifest_request(token="guessed"))
+                assert error_frame(read_until_closed(sock, time.monotonic() + WAIT_S))["error"] == "StateRequest: wrong token"
+        assert server.statistics().num_rejected == 5
+    assert sum("rejected a first request" in r.getMessage() for r in caplog.records) == 1

@@ -109,3 +109,5 @@ class ServerStatistics:
     """Unauthenticated connections closed to make room for a newer one."""
     num_handshake_timeouts: int
     num_request_timeouts: int
+    num_rejected: int
+    """First requests refused as malformed, of another version or without the right token."""

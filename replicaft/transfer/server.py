@@ -108,7 +108,7 @@ class StateServer:
         self._conn_lock = threading.Lock()
         self._connections: list[_Connection] = []
         """Open connections in accept order (evicted ones leave it at once)."""
-        self._counts = {"refused": 0, "evicted": 0, "handshake_timeouts": 0, "request_timeouts": 0}
+        self._counts = {"refused": 0, "evicted": 0, "handshake_timeouts": 0, "request_timeouts": 0, "rejected": 0}
         self._last_logged: dict[str, float] = {}
 
     def start(self) -> str:
@@ -140,7 +140,8 @@ class StateServer:
         with self._conn_lock:
             c = self._counts
             return ServerStatistics(len(self._connections), sum(not x.authenticated for x in self._connections),
-                                    c["refused"], c["evicted"], c["handshake_timeouts"], c["request_timeouts"])
+                                    c["refused"], c["evicted"], c["handshake_timeouts"], c["request_timeouts"],
+                                    c["rejected"])
 
     def publish(self, snapshot: Served) -> None:
         """Serve ``snapshot`` (alongside any other step still retained)."""
@@ -260,7 +261,7 @@ class StateServer:
             logger.debug("state server: connection from %s ended: %s", record.peer, e)
         except ProtocolError as e:
             # An oversized or undecodable frame, or a bad request: answered with what was wrong.
-            self._reject(conn, record.peer, e)
+            self._reject(conn, record, e)
         except (OSError, ssl.CertificateError) as e:  # ssl.SSLError is an OSError
             if record.evicted is not None:
                 self._send_error(conn, record.evicted, BUSY)
@@ -317,12 +318,19 @@ class StateServer:
         except OSError:
             pass
 
-    def _reject(self, conn: socket.socket, peer: object, error: ProtocolError) -> None:
+    def _reject(self, conn: socket.socket, record: _Connection, error: ProtocolError) -> None:
+        """Answer a bad request with what was wrong. Logged each time from a peer that had the
+        token (a job member with a bug), at most once per BOUND_LOG_INTERVAL_S from one that
+        never showed it: anyone can send those, as fast as they can connect."""
         text = _cut(str(error))
         if isinstance(error, NotServed):
-            logger.debug("state server: %s asked for a step not served: %s", peer, text)
+            logger.debug("state server: %s asked for a step not served: %s", record.peer, text)
+        elif record.authenticated:
+            logger.warning("state server: rejected a request from %s: %s", record.peer, text)
         else:
-            logger.warning("state server: rejected a request from %s: %s", peer, text)
+            with self._conn_lock:
+                self._counts["rejected"] += 1
+            self._log_bound("rejected", "state server: rejected a first request from %s: %s", record.peer, text)
         self._send_error(conn, text, NOT_SERVED if isinstance(error, NotServed) else "rejected")
 
     def _check_credentials(self, request: dict) -> None:
