@@ -48,6 +48,7 @@ MAX_UNAUTHENTICATED = MAX_HEALERS_SERVED * HEAL_CONNECTIONS
 connections opening in the same instant, as they do once the manifests are in; past it the
 oldest is evicted (see the module docstring)."""
 
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ServerLimits:
     """What one peer may hold of a state server (see the module docstring); tests shorten them."""
