@@ -16,11 +16,13 @@ and leaves.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import NoReturn
 
 from lighthouse.plan import StepPlan
 from replicaft import reserve
+from replicaft.checkpoint.telemetry import load_fields
 from replicaft.errors import GroupError
 from replicaft.events import EventLog
 from replicaft.persistence import PREEMPTED_EXIT_CODE, Persistence
@@ -75,15 +77,18 @@ class StepBoundary:
     def resume_from_disk(self, plan: StepPlan, report_error: Callable[[Exception], None]) -> None:
         """Load the newest valid checkpoint; the step that loaded it does not commit."""
         self._persistence.settle()
+        started = time.monotonic()
         loaded = self._persistence.load_latest(self._registry.state_dict(), occasion=plan.store_prefix)
         if loaded is None:
             logger.warning("no valid checkpoint to resume from; starting at step 0")
             return
         self._registry.load_state_dict(loaded.state)
+        load_s = time.monotonic() - started
         if self._persistence.cadence is not None:
             self._persistence.cadence.resumed()  # after the loaded history: a total failure
         self._emit("resume", checkpoint_step=loaded.step, path=str(loaded.path),
-                   digest=digest(self._registry.flat(in_digest_only=True)))
+                   digest=digest(self._registry.flat(in_digest_only=True)),
+                   **load_fields(loaded.state, loaded.path, self._persistence.options.checkpoint_tier2_dir, load_s))
         report_error(GroupError(f"resumed from checkpoint step {loaded.step} ({loaded.path}); this step only loaded"))
 
     def leave_preempted(self, step: int, plan: StepPlan | None) -> NoReturn:

@@ -54,6 +54,7 @@ from replicaft.checkpoint.layout import (
     lineage_label,
     new_lineage,
 )
+from replicaft.checkpoint.telemetry import CheckpointTelemetry
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.preemption import PreemptionWatcher, parse_notice_source
@@ -108,6 +109,8 @@ class Persistence:
         """Tags and metrics for the next checkpoint (``Manager.checkpoint_tags``/``report_metrics``)."""
         self._capture_labels: dict[str, Any] = {}
         """The labels taken for the save whose background copy is running (see :meth:`settle`)."""
+        self.telemetry = CheckpointTelemetry(options.checkpoint_dir, has_object_tier=bool(options.checkpoint_object_store))
+        """Each save's figures and anomalies (``checkpoint``/``checkpoint_anomaly`` events)."""
 
     @property
     def enabled(self) -> bool:
@@ -274,13 +277,16 @@ class Persistence:
             if self.options.group_world_size > 1:
                 self._in_flight = self._snapshot(state, step, quorum_id, spare)
                 self._writer.save_async(self._in_flight, step, self.labels.take(), lineage=self._lineage)
+                host_bytes = self._in_flight.buffer.numel()
             else:
                 self._capture_labels = self.labels.take()
                 self._capture = BackgroundCapture(flatten(state()), step=step, quorum_id=quorum_id,
                                                   replica_id=self.options.replica_id, out=spare, copy_now=self._copy_now)
                 deferred = self._capture.deferred_bytes
+                host_bytes = self._capture.buffer.numel()
             self._blocked_s[step] = time.monotonic() - started
-            self._emit("checkpoint_start", checkpoint_step=step, background_copy_bytes=deferred)
+            self.telemetry.started(step, host_bytes)
+            self._emit("checkpoint_start", checkpoint_step=step, background_copy_bytes=deferred, host_bytes=host_bytes)
         self._report()
 
     def settle(self) -> None:
@@ -338,6 +344,7 @@ class Persistence:
             blocked_s = self._blocked_s.pop(r.step, None)
             if self.cadence is not None and r.ok and blocked_s is not None:
                 self.cadence.save_measured(blocked_s, r.seconds)
+            figures, anomalies = self.telemetry.finished(r, blocked_s)
             self._emit(
                 "checkpoint",
                 checkpoint_step=r.step,
@@ -347,10 +354,17 @@ class Persistence:
                 path=str(r.path) if r.path else None,
                 num_bytes=r.num_bytes,
                 kind=r.kind,
+                **figures,
             )
+            for a in anomalies:
+                logger.warning("[%s] checkpoint anomaly (%s): %s", self.options.replica_id, a.kind, a.reason)
+                self._emit("checkpoint_anomaly", checkpoint_step=r.step, kind=a.kind, reason=a.reason, value=a.value,
+                           threshold=a.threshold)
         for u in self._writer.uploader.pop_finished() if self._writer.uploader is not None else ():
             if u.ok and self._writer.catalog is not None:
                 self._writer.catalog.set_tier([u.name], "object", present=True)
+            if u.ok:
+                self.telemetry.uploaded(u.step)
             self._emit("checkpoint_upload", checkpoint_step=u.step, name=u.name, ok=u.ok, reason=u.reason,
-                       num_bytes=u.num_bytes, seconds=u.seconds)
+                       num_bytes=u.num_bytes, seconds=u.seconds, tier="object")
 
