@@ -1,29 +1,36 @@
-"""Counters and a latency histogram for the lighthouse, rendered in Prometheus text format."""
+"""The lighthouse's counters and quorum-latency histogram, exposed through prometheus-client.
+
+The counters stay plain integer fields that the server's handlers bump (``metrics.x += 1``)
+on the lighthouse's one event loop, and the status page (status.py) reads as numbers: no
+lock, no prometheus-client call on the hot path. A custom collector turns the fields into
+metric families when ``/metrics`` is scraped, and prometheus-client writes the exposition
+(escaping, ``_total`` suffixes, histogram buckets), which used to be written by hand here.
+
+Each :class:`Metrics` has its own registry, so two lighthouses in one process (the
+replicated set's tests) report their own figures, and importing this module registers nothing.
+"""
 
 from __future__ import annotations
 
-import bisect
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 QUORUM_LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
-
-@dataclass
-class Histogram:
-    buckets: tuple[float, ...]
-    counts: list[int] = field(init=False)
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * len(self.buckets)
-
-    def observe(self, value: float) -> None:
-        i = bisect.bisect_left(self.buckets, value)
-        if i < len(self.counts):
-            self.counts[i] += 1
-        self.total += value
-        self.count += 1
+_COUNTERS = (
+    ("quorums_formed", "quorums_formed", "Quorums formed."),
+    ("quorum_ids", "quorum_ids_issued", "Distinct quorum ids issued."),
+    ("members_lost", "members_lost", "Members declared lost."),
+    ("rejected_requests", "rejected_requests", "Requests rejected as invalid or unauthenticated."),
+    ("duplicate_replicas_refused", "duplicate_replicas_refused",
+     "Sessions refused because another live process holds the replica id."),
+    ("sessions_ended_not_reading", "sessions_ended_not_reading",
+     "Sessions ended because the member did not read its stream."),
+)
+"""(metric name without ``replicaft_lighthouse_`` and ``_total``, field, help)."""
 
 
 @dataclass
@@ -35,35 +42,29 @@ class Metrics:
     rejected_requests: int = 0
     duplicate_replicas_refused: int = 0
     sessions_ended_not_reading: int = 0
-    quorum_latency_s: Histogram = field(default_factory=lambda: Histogram(QUORUM_LATENCY_BUCKETS_S))
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry, repr=False, compare=False)
+    quorum_latency_s: Histogram = field(init=False, repr=False, compare=False)
     """From the first join of a round to the quorum forming."""
 
+    def __post_init__(self) -> None:
+        self.quorum_latency_s = Histogram("replicaft_lighthouse_quorum_latency_seconds",
+                                          "From the first join of a round to the quorum forming.",
+                                          buckets=QUORUM_LATENCY_BUCKETS_S, registry=self.registry)
+        self.registry.register(_FieldCollector(self))
+
     def render(self) -> str:
-        lines = []
+        """The Prometheus text exposition (format 0.0.4) of every lighthouse metric."""
+        return generate_latest(self.registry).decode()
 
-        def metric(name: str, kind: str, help_text: str, value: float) -> None:
-            lines.append(f"# HELP replicaft_lighthouse_{name} {help_text}")
-            lines.append(f"# TYPE replicaft_lighthouse_{name} {kind}")
-            lines.append(f"replicaft_lighthouse_{name} {value}")
 
-        metric("quorums_formed_total", "counter", "Quorums formed.", self.quorums_formed)
-        metric("quorum_ids_total", "counter", "Distinct quorum ids issued.", self.quorum_ids_issued)
-        metric("members_lost_total", "counter", "Members declared lost.", self.members_lost)
-        metric("sessions_open", "gauge", "Open manager sessions.", self.sessions_open)
-        metric("rejected_requests_total", "counter", "Requests rejected as invalid or unauthenticated.", self.rejected_requests)
-        metric("duplicate_replicas_refused_total", "counter",
-               "Sessions refused because another live process holds the replica id.", self.duplicate_replicas_refused)
-        metric("sessions_ended_not_reading_total", "counter",
-               "Sessions ended because the member did not read its stream.", self.sessions_ended_not_reading)
-        h = self.quorum_latency_s
-        name = "replicaft_lighthouse_quorum_latency_seconds"
-        lines.append(f"# HELP {name} From the first join of a round to the quorum forming.")
-        lines.append(f"# TYPE {name} histogram")
-        cumulative = 0
-        for bound, count in zip(h.buckets, h.counts, strict=True):
-            cumulative += count
-            lines.append(f'{name}_bucket{{le="{bound}"}} {cumulative}')
-        lines.append(f'{name}_bucket{{le="+Inf"}} {h.count}')
-        lines.append(f"{name}_sum {h.total}")
-        lines.append(f"{name}_count {h.count}")
-        return "\n".join(lines) + "\n"
+class _FieldCollector:
+    """Reads :class:`Metrics`' integer fields at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        for name, attribute, help_text in _COUNTERS:
+            yield CounterMetricFamily(f"replicaft_lighthouse_{name}", help_text, value=getattr(m, attribute))
+        yield GaugeMetricFamily("replicaft_lighthouse_sessions_open", "Open manager sessions.", value=m.sessions_open)

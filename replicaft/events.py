@@ -6,7 +6,7 @@ Schema (DESIGN.md, Conventions): every object has ``ts`` (unix seconds), ``event
 =================  ==========================================================================
 event              fields
 =================  ==========================================================================
-``start``          ``world_size``, ``pid``
+``start``          ``world_size``, ``pid``, ``metrics_url`` (None: no metrics endpoint)
 ``quorum``         ``latency_s``, ``num_replicas``, ``replica_rank``, ``max_step``,
                    ``healing``, ``participants``, ``reconfigured``
 ``collective_error`` ``error``, ``op``
@@ -26,13 +26,18 @@ event              fields
                    the spare host buffer a checkpoint also uses), ``shut``, ``ok``, ``error``
                    (withdrawn)
 ``checkpoint_start`` ``checkpoint_step``, ``background_copy_bytes`` (copied behind the next
-                   step; 0: the whole snapshot was copied at the step boundary)
+                   step; 0: the whole snapshot was copied at the step boundary), ``host_bytes``
 ``checkpoint``     ``checkpoint_step``, ``ok``, ``status`` (published/refused/failed),
                    ``reason``, ``path``, ``num_bytes`` (written by this save), ``kind``
-                   (base/increment)
+                   (base/increment), and the figures of checkpoint/telemetry.py: ``duration_s``,
+                   ``blocked_s``, ``throughput_mb_s``, ``tier``, ``host_bytes``, ``free_bytes``
+``checkpoint_anomaly`` a warning (checkpoint/telemetry.py): ``checkpoint_step``, ``kind``
+                   (slow_save/disk_filling/tier_behind), ``reason``, ``value``, ``threshold``
 ``checkpoint_upload`` a checkpoint uploaded to the object-store tier (or not): ``checkpoint_step``,
-                   ``name``, ``ok``, ``reason``, ``num_bytes`` (sent), ``seconds``
-``resume``         ``checkpoint_step``, ``path``, ``digest`` (loaded from disk)
+                   ``name``, ``ok``, ``reason``, ``num_bytes`` (sent), ``seconds``, ``tier``
+``resume``         ``checkpoint_step``, ``path``, ``digest`` (loaded from disk), and the
+                   figures of a load: ``duration_s``, ``blocked_s``, ``num_bytes``,
+                   ``throughput_mb_s``, ``tier``, ``host_bytes``
 ``checkpoint_cadence`` ``checkpoint_interval="auto"`` chose an interval (cadence.py): ``interval_s``,
                    ``rule_s`` (Young/Daly before the bounds), ``cost_s``, ``blocked_s``, ``write_s``,
                    ``num_saves_measured``, ``mtbf_s``, ``mtbf_source`` (prior/member_losses/observed),
@@ -45,6 +50,9 @@ event              fields
 ``fenced``         ``reason``
 ``stop``           ``reason``
 =================  ==========================================================================
+
+A sink (``EventLog(sink=...)``, e.g. replicaft/metrics.py) sees every event, with or without a
+directory: the metrics are derived from the events, never measured a second time.
 
 The writer is append-only with a flush per event, so a SIGKILL loses at most the event being
 written. Readers (:class:`EventTail`, :func:`read_events_dir`, used by the launcher, the chaos
@@ -60,6 +68,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -70,11 +79,15 @@ class EventLog:
     """Appends events of one rank to ``<dir>/<replica_id>-<group_rank>.jsonl``.
 
     A log without a directory discards events, so library code can emit unconditionally.
-    Thread-safe: the training thread and the quorum thread both emit.
+    Thread-safe: the training thread and the quorum thread both emit. ``sink`` is called with
+    every event's record, on the emitting thread; an exception from it is logged, never raised
+    into training.
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None, replica_id: str, group_rank: int) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | None, replica_id: str, group_rank: int, *,
+                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.replica_id = replica_id
+        self._sink = sink
         self.group_rank = group_rank
         self.path: Path | None = None
         self._file: TextIO | None = None
@@ -89,7 +102,7 @@ class EventLog:
                 self._file.write("\n")
 
     def emit(self, event: str, *, step: int, quorum_id: int, **fields: Any) -> None:
-        if self._file is None:
+        if self._file is None and self._sink is None:
             return
         record = {
             "ts": time.time(),
@@ -100,6 +113,13 @@ class EventLog:
             "group_rank": self.group_rank,
             **fields,
         }
+        if self._sink is not None:
+            try:
+                self._sink(record)
+            except Exception:  # a metrics bug must not stop a training step
+                logger.exception("event sink failed on a %s event; the event is still logged", event)
+        if self._file is None:
+            return
         line = json.dumps(record, separators=(",", ":"), default=str)
         with self._lock:
             self._file.write(line + "\n")

@@ -24,6 +24,7 @@ from replicaft.events import EventLog
 from replicaft.faults import parse_fault_points
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
+from replicaft.metrics import MetricsServer, ProcessMetrics
 from replicaft.notices import StepNotices
 from replicaft.options import ManagerOptions
 from replicaft.persistence import STATE_NAME as CHECKPOINT_STATE
@@ -50,7 +51,11 @@ class Manager:
         self.init_sync = init_sync
         self._registry = StateRegistry()
         faults = parse_fault_points(o.fault_points)
-        self._events = EventLog(o.events_dir, o.replica_id, o.group_rank)
+        self._metrics = ProcessMetrics(o.replica_id, o.group_rank) if o.metrics_port else None
+        self._metrics_server = (MetricsServer(self._metrics.registry, o.host, o.metrics_port + o.group_rank)
+                                if self._metrics is not None else None)
+        self._events = EventLog(o.events_dir, o.replica_id, o.group_rank,
+                                sink=self._metrics.observe if self._metrics is not None else None)
         progress = self._progress = Progress()
         notices = StepNotices(o.replica_id, lambda reason: self._emit("fenced", reason=reason))
         self._services = RankServices(o, progress, self._deliver_notice, faults, self.current_step)
@@ -82,11 +87,12 @@ class Manager:
     def start(self) -> Manager:
         address = self._services.start()
         self._persistence.start()
+        metrics_url = self._metrics_server.start() if self._metrics_server is not None else None
         if not self.options.token:
             logger.warning("[%s/%d] no REPLICAFT_TOKEN: this job's lighthouse and state servers accept any process "
                            "that can reach them (replicaft-launch makes a secret per job; or set one)",
                            self.options.replica_id, self.options.group_rank)
-        self._emit("start", world_size=self.options.group_world_size, pid=os.getpid())
+        self._emit("start", world_size=self.options.group_world_size, pid=os.getpid(), metrics_url=metrics_url)
         logger.info("[%s/%d] started; group manager at %s", self.options.replica_id, self.options.group_rank, address)
         return self
 
@@ -99,6 +105,8 @@ class Manager:
         self._services.stop()
         self._column.shutdown()
         self._emit("stop", reason="shutdown")
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
         self._events.close()
 
     def __enter__(self) -> Manager:

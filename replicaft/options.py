@@ -190,6 +190,10 @@ class ManagerOptions:
     virtual_shards: int = 8
     """Shards of each step's global batch in the deterministic mode: at least the most groups
     the job will have (groups past it contribute zeros), and a divisor of the global batch."""
+    metrics_port: int = 0
+    """Serve this process's Prometheus metrics at ``http://host:<metrics_port + group_rank>/metrics``
+    (``REPLICAFT_METRICS_PORT``; + group_rank so the ranks on one host do not collide, and groups
+    sharing a host need ports that far apart); 0 = no endpoint (replicaft/metrics.py)."""
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -342,6 +346,7 @@ NUMBER_RANGES: Mapping[str, tuple[float, float, str]] = {
     "checkpoint_chain_length": (1, MAX_STEPS, "1 makes every save a full base"),
     "checkpoint_compression_level": (0, MAX_COMPRESSION_LEVEL, "0 (off) or a zstd level 1-22"),
     "virtual_shards": (1, MAX_MEMBERS, "at least the most groups the job will have"),
+    "metrics_port": (0, 65535, "0 (no metrics endpoint) or a TCP port; rank r serves on metrics_port + r"),
 }
 assert NUMBER_RANGES.keys() == {f.name for f in fields(ManagerOptions) if f.type in ("int", "float")}, (
     "every numeric ManagerOptions field needs its range in NUMBER_RANGES"
