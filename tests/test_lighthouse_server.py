@@ -273,8 +273,8 @@ class TestIdentity:
                                          what="the lighthouse's error line", stream="stderr")
         assert lighthouse.status_url is not None
         _, _, metrics = fetch(lighthouse.status_url + "metrics")
-        refused = re.search(r"^replicaft_lighthouse_duplicate_replicas_refused_total (\d+)$", metrics, re.M)
-        assert refused is not None and int(refused.group(1)) >= 1, metrics  # once per retry
+        refused = re.search(r"^replicaft_lighthouse_duplicate_replicas_refused_total ([\d.]+)$", metrics, re.M)
+        assert refused is not None and float(refused.group(1)) >= 1, metrics  # once per retry (prometheus: "5.0")
         wait_quorum(first, ["a"], after=first.mark())
         assert not any(o["event"] == "notice" and o["kind"] == "fenced" for o in first.json_lines(after=mark))
 
