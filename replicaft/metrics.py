@@ -156,11 +156,12 @@ class MetricsServer:
     def start(self) -> str:
         try:
             self._server, self._thread = start_http_server(self._port, addr=self._host, registry=self._registry)
-        except OSError as e:
+        except (OSError, OverflowError) as e:  # OverflowError: metrics_port + group_rank > 65535
             raise OSError(f"cannot serve Prometheus metrics on {self._host}:{self._port} ({e}); set "
                           "REPLICAFT_METRICS_PORT (metrics_port) to a free port, rank r takes metrics_port + r, "
                           "or 0 for no metrics endpoint") from e
-        url = f"http://{self._host}:{self._server.server_port}/metrics"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        url = f"http://{host}:{self._server.server_port}/metrics"
         logger.info("serving Prometheus metrics at %s", url)
         return url
 

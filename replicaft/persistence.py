@@ -54,6 +54,7 @@ from replicaft.checkpoint.layout import (
     lineage_label,
     new_lineage,
 )
+from replicaft.checkpoint.results import SaveResult
 from replicaft.checkpoint.telemetry import CheckpointTelemetry
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
@@ -303,7 +304,9 @@ class Persistence:
                 self._spare.give(capture.buffer)
             logger.warning("[%s] checkpoint not saved: %s; those tensors are copied at once from now on",
                            self.options.replica_id, why)
-            self._emit("checkpoint", checkpoint_step=capture.step, ok=False, status="failed", reason=why, path=None, num_bytes=0)
+            figures, _ = self.telemetry.finished(SaveResult(capture.step, "failed", why), self._blocked_s.pop(capture.step, None))
+            self._emit("checkpoint", checkpoint_step=capture.step, ok=False, status="failed", reason=why, path=None, num_bytes=0,
+                       **figures)
             return
         self._in_flight = snapshot
         self._writer.save_async(snapshot, snapshot.manifest.step, self._capture_labels, lineage=self._lineage)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,3 +105,32 @@ def test_failed_save_is_reported_but_not_judged(tmp_path: Path) -> None:
     telemetry = CheckpointTelemetry(None, has_object_tier=False)
     fields, anomalies = telemetry.finished(SaveResult(1, "failed", "ENOSPC"), None, now=1.0)
     assert anomalies == () and fields["free_bytes"] is None and fields["blocked_s"] is None
+
+
+def test_persistence_reports_figures_for_published_and_refused_saves(tmp_path: Path) -> None:
+    from replicaft.options import ManagerOptions
+    from replicaft.persistence import Persistence
+    from replicaft.transfer.spare import SpareBuffer
+
+    events: list[tuple[str, dict[str, Any]]] = []
+    options = ManagerOptions(lighthouse="127.0.0.1:1", replica_id="g0", checkpoint_dir=str(tmp_path / "ckpt"),
+                             checkpoint_interval_steps=1)
+    persistence = Persistence(options, lambda event, **fields: events.append((event, fields)), SpareBuffer())
+    state = {"w": torch.zeros(1 << 20)}  # 4 MiB: copied behind the next step (BackgroundCapture)
+    persistence.start()
+    try:
+        persistence.after_commit(1, is_writer=True, state=lambda: state, quorum_id=1)  # the interval starts here
+        persistence.after_commit(2, is_writer=True, state=lambda: state, quorum_id=1)
+        state["w"].add_(1.0)  # the next step writes the state before the copy was settled: refused
+        persistence.settle()
+        persistence.after_commit(3, is_writer=True, state=lambda: state, quorum_id=1)
+        persistence.settle()
+    finally:
+        persistence.close()
+    saves = {f["checkpoint_step"]: f for e, f in events if e == "checkpoint"}
+    assert saves[2]["status"] == "failed" and saves[2]["blocked_s"] >= 0 and saves[2]["host_bytes"] == 4 << 20
+    assert saves[3]["status"] == "published", saves[3]
+    assert saves[3]["duration_s"] > 0 and saves[3]["throughput_mb_s"] > 0 and saves[3]["tier"] == "local"
+    assert saves[3]["host_bytes"] >= 4 << 20 and saves[3]["free_bytes"] > 0
+    starts = [f for e, f in events if e == "checkpoint_start"]
+    assert [f["host_bytes"] >= 4 << 20 for f in starts] == [True, True]
