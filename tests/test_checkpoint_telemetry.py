@@ -123,6 +123,8 @@ def test_persistence_reports_figures_for_published_and_refused_saves(tmp_path: P
         persistence.after_commit(2, is_writer=True, state=lambda: state, quorum_id=1)
         state["w"].add_(1.0)  # the next step writes the state before the copy was settled: refused
         persistence.settle()
+        for earlier in range(3):  # three saves before it took a microsecond each: step 3's is slow
+            persistence.telemetry.finished(SaveResult(earlier - 10, "published", "ok", seconds=1e-6), 0.0, now=earlier)
         persistence.after_commit(3, is_writer=True, state=lambda: state, quorum_id=1)
         persistence.settle()
     finally:
@@ -132,5 +134,7 @@ def test_persistence_reports_figures_for_published_and_refused_saves(tmp_path: P
     assert saves[3]["status"] == "published", saves[3]
     assert saves[3]["duration_s"] > 0 and saves[3]["throughput_mb_s"] > 0 and saves[3]["tier"] == "local"
     assert saves[3]["host_bytes"] >= 4 << 20 and saves[3]["free_bytes"] > 0
+    anomalies = [f for e, f in events if e == "checkpoint_anomaly"]
+    assert [(f["checkpoint_step"], f["kind"]) for f in anomalies] == [(3, "slow_save")], anomalies
     starts = [f for e, f in events if e == "checkpoint_start"]
     assert [f["host_bytes"] >= 4 << 20 for f in starts] == [True, True]
