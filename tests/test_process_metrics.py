@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from training_events import EXAMPLE, read_events, wait_for_event
 
 from replicaft.events import EventLog
-from replicaft.metrics import ProcessMetrics
+from replicaft.metrics import MetricsServer, ProcessMetrics
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -101,6 +101,21 @@ def test_event_log_feeds_its_sink_without_a_directory_and_survives_a_failing_one
     assert [e["step"] for e in read_events(tmp_path)] == [4]
 
 
+def test_metrics_server_serves_until_stopped_and_names_the_option_when_the_port_is_taken() -> None:
+    metrics = ProcessMetrics("g0", 1)
+    server = MetricsServer(metrics.registry, "127.0.0.1", 0)
+    url = server.start()
+    try:
+        assert value(scrape(url), "replicaft_process_info", replica_id="g0", group_rank="1") == 1
+        taken = int(url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(OSError, match="REPLICAFT_METRICS_PORT"):
+            MetricsServer(metrics.registry, "127.0.0.1", taken).start()
+    finally:
+        server.stop()
+    with pytest.raises(OSError):
+        scrape(url)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -141,4 +156,17 @@ def test_training_process_and_lighthouse_serve_metrics_that_match_the_events(tmp
     assert value(served, "replicaft_lighthouse_quorums_formed_total") >= 1
     assert value(served, "replicaft_lighthouse_sessions_open") == 1
     assert value(served, "replicaft_lighthouse_quorum_latency_seconds_count") >= 1
+    group.kill()
+
+    # Every group gone: the restarted one loads the newest checkpoint, and says what it cost.
+    env["REPLICAFT_METRICS_PORT"] = str(free_port())
+    group = spawn_python(EXAMPLE, "--steps", "100000", "--step-delay", "0.01", name="g0", env=env)
+    resume = wait_for_event(events, lambda e: e["event"] == "resume", 60, "a resume from disk")
+    assert resume["checkpoint_step"] >= 10 and resume["tier"] == "local", resume
+    assert resume["duration_s"] > 0 and resume["blocked_s"] == resume["duration_s"], resume
+    assert resume["num_bytes"] > 0 and resume["host_bytes"] > 0 and resume["throughput_mb_s"] > 0, resume
+    restarted = [e for e in read_events(events) if e["event"] == "start"][-1]
+    values = scrape(restarted["metrics_url"])
+    assert value(values, "replicaft_checkpoint_loads_total") == 1
+    assert value(values, "replicaft_checkpoint_load_seconds_count") == 1
     group.kill()
