@@ -150,8 +150,24 @@ class ManagerOptions:
     checkpoint_mtbf_prior_s: float = 86400.0
     """``auto``: the mean time between total failures assumed until two have been observed."""
     checkpoint_keep_last: int = 3
+    """Retention keeps the newest N checkpoints (the newest always, even with 0). Every
+    ``checkpoint_keep_*``/``checkpoint_milestone_*`` rule only keeps: a checkpoint is deleted
+    when none keeps it (replicaft/checkpoint/retention.py)."""
     checkpoint_milestone_every: int = 0
     """Also keep every checkpoint whose step is a multiple of this, forever (0 = none)."""
+    checkpoint_milestone_at_epoch_end: bool = False
+    """Also keep the last checkpoint of each epoch (the ``epoch`` given to
+    ``Manager.checkpoint_tags``), once one of a later epoch exists."""
+    checkpoint_keep_geometric_from: int = 0
+    """Also keep the first checkpoint at or after each of the steps N, 2N, 4N, ...: the whole
+    run's history at a cost logarithmic in its length (0 = none)."""
+    checkpoint_keep_best_k: int = 0
+    """Also keep the K checkpoints with the best ``checkpoint_keep_best_metric`` (0 = none)."""
+    checkpoint_keep_best_metric: str | None = None
+    """The metric keep-best ranks by, as reported with ``Manager.report_metrics`` (e.g. ``loss``);
+    needed with ``checkpoint_keep_best_k`` and refused without it."""
+    checkpoint_keep_best_mode: Literal["min", "max"] = "min"
+    """``min``: a lower metric is better (a loss); ``max``: a higher one (an accuracy)."""
     checkpoint_tier2_dir: str | None = None
     """A durable second directory receiving a verified background copy of each checkpoint."""
     checkpoint_chain_length: int = 10
@@ -204,8 +220,9 @@ class ManagerOptions:
                 if not isinstance(value, str) or "\x00" in value:
                     raise OptionsError(f"{f.name}={value!r} is not a string without NUL bytes; give a string"
                                        + (" or leave it unset" if f.type == "str | None" else ""))
-        if not isinstance(self.deterministic, bool):
-            raise OptionsError(f"deterministic={self.deterministic!r}; give True or False")
+        for name in ("deterministic", "checkpoint_milestone_at_epoch_end"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionsError(f"{name}={getattr(self, name)!r}; give True or False")
         self.tls()
         check_replica_id(self.replica_id, where="replica_id", error=OptionsError)
         if not all(_is_host_port(a.strip()) for a in self.lighthouse.split(",")):
@@ -241,7 +258,9 @@ class ManagerOptions:
             interval_steps=self.checkpoint_interval_steps, interval_s=self.checkpoint_interval_s,
             keep_last=self.checkpoint_keep_last, milestone_every=self.checkpoint_milestone_every,
             chain_length=self.checkpoint_chain_length, compression_level=self.checkpoint_compression_level,
-            object_store=self.checkpoint_object_store,
+            object_store=self.checkpoint_object_store, milestone_at_epoch_end=self.checkpoint_milestone_at_epoch_end,
+            keep_geometric_from=self.checkpoint_keep_geometric_from, keep_best_k=self.checkpoint_keep_best_k,
+            keep_best_metric=self.checkpoint_keep_best_metric, keep_best_mode=self.checkpoint_keep_best_mode,
         )
         if self.deterministic and self.group_world_size > 1:
             raise OptionsError(f"deterministic=True with group_world_size={self.group_world_size}: the deterministic "
@@ -343,6 +362,8 @@ NUMBER_RANGES: Mapping[str, tuple[float, float, str]] = {
     "checkpoint_mtbf_prior_s": (0.001, CHECKPOINT_MAX_SECONDS, "seconds between failures of every group at once"),
     "checkpoint_keep_last": (0, MAX_STEPS, "0 or more (the newest is always kept)"),
     "checkpoint_milestone_every": (0, MAX_STEPS, "use 0 for no milestones"),
+    "checkpoint_keep_geometric_from": (0, MAX_STEPS, "use 0 for no geometric spacing"),
+    "checkpoint_keep_best_k": (0, MAX_STEPS, "use 0 to keep no best checkpoints"),
     "checkpoint_chain_length": (1, MAX_STEPS, "1 makes every save a full base"),
     "checkpoint_compression_level": (0, MAX_COMPRESSION_LEVEL, "0 (off) or a zstd level 1-22"),
     "virtual_shards": (1, MAX_MEMBERS, "at least the most groups the job will have"),

@@ -208,3 +208,26 @@ def test_writer_keeps_checkpoints_whose_upload_is_pending(s3: S3Server, tmp_path
         s3.faults(delay_parts_s=0)
         assert writer.uploader.wait_idle(60)
         assert save(writer, 40) == (10, 20, 30)
+
+
+def test_manager_options_retention_rules_reach_the_writer_issue_23(tmp_path: Path) -> None:
+    # ManagerOptions (from the environment, as entry points build it) -> Persistence -> the
+    # CheckpointWriter's policy, which its object-store uploader shares (writer.py).
+    from replicaft.options import ManagerOptions
+    from replicaft.persistence import Persistence
+    from replicaft.transfer.spare import SpareBuffer
+
+    env = {"REPLICAFT_LIGHTHOUSE": "127.0.0.1:1", "REPLICAFT_REPLICA_ID": "g0", "REPLICAFT_CHECKPOINT_DIR": str(tmp_path),
+           "REPLICAFT_CHECKPOINT_KEEP_LAST": "2", "REPLICAFT_CHECKPOINT_MILESTONE_EVERY": "1000",
+           "REPLICAFT_CHECKPOINT_MILESTONE_AT_EPOCH_END": "1", "REPLICAFT_CHECKPOINT_KEEP_GEOMETRIC_FROM": "50",
+           "REPLICAFT_CHECKPOINT_KEEP_BEST_K": "3", "REPLICAFT_CHECKPOINT_KEEP_BEST_METRIC": "accuracy",
+           "REPLICAFT_CHECKPOINT_KEEP_BEST_MODE": "max"}
+    persistence = Persistence(ManagerOptions.from_env(env), lambda *a, **k: None, SpareBuffer())
+    persistence.start()
+    try:
+        assert persistence._writer is not None
+        assert persistence._writer.retention == RetentionPolicy(
+            keep_last=2, milestone_every=1000, milestone_at_epoch_end=True, keep_geometric_from=50,
+            keep_best_k=3, keep_best_metric="accuracy", keep_best_mode="max")
+    finally:
+        persistence.close()

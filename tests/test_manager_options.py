@@ -89,6 +89,16 @@ def test_defaults_are_valid_single_rank_loopback() -> None:
         pytest.param({"heal_connections": 0}, "heal_connections=0", "at least 1", id="no_heal_connections"),
         pytest.param({"digest_every_steps": -1}, "digest_every_steps=-1", "use 0 (off) or more", id="negative_digest_interval"),
         pytest.param({"fault_points": "boom@1"}, "fault point 'boom@1'", "e.g. allreduce@5", id="bad_fault_point"),
+        pytest.param({"checkpoint_keep_best_k": 2}, "keep_best_k=2 needs keep_best_metric", "keep_best_metric='loss'",
+                     id="keep_best_without_metric_issue_23"),
+        pytest.param({"checkpoint_keep_best_metric": "loss"}, "keep_best_metric='loss' is set but keep_best_k=0",
+                     "set keep_best_k >= 1", id="keep_best_metric_without_k_issue_23"),
+        pytest.param({"checkpoint_keep_best_k": 1, "checkpoint_keep_best_metric": "loss", "checkpoint_keep_best_mode": "low"},
+                     "keep_best_mode='low'", "'min' (lower is better, a loss)", id="keep_best_mode_unknown_issue_23"),
+        pytest.param({"checkpoint_milestone_at_epoch_end": "yes"}, "checkpoint_milestone_at_epoch_end='yes'",
+                     "give True or False", id="epoch_end_not_bool_issue_23"),
+        pytest.param({"checkpoint_keep_geometric_from": -4}, "checkpoint_keep_geometric_from=-4 is outside",
+                     "use 0 for no geometric spacing", id="geometric_negative_issue_23"),
     ],
 )
 def test_invalid_option_rejected_naming_the_field_and_the_fix(fields: dict[str, Any], names: str, fix: str) -> None:

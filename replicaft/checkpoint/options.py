@@ -182,6 +182,11 @@ def check_checkpoint_options(
     chain_length: int = 10,
     compression_level: int = 0,
     object_store: str | None = None,
+    milestone_at_epoch_end: bool = False,
+    keep_geometric_from: int = 0,
+    keep_best_k: int = 0,
+    keep_best_metric: str | None = None,
+    keep_best_mode: BestMode = "min",
 ) -> CheckpointOptions:
     """The checkpoint part of the manager's options, validated (``ManagerOptions`` calls this
     from ``__post_init__`` with its ``checkpoint_*`` fields). Raises OptionsError."""
@@ -201,4 +206,9 @@ def check_checkpoint_options(
         milestone_every=milestone_every,
         chain_length=chain_length,
         compression_level=compression_level,
+        milestone_at_epoch_end=milestone_at_epoch_end,
+        keep_geometric_from=keep_geometric_from,
+        keep_best_k=keep_best_k,
+        keep_best_metric=keep_best_metric,
+        keep_best_mode=keep_best_mode,
     )
