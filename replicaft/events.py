@@ -43,6 +43,13 @@ event              fields
                    ``num_saves_measured``, ``mtbf_s``, ``mtbf_source`` (prior/member_losses/observed),
                    ``min_s``, ``max_s``, ``prior_mtbf_s``, ``min_total_failures``, ``history``
                    (the failure counts), ``reason``
+``catalog_rebuilt`` the checkpoint catalog (``DIR/catalog.sqlite``) was missing or unreadable at
+                   start and was rebuilt from the manifests (checkpoint/catalog.py): ``reason``
+``preemption_notice`` a preemption notice was read (preemption.py); the rank leaves at the next
+                   step boundary, as after SIGTERM: ``source``, ``kind``, ``reason``
+``preemption_source_error`` the notice source cannot be read (once, until it can again):
+                   ``source``, ``kind``, ``error``
+``preemption_sigterm`` SIGTERM came after a notice: ``after_notice_s`` (the warning it gave)
 ``state_size``     once per process, after its first commit: ``num_bytes`` of state, of them
                    ``cpu_bytes`` in host memory (the launcher sizes a standby's reserve by it);
                    ``reserve_bytes`` of memory this process had faulted in as a standby,

@@ -25,6 +25,21 @@ def test_replicaft_exports_exactly_the_public_names_and_each_resolves() -> None:
         assert getattr(replicaft, name) is not None, name
 
 
+CHECKPOINT_API = {
+    "Catalog", "CheckpointFacts", "CheckpointInfo", "CheckpointReader", "CheckpointWriter", "LoadedCheckpoint",
+    "RetentionDecision", "RetentionPolicy", "SaveDecision", "SaveHandle", "SaveResult", "SpaceDecision",
+    "WriterStatistics", "decide_retention", "enough_space", "should_save",
+}
+
+
+def test_replicaft_checkpoint_exports_the_retention_and_catalog_names_issue_23() -> None:
+    import replicaft.checkpoint
+
+    assert set(replicaft.checkpoint.__all__) == CHECKPOINT_API
+    for name in replicaft.checkpoint.__all__:
+        assert getattr(replicaft.checkpoint, name).__name__ == name
+
+
 def test_every_replicaft_error_is_a_replicaft_error_options_error_included() -> None:
     for name in ("CheckpointCorrupt", "GroupBroken", "GroupError", "HealError", "OptionsError", "StateError",
                  "StepMismatch"):

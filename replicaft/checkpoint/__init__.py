@@ -18,9 +18,18 @@ asynchronously from a host snapshot, and it must never be the reason a run loses
   a warning naming the file (``reader.py``, ``tiers.py``); hostile directory entries are
   judged without following or blocking (``entries.py``); nothing read runs pickle (the
   previous release's format is read through a restricted unpickler, ``legacy.py``);
-* **retention** — newest ``keep_last`` plus milestones plus the chains they need, applied only
-  after a publish (``retention.py``, pure); **policy** — when to save, skip-don't-wait, free
-  space (``policy.py``, pure);
+* **retention** — a :class:`RetentionPolicy` (``options.py``) of rules that only ever keep: the
+  newest ``keep_last``, every ``milestone_every``-th step, the last checkpoint of each epoch,
+  geometrically spaced steps (N, 2N, 4N, ...), the ``keep_best_k`` best by a reported metric;
+  plus, whatever the rules say, the chains of kept checkpoints and those a tier still has to
+  upload. It is a pure function of :class:`CheckpointFacts` (``retention.py``), applied only
+  after a publish, in every tier; **policy** — when to save, skip-don't-wait, free space
+  (``policy.py``, pure); **cadence** — the interval from the measured save cost and failure
+  rate (``cadence.py``, ``checkpoint_interval="auto"``);
+* **catalog** — every published checkpoint with its tags, metrics and retention roles in
+  ``DIR/catalog.sqlite`` (:class:`Catalog`, ``catalog.py``; tags and metrics from
+  ``labels.py``), a cache rebuilt from the manifests when missing or damaged, queried with
+  ``replicaft-ckpt catalog|find|show|tag``;
 * **tiers** — an optional verified tier-2 directory copy (``tier2.py``) and an S3-API object
   store, uploaded in the background and restored from on a new machine (``objectstore.py``,
   ``objecttier.py``); ``export.py`` writes and reads safetensors.
@@ -44,6 +53,7 @@ Wiring into the manager (``manager.state_dict()`` / ``load_state_dict`` and
     # Manager.start(), every rank of the group (no I/O until the first save):
     writer = CheckpointWriter(
         ckpt_dir, tier2_directory=tier2_dir, keep_last=3, milestone_every=10_000,
+        keep_best_k=2, keep_best_metric="loss",   # also the two lowest-loss checkpoints
         interval_steps=1000, interval_s=1800.0,
         process_group=ckpt_pg,                   # None when W == 1; else a dedicated gloo group
         writer_id=f"{replica_id}/{group_rank}",
@@ -67,7 +77,8 @@ Wiring into the manager (``manager.state_dict()`` / ``load_state_dict`` and
 
 With W > 1, take the ``save_if_due`` decision on group rank 0 and have every rank call
 ``save_async`` for that step (see ``writer.py``). Inspect and check from a shell with
-``replicaft-ckpt list DIR`` and ``replicaft-ckpt verify DIR/step-000000400``.
+``replicaft-ckpt list DIR`` and ``replicaft-ckpt verify DIR/step-000000400``, and search the
+catalog with ``replicaft-ckpt find DIR --best loss --top 3`` (``replicaft-ckpt --help``).
 """
 
 from __future__ import annotations
@@ -76,6 +87,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from replicaft.checkpoint.catalog import Catalog as Catalog
+    from replicaft.checkpoint.options import RetentionPolicy as RetentionPolicy
     from replicaft.checkpoint.policy import SaveDecision as SaveDecision
     from replicaft.checkpoint.policy import SpaceDecision as SpaceDecision
     from replicaft.checkpoint.policy import enough_space as enough_space
@@ -85,12 +98,16 @@ if TYPE_CHECKING:
     from replicaft.checkpoint.results import SaveHandle as SaveHandle
     from replicaft.checkpoint.results import SaveResult as SaveResult
     from replicaft.checkpoint.results import WriterStatistics as WriterStatistics
+    from replicaft.checkpoint.retention import CheckpointFacts as CheckpointFacts
     from replicaft.checkpoint.retention import RetentionDecision as RetentionDecision
     from replicaft.checkpoint.retention import decide_retention as decide_retention
     from replicaft.checkpoint.tiers import CheckpointReader as CheckpointReader
     from replicaft.checkpoint.writer import CheckpointWriter as CheckpointWriter
 
 _WHERE = {
+    "Catalog": "catalog",
+    "RetentionPolicy": "options",
+    "CheckpointFacts": "retention",
     "SaveDecision": "policy",
     "SpaceDecision": "policy",
     "enough_space": "policy",
@@ -118,11 +135,14 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "Catalog",
+    "CheckpointFacts",
     "CheckpointInfo",
     "CheckpointReader",
     "CheckpointWriter",
     "LoadedCheckpoint",
     "RetentionDecision",
+    "RetentionPolicy",
     "SaveDecision",
     "SaveHandle",
     "SaveResult",
