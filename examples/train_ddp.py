@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda or cuda:N")
+    p.add_argument("--loss-scale", type=float, default=1.0,
+                   help="multiply the loss by this: a changed loss normalisation, which the verification of a resume "
+                        "from disk reports (replicaft/resume_check.py)")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per step (demo pacing)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -90,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             for i, ((x, y), weight) in enumerate(batches):
                 last = i == len(batches) - 1
                 with contextlib.nullcontext() if last else ddp.no_sync():
-                    micro_loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device)) * weight
+                    micro_loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device)) * (weight * args.loss_scale)
                     micro_loss.backward()
                 loss += micro_loss.detach()
             # The deterministic mode's micro-batches are shards, each weighted 1.0: their mean is the loss.

@@ -38,6 +38,11 @@ event              fields
 ``resume``         ``checkpoint_step``, ``path``, ``digest`` (loaded from disk), and the
                    figures of a load: ``duration_s``, ``blocked_s``, ``num_bytes``,
                    ``throughput_mb_s``, ``tier``, ``host_bytes``
+``resume_verdict`` after a resume from disk, the first ``resume_verify_steps`` losses against the
+                   checkpoint's loss trajectory (resume_check.py): ``verdict``
+                   (ok/diverged/not_enough_data), ``checkpoint_step``, ``reference_steps``,
+                   ``reference_mean``, ``reference_spread``, ``new_losses``, ``new_mean``,
+                   ``deviation``, ``allowed``, ``tolerance``, ``action`` (warn/stop), ``reason``
 ``checkpoint_cadence`` ``checkpoint_interval="auto"`` chose an interval (cadence.py): ``interval_s``,
                    ``rule_s`` (Young/Daly before the bounds), ``cost_s``, ``blocked_s``, ``write_s``,
                    ``num_saves_measured``, ``mtbf_s``, ``mtbf_source`` (prior/member_losses/observed),

@@ -32,6 +32,8 @@ from replicaft.persistence import Persistence
 from replicaft.plan_applier import PlanApplier
 from replicaft.process_group import FaultTolerantProcessGroup, ManagedWork, Reduce
 from replicaft.registry import LoadStateDictFn, StateDictFn, StateRegistry, StepHooks
+from replicaft.resume_check import STATE_NAME as TRAJECTORY_STATE
+from replicaft.resume_check import ResumeCheck
 from replicaft.services import RankServices
 from replicaft.step import StepDriver, step_seed
 from replicaft.transfer.spare import SpareBuffer
@@ -50,6 +52,8 @@ class Manager:
         o = self.options = options
         self.init_sync = init_sync
         self._registry = StateRegistry()
+        self._resume_check: ResumeCheck | None = None
+        """With checkpoints: the loss trajectory and the verification of a resume (resume_check.py)."""
         faults = parse_fault_points(o.fault_points)
         self._metrics = ProcessMetrics(o.replica_id, o.group_rank) if o.metrics_port else None
         self._metrics_server = (MetricsServer(self._metrics.registry, o.host, o.metrics_port + o.group_rank)
@@ -78,6 +82,15 @@ class Manager:
         self._registry.register_state("replicaft", lambda: {"step": self._driver.step}, self._load_own_state)
         self._registry.register_state(CHECKPOINT_STATE, self._persistence.state_dict, self._persistence.load_state_dict,
                                       in_digest=False)
+        if self._persistence.enabled:
+            check = self._resume_check = ResumeCheck(
+                num_steps=o.resume_verify_steps, tolerance=o.resume_verify_tolerance, action=o.resume_verify_action,
+                current_step=self.current_step, healing=self.is_healing, labels=self._persistence.labels,
+                emit=self._emit, context=f"{o.replica_id}/{o.group_rank}")
+            self._registry.register_state(TRAJECTORY_STATE, check.state_dict, check.load_state_dict, in_digest=False,
+                                          optional=True)
+            self._registry.register_hooks(check)
+            self._persistence.on_resumed = check.resumed
         if self._persistence.cadence is not None:
             self._registry.register_state(CADENCE_STATE, self._persistence.cadence.state_dict,
                                           self._persistence.cadence.load_state_dict, in_digest=False, optional=True)
@@ -147,8 +160,11 @@ class Manager:
     def report_metrics(self, **metrics: float) -> None:
         """Metrics for the next checkpoint only (``loss=loss.item()``): keep-best retention and
         ``replicaft-ckpt find --best`` rank checkpoints by them. Report every step to attach the
-        loss of the step a checkpoint holds. Training thread. Raises ValueError (not finite)."""
+        loss of the step a checkpoint holds; ``loss`` also joins the trajectory a resume is
+        verified against (resume_check.py). Training thread. Raises ValueError (not finite)."""
         self._persistence.labels.report_metrics(**metrics)
+        if self._resume_check is not None and "loss" in metrics:
+            self._resume_check.report_loss(float(metrics["loss"]))
 
     def state_dict(self) -> dict[str, Any]:
         return self._registry.state_dict()

@@ -67,6 +67,9 @@ MAX_HEAL_REPLAY_STEPS = 1 << 16
 heal missing more should restart and hold the donors, which it then does."""
 MAX_HEAL_REPLAY_BYTES = 1 << 40
 """A TiB of recorded steps held in host memory: beyond any host this runs on."""
+MAX_RESUME_VERIFY_STEPS = 16
+"""The reference is the last ``2 * resume_verify_steps`` losses before the checkpoint, and a
+checkpoint carries 32 (resume_check.py, ``TRAJECTORY_STEPS``)."""
 MAX_QUORUM_FAILURES = 10_000
 """At the longest quorum timeout (a day) already decades; a larger count means "forever"."""
 
@@ -196,6 +199,16 @@ class ManagerOptions:
     preemption_poll_s: float = 5.0
     """Seconds between two looks at ``preemption_notice``: AWS announces two minutes ahead and
     suggests polling every 5 s; each request gives up after a quarter of this (0.5-2 s)."""
+    resume_verify_steps: int = 5
+    """After a resume from disk, judge the mean loss of this many committed steps against the
+    loss trajectory the checkpoint carries (replicaft/resume_check.py); 0 = off. Needs losses
+    reported with ``Manager.report_metrics(loss=...)``."""
+    resume_verify_tolerance: float = 0.5
+    """How far that mean may move from the mean of the losses before the checkpoint, as a
+    fraction of it, on top of their spread (max - min)."""
+    resume_verify_action: Literal["warn", "stop"] = "warn"
+    """On a divergence: ``warn`` (a warning and the ``resume_verdict`` event), or ``stop``
+    (also raise ``ResumeDiverged`` from ``should_commit``, before that step's checkpoint)."""
     fault_points: str | None = None
     """Kill this process at named points (``allreduce@5``), for chaos tests; see faults.py."""
     deterministic: bool = False
@@ -247,6 +260,9 @@ class ManagerOptions:
         self._check_timeout_hierarchy()
         parse_fault_points(self.fault_points)
         check_notice_options(self.preemption_notice, self.preemption_notice_kind)
+        if self.resume_verify_action not in ("warn", "stop"):
+            raise OptionsError(f"resume_verify_action={self.resume_verify_action!r}; use 'warn' (log and emit the "
+                               "verdict) or 'stop' (also stop the group when the loss diverged after a resume)")
         check_cadence_options(self.checkpoint_interval, self.checkpoint_interval_steps, self.checkpoint_interval_s,
                               self.group_world_size, self.checkpoint_interval_min_s, self.checkpoint_interval_max_s,
                               self.checkpoint_mtbf_prior_s)
@@ -366,6 +382,8 @@ NUMBER_RANGES: Mapping[str, tuple[float, float, str]] = {
     "checkpoint_keep_best_k": (0, MAX_STEPS, "use 0 to keep no best checkpoints"),
     "checkpoint_chain_length": (1, MAX_STEPS, "1 makes every save a full base"),
     "checkpoint_compression_level": (0, MAX_COMPRESSION_LEVEL, "0 (off) or a zstd level 1-22"),
+    "resume_verify_steps": (0, MAX_RESUME_VERIFY_STEPS, "0 (off) or the steps to judge after a resume, e.g. 5"),
+    "resume_verify_tolerance": (0.0, 1e6, "a fraction of the mean loss, e.g. 0.5"),
     "virtual_shards": (1, MAX_MEMBERS, "at least the most groups the job will have"),
     "metrics_port": (0, 65535, "0 (no metrics endpoint) or a TCP port; rank r serves on metrics_port + r"),
 }

@@ -112,6 +112,9 @@ class Persistence:
         """The labels taken for the save whose background copy is running (see :meth:`settle`)."""
         self.telemetry = CheckpointTelemetry(options.checkpoint_dir, has_object_tier=bool(options.checkpoint_object_store))
         """Each save's figures and anomalies (``checkpoint``/``checkpoint_anomaly`` events)."""
+        self.on_resumed: Callable[[int], None] | None = None
+        """Told the checkpoint step after :meth:`load_latest` loaded one, before its state is
+        applied (the manager's resume verification, resume_check.py)."""
 
     @property
     def enabled(self) -> bool:
@@ -253,6 +256,8 @@ class Persistence:
             self._lineage = loaded.lineage
         if STATE_NAME in template:
             loaded.state[STATE_NAME] = self.state_dict()
+        if self.on_resumed is not None:
+            self.on_resumed(loaded.step)
         if loaded.imported:
             kept = sorted(set(template) - set(loaded.state))
             logger.warning("[%s] %s was imported (replicaft-ckpt import) and holds %s; keeping this job's own %s",

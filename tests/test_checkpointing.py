@@ -100,6 +100,10 @@ def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corru
     assert not [e for e in read_events(events)[before:] if e["event"] == "heal_start" and e["max_step"] > 0]
     assert_digests_agree(events, min_steps=55)
     assert_samples_exactly_once(events, min_steps=60)
+    # The checkpoint carried the loss trajectory, and the resumed run trains on as it did (issue 23).
+    verdicts = {e["replica_id"]: e for e in read_events(events) if e["event"] == "resume_verdict"}
+    assert sorted(verdicts) == ["g0", "g1"], verdicts
+    assert all(v["verdict"] == "ok" and v["checkpoint_step"] == expected.step for v in verdicts.values()), verdicts
 
 
 @pytest.mark.timeout(200)
@@ -117,6 +121,28 @@ def test_group_restarting_while_peers_alive_heals_and_reads_no_checkpoint(tmp_pa
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
     assert not [e for e in read_events(events) if e["event"] == "resume"]
     assert_digests_agree(events, min_steps=45)
+
+
+@pytest.mark.timeout(200)
+def test_resume_into_a_changed_loss_is_reported_diverged_issue_23(tmp_path: Path) -> None:
+    # The same script resumed with its loss scaled by 10 (a changed normalisation): the
+    # checkpoint verifies and loads, and only the loss trajectory shows the run is not the same.
+    # A checkpoint of step 20 or later: the trajectory of the first ten steps holds the steep
+    # initial descent, whose spread allows almost anything (resume_check.py is lenient by design).
+    lh = start_lighthouse(status=False)
+    args = ("--steps", "40", "--step-delay", "0.02")
+    group = start_group(lh.grpc_address, "g0", tmp_path, *args)
+    events = tmp_path / "events"
+    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL, 120,
+                   "a checkpoint of step 20")
+    group.kill()
+    group = start_group(lh.grpc_address, "g0", tmp_path, *args, "--loss-scale", "10")
+    resume = wait_for_event(events, lambda e: e["event"] == "resume", 120, "the resume")
+    verdict = wait_for_event(events, lambda e: e["event"] == "resume_verdict", 120, "the resume's verdict")
+    assert group.wait_exit(150) == 0, group.output_tail()
+    assert verdict["verdict"] == "diverged" and verdict["checkpoint_step"] == resume["checkpoint_step"], verdict
+    assert verdict["new_mean"] > 3 * verdict["reference_mean"] and verdict["action"] == "warn", verdict
+    assert "the loss diverged after the resume" in group.output_tail(200)
 
 
 @pytest.mark.timeout(200)
