@@ -22,6 +22,8 @@ _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#
 _FAULT_COLOR = {"sigkill": "#d62728", "sigkill_rank": "#d62728", "fault_point": "#d62728", "kill_donor_mid_heal": "#a50f15",
                 "sigterm": "#e07b00", "sigstop": "#bcbd22", "kill_lighthouse": "#444444", "kill_all_groups": "#67000d",
                 "corrupt_checkpoint": "#67000d", "fill_disk": "#8c564b", "partition": "#6a3d9a", "slow_link": "#17becf"}
+_RESUME_CLASS = {"ok": "held", "diverged": "violated", "not_enough_data": "not_checked"}
+"""A resume's loss verdict in the colours of an invariant's."""
 _SHORT_TARGET = {LIGHTHOUSE: "lh", ALL_GROUPS: "all", DISK: "disk"}
 _W, _H = 960, 380
 _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 150, 44, 40
@@ -162,6 +164,10 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
     fault_rows += [[_fmt(s["fault"]), "not injected", "", "", "", _fmt(s["reason"])] for s in summary["faults_skipped"]]
     verdict_rows = [[_fmt(v["invariant"]), f'<span class="{v["status"]}">{v["status"].replace("_", " ")}</span>', _fmt(v["note"])]
                     for v in summary["invariants"]]
+    resume_rows = [[_fmt(r["group"]), _fmt(r["at_s"]), _fmt(r["checkpoint_step"]),
+                    f'<span class="{_RESUME_CLASS.get(r["verdict"], "muted")}">{_fmt(r["verdict"])}</span>',
+                    _fmt(r["deviation"]), _fmt(r["allowed"]), _fmt(r["reason"])]
+                   for r in summary.get("resume_verdicts", [])]
     violation_rows = [[_fmt(v["invariant"]), _fmt(v["step"]), _fmt(v["group"]), _fmt(v["detail"])] for v in summary["violations"]]
     body = [
         f"<h1>chaos run: {html.escape(summary['scenario'])}</h1>",
@@ -180,6 +186,11 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
         "<h2>Invariants</h2>",
         _table(verdict_rows, ["invariant", "verdict", "note"]),
     ]
+    if resume_rows:
+        body += ["<h2>Resumes from disk</h2>",
+                 _table(resume_rows, ["group", "at s", "checkpoint step", "loss verdict", "deviation", "allowed", "why"]),
+                 '<p class="muted">each resume\'s first steps\' mean loss against the losses before its checkpoint '
+                 "(replicaft/resume_check.py); diverged: the resumed run does not train like the one that saved it.</p>"]
     if violation_rows:
         body += ["<h2>Violations</h2>", _table(violation_rows, ["invariant", "step", "group", "detail"])]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

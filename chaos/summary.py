@@ -3,7 +3,7 @@
 The keys required by DESIGN.md ("Conventions other tools rely on") are always present:
 ``scenario``, ``faults_injected``, ``violations``, ``invariants_checked``, ``hangs``,
 ``committed_steps``, ``goodput``, ``goodput_vs_fault_free``, ``recovery_seconds``. The rest
-(per-fault rows, verdict notes, exits) is there so a reader can see why a figure is what it is.
+(per-fault rows, verdict notes, exits, each resume's loss verdict) is there so a reader can see why a figure is what it is.
 """
 
 from __future__ import annotations
@@ -50,6 +50,23 @@ def _reference_note(reference: Reference | None, target_steps: int) -> str:
         return (f"null: the fault-free reference run in {reference.out_dir} did not finish "
                 f"({reference.committed_steps} of {target_steps} steps), so it is no baseline")
     return f"against the fault-free run in {reference.out_dir} (goodput {reference.goodput:.4f})"
+
+
+def resume_verdicts(events: Sequence[Event], started_ts: float) -> list[dict[str, Any]]:
+    """One row per ``resume_verdict`` event (replicaft/resume_check.py), in time order: did each
+    resume from disk train on like the run that wrote its checkpoint? A resume whose run ended
+    before its verdict has no row (the ``resume`` events say it happened)."""
+    rows = [{
+        "group": e["replica_id"],
+        "group_rank": e["group_rank"],
+        "at_s": round(e["ts"] - started_ts, 3),
+        "checkpoint_step": e.get("checkpoint_step"),
+        "verdict": e.get("verdict"),
+        "deviation": e.get("deviation"),
+        "allowed": e.get("allowed"),
+        "reason": e.get("reason"),
+    } for e in events if e.get("event") == "resume_verdict"]
+    return sorted(rows, key=lambda r: r["at_s"])
 
 
 def build_summary(record: RunRecord, events: Sequence[Event], reference: Reference | None = None) -> dict[str, Any]:
@@ -127,6 +144,7 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
         "goodput_vs_fault_free_note": _reference_note(reference, s.steps),
         "recovery_seconds": summarise(recovery),
         "rejoin_seconds": summarise(rejoin),
+        "resume_verdicts": resume_verdicts(events, record.started_ts),
         "restarts": record.restarts,
         "exits": [x.to_dict() for x in record.exits],
         "stopped_at_end": list(record.stopped_at_end),
