@@ -29,6 +29,7 @@ from torch import nn
 
 import replicaft
 from replicaft.data import ExactlyOnceSampler, StepDataLoader
+from replicaft.resume_check import ResumeDiverged
 
 
 def build_model(width: int) -> nn.Module:
@@ -116,5 +117,8 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except replicaft.GroupBroken as e:  # a rank of this group died, or a failed heal left no one to heal from
+        print(f"train_ddp: {e}", file=sys.stderr)
+        sys.exit(1)
+    except ResumeDiverged as e:  # REPLICAFT_RESUME_VERIFY_ACTION=stop, and the resumed run is not the saved one
         print(f"train_ddp: {e}", file=sys.stderr)
         sys.exit(1)

@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 INTERVAL = 10
 
 
-def start_group(lighthouse: str, replica_id: str, tmp: Path, *args: str) -> ManagedProcess:
+def start_group(lighthouse: str, replica_id: str, tmp: Path, *args: str, **options: str) -> ManagedProcess:
+    """``options``: more ``REPLICAFT_*`` variables, e.g. ``REPLICAFT_RESUME_VERIFY_ACTION="stop"``."""
     env = dict(os.environ)
     env.update(
         REPLICAFT_LIGHTHOUSE=lighthouse,
@@ -37,6 +38,7 @@ def start_group(lighthouse: str, replica_id: str, tmp: Path, *args: str) -> Mana
         REPLICAFT_EVENTS_DIR=str(tmp / "events"),
         REPLICAFT_CHECKPOINT_DIR=str(tmp / "ckpt"),
         REPLICAFT_CHECKPOINT_INTERVAL_STEPS=str(INTERVAL),
+        **options,
     )
     env.pop("REPLICAFT_FAULT_POINTS", None)
     return spawn_python(EXAMPLE, *args, name=replica_id, env=env)
@@ -123,8 +125,9 @@ def test_group_restarting_while_peers_alive_heals_and_reads_no_checkpoint(tmp_pa
     assert_digests_agree(events, min_steps=45)
 
 
+@pytest.mark.parametrize("action", ["warn", "stop"])
 @pytest.mark.timeout(200)
-def test_resume_into_a_changed_loss_is_reported_diverged_issue_23(tmp_path: Path) -> None:
+def test_resume_into_a_changed_loss_is_reported_diverged_issue_23(tmp_path: Path, action: str) -> None:
     # The same script resumed with its loss scaled by 10 (a changed normalisation): the
     # checkpoint verifies and loads, and only the loss trajectory shows the run is not the same.
     # A checkpoint of step 20 or later: the trajectory of the first ten steps holds the steep
@@ -136,13 +139,16 @@ def test_resume_into_a_changed_loss_is_reported_diverged_issue_23(tmp_path: Path
     wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL, 120,
                    "a checkpoint of step 20")
     group.kill()
-    group = start_group(lh.grpc_address, "g0", tmp_path, *args, "--loss-scale", "10")
+    group = start_group(lh.grpc_address, "g0", tmp_path, *args, "--loss-scale", "10", REPLICAFT_RESUME_VERIFY_ACTION=action)
     resume = wait_for_event(events, lambda e: e["event"] == "resume", 120, "the resume")
     verdict = wait_for_event(events, lambda e: e["event"] == "resume_verdict", 120, "the resume's verdict")
-    assert group.wait_exit(150) == 0, group.output_tail()
+    assert group.wait_exit(150) == (0 if action == "warn" else 1), group.output_tail()
     assert verdict["verdict"] == "diverged" and verdict["checkpoint_step"] == resume["checkpoint_step"], verdict
-    assert verdict["new_mean"] > 3 * verdict["reference_mean"] and verdict["action"] == "warn", verdict
+    assert verdict["new_mean"] > 3 * verdict["reference_mean"] and verdict["action"] == action, verdict
     assert "the loss diverged after the resume" in group.output_tail(200)
+    if action == "stop":  # it stopped before the diverged run saved anything
+        assert "train_ddp: [g0/0] after the resume from checkpoint step" in group.output_tail(200)
+        assert max(i.step for i in CheckpointReader(tmp_path / "ckpt").list()) == resume["checkpoint_step"]
 
 
 @pytest.mark.timeout(200)
