@@ -87,8 +87,7 @@ class Manager:
                 num_steps=o.resume_verify_steps, tolerance=o.resume_verify_tolerance, action=o.resume_verify_action,
                 current_step=self.current_step, healing=self.is_healing, labels=self._persistence.labels,
                 emit=self._emit, context=f"{o.replica_id}/{o.group_rank}")
-            self._registry.register_state(TRAJECTORY_STATE, check.state_dict, check.load_state_dict, in_digest=False,
-                                          optional=True)
+            self._registry.register_state(TRAJECTORY_STATE, check.state_dict, check.load_state_dict, healed=False)
             self._registry.register_hooks(check)
             self._persistence.on_resumed = check.resumed
         if self._persistence.cadence is not None:

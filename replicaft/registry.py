@@ -73,23 +73,31 @@ class StateRegistry:
         self._states: dict[str, tuple[StateDictFn, LoadStateDictFn]] = {}
         self._not_digested: set[str] = set()
         self._optional: set[str] = set()
+        self._own: set[str] = set()
+        """Each group's own: never served to a healer (see :meth:`register_state`)."""
         self._hooks: list[StepHooks] = []
         self._steppers: list[_Stepper] = []
 
     def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn, *,
-                       in_digest: bool = True, optional: bool = False) -> None:
+                       in_digest: bool = True, optional: bool = False, healed: bool = True) -> None:
         """``in_digest=False``: bookkeeping that travels with the state but is not training
         state, so the digest that says two groups hold the same state leaves it out (the
         checkpoint lineage: a resume that forks a new history changes it, not the state).
         ``optional=True``: a state to load may lack it (a checkpoint written before it was
-        registered); it is then left as it is."""
+        registered); it is then left as it is. ``healed=False``: each group's own record,
+        which legitimately differs between groups (the losses each group computed on its own
+        batches): checkpoints carry it, but donors do not serve it, since their vote on the
+        state a healer takes could never agree on it; a healer keeps its own. Implies
+        ``in_digest=False`` and ``optional=True``."""
         if name in self._states:
             raise StateError(f"state {name!r} is registered twice; pick another name")
         self._states[name] = (state_dict, load_state_dict)
-        if not in_digest:
+        if not in_digest or not healed:
             self._not_digested.add(name)
-        if optional:
+        if optional or not healed:
             self._optional.add(name)
+        if not healed:
+            self._own.add(name)
 
     def register_hooks(self, hooks: StepHooks) -> None:
         self._hooks.append(hooks)
@@ -111,10 +119,13 @@ class StateRegistry:
     def state_dict(self) -> dict[str, Any]:
         return {name: fn() for name, (fn, _) in self._states.items()}
 
-    def flat(self, *, in_digest_only: bool = False) -> Flat:
+    def flat(self, *, in_digest_only: bool = False, healed_only: bool = False) -> Flat:
+        """``healed_only``: the state a donor serves and a healer compares with what it is sent."""
         state = self.state_dict()
         if in_digest_only:
             state = {name: value for name, value in state.items() if name not in self._not_digested}
+        if healed_only:
+            state = {name: value for name, value in state.items() if name not in self._own}
         return flatten(state)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -10,11 +10,14 @@ the first ``resume_verify_steps`` losses of the new run are judged against it.
 ``examples/train_ddp.py`` calls every step) is recorded when the step commits, as
 ``(step, loss)`` with the step count *after* the commit, in a ring of the last
 :data:`TRAJECTORY_STEPS`. A healing step's loss is not recorded: it was computed on the state
-before the heal. The ring is registered training state (``Manager``, ``in_digest=False``,
-``optional=True``), so the checkpoint of step S holds the losses of steps <= S, taken at the
-same boundary as the weights, and a heal hands it to a new group (which may be the next
-writer). It stays out of the committed digest: it is a record about the state, and groups
-report different losses for the same committed state (each its own batch).
+before the heal. The ring is registered state of the group's own (``Manager``,
+``healed=False``), so the checkpoint of step S holds the losses of steps <= S, taken at the
+same boundary as the weights. Groups report different losses for the same committed state
+(each its own batch), so it stays out of the committed digest, and donors do not serve it: a
+heal from two donors votes on everything served, and two groups' rings never agree (that
+vote failed for every later healer). A healed group starts its own ring; if it becomes the
+writer before the ring holds ``2 * resume_verify_steps`` losses, a resume from its checkpoint
+is judged ``not_enough_data``.
 
 **What is compared, and why.** After a resume from step S the next steps are S+1, S+2, ...;
 the run that wrote the checkpoint may have done them too before it died, but their losses are

@@ -9,6 +9,8 @@ import torch
 
 from replicaft.errors import StateError
 from replicaft.registry import StateRegistry, StepHooks
+from replicaft.transfer.manifest import state_digest
+from replicaft.transfer.snapshot import Snapshot
 
 
 class Recorder(StepHooks):
@@ -70,3 +72,31 @@ def test_state_outside_the_digest_travels_but_is_not_digested() -> None:
     assert sorted(registry.state_dict()) == ["checkpoint", "model"]
     assert registry.flat().names == ["state.model.w"] and "lineage" in str(registry.flat().skeleton)
     assert "lineage" not in str(registry.flat(in_digest_only=True).skeleton)
+
+
+def test_each_groups_own_state_is_checkpointed_but_not_served_so_two_donors_agree() -> None:
+    """Two donors that agree on the training state but each hold their own loss record: the
+    state they serve must vote as one (it failed when the record was served: no majority, and
+    every later healer retried for ever)."""
+
+    def donor(losses: list[float]) -> StateRegistry:
+        registry = StateRegistry()
+        registry.register_state("model", lambda: {"w": torch.ones(4)}, lambda s: None)
+        registry.register_state("trajectory", lambda: {"losses": losses}, lambda s: None, healed=False)
+        return registry
+
+    a, b = donor([0.5, 0.4]), donor([0.6, 0.3])
+
+    def served(registry: StateRegistry) -> bytes:
+        return state_digest(Snapshot.capture(registry.flat(healed_only=True), step=3, quorum_id=1, replica_id="g").manifest)
+
+    assert served(a) == served(b)
+    assert "losses" in str(a.flat().skeleton), "a checkpoint carries it"
+    assert "losses" not in str(a.flat(in_digest_only=True).skeleton), "the committed digest leaves it out"
+    loaded: list[dict[str, Any]] = []
+    healer = StateRegistry()
+    healer.register_state("model", lambda: {"w": torch.zeros(4)}, loaded.append)
+    healer.register_state("trajectory", lambda: {"losses": []}, lambda s: pytest.fail("a heal sets the healer's own"),
+                          healed=False)
+    healer.load_state_dict({"model": {"w": torch.ones(4)}})  # what a heal hands over
+    assert len(loaded) == 1

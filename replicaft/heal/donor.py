@@ -78,13 +78,13 @@ class DonorSide:
             bases[rid] = base if isinstance(base, int) else plan.max_step
         if plan.max_step in bases.values() and plan.max_step not in self._server.published_steps:
             readers = frozenset(rid for rid, base in bases.items() if base == plan.max_step)
-            self._serving = LiveSnapshot(self._registry.flat(), step=plan.max_step, quorum_id=plan.quorum_id,
+            self._serving = LiveSnapshot(self._registry.flat(healed_only=True), step=plan.max_step, quorum_id=plan.quorum_id,
                                          replica_id=self._replica_id, readers=readers, spare=self._spare)
             self._server.publish(self._serving)
             reached(self._faults, "serve", step)
             if write_served_due(self._faults, step):
                 self._faults = frozenset(p for p in self._faults if p[0] != "write_served")
-                _write_largest_optimizer_tensor(self._registry.flat())
+                _write_largest_optimizer_tensor(self._registry.flat(healed_only=True))
         self._server.retain(set(bases.values()))
 
     def seal(self, own_s: float) -> str | None:

@@ -93,7 +93,7 @@ class Healer:
         if self._catchup is not None:
             return False
         targets = self._targets()
-        own = self._registry.flat()
+        own = self._registry.flat(healed_only=True)
         expected = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape))
                     for name, t in zip(own.names, own.tensors, strict=True)}
         max_bytes = HEAL_SIZE_FACTOR * sum(t.numel() * t.element_size() for t in own.tensors) + HEAL_SIZE_SLACK_BYTES
@@ -188,7 +188,7 @@ class Healer:
         """This rank's own tensors a heal may receive into in place (catchup.py): the large ones
         (small ones, such as BatchNorm statistics, are written by forward and cost nothing to
         place elsewhere), minus any seen written during an earlier fetch."""
-        flat = self._registry.flat()
+        flat = self._registry.flat(healed_only=True)
         return {
             name: t for name, t in zip(flat.names, flat.tensors, strict=True)
             if name not in self._not_in_place and t.numel() * t.element_size() >= SMALL_TENSOR_BYTES
