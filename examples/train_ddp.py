@@ -29,12 +29,18 @@ from torch import nn
 
 import replicaft
 from replicaft.data import ExactlyOnceSampler, StepDataLoader
+from replicaft.grad_scaler import GradScalerState
 from replicaft.resume_check import ResumeDiverged
 
 
-def build_model(width: int) -> nn.Module:
+def build_model(width: int, dropout: float = 0.0) -> nn.Module:
+    if not dropout:
+        return nn.Sequential(
+            nn.Linear(16, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+        )
     return nn.Sequential(
-        nn.Linear(16, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+        nn.Linear(16, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(dropout), nn.Linear(width, width), nn.ReLU(),
+        nn.Dropout(dropout), nn.Linear(width, 1)
     )
 
 
@@ -53,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loss-scale", type=float, default=1.0,
                    help="multiply the loss by this: a changed loss normalisation, which the verification of a resume "
                         "from disk reports (replicaft/resume_check.py)")
+    p.add_argument("--dropout", type=float, default=0.0,
+                   help="dropout probability: draws from torch's global generator, which heals and checkpoints carry")
+    p.add_argument("--grad-scaler", action="store_true",
+                   help="scale the loss with torch.amp.GradScaler (growth every 4 steps), registered with the manager")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per step (demo pacing)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -63,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"train_ddp: error: {e}", file=sys.stderr)
         return 2
     torch.manual_seed(0)
-    model = build_model(args.width)
+    model = build_model(args.width, args.dropout)
     target = build_model(args.width).eval()
     inputs = torch.randn(args.dataset_size, 16, generator=torch.Generator().manual_seed(1234))
     with torch.no_grad():
@@ -76,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(inner, lambda step: 1.0 / (1.0 + step / 100))
         optimizer = replicaft.Optimizer(manager, inner, scheduler)
+        scaler = None
+        if args.grad_scaler:
+            scaler = torch.amp.GradScaler(device.type, growth_interval=4)
+            GradScalerState(manager, scaler, optimizer)
         policy = "global" if options.deterministic else "per_group"
         sampler = ExactlyOnceSampler(manager, args.dataset_size, args.batch_size, policy=policy)
         loader = StepDataLoader(
@@ -95,15 +109,22 @@ def main(argv: list[str] | None = None) -> int:
                 last = i == len(batches) - 1
                 with contextlib.nullcontext() if last else ddp.no_sync():
                     micro_loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device)) * (weight * args.loss_scale)
-                    micro_loss.backward()
+                    (micro_loss if scaler is None else scaler.scale(micro_loss)).backward()
                 loss += micro_loss.detach()
             # The deterministic mode's micro-batches are shards, each weighted 1.0: their mean is the loss.
             step_loss = loss.item() / (len(batches) if options.deterministic else 1)
             manager.annotate_commit(loss=step_loss)
             manager.report_metrics(loss=step_loss)  # saved with the checkpoint of this step, if one is due
+            if scaler is not None:
+                manager.annotate_commit(grad_scale=scaler.get_scale())
             if args.step_delay:
                 time.sleep(args.step_delay)
-            if optimizer.step() and manager.current_step() % 10 == 0:
+            # scaler.step skips optimizer.step (and so the commit) when a gradient overflowed;
+            # update() then backs off, and GradScalerState undoes it if the step did not commit.
+            committed = optimizer.step() if scaler is None else scaler.step(optimizer)
+            if scaler is not None:
+                scaler.update()
+            if committed and manager.current_step() % 10 == 0:
                 print(
                     f"[{options.replica_id}] step {manager.current_step()} loss {loss.item():.4f} "
                     f"groups {manager.num_participants()} ({time.monotonic() - started:.1f}s)",

@@ -34,6 +34,8 @@ from replicaft.process_group import FaultTolerantProcessGroup, ManagedWork, Redu
 from replicaft.registry import LoadStateDictFn, StateDictFn, StateRegistry, StepHooks
 from replicaft.resume_check import STATE_NAME as TRAJECTORY_STATE
 from replicaft.resume_check import ResumeCheck
+from replicaft.rng_state import STATE_NAME as RNG_STATE
+from replicaft.rng_state import RngState, available_sources
 from replicaft.services import RankServices
 from replicaft.step import StepDriver, step_seed
 from replicaft.transfer.spare import SpareBuffer
@@ -45,10 +47,17 @@ class Manager:
     """Build with options; ``start()`` opens servers and connections; use as a context manager.
 
     ``init_sync``: at step 0 every group but one heals from it, so all start from identical
-    weights.
+    weights (and identical random generators).
+
+    ``rng_state``: the process-global random generators (Python's ``random``, NumPy's, torch's
+    CPU and CUDA ones) are carried by heals and saved by checkpoints without the script doing
+    anything, so a script that draws from them (dropout) resumes bit for bit (rng_state.py;
+    torch's are left out in the deterministic mode, which reseeds them per shard). Pass False
+    when the groups' generators differ by design (seeded per group): a heal from several
+    donors needs theirs to agree.
     """
 
-    def __init__(self, options: ManagerOptions, *, init_sync: bool = True) -> None:
+    def __init__(self, options: ManagerOptions, *, init_sync: bool = True, rng_state: bool = True) -> None:
         o = self.options = options
         self.init_sync = init_sync
         self._registry = StateRegistry()
@@ -93,6 +102,10 @@ class Manager:
         if self._persistence.cadence is not None:
             self._registry.register_state(CADENCE_STATE, self._persistence.cadence.state_dict,
                                           self._persistence.cadence.load_state_dict, in_digest=False, optional=True)
+        if rng_state:
+            rng = RngState(available_sources(deterministic=o.deterministic))
+            self._registry.register_state(RNG_STATE, rng.state_dict, rng.load_state_dict, in_digest=False, optional=True)
+            self._registry.register_hooks(rng)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
