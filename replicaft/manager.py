@@ -49,15 +49,17 @@ class Manager:
     ``init_sync``: at step 0 every group but one heals from it, so all start from identical
     weights (and identical random generators).
 
-    ``rng_state``: the process-global random generators (Python's ``random``, NumPy's, torch's
-    CPU and CUDA ones) are carried by heals and saved by checkpoints without the script doing
-    anything, so a script that draws from them (dropout) resumes bit for bit (rng_state.py;
-    torch's are left out in the deterministic mode, which reseeds them per shard). Pass False
-    when the groups' generators differ by design (seeded per group): a heal from several
-    donors needs theirs to agree.
+    ``rng_state`` (default: ``init_sync``): the process-global random generators (Python's
+    ``random``, NumPy's, torch's CPU and CUDA ones) are carried by heals and saved by
+    checkpoints without the script doing anything, so a script that draws from them (dropout)
+    resumes bit for bit (rng_state.py; torch's are left out in the deterministic mode, which
+    reseeds them per shard). A heal from several donors needs theirs to agree: ``init_sync``'s
+    step-0 heal makes every group's the same, while without it each process's start as it
+    seeded them (Python's and NumPy's from OS entropy), so they are then carried only when
+    asked for. Pass False when the groups' generators differ by design (seeded per group).
     """
 
-    def __init__(self, options: ManagerOptions, *, init_sync: bool = True, rng_state: bool = True) -> None:
+    def __init__(self, options: ManagerOptions, *, init_sync: bool = True, rng_state: bool | None = None) -> None:
         o = self.options = options
         self.init_sync = init_sync
         self._registry = StateRegistry()
@@ -102,8 +104,8 @@ class Manager:
         if self._persistence.cadence is not None:
             self._registry.register_state(CADENCE_STATE, self._persistence.cadence.state_dict,
                                           self._persistence.cadence.load_state_dict, in_digest=False, optional=True)
-        if rng_state:
-            rng = RngState(available_sources(deterministic=o.deterministic))
+        if init_sync if rng_state is None else rng_state:
+            rng = RngState(available_sources(deterministic=o.deterministic), self.annotate_commit)
             self._registry.register_state(RNG_STATE, rng.state_dict, rng.load_state_dict, in_digest=False, optional=True)
             self._registry.register_hooks(rng)
 

@@ -6,7 +6,7 @@ generators continue where they were. So they are registered state (registry.py),
 heal and saved by a checkpoint like the model: Python's ``random``, NumPy's global (legacy
 ``RandomState``) generator, torch's CPU generator and, where CUDA is available, the default
 generator of every visible CUDA device. The manager registers them on its own (``Manager``'s
-``rng_state``); nothing is needed from the script.
+``rng_state``, on by default with ``init_sync``); nothing is needed from the script.
 
 Encoding, without pickle (state.py carries tensors and plain values only): torch's generators
 are the ``uint8`` tensors ``get_state()`` returns; Python's ``(version, words, gauss_next)``
@@ -22,7 +22,9 @@ the groups descend from one state (``init_sync``'s step-0 heal, or a resume from
 checkpoint, gives every group the same generators) and draw the same amount each step. A
 script whose groups draw differently, or seed per group (``Manager.step_seed`` mixes in the
 replica rank), gains nothing from carrying them and must opt out (``rng_state=False``), or its
-heals from several donors find no majority. The deterministic mode reseeds torch's generators
+heals from several donors find no majority. Without ``init_sync`` nothing makes the groups'
+generators agree (Python's and NumPy's start from OS entropy), so the manager then carries
+them only when asked (``rng_state=True``). The deterministic mode reseeds torch's generators
 per virtual shard (shard_gradients.py), so their state at a boundary is a function of which
 shards the group computed; the manager leaves them out there.
 
@@ -45,8 +47,11 @@ DataLoader worker processes (seeded when their loader starts), other device type
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
+from array import array
+from collections.abc import Callable
 from typing import Any, Literal
 
 import torch
@@ -232,16 +237,35 @@ def restore(native: dict[Source, Any], where: str = "state.rng") -> None:
             raise StateError(f"{where}.{source}: the generator refused this state: {e}") from None
 
 
+def fingerprint(native: dict[Source, Any]) -> str:
+    """A short digest of ``capture``'s result: equal fingerprints, equal generators."""
+    h = hashlib.blake2b(digest_size=8)
+    for source, value in sorted(native.items()):
+        h.update(source.encode())
+        if source == "python":
+            h.update(array("Q", value[1]).tobytes() + repr(value[2]).encode())
+        elif source == "numpy":
+            h.update(value[1].tobytes() + repr(value[2:]).encode())
+        else:
+            for t in value if source == "cuda" else [value]:
+                h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
 class RngState(StepHooks):
     """The global generators of ``sources`` as registered state, with step-boundary hooks.
 
     Register ``state_dict``/``load_state_dict`` (``in_digest=False``, ``optional=True``: a
     checkpoint written before they were carried leaves them as they are) and the hooks.
-    Training thread only.
+    ``annotate`` (``Manager.annotate_commit``) receives, at each commit, ``rng`` = the
+    :func:`fingerprint` of the generators after the step: groups that draw alike show equal
+    values step by step (a heal or resume that lost them shows at once), and the commit digest
+    leaves them out. Training thread only.
     """
 
-    def __init__(self, sources: tuple[Source, ...]) -> None:
+    def __init__(self, sources: tuple[Source, ...], annotate: Callable[..., None] | None = None) -> None:
         self.sources = sources
+        self._annotate = annotate
         self._step_start: dict[Source, Any] | None = None
         """The generators when the step in progress started (or when state was loaded since)."""
         self._replayed = 0
@@ -258,6 +282,10 @@ class RngState(StepHooks):
 
     def on_step_start(self) -> None:
         self._step_start = capture(self.sources)
+
+    def on_commit(self) -> None:
+        if self._annotate is not None:
+            self._annotate(rng=fingerprint(capture(self.sources)))
 
     def on_abort(self) -> None:
         if self._step_start is not None:

@@ -17,7 +17,15 @@ from replicaft.errors import StateError
 from replicaft.manager import Manager
 from replicaft.options import ManagerOptions
 from replicaft.registry import StateRegistry
-from replicaft.rng_state import RngState, available_sources, capture, decode, encode, restore
+from replicaft.rng_state import (
+    RngState,
+    available_sources,
+    capture,
+    decode,
+    encode,
+    fingerprint,
+    restore,
+)
 from replicaft.state import flatten, unflatten
 
 SOURCES = ("python", "numpy", "torch")
@@ -115,6 +123,19 @@ MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
 ]
 
 
+def test_each_commit_is_annotated_with_the_generators_fingerprint() -> None:
+    fields: list[dict[str, Any]] = []
+    provider = RngState(SOURCES, lambda **f: fields.append(f))
+    saved = provider.state_dict()
+    provider.on_commit()
+    draws()
+    provider.on_commit()
+    provider.load_state_dict(saved)
+    provider.on_commit()
+    assert fields[0] == fields[2] != fields[1]
+    assert fields[0]["rng"] == fingerprint(capture(SOURCES)) and len(fields[0]["rng"]) == 16
+
+
 @pytest.mark.parametrize(("mutate", "message"), [(m, msg) for _, m, msg in MALFORMED], ids=[c for c, _, _ in MALFORMED])
 def test_a_malformed_state_is_refused_by_name_and_no_generator_changes(
         mutate: Callable[[dict[str, Any]], None], message: str) -> None:
@@ -156,7 +177,7 @@ def test_deterministic_mode_leaves_torch_generators_out() -> None:
     assert {"python", "numpy", "torch"} <= set(available_sources())
 
 
-def test_manager_carries_rng_outside_the_digest_unless_opted_out() -> None:
+def test_manager_carries_rng_outside_the_digest_with_init_sync_unless_opted_out() -> None:
     options = ManagerOptions(lighthouse="127.0.0.1:1", replica_id="g0")
     registry: StateRegistry = Manager(options)._registry
     assert "rng" in registry.names
@@ -164,3 +185,5 @@ def test_manager_carries_rng_outside_the_digest_unless_opted_out() -> None:
     assert any(n.startswith("state.rng") for n in registry.flat().names)
     registry.load_state_dict({k: v for k, v in registry.state_dict().items() if k != "rng"})  # an older checkpoint
     assert "rng" not in Manager(options, rng_state=False)._registry.names
+    assert "rng" not in Manager(options, init_sync=False)._registry.names  # nothing made the groups' agree
+    assert "rng" in Manager(options, init_sync=False, rng_state=True)._registry.names
