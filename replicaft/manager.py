@@ -105,7 +105,8 @@ class Manager:
             self._registry.register_state(CADENCE_STATE, self._persistence.cadence.state_dict,
                                           self._persistence.cadence.load_state_dict, in_digest=False, optional=True)
         if init_sync if rng_state is None else rng_state:
-            rng = RngState(available_sources(deterministic=o.deterministic), self.annotate_commit)
+            rng = RngState(available_sources(deterministic=o.deterministic),
+                           lambda: self.plan is not None and bool(self.plan.healers), self.annotate_commit)
             self._registry.register_state(RNG_STATE, rng.state_dict, rng.load_state_dict, in_digest=False, optional=True)
             self._registry.register_hooks(rng)
 

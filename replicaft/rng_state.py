@@ -33,22 +33,26 @@ model and optimizer state, which they do even when their generators legitimately
 group seeding, the deterministic mode); a digest that counted them would report divergence
 that is not there.
 
-Timing. The value carried is the generators as they are when read: at a step boundary for a
-checkpoint, and for a heal when the donor publishes its snapshot, once the plan is applied (at
-the first gradient all-reduce, after forward), so a healer that applies the heal in that
-step's commit continues from where its donors are after the step's forward. A step that
-aborts puts the generators back where the step started (``on_abort``), so the step's retry
-draws what a fault-free run drew. A heal that replayed steps it missed (heal/catchup.py)
-leaves the generators where the donors were in the step it fetched: a replay runs no forward,
-so the draws of the replayed steps cannot be redone; it is logged. Not carried: generators a
-script creates itself (``torch.Generator()``: register them with ``Manager.register_state``),
-DataLoader worker processes (seeded when their loader starts), other device types.
+Timing. Between steps (a checkpoint, written at a step boundary) the value carried is the
+generators as they are. During a step it is the generators as the step found them: a donor
+publishes its snapshot of step ``b`` when the plan is applied, which may be before or after
+forward. A healer receives that snapshot and applies it in the commit of the step it took part
+in meanwhile, after its own forward drew from its old generators; the donors' have by then
+moved on by that step's draws, which the healer cannot redo. So a step whose quorum has
+healers ends, in every group, with the generators where it started: the healer holds the
+donors' generators of step ``b`` and so do they, and all draw alike again from the next step
+(the heal step's draws repeat once). The same holds across a heal that replays missed steps
+(heal/catchup.py): each of them had the healer in its quorum. A step that aborts also puts the
+generators back where it started, so its retry draws what a fault-free run drew.
+
+Not carried: generators a script creates itself (``torch.Generator()``: register them with
+``Manager.register_state``), DataLoader worker processes (seeded when their loader starts),
+other device types.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import random
 from array import array
 from collections.abc import Callable
@@ -58,8 +62,6 @@ import torch
 
 from replicaft.errors import StateError
 from replicaft.registry import StepHooks
-
-logger = logging.getLogger(__name__)
 
 STATE_NAME = "rng"
 """The registered state's name (``Manager``)."""
@@ -237,11 +239,11 @@ def restore(native: dict[Source, Any], where: str = "state.rng") -> None:
             raise StateError(f"{where}.{source}: the generator refused this state: {e}") from None
 
 
-def fingerprint(native: dict[Source, Any]) -> str:
-    """A short digest of ``capture``'s result: equal fingerprints, equal generators."""
-    h = hashlib.blake2b(digest_size=8)
-    for source, value in sorted(native.items()):
-        h.update(source.encode())
+def fingerprint(native: dict[Source, Any]) -> dict[str, str]:
+    """A short digest per source of ``capture``'s result: equal fingerprints, equal generators."""
+    out: dict[str, str] = {}
+    for source, value in native.items():
+        h = hashlib.blake2b(digest_size=8)
         if source == "python":
             h.update(array("Q", value[1]).tobytes() + repr(value[2]).encode())
         elif source == "numpy":
@@ -249,7 +251,8 @@ def fingerprint(native: dict[Source, Any]) -> str:
         else:
             for t in value if source == "cuda" else [value]:
                 h.update(t.numpy().tobytes())
-    return h.hexdigest()
+        out[source] = h.hexdigest()
+    return out
 
 
 class RngState(StepHooks):
@@ -257,46 +260,48 @@ class RngState(StepHooks):
 
     Register ``state_dict``/``load_state_dict`` (``in_digest=False``, ``optional=True``: a
     checkpoint written before they were carried leaves them as they are) and the hooks.
+    ``heal_in_step()`` says whether the quorum of the step in progress has healers.
     ``annotate`` (``Manager.annotate_commit``) receives, at each commit, ``rng`` = the
-    :func:`fingerprint` of the generators after the step: groups that draw alike show equal
-    values step by step (a heal or resume that lost them shows at once), and the commit digest
-    leaves them out. Training thread only.
+    :func:`fingerprint` of each generator after the step: groups that draw alike show equal
+    values step by step (a heal or resume that lost them shows at once), which the commit
+    digest cannot show, leaving them out. Training thread only.
     """
 
-    def __init__(self, sources: tuple[Source, ...], annotate: Callable[..., None] | None = None) -> None:
+    def __init__(self, sources: tuple[Source, ...], heal_in_step: Callable[[], bool],
+                 annotate: Callable[..., None] | None = None) -> None:
         self.sources = sources
+        self._heal_in_step = heal_in_step
         self._annotate = annotate
         self._step_start: dict[Source, Any] | None = None
-        """The generators when the step in progress started (or when state was loaded since)."""
-        self._replayed = 0
+        """The generators when the step in progress started (or when state was loaded since);
+        None between steps."""
 
     def state_dict(self) -> dict[str, Any]:
-        return encode(capture(self.sources))
+        """Between steps (a checkpoint) the generators as they are; during a step (a donor's
+        snapshot, published whenever the plan is applied, before or after forward) as the
+        step found them: the state of the step the snapshot is of."""
+        return encode(self._step_start if self._step_start is not None else capture(self.sources))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Validate every field first, then set the generators; a step that aborts after this
         load (a resume from disk does not commit its step) goes back to the loaded state."""
         native = decode(state, self.sources)
         restore(native)
-        self._step_start = native
+        if self._step_start is not None:
+            self._step_start = native
 
     def on_step_start(self) -> None:
         self._step_start = capture(self.sources)
 
     def on_commit(self) -> None:
+        """A step with a heal ends where it started, in every group: see the module docstring."""
+        start, self._step_start = self._step_start, None
+        if start is not None and self._heal_in_step():
+            restore(start)
         if self._annotate is not None:
             self._annotate(rng=fingerprint(capture(self.sources)))
 
     def on_abort(self) -> None:
-        if self._step_start is not None:
-            restore(self._step_start)
-
-    def replay_apply(self, record: Any) -> None:
-        self._replayed += 1
-
-    def end_replay(self) -> None:
-        logger.warning("a heal replayed %d step(s) it missed: the global random generators are the donors' of the "
-                       "step it fetched, %d step(s) of draws behind theirs (a replay runs no forward); a script "
-                       "that must stay bitwise across such heals draws from Manager.step_seed()",
-                       self._replayed, self._replayed)
-        self._replayed = 0
+        start, self._step_start = self._step_start, None
+        if start is not None:
+            restore(start)

@@ -31,6 +31,10 @@ from replicaft.state import flatten, unflatten
 SOURCES = ("python", "numpy", "torch")
 
 
+def no_heal() -> bool:
+    return False
+
+
 def draws() -> tuple[float, float, list[float]]:
     """One draw from each CPU source: equal draws mean equal generator states."""
     return random.random(), float(np.random.rand()), torch.rand(3).tolist()
@@ -46,7 +50,7 @@ def over_the_wire(state: dict[str, Any]) -> dict[str, Any]:
 def test_every_source_round_trips_through_the_wire_and_draws_the_same() -> None:
     random.gauss(0, 1)  # leaves a cached Gaussian in Python's state (gauss_next is a float)
     np.random.randn()  # and in NumPy's (has_gauss = 1)
-    provider = RngState(SOURCES)
+    provider = RngState(SOURCES, no_heal)
     state = over_the_wire(provider.state_dict())
     expected = draws(), random.gauss(0, 1), float(np.random.randn())
     provider.load_state_dict(state)
@@ -56,7 +60,7 @@ def test_every_source_round_trips_through_the_wire_and_draws_the_same() -> None:
 def test_a_state_received_as_views_into_one_buffer_loads() -> None:
     # A heal delivers every tensor as a view into its receive buffer (transfer/snapshot.py);
     # torch's set_state on such a view (a storage offset) crashed the healer.
-    provider = RngState(SOURCES)
+    provider = RngState(SOURCES, no_heal)
     state = provider.state_dict()
     buffer = torch.zeros(64 + state["torch"].numel() + 64, dtype=torch.uint8)
     buffer[64:-64] = state["torch"]
@@ -67,16 +71,42 @@ def test_a_state_received_as_views_into_one_buffer_loads() -> None:
 
 
 def test_an_aborted_step_gives_its_retry_the_same_draws() -> None:
-    provider = RngState(SOURCES)
+    provider = RngState(SOURCES, no_heal)
     provider.on_step_start()
     first = draws()
     provider.on_abort()
     assert draws() == first
 
 
+def test_a_donor_serves_the_generators_its_step_started_with() -> None:
+    # A donor publishes its snapshot when the plan is applied, before or after forward.
+    provider = RngState(SOURCES, no_heal)
+    provider.on_step_start()
+    expected = draws()
+    served = provider.state_dict()
+    provider.on_commit()
+    provider.load_state_dict(served)
+    assert draws() == expected
+
+
+def test_a_step_with_a_heal_ends_where_it_started_and_a_step_without_does_not() -> None:
+    healing = [True]
+    provider = RngState(SOURCES, lambda: healing[0])
+    provider.on_step_start()
+    expected = draws()
+    provider.on_commit()
+    assert draws() == expected
+    healing[0] = False
+    provider.on_step_start()
+    draws()
+    after = capture(SOURCES)
+    provider.on_commit()
+    assert fingerprint(capture(SOURCES)) == fingerprint(after)
+
+
 def test_a_load_during_a_step_that_then_aborts_keeps_the_loaded_generators() -> None:
     # A resume from disk loads in a step that does not commit: the abort must not undo it.
-    provider = RngState(SOURCES)
+    provider = RngState(SOURCES, no_heal)
     saved = provider.state_dict()
     expected = draws()
     provider.on_step_start()
@@ -125,7 +155,7 @@ MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
 
 def test_each_commit_is_annotated_with_the_generators_fingerprint() -> None:
     fields: list[dict[str, Any]] = []
-    provider = RngState(SOURCES, lambda **f: fields.append(f))
+    provider = RngState(SOURCES, no_heal, lambda **f: fields.append(f))
     saved = provider.state_dict()
     provider.on_commit()
     draws()
@@ -133,13 +163,14 @@ def test_each_commit_is_annotated_with_the_generators_fingerprint() -> None:
     provider.load_state_dict(saved)
     provider.on_commit()
     assert fields[0] == fields[2] != fields[1]
-    assert fields[0]["rng"] == fingerprint(capture(SOURCES)) and len(fields[0]["rng"]) == 16
+    assert fields[0]["rng"] == fingerprint(capture(SOURCES))
+    assert sorted(fields[0]["rng"]) == sorted(SOURCES) and all(len(v) == 16 for v in fields[0]["rng"].values())
 
 
 @pytest.mark.parametrize(("mutate", "message"), [(m, msg) for _, m, msg in MALFORMED], ids=[c for c, _, _ in MALFORMED])
 def test_a_malformed_state_is_refused_by_name_and_no_generator_changes(
         mutate: Callable[[dict[str, Any]], None], message: str) -> None:
-    provider = RngState(SOURCES)
+    provider = RngState(SOURCES, no_heal)
     state = over_the_wire(provider.state_dict())
     mutate(state)
     draws()  # the generators now differ from the sent ones: a partial load would show
@@ -153,7 +184,7 @@ def test_a_malformed_state_is_refused_by_name_and_no_generator_changes(
 
 
 def test_a_torch_state_the_generator_refuses_is_a_state_error() -> None:
-    provider = RngState(("torch",))
+    provider = RngState(("torch",), no_heal)
     with pytest.raises(StateError, match="state.rng.torch: the generator refused this state"):
         provider.load_state_dict({"torch": torch.zeros(5056, dtype=torch.uint8)})
 
