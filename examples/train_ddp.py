@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
                 manager.annotate_commit(grad_scale=scaler.get_scale())
             if args.step_delay:
                 time.sleep(args.step_delay)
-            # scaler.step skips optimizer.step (and so the commit) when a gradient overflowed;
-            # update() then backs off, and GradScalerState undoes it if the step did not commit.
+            # scaler.step skips optimizer.step (and so should_commit) when a gradient overflowed,
+            # and update() backs off, in every group alike (they share the averaged gradients);
+            # an update() after a step that did not commit is undone by GradScalerState.
             committed = optimizer.step() if scaler is None else scaler.step(optimizer)
             if scaler is not None:
                 scaler.update()

@@ -3,7 +3,8 @@
 A scaler's state (the loss scale and how many finite steps it has seen since it last grew)
 decides the next steps' scale, so a group that heals or resumes without it scales differently
 from its peers, and with fp16 that changes which steps overflow. ``GradScalerState(manager,
-scaler)`` registers it, as ``replicaft.Optimizer`` registers the optimizer; the values are
+scaler, optimizer)`` registers it, as ``replicaft.Optimizer`` registers the optimizer (the
+manager's ``register_state`` and ``register_hooks``, the public way to add state); the values are
 plain floats and ints (``GradScaler.state_dict()``), checked when loaded, since a heal's come
 from a peer.
 
@@ -19,8 +20,12 @@ the same averaged gradients, so every group backs off alike.
 In the digest (the default of ``register_state``): every group applies the same updates to the
 same averaged gradients, so groups agree on it as on the weights.
 
-A heal that replays the steps it missed (heal/catchup.py) replays the scaler's ``update`` of
-each: those steps committed on the donors, which means their scaler found no overflow.
+A healer unscaled the gradients of the step in which it applies the heal with its own scale,
+its donors with theirs: once the heal has loaded the donors' scaler, the gradients are rescaled
+to it before the optimizer steps (exact for power-of-two scales, the default). A heal that
+replays the steps it missed (heal/catchup.py) rescales each recorded step's gradients the same
+way and replays the scaler's ``update`` of each: those steps committed on the donors, which
+means their scaler found no overflow.
 """
 
 from __future__ import annotations

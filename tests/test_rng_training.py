@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import start_lighthouse
+from conftest import ManagedProcess, start_lighthouse
 from test_training import start_group
 from training_events import assert_digests_agree, final_history, read_events, wait_for_event
 
@@ -51,12 +51,16 @@ def trajectory(events: Path) -> Trajectory:
             for e in history if e["event"] == "commit" and e["committed"]}
 
 
+def start_groups(root: Path, lighthouse: str, fault_points: dict[str, str] | None = None) -> dict[str, ManagedProcess]:
+    return {rid: start_group(lighthouse, rid, root, *ARGS, fault_points=(fault_points or {}).get(rid),
+                             **run_options(root)) for rid in ("g0", "g1")}
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Trajectory:
     root = tmp_path_factory.mktemp("reference")
     lh = start_lighthouse("--min-replicas", "2", status=False)
-    groups = {rid: start_group(lh.grpc_address, rid, root, *ARGS, **run_options(root)) for rid in ("g0", "g1")}
-    for rid, g in groups.items():
+    for rid, g in start_groups(root, lh.grpc_address).items():
         assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
     lh.process.kill()
     return trajectory(root)
@@ -75,26 +79,22 @@ def assert_matches(reference: Trajectory, got: Trajectory, fields: tuple[str, ..
 def test_group_killed_and_healed_continues_bitwise_with_dropout_and_grad_scaler(
         tmp_path: Path, reference: Trajectory) -> None:
     lh = start_lighthouse("--min-replicas", "2", status=False)
-    options = run_options(tmp_path)
-    g0 = start_group(lh.grpc_address, "g0", tmp_path, *ARGS, **options)
-    g1 = start_group(lh.grpc_address, "g1", tmp_path, *ARGS, fault_points="allreduce@8", **options)
-    assert g1.wait_exit(90) == -signal.SIGKILL
+    groups = start_groups(tmp_path, lh.grpc_address, {"g1": "allreduce@8"})
+    assert groups["g1"].wait_exit(90) == -signal.SIGKILL
     restarted_at = time.time()
-    # No replay: a heal that outlasts a step holds the donor instead (a replay cannot redo the
-    # missed steps' draws, rng_state.py), so the healed group applies the state in a commit.
-    g1 = start_group(lh.grpc_address, "g1", tmp_path, *ARGS, REPLICAFT_HEAL_REPLAY_STEPS="0",
-                     REPLICAFT_HEAL_REPLAY_BYTES="0", **options)
-    heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("ok")
-                          and e["ts"] > restarted_at, 90, "g1 healed after its restart")
-    assert heal["replayed_steps"] == 0, heal
-    for rid, g in (("g0", g0), ("g1", g1)):
+    groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *ARGS, **run_options(tmp_path))
+    wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("ok")
+                   and e["ts"] > restarted_at, 90, "g1 healed after its restart")
+    for rid, g in groups.items():
         assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
     got = trajectory(tmp_path)
     assert_matches(reference, got, ("rng", "grad_scale"), until_step=8)
     assert_digests_agree(tmp_path, min_steps=STEPS)
+    # From the heal on (applied in a commit, or after replaying the steps its fetch outlasted).
     healed_at = min(step for (rid, step), e in got.items() if rid == "g1" and e["healing"] and step > 8)
-    assert healed_at == 9, f"g1 healed at step {healed_at}"
-    apart = [(step, got["g0", step]["rng"], got["g1", step]["rng"]) for step in range(healed_at, STEPS + 1)
+    both = [step for step in range(healed_at, STEPS + 1) if ("g1", step) in got]
+    assert len(both) >= STEPS - healed_at, f"g1 committed only steps {both} after healing at {healed_at}"
+    apart = [(step, got["g0", step]["rng"], got["g1", step]["rng"]) for step in both
              if got["g0", step]["rng"] != got["g1", step]["rng"]]
     assert not apart, f"after the heal the groups' generators differ at (step, g0, g1): {apart[:3]}"
     # The scale a healer annotates in its heal step is its own, the one it unscaled with
@@ -108,13 +108,12 @@ def test_group_killed_and_healed_continues_bitwise_with_dropout_and_grad_scaler(
 def test_every_group_killed_resumes_from_disk_bitwise_with_dropout_and_grad_scaler(
         tmp_path: Path, reference: Trajectory) -> None:
     lh = start_lighthouse("--min-replicas", "2", status=False)
-    options = run_options(tmp_path)
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *ARGS, **options) for rid in ("g0", "g1")}
+    groups = start_groups(tmp_path, lh.grpc_address)
     wait_for_event(tmp_path, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 10, 90,
                    "a checkpoint")
     for g in groups.values():
         g.kill()
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *ARGS, **options) for rid in ("g0", "g1")}
+    groups = start_groups(tmp_path, lh.grpc_address)
     resumes = [wait_for_event(tmp_path, lambda e, rid=rid: e["event"] == "resume" and e["replica_id"] == rid, 90,
                               f"{rid} resumed from disk") for rid in ("g0", "g1")]
     assert resumes[0]["checkpoint_step"] == resumes[1]["checkpoint_step"], resumes
