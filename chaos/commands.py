@@ -26,6 +26,8 @@ S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "replicaft-chaos", "AWS_SECRET_ACCESS_KEY
                   "AWS_DEFAULT_REGION": "us-east-1"}
 """What the groups sign their requests to the harness's S3 server with (it checks none)."""
 EXAMPLE = REPO_ROOT / "examples" / "train_ddp.py"
+NOTICE_POLL_S = 0.2
+"""How often a group looks at its preemption-notice file: a notice is acted on within a step or two."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -44,6 +46,8 @@ class GroupPlacement:
     object_store: str | None = None
     """``s3://bucket/prefix`` of the checkpoints' object-store tier (cold_start)."""
     object_store_endpoint: str | None = None
+    preemption_notice: Path | None = None
+    """The file whose existence announces this group's preemption (preemption_notice); absolute."""
 
 
 def group_command(scenario: Scenario) -> list[str]:
@@ -72,11 +76,19 @@ def group_env(scenario: Scenario, group_id: str, placement: GroupPlacement) -> d
     }
     if p.checkpoint_dir is not None and scenario.checkpoint_interval_steps:
         env["REPLICAFT_CHECKPOINT_DIR"] = str(p.checkpoint_dir)
-        env["REPLICAFT_CHECKPOINT_INTERVAL_STEPS"] = str(scenario.checkpoint_interval_steps)
+        if scenario.checkpoint_interval == "auto":
+            env["REPLICAFT_CHECKPOINT_INTERVAL"] = "auto"
+            env["REPLICAFT_CHECKPOINT_INTERVAL_MIN_S"] = str(scenario.checkpoint_interval_min_s)
+            env["REPLICAFT_CHECKPOINT_INTERVAL_MAX_S"] = str(scenario.checkpoint_interval_max_s)
+        else:
+            env["REPLICAFT_CHECKPOINT_INTERVAL_STEPS"] = str(scenario.checkpoint_interval_steps)
     if p.object_store is not None and "REPLICAFT_CHECKPOINT_DIR" in env:
         env["REPLICAFT_CHECKPOINT_OBJECT_STORE"] = p.object_store
         env["REPLICAFT_CHECKPOINT_OBJECT_STORE_ENDPOINT"] = p.object_store_endpoint or ""
         env.update(S3_CREDENTIALS)
+    if p.preemption_notice is not None:
+        env["REPLICAFT_PREEMPTION_NOTICE"] = f"file:{p.preemption_notice}"
+        env["REPLICAFT_PREEMPTION_POLL_S"] = str(NOTICE_POLL_S)
     if p.host is not None:
         env["REPLICAFT_HOST"] = p.host
     if p.interface is not None:

@@ -108,8 +108,11 @@ def is_due(spec: FaultSpec, step: int, first_commit_ts: float | None, now: float
 
 
 class Injector:
-    def __init__(self, scenario: Scenario, sup: Supervision, *, checkpoint_dir: Path | None) -> None:
+    def __init__(self, scenario: Scenario, sup: Supervision, *, checkpoint_dir: Path | None,
+                 notices_dir: Path | None = None) -> None:
         self.scenario = scenario
+        self._notices_dir = notices_dir
+        """Where each group's preemption-notice file lives (``preemption_notice``), or None."""
         self._sup = sup
         self._lab: NetworkLab | None = None
         self._disk: SmallDisk | None = None
@@ -187,6 +190,20 @@ class Injector:
         if index is not None:
             self.injected[index] = dataclasses.replace(self.injected[index], resumed_ts=time.time())
 
+    def notice_path(self, group: str) -> Path | None:
+        """The file whose existence tells ``group`` it is preempted, or None when nothing is watched."""
+        return None if self._notices_dir is None else self._notices_dir / group
+
+    def withdraw_notice(self, group: str) -> bool:
+        """Remove ``group``'s notice before it is restarted (else it would leave again at once);
+        True if there was one, i.e. the group was told to leave."""
+        path = self.notice_path(group)
+        if path is None or not path.exists():
+            return False
+        path.unlink()
+        logger.info("withdrew the preemption notice of %s (%s)", group, path)
+        return True
+
     def awaiting(self, target: str) -> bool:
         return target in self._awaiting_resume
 
@@ -242,6 +259,11 @@ class Injector:
             self._schedule(spec, group, lambda: self._sup.signal_group(group, signal.SIGCONT, None), f"SIGCONT {group}")
         elif kind in ("sigkill", "sigterm"):
             self._sup.signal_group(group, signal.SIGKILL if kind == "sigkill" else signal.SIGTERM, kind)
+        elif kind == "preemption_notice":
+            path = self.notice_path(group)
+            assert path is not None, "the runner gives a notices directory to a scenario with preemption_notice"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("preempted by the chaos harness\n")
         elif kind == "sigkill_rank":
             assert spec.rank is not None
             if not self._sup.kill_rank(group, spec.rank, kind):

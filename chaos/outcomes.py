@@ -12,6 +12,9 @@ name                            outcome
                                 ``hang_bound_s`` of that; a partitioned group also heals
 ``preemption_handled``          after SIGTERM each rank emits ``stop`` (preempted) and, for W = 1,
                                 exits 143; the writer group publishes a checkpoint first
+``preemption_notice_handled``   after its notice file appeared, the target emits ``preemption_notice``
+                                and exits 143 with no signal from the harness (W = 1), and commits
+                                again once restarted (unless the job ended first)
 ``heal_survives_donor_loss``    the heal whose donor died mid-transfer still completes (from the
                                 other donors) and the healer commits
 ``resume_from_disk``            after every group was killed, the groups resume from the newest
@@ -35,6 +38,7 @@ from chaos.timeline import Commit, Event, commits, epoch_of, next_commit
 
 FAULTS_REJOINED = "faults_rejoined"
 PREEMPTION_HANDLED = "preemption_handled"
+PREEMPTION_NOTICE_HANDLED = "preemption_notice_handled"
 HEAL_SURVIVES_DONOR_LOSS = "heal_survives_donor_loss"
 RESUME_FROM_DISK = "resume_from_disk"
 DISK_FULL_REFUSED = "disk_full_refused"
@@ -65,6 +69,8 @@ def check_outcomes(events: Sequence[Event], faults: Sequence[InjectedFault], exi
         out.append(check_faults_rejoined(events, all_commits, faults, options))
     if "sigterm" in kinds:
         out.append(check_preemption_handled(events, faults, exits, options))
+    if "preemption_notice" in kinds:
+        out.append(check_preemption_notice_handled(events, all_commits, faults, exits, options))
     if "kill_donor_mid_heal" in kinds:
         out.append(check_heal_survives_donor_loss(events, all_commits, faults))
     if kinds & ALL_GROUPS_KINDS:
@@ -134,6 +140,37 @@ def check_preemption_handled(events: Sequence[Event], faults: Sequence[InjectedF
     if saves:
         note += f"; {saves} emergency save(s) by the writer group"
     return verdict(PREEMPTION_HANDLED, violations, note)
+
+
+def check_preemption_notice_handled(events: Sequence[Event], all_commits: Sequence[Commit],
+                                    faults: Sequence[InjectedFault], exits: Sequence[ProcessExit],
+                                    options: OutcomeOptions) -> Verdict:
+    """The target read its notice, left by itself with status 143 (the runner records the cause
+    ``preemption_notice`` only for an exit 143 of a notified group it sent no signal), and rejoined."""
+    violations, rejoined = [], 0
+    notices = [f for f in faults if f.kind == "preemption_notice"]
+    for f in notices:
+        if not _by(events, "preemption_notice", f.target, after=f.ts):
+            violations.append(Violation(PREEMPTION_NOTICE_HANDLED, None, f.target,
+                                        f"{f.label}: {f.target} emitted no 'preemption_notice' event after its "
+                                        "notice file was written (is REPLICAFT_PREEMPTION_NOTICE watched?)"))
+        exit_ = next((x for x in exits if x.group == f.target and x.ts >= f.ts), None)
+        if exit_ is None:
+            violations.append(Violation(PREEMPTION_NOTICE_HANDLED, None, f.target,
+                                        f"{f.label}: {f.target} never left after its notice"))
+            continue
+        if options.ranks_per_group == 1 and (exit_.code != PREEMPTED_EXIT_CODE or exit_.caused_by != f.kind):
+            violations.append(Violation(PREEMPTION_NOTICE_HANDLED, exit_.step, f.target,
+                                        f"{f.label}: {f.target} ended with code {exit_.code} ({exit_.caused_by or 'no fault'}), "
+                                        f"not by itself with {PREEMPTED_EXIT_CODE} after its notice"))
+        back = None if f.resumed_ts is None else next_commit(all_commits, f.resumed_ts, group=f.target)
+        rejoined += back is not None
+        if back is None and f.resumed_ts is not None and f.resumed_ts <= options.ended_ts - options.hang_bound_s:
+            violations.append(Violation(PREEMPTION_NOTICE_HANDLED, None, f.target,
+                                        f"{f.label}: {f.target} was restarted after its notice but never committed again"))
+    note = (f"{len(notices)} notice(s): the target left by itself with status {PREEMPTED_EXIT_CODE}; "
+            f"{rejoined} rejoined")
+    return verdict(PREEMPTION_NOTICE_HANDLED, violations, note)
 
 
 def _was_writer(events: Sequence[Event], f: InjectedFault) -> bool:

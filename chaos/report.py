@@ -21,7 +21,7 @@ from chaos.timeline import Commit, next_commit
 _PALETTE = ("#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2", "#7f7f7f")
 _FAULT_COLOR = {"sigkill": "#d62728", "sigkill_rank": "#d62728", "fault_point": "#d62728", "kill_donor_mid_heal": "#a50f15",
                 "sigterm": "#e07b00", "sigstop": "#bcbd22", "kill_lighthouse": "#444444", "kill_all_groups": "#67000d",
-                "corrupt_checkpoint": "#67000d", "fill_disk": "#8c564b", "partition": "#6a3d9a", "slow_link": "#17becf"}
+                "corrupt_checkpoint": "#67000d", "preemption_notice": "#e07b00", "fill_disk": "#8c564b", "partition": "#6a3d9a", "slow_link": "#17becf"}
 _RESUME_CLASS = {"ok": "held", "diverged": "violated", "not_enough_data": "not_checked"}
 """A resume's loss verdict in the colours of an invariant's."""
 _SHORT_TARGET = {LIGHTHOUSE: "lh", ALL_GROUPS: "all", DISK: "disk"}
@@ -144,6 +144,29 @@ def _seconds(figures: dict[str, dict[str, float]]) -> str:
     return "; ".join(f"{kind}: median {v['median']:.2f}, max {v['max']:.2f}" for kind, v in figures.items()) or "—"
 
 
+def _checkpoint_section(summary: dict[str, Any]) -> list[str]:
+    """The cadence decisions and the saves' figures (chaos/checkpoint_telemetry.py), when there were saves."""
+    cadence, saves = summary.get("cadence_decisions"), summary.get("save_telemetry")
+    if not cadence or not saves or not (cadence["count"] or saves["count"]):
+        return []
+    last = cadence["last"] or {}
+    rows = [
+        ("cadence decisions", cadence["count"]), ("intervals chosen (s)", cadence["intervals_s"] or None),
+        *((f"last decision: {k}", last.get(k)) for k in ("group", "at_s", "interval_s", "cost_s", "mtbf_s",
+                                                          "mtbf_source", "reason") if last),
+        ("saves", f'{saves["count"]} ({_per_group(saves["statuses"])})'),
+        ("median save duration s", saves["median_duration_s"]), ("median blocked s", saves["median_blocked_s"]),
+        ("median throughput MB/s", saves["median_throughput_mb_s"]), ("anomalies", len(saves["anomalies"])),
+    ]
+    return ["<h2>Checkpoints</h2>", _table([[html.escape(k), _fmt(v)] for k, v in rows], ["figure", "value"]),
+            *([_table([[_fmt(a["group"]), _fmt(a["checkpoint_step"]), _fmt(a["kind"]), _fmt(a["reason"])]
+                       for a in saves["anomalies"]], ["group", "checkpoint step", "anomaly", "why"])]
+              if saves["anomalies"] else []),
+            '<p class="muted">cadence: the intervals checkpoint_interval="auto" chose from the measured save cost '
+            "and the time between total failures (replicaft/checkpoint/cadence.py); saves: the published ones' "
+            "figures (replicaft/checkpoint/telemetry.py).</p>"]
+
+
 def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults: Sequence[InjectedFault], *, t0: float, t_end: float) -> str:
     ok = not summary["violations"]
     verdict = ('<span class="verdict ok">all checked invariants held</span>' if ok
@@ -191,6 +214,7 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
                  _table(resume_rows, ["group", "at s", "checkpoint step", "loss verdict", "deviation", "allowed", "why"]),
                  '<p class="muted">each resume\'s first steps\' mean loss against the losses before its checkpoint '
                  "(replicaft/resume_check.py); diverged: the resumed run does not train like the one that saved it.</p>"]
+    body += _checkpoint_section(summary)
     if violation_rows:
         body += ["<h2>Violations</h2>", _table(violation_rows, ["invariant", "step", "group", "detail"])]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"

@@ -47,6 +47,7 @@ from chaos.injector import Injector
 from chaos.job_view import JobView
 from chaos.lighthouse_set import LighthouseSet
 from chaos.network import LIGHTHOUSE as LAB_LIGHTHOUSE
+from chaos.outcomes import PREEMPTED_EXIT_CODE
 from chaos.processes import Child, descendants, python_env
 from chaos.record import ALL_GROUPS, LIGHTHOUSE, ProcessExit, RunRecord
 from chaos.scenario import Scenario
@@ -117,7 +118,8 @@ class Runner:
         """The replicated lighthouse (``lighthouse_replicas = 3``), which then replaces the single one."""
         self._tail = EventTail(self.events_dir)
         self._env = RunEnvironment(scenario, self.checkpoint_dir)
-        self._injector = Injector(scenario, self, checkpoint_dir=self.checkpoint_dir)
+        self._injector = Injector(scenario, self, checkpoint_dir=self.checkpoint_dir,
+                                  notices_dir=out_dir.resolve() / "notices" if scenario.needs_notices else None)
         self._exits: list[ProcessExit] = []
         self._restarts = {gid: 0 for gid in scenario.group_ids}
         self._finishing_since: float | None = None
@@ -286,6 +288,7 @@ class Runner:
             fault_points=points,
             object_store=self._env.object_store,
             object_store_endpoint=self._env.s3.endpoint if self._env.s3 is not None else None,
+            preemption_notice=self._injector.notice_path(g.gid),
         )
         args = group_command(s)
         if self._env.lab is not None:
@@ -321,6 +324,10 @@ class Runner:
             cause = None  # it exited by itself just as the grace period ran out
         if cause is None and g.armed and code == -signal.SIGKILL:
             cause = self._injector.self_inflicted(g.gid)
+        # A group told to leave by its notice file exits 143 with no signal from us; any other
+        # death of a notified group withdraws the notice too, so the restart does not leave again.
+        if self._injector.withdraw_notice(g.gid) and cause is None and code == PREEMPTED_EXIT_CODE:
+            cause = "preemption_notice"
         if code == 0 and cause is None and g.finished_at is None:
             g.finished_at = now_m  # the script ended by itself: it trained what it was asked to
             self._begin_finishing(now_m)

@@ -26,6 +26,10 @@ Fault kinds (``kind``), what the harness does, and the outcome it then checks:
                          lighthouse drops it, the others continue, it heals and rejoins.
 ``sigterm``              SIGTERM (preemption notice): the group leaves at the next step
                          boundary with status 143 (the writer group saves first); restarted.
+``preemption_notice``    Write group ``target``'s preemption-notice file (every group watches
+                         ``<out>/notices/<group>`` when a scenario has this kind): it leaves at
+                         the next step boundary with status 143 and no signal (the writer group
+                         saves first); the file is removed before it is restarted.
 ``kill_donor_mid_heal``  SIGKILL group ``healer`` at ``at_step``; group ``target`` is armed
                          with the ``serve`` fault point at every later step, so it kills
                          itself right after publishing the snapshot of the first heal it
@@ -100,7 +104,7 @@ FaultKind = Literal[
     "sigkill", "sigkill_rank", "sigstop", "sigterm", "kill_donor_mid_heal", "kill_lighthouse", "kill_all_groups",
     "corrupt_checkpoint", "fill_disk", "partition", "slow_link", "fault_point",
     "kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member", "lose_etcd_quorum",
-    "cold_start", "cold_start_corrupt",
+    "cold_start", "cold_start_corrupt", "preemption_notice",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 FAULT_POINTS = ("allreduce", "heal", "serve", "commit")
@@ -275,7 +279,17 @@ class Scenario:
     collective_timeout_s: float = 10.0
     """``REPLICAFT_COLLECTIVE_TIMEOUT_S`` for every group."""
     checkpoint_interval_steps: int = 0
-    """Persistent checkpoints every N committed steps into ``<out>/checkpoints`` (0 = none)."""
+    """Persistent checkpoints every N committed steps into ``<out>/checkpoints`` (0 = none).
+    With ``checkpoint_interval = "auto"``, the most steps one interval can span, which the
+    resume check allows to be lost."""
+    checkpoint_interval: Literal["fixed", "auto"] = "fixed"
+    """``auto``: the groups choose their interval in seconds (``REPLICAFT_CHECKPOINT_INTERVAL=auto``,
+    replicaft/checkpoint/cadence.py) between the two bounds below, and report each choice."""
+    checkpoint_interval_min_s: float = 1.0
+    """``auto``: the groups' ``checkpoint_interval_min_s``."""
+    checkpoint_interval_max_s: float = 3.0
+    """``auto``: the groups' ``checkpoint_interval_max_s``; at most ``checkpoint_interval_steps``
+    steps of ``step_delay_s`` each, so that the resume check's bound holds."""
     resume_slack_steps: int = 2
     """After every group died, the resume may lose one checkpoint interval plus this many steps
     (the save of the newest checkpoint still in flight, the step in flight)."""
@@ -313,6 +327,11 @@ class Scenario:
         return any(f.kind in OBJECT_STORE_KINDS for f in self.faults)
 
     @property
+    def needs_notices(self) -> bool:
+        """Whether every group must watch a preemption-notice file (preemption_notice)."""
+        return any(f.kind == "preemption_notice" for f in self.faults)
+
+    @property
     def needs_disk(self) -> bool:
         """Whether the checkpoint directory must be a small tmpfs (fill_disk)."""
         return any(f.kind == "fill_disk" for f in self.faults)
@@ -343,6 +362,8 @@ class Scenario:
                 f"ranks_per_group={self.ranks_per_group}: W > 1 checkpoints need torch.distributed initialised "
                 "inside the group, which examples/train_ddp.py does not do; use ranks_per_group = 1"
             )
+        if self.checkpoint_interval == "auto":
+            self._check_auto_interval()
         if self.deterministic and (self.virtual_shards < self.groups or self.global_batch % self.virtual_shards):
             raise ScenarioError(f"scenario {self.name!r}: virtual_shards={self.virtual_shards}, global_batch="
                                 f"{self.global_batch} with groups={self.groups}; the deterministic mode needs at least "
@@ -355,6 +376,19 @@ class Scenario:
             if fault.kind in REPLICATED_LIGHTHOUSE_KINDS and self.lighthouse_replicas == 1:
                 raise ScenarioError(f"scenario {self.name!r}, faults[{i}] ({fault.kind}): needs a replicated "
                                     "lighthouse; set lighthouse_replicas = 3")
+
+    def _check_auto_interval(self) -> None:
+        where = f"scenario {self.name!r}: checkpoint_interval = \"auto\""
+        if not self.checkpoint_interval_steps or self.ranks_per_group > 1:
+            raise ScenarioError(f"{where} needs checkpoint_interval_steps (the most steps one interval spans) and "
+                                f"ranks_per_group = 1 (got {self.checkpoint_interval_steps}, {self.ranks_per_group})")
+        if not 0 < self.checkpoint_interval_min_s <= self.checkpoint_interval_max_s:
+            raise ScenarioError(f"{where}: checkpoint_interval_min_s={self.checkpoint_interval_min_s} must be positive "
+                                f"and at most checkpoint_interval_max_s={self.checkpoint_interval_max_s}")
+        if self.checkpoint_interval_max_s > self.checkpoint_interval_steps * self.step_delay_s:
+            raise ScenarioError(f"{where}: checkpoint_interval_max_s={self.checkpoint_interval_max_s} spans more than "
+                                f"checkpoint_interval_steps={self.checkpoint_interval_steps} steps of step_delay_s="
+                                f"{self.step_delay_s}; lower it or raise checkpoint_interval_steps")
 
     def _check_fault(self, i: int, f: FaultSpec) -> None:
         where = f"scenario {self.name!r}, faults[{i}] ({f.kind})"

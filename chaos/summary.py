@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chaos.bitwise import check_bitwise_equal, step_digests
+from chaos.checkpoint_telemetry import cadence_decisions, save_telemetry
 from chaos.invariants import NO_HANG, CheckOptions, check_all, epoch_starts, final_loss
 from chaos.metrics import goodput, recovery_seconds, rejoin_seconds, summarise
 from chaos.outcomes import OutcomeOptions, check_outcomes
@@ -145,6 +146,8 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
         "recovery_seconds": summarise(recovery),
         "rejoin_seconds": summarise(rejoin),
         "resume_verdicts": resume_verdicts(events, record.started_ts),
+        "cadence_decisions": cadence_decisions(events, record.started_ts),
+        "save_telemetry": save_telemetry(events),
         "restarts": record.restarts,
         "exits": [x.to_dict() for x in record.exits],
         "stopped_at_end": list(record.stopped_at_end),

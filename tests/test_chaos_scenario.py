@@ -111,14 +111,14 @@ def test_every_kind_is_documented_in_the_module_docstring() -> None:
 
 
 @pytest.mark.parametrize("name", ["every_fault", "every_fault_w2", "catastrophe", "partition", "soak", "gpt",
-                                  "lighthouse_ha", "cold_start"])
+                                  "lighthouse_ha", "cold_start", "lifecycle"])
 def test_shipped_scenarios_state_their_shape(name: str) -> None:
     s = load_scenario(name)
     assert s.description and s.groups >= 2 and s.hang_bound_s > 0 and s.loss_tolerance > 0
 
 
 def test_every_fault_pair_and_lighthouse_ha_cover_every_kind() -> None:
-    kinds = {f.kind for name in ("every_fault", "every_fault_w2") for f in load_scenario(name).faults}
+    kinds = {f.kind for name in ("every_fault", "every_fault_w2", "lifecycle") for f in load_scenario(name).faults}
     assert kinds == set(FAULT_KINDS) - REPLICATED_LIGHTHOUSE_KINDS - OBJECT_STORE_KINDS
     assert {f.kind for f in load_scenario("lighthouse_ha").faults} == REPLICATED_LIGHTHOUSE_KINDS
     assert {f.kind for f in load_scenario("cold_start").faults} == OBJECT_STORE_KINDS
