@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 from replicaft.checkpoint.labels import CheckpointLabels
 from replicaft.errors import ReplicaftError
-from replicaft.options import MAX_RESUME_VERIFY_STEPS
+from replicaft.option_ranges import MAX_RESUME_VERIFY_STEPS
 from replicaft.registry import StepHooks
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicaft.errors import OptionsError
-from replicaft.options import KNOWN_VARIABLES, NUMBER_RANGES, ManagerOptions
+from replicaft.option_ranges import NUMBER_RANGES
+from replicaft.options import KNOWN_VARIABLES, ManagerOptions
 
 NAMES = sorted(KNOWN_VARIABLES) + ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
                                    "REPLICAFT_QUORUM_TIMEOUT", "REPLICAFT_", "REPLICAFT_TOKENS"]
