@@ -13,6 +13,7 @@ import signal
 import sys
 
 from lighthouse.announce import grpc_line
+from lighthouse.binding import raise_open_file_limit
 from lighthouse.errors import OptionsError
 from lighthouse.membership import MembershipOptions
 from lighthouse.options import TOKEN_ENV, LighthouseOptions
@@ -23,6 +24,7 @@ from lighthouse.tls import CA_ENV, CERT_ENV, KEY_ENV, TlsFiles
 
 def _parser() -> argparse.ArgumentParser:
     d = MembershipOptions()
+    server_defaults = LighthouseOptions()
     p = argparse.ArgumentParser(
         prog="replicaft-lighthouse",
         description="The replicaft quorum service: one per training job.",
@@ -44,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="no group is declared hung on a shorter silence (default: %(default)s)")
     p.add_argument("--progress-timeout", type=float, default=d.progress_timeout_s, metavar="SECONDS",
                    help="time without training progress after which a group is lost (default: %(default)s)")
+    p.add_argument("--max-connections", type=int, default=None, metavar="N",
+                   help="incoming connections served at once (default: the open-file limit less a reserve)")
+    p.add_argument("--handshake-timeout", type=float, default=server_defaults.handshake_timeout_s, metavar="SECONDS",
+                   help="close a connection that has not finished its handshake by then (default: %(default)s)")
     p.add_argument("--token", default=None, help=f"shared secret every RPC must carry (or ${TOKEN_ENV})")
     tls = p.add_argument_group("TLS (optional; all three or none; see README, Security)")
     tls.add_argument("--tls-cert", default=None, metavar="PEM", help=f"the job's certificate (or ${CERT_ENV})")
@@ -75,6 +81,8 @@ def options_from_args(args: argparse.Namespace) -> LighthouseOptions:
             hung_factor=args.hung_factor,
             hung_min_s=args.hung_min,
         ),
+        max_connections=args.max_connections,
+        handshake_timeout_s=args.handshake_timeout,
         token=args.token if args.token is not None else LighthouseOptions.token_from_env(),
         tls=TlsFiles.from_env(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca),
     )
@@ -122,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"replicaft-lighthouse: error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    raise_open_file_limit()
     try:
         asyncio.run(_serve(options, replication))
     except OSError as e:

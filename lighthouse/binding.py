@@ -8,6 +8,7 @@ OS is asked why, with a plain socket bound the same way.
 from __future__ import annotations
 
 import asyncio
+import resource
 import socket
 
 import grpc
@@ -23,13 +24,48 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 1000),
 ]
 
+RESERVED_DESCRIPTORS = 256
+"""Open files the lighthouse keeps for itself past its members' connections: the status page,
+the etcd client of a replicated lighthouse, logs. A flood of connections takes at most the
+rest, so it is refused at accept instead of failing the lighthouse's own files with EMFILE."""
+
+MIN_CONNECTIONS = 64
+
+
+def default_max_connections() -> int:
+    """Incoming connections the process's open-file limit leaves room for (a member holds one,
+    two while it reconnects)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1 << 20
+    return max(MIN_CONNECTIONS, soft - RESERVED_DESCRIPTORS)
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft open-file limit to its hard limit, as servers that hold a
+    connection per client do (a 1,024-member job needs more than the usual soft 1,024), and
+    return the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            return soft
+    return hard
+
 
 async def bind_grpc(
-    host: str, port: int, handler: grpc.GenericRpcHandler, tls: TlsFiles | None = None
+    host: str, port: int, handler: grpc.GenericRpcHandler, tls: TlsFiles | None = None, *,
+    max_connections: int | None = None, handshake_timeout_s: float = 10.0,
 ) -> tuple[grpc.aio.Server, int]:
     """A grpc.aio server with ``handler``, bound to ``host:port`` (over TLS when ``tls`` is
     given) but not started, and the port it bound (``port`` 0 picks one). Raises OSError
-    naming what failed and the fix."""
+    naming what failed and the fix.
+
+    Connections past ``max_connections`` (None: what the open-file limit leaves, see
+    :func:`default_max_connections`) are closed as they are accepted, and one that has not
+    finished its TLS and HTTP/2 handshake within ``handshake_timeout_s`` is closed (grpc's
+    own default held a silent socket for two minutes)."""
     try:
         await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
@@ -37,7 +73,9 @@ async def bind_grpc(
             f"lighthouse could not resolve --host {host!r} ({e.strerror}); give an address of "
             "this machine (127.0.0.1, 0.0.0.0, ::) or a name that resolves to one"
         ) from e
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+    cap = default_max_connections() if max_connections is None else max_connections
+    server = grpc.aio.server(options=[*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", cap),
+                                      ("grpc.server_handshake_timeout_ms", round(handshake_timeout_s * 1000))])
     server.add_generic_rpc_handlers((handler,))
     bind = f"[{host}]" if ":" in host else host
     cause: Exception | None = None

@@ -59,6 +59,12 @@ class LighthouseOptions:
     """Messages waiting to be sent on one session before the member is judged not to read."""
     outbox_max_bytes: int = 8 * MAX_MESSAGE_BYTES
     """Bytes waiting on one session, likewise: room for a few full-size quorums."""
+    max_connections: int | None = None
+    """Incoming gRPC connections served at once; past it a new one is closed as it is accepted.
+    None: what the open-file limit leaves after the lighthouse's own files (binding.py)."""
+    handshake_timeout_s: float = 10.0
+    """A connection that has not finished its TLS and HTTP/2 handshake by then is closed: a
+    real member finishes in milliseconds, a stuck or hostile one would hold a descriptor."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -70,6 +76,11 @@ class LighthouseOptions:
         check_number("outbox_max_messages", self.outbox_max_messages, 16, 2**20, integer=True)
         check_number("outbox_max_bytes", self.outbox_max_bytes, MAX_MESSAGE_BYTES, 2**34, integer=True,
                      fix="at least one full message")
+        if self.max_connections is not None:
+            check_number("max_connections", self.max_connections, 1, 1 << 20, integer=True,
+                         fix="incoming connections, at least one per member")
+        check_number("handshake_timeout_s", self.handshake_timeout_s, 0.1, 600.0,
+                     fix="seconds a new connection has to finish its handshake, e.g. 10")
         if self.tick_s * 5 > min(self.membership.heartbeat_timeout_s, self.membership.hung_min_s * 2):
             raise OptionsError(
                 f"tick_s={self.tick_s} is too coarse for heartbeat_timeout_s="

@@ -26,7 +26,8 @@ LIGHTHOUSE_NUMBERS = [f.name for f in dataclasses.fields(LighthouseOptions)
 def test_every_option_field_is_covered_by_the_class_tests() -> None:
     assert set(MEMBERSHIP_NUMBERS) == {"min_replicas", "join_timeout_s", "heartbeat_timeout_s",
                                        "progress_timeout_s", "hung_factor", "hung_min_s"}
-    assert set(LIGHTHOUSE_NUMBERS) == {"port", "status_port", "tick_s", "outbox_max_messages", "outbox_max_bytes"}
+    assert set(LIGHTHOUSE_NUMBERS) == {"port", "status_port", "tick_s", "outbox_max_messages", "outbox_max_bytes",
+                                       "max_connections", "handshake_timeout_s"}
 
 
 @pytest.mark.parametrize("name", MEMBERSHIP_NUMBERS)
