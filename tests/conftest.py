@@ -18,6 +18,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -258,6 +259,21 @@ class LighthouseProcess:
     @property
     def port(self) -> int:
         return int(self.grpc_address.rsplit(":", 1)[1])
+
+
+def closed_within(sock: socket.socket, timeout_s: float) -> bool:
+    """Whether the server closes ``sock`` within ``timeout_s`` (whatever it sent before)."""
+    deadline = time.monotonic() + timeout_s
+    while (remaining := deadline - time.monotonic()) > 0:
+        sock.settimeout(remaining)
+        try:
+            if not sock.recv(65536):
+                return True
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
+    return False
 
 
 def start_lighthouse(

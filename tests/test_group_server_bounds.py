@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
+from conftest import closed_within
+
 from lighthouse.progress import Progress
 from replicaft.group.coordinator import GroupCoordinator
 from replicaft.group.server import GroupServer, max_connections
@@ -37,21 +39,6 @@ def group_server(handshake_timeout_s: float) -> Iterator[tuple[str, int]]:
     finally:
         server.stop()
         loop.stop()
-
-
-def closed_within(sock: socket.socket, timeout_s: float) -> bool:
-    """Whether the server closes ``sock`` within ``timeout_s`` (whatever it sent before)."""
-    deadline = time.monotonic() + timeout_s
-    while (remaining := deadline - time.monotonic()) > 0:
-        sock.settimeout(remaining)
-        try:
-            if not sock.recv(65536):
-                return True
-        except ConnectionResetError:
-            return True
-        except TimeoutError:
-            return False
-    return False
 
 
 def test_a_connection_that_never_speaks_http2_is_closed_at_the_handshake_timeout_issue_19() -> None:

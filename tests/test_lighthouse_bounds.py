@@ -16,7 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-from conftest import start_lighthouse
+from conftest import closed_within, start_lighthouse
 
 from lighthouse.client import AsyncLighthouseClient
 
@@ -30,21 +30,6 @@ CAP = 8
 def address_of(grpc_address: str) -> tuple[str, int]:
     host, port = grpc_address.rsplit(":", 1)
     return host, int(port)
-
-
-def closed_within(sock: socket.socket, timeout_s: float) -> bool:
-    """Whether the server closes ``sock`` within ``timeout_s`` (whatever it sent before)."""
-    deadline = time.monotonic() + timeout_s
-    while (remaining := deadline - time.monotonic()) > 0:
-        sock.settimeout(remaining)
-        try:
-            if not sock.recv(65536):
-                return True
-        except ConnectionResetError:
-            return True
-        except TimeoutError:
-            return False
-    return False
 
 
 def joins_alone(grpc_address: str) -> tuple[str, ...]:
