@@ -282,7 +282,7 @@ def test_full_disk_save_refused_before_writing_and_last_good_intact(
 ) -> None:
     with CheckpointWriter(small_disk) as writer:
         assert save(writer, small_state(1), 1).ok
-        with caplog.at_level(logging.ERROR, logger="replicaft.checkpoint.writer"):
+        with caplog.at_level(logging.ERROR, logger="replicaft.checkpoint.publisher"):
             result = save(writer, small_state(2, numel=1_000_000), 2)  # 4 MB into 2 MiB
     assert result.status == "refused"
     assert f"not enough free space in {small_disk}: checkpoint of step 2 needs " in result.reason

@@ -3,13 +3,18 @@
 Training is blocked only for the host copy (:meth:`Snapshot.capture`, taken by the caller).
 Everything else runs on the writer's one background thread, in this order::
 
-    check free space, pick the parent (chain.py) -> mkdir DIR/step-N-L.tmp-<token>
+    layout and estimated size (saveplan.py)
+    -> check free space, pick the parent (chain.py) -> mkdir DIR/step-N-L.tmp-<token>  (publisher.py)
     -> dcp.save through storage.py (each rank appends the chunks its parent's chain lacks to
        its pack, fsynced; the coordinator writes tensors.msgpack) -> state.msgpack
     -> verify the index lists every tensor -> SHA-256 + fsync every file -> manifest.json
-    -> fsync dir -> rename to DIR/step-N-L -> fsync DIR -> tier-2 copy (verified)
-    -> catalog row (catalog.py) -> retention on both tiers (keeping every chain a kept checkpoint
-       needs, and what the object tier has yet to upload), its verdicts noted in the catalog
+    -> fsync dir -> rename to DIR/step-N-L -> fsync DIR                          (publisher.py)
+    -> tier-2 copy (verified) -> catalog row (catalog.py) -> retention on both tiers (keeping
+       every chain a kept checkpoint needs, and what the object tier has yet to upload), its
+       verdicts noted in the catalog                                            (housekeeping.py)
+
+This module keeps the training thread's side (when a save is due, the queue, the counters,
+:meth:`CheckpointWriter.close`) and the one background thread that runs the stages in order.
 
 Invariants: a published directory is complete and never modified; until the rename, nothing
 a reader looks at has changed, so a crash or SIGKILL at any point leaves the previous
@@ -25,10 +30,11 @@ since saves run on a background thread concurrently with training collectives) a
 :meth:`CheckpointWriter.save_async` for the same steps in the same order. Group rank 0 checks
 space, creates the temporary directory and publishes; all ranks run ``dcp.save``, which
 deduplicates the replicated tensors and spreads the writes across ranks; rank 0 broadcasts
-the outcome, so every rank's handle reports the same result. ``directory`` must be visible
-to all ranks at the same path. With W > 1 the *decision* to save must also be the same on
-every rank: take it on group rank 0 (:meth:`CheckpointWriter.save_if_due`) and share it,
-rather than letting each rank consult its own clock.
+its go/no-go and the outcome (agreement.py), so every rank's handle reports the same result.
+``directory`` must be visible to all ranks at the same path. With W > 1 the *decision* to save
+must also be the same on every rank: take it on group rank 0
+(:meth:`CheckpointWriter.save_if_due`) and share it, rather than letting each rank consult its
+own clock.
 
 Rejected alternative: ``dcp.async_save``. It stages to host memory itself and returns a
 future, but it would give us no point between "written" and "visible" to checksum, write the
@@ -39,11 +45,9 @@ half-written checkpoint under the name readers look for.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.metadata
 import json
 import logging
 import queue
-import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -51,61 +55,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import msgpack
-import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from replicaft.checkpoint.catalog import Catalog, code_version, entry_of
-from replicaft.checkpoint.chain import decide_chain
-from replicaft.checkpoint.chainfiles import find_parent, known_chunks, retention_facts
-from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
-from replicaft.checkpoint.durable import (
-    checksum_and_fsync,
-    discard,
-    new_token,
-    publish,
-    remove_leftovers,
-    remove_partial,
-    write_durably,
-)
-from replicaft.checkpoint.entries import judge, read_small
-from replicaft.checkpoint.index import decode_index
+from replicaft.checkpoint.agreement import agree_prepared, agree_result
+from replicaft.checkpoint.catalog import Catalog
+from replicaft.checkpoint.chainfiles import known_chunks
+from replicaft.checkpoint.chunks import ChunkCodec
+from replicaft.checkpoint.housekeeping import Housekeeper
 from replicaft.checkpoint.keys import EncryptionKey
-from replicaft.checkpoint.labels import CODE_VERSION_KEY
-from replicaft.checkpoint.layout import (
-    MANIFEST_FILE,
-    STATE_FILE,
-    TENSORS_FILE,
-    checkpoint_dirname,
-    dcp_key,
-    is_lineage,
-    lineage_label,
-    new_lineage,
-    tmp_dirname,
-)
-from replicaft.checkpoint.manifest import (
-    FORMAT_VERSION,
-    CheckpointManifest,
-    SavedTensor,
-    StateLayout,
-)
+from replicaft.checkpoint.layout import dcp_key, is_lineage, new_lineage
 from replicaft.checkpoint.objectstore import ObjectStore
 from replicaft.checkpoint.objecttier import Uploader
 from replicaft.checkpoint.options import BestMode, CheckpointOptions
-from replicaft.checkpoint.policy import (
-    SaveDecision,
-    enough_space,
-    estimate_checkpoint_bytes,
-    should_save,
-)
-from replicaft.checkpoint.reader import check, scan_checkpoints
+from replicaft.checkpoint.policy import SaveDecision, should_save
+from replicaft.checkpoint.publisher import Publisher, SaveRequest, disk_free_bytes
 from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
-from replicaft.checkpoint.retention import RetentionDecision, decide_retention
+from replicaft.checkpoint.saveplan import plan_save
 from replicaft.checkpoint.storage import ChunkStorageWriter
-from replicaft.checkpoint.tier2 import copy_verified
-from replicaft.errors import CheckpointCorrupt, ObjectStoreError, OptionsError
-from replicaft.state import Flat, digest
+from replicaft.errors import OptionsError
 from replicaft.threads import lower_thread_priority
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 
@@ -122,41 +90,24 @@ loses nothing by it."""
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, slots=True)
 class _Job:
-    snapshot: Snapshot
-    step: int
-    metadata: dict[str, Any]
-    lineage: str
+    request: SaveRequest
     future: concurrent.futures.Future[SaveResult]
 
 
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """Rank 0's go/no-go for one save, broadcast to the other ranks of the group."""
-
-    tmp: Path | None
-    refusal: SaveResult | None
-    parent: str | None = None
-    """The checkpoint whose chunks this save may reuse (chain.py); None for a base."""
-    chain_position: int = 1
-    name: str = ""
-    """The checkpoint's final name (rank 0's lineage), which every rank's chunk references carry."""
-
-
-def disk_free_bytes(directory: Path) -> int:
-    return shutil.disk_usage(directory).free
-
-
-def describe_error(error: BaseException) -> str:
-    """One line for a save failure; DCP's CheckpointException is unwrapped to each rank's error."""
-    if isinstance(error, dcp.CheckpointException):
-        parts = []
-        for rank, failure in sorted(error.failures.items()):
-            cause = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback)
-            parts.append(f"rank {rank}: {type(cause).__name__}: {cause}")
-        return "; ".join(parts)
-    return f"{type(error).__name__}: {error}"
+def _counted(stats: WriterStatistics, result: SaveResult) -> WriterStatistics:
+    """The writer's counters once the save of ``result`` has finished."""
+    return replace(
+        stats,
+        num_pending=stats.num_pending - 1,
+        num_published=stats.num_published + (result.status == "published"),
+        num_refused=stats.num_refused + (result.status == "refused"),
+        num_failed=stats.num_failed + (result.status == "failed"),
+        num_tier2_failed=stats.num_tier2_failed + (result.tier2_error is not None),
+        last_published_step=result.step if result.ok else stats.last_published_step,
+    )
 
 
 class CheckpointWriter:
@@ -214,8 +165,6 @@ class CheckpointWriter:
         """Which checkpoints to keep after each publish (retention.py), in every tier."""
         self.interval_steps = interval_steps
         self.interval_s = interval_s
-        self.free_space_margin = free_space_margin
-        self.chain_length = chain_length
         self._codec = ChunkCodec(compression_level=compression_level, key=encryption_key)
         self.writer_id = writer_id
         if lineage is not None and not is_lineage(lineage):
@@ -230,7 +179,13 @@ class CheckpointWriter:
         """Group rank 0's background upload of each published checkpoint to the object store."""
         self.catalog = Catalog(self.directory, tier2_directory=self.tier2_directory) if self._rank == 0 else None
         """Group rank 0 registers each publish and retention's verdicts there (catalog.py)."""
-        self._free_bytes = free_bytes
+        self._publisher = Publisher(
+            self.directory, codec=self._codec, chain_length=chain_length, free_space_margin=free_space_margin,
+            free_bytes=free_bytes, group_world_size=self._world_size, writer_id=writer_id,
+            housekeeper=Housekeeper(self.directory, tier2_directory=self.tier2_directory, retention=self.retention,
+                                    uploader=self.uploader, catalog=self.catalog, writer_id=writer_id),
+        )
+        """Group rank 0's stages of each save (publisher.py); the other ranks never call it."""
         self.wait_when_busy_s = wait_when_busy_s
         self._last_handle: SaveHandle | None = None
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -238,9 +193,18 @@ class CheckpointWriter:
         self._lock = threading.Lock()
         self._finished: list[SaveResult] = []
         self._baseline: tuple[int, float] | None = None
-        self._cleaned: set[Path] = set()
         self._stats = WriterStatistics(0, 0, 0, 0, 0, 0, None)
         self._closed = False
+
+    @property
+    def chain_length(self) -> int:
+        """A full base every ``chain_length`` saves (chain.py)."""
+        return self._publisher.chain_length
+
+    @property
+    def free_space_margin(self) -> float:
+        """The free space a save needs beyond its estimated size, as a fraction of it (policy.py)."""
+        return self._publisher.free_space_margin
 
     # -- training thread -------------------------------------------------------------------
 
@@ -339,7 +303,7 @@ class CheckpointWriter:
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name="replicaft-checkpoint", daemon=True)
             self._thread.start()
-        self._jobs.put(_Job(snapshot, step, extra, lineage, future))
+        self._jobs.put(_Job(SaveRequest(snapshot, step, extra, lineage), future))
         self._last_handle = SaveHandle(step, future)
         return self._last_handle
 
@@ -392,290 +356,40 @@ class CheckpointWriter:
         lower_thread_priority(WRITER_NICENESS, "the checkpoint writer")
         while (job := self._jobs.get()) is not None:
             try:
-                result = self._save(job)
+                result = self._save(job.request)
             except Exception as e:  # a bug here must not kill the thread and stall every later save
-                logger.exception("[%s step=%d] checkpoint writer error", self.writer_id, job.step)
-                result = SaveResult(job.step, "failed", f"internal error: {type(e).__name__}: {e}")
+                logger.exception("[%s step=%d] checkpoint writer error", self.writer_id, job.request.step)
+                result = SaveResult(job.request.step, "failed", f"internal error: {type(e).__name__}: {e}")
             with self._lock:
-                s = self._stats
-                self._stats = replace(
-                    s,
-                    num_pending=s.num_pending - 1,
-                    num_published=s.num_published + (result.status == "published"),
-                    num_refused=s.num_refused + (result.status == "refused"),
-                    num_failed=s.num_failed + (result.status == "failed"),
-                    num_tier2_failed=s.num_tier2_failed + (result.tier2_error is not None),
-                    last_published_step=result.step if result.ok else s.last_published_step,
-                )
+                self._stats = _counted(self._stats, result)
                 self._finished.append(result)
             job.future.set_result(result)
 
-    def _save(self, job: _Job) -> SaveResult:
+    def _save(self, request: SaveRequest) -> SaveResult:
         started = time.monotonic()
         leader = self._rank == 0
-        snapshot = job.snapshot
-        shardings = snapshot.shardings or (None,) * len(snapshot.manifest.tensors)
-        sharded = snapshot.shardings is not None
-        own_ranks = self._world_size if sharded and self._world_size > 1 else 0
-        layout = StateLayout(
-            snapshot.manifest.skeleton,
-            tuple(SavedTensor(t.name, t.dtype, tuple(sh.shape) if sh is not None else t.shape, bool(own_ranks) and sh is None)
-                  for t, sh in zip(snapshot.manifest.tensors, shardings, strict=True)),
-            own_ranks,
-        )
-        # Replicated tensors are written once; every rank writes its shards and own values.
-        shard_factor = self._world_size if sharded else 1
-        estimated = estimate_checkpoint_bytes(
-            num_tensor_bytes=snapshot.manifest.total_bytes * shard_factor,
-            num_tensors=len(layout.tensors),
-            num_skeleton_bytes=len(layout.encode()),
-        )
-        prepared = self._agree_prepared(self._prepare(job, estimated) if leader else None)
+        plan = plan_save(request.snapshot, self._world_size)
+        prepared = agree_prepared(self._pg, self._publisher.prepare(request, plan.estimated_bytes) if leader else None)
         if prepared.refusal is not None:
             return prepared.refusal
         assert prepared.tmp is not None
-        tensors = tensors_from_buffer(snapshot.buffer, snapshot.manifest)
+        tensors = tensors_from_buffer(request.snapshot.buffer, request.snapshot.manifest)
         try:
             storage = ChunkStorageWriter(prepared.tmp, rank=self._rank, location=prepared.name,
                                          codec=self._codec, known=known_chunks(self.directory, prepared.parent))
             dcp.save(
                 {dcp_key(spec.name, self._rank if spec.own else None): sh.wrap(t) if sh is not None else t
-                 for spec, t, sh in zip(layout.tensors, tensors, shardings, strict=True)},
+                 for spec, t, sh in zip(plan.layout.tensors, tensors, plan.shardings, strict=True)},
                 storage_writer=storage,
                 process_group=self._pg,
                 no_dist=self._pg is None,
             )
-            result = self._publish(job, layout, tensors, prepared, started) if leader else None
+            result = self._publisher.publish(request, plan.layout, tensors, prepared, started) if leader else None
         # DCP's CheckpointException derives from BaseException, so name it; the rest are
         # OSError (ENOSPC, EIO), CheckpointCorrupt, and torch's RuntimeErrors from torch.save.
         except (Exception, dcp.CheckpointException) as e:
-            result = self._fail(job, prepared.tmp, e, estimated, started) if leader else None
-        return self._agree_result(result)
-
-    def _prepare(self, job: _Job, estimated: int) -> _Prepared:
-        """Rank 0: clean leftovers once, check free space, create the temporary directory."""
-        step = job.step
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._remove_leftovers_once(self.directory)
-            free = self._free_bytes(self.directory)
-            space = enough_space(free, estimated, self.free_space_margin)
-            if not space.ok:
-                reason = (
-                    f"not enough free space in {self.directory}: checkpoint of step {step} {space.reason}; "
-                    f"training continues without it; free space there or lower keep_last={self.retention.keep_last}"
-                )
-                self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
-                return _Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
-            chain = decide_chain(find_parent(self.directory, job.lineage), chain_length=self.chain_length,
-                                 key_id=self._codec.key_id)
-            self._log(logging.DEBUG, step, "checkpoint is a %s: %s", chain.kind, chain.reason)
-            tmp = self.directory / tmp_dirname(checkpoint_dirname(step, job.lineage), new_token())
-            tmp.mkdir()
-        except Exception as e:  # not only OSError: with W > 1 the other ranks wait for an answer
-            reason = f"cannot prepare {self.directory} for the checkpoint of step {step}: {type(e).__name__}: {e}"
-            self._log(logging.ERROR, step, "checkpoint failed: %s", reason)
-            return _Prepared(None, SaveResult(step, "failed", reason))
-        return _Prepared(tmp, None, chain.parent, chain.chain_position, checkpoint_dirname(step, job.lineage))
-
-    def _publish(self, job: _Job, layout: StateLayout, tensors: list[torch.Tensor], prepared: _Prepared,
-                 started: float) -> SaveResult:
-        """Rank 0, after every rank's ``dcp.save`` returned: seal, verify, rename, then tier 2 and retention."""
-        step = job.step
-        tmp = prepared.tmp
-        assert tmp is not None
-        write_durably(tmp / STATE_FILE, seal_blob(self._codec, layout.encode()))
-        where = f"{tmp.name}/{TENSORS_FILE}"
-        index, pieces = decode_index(read_small(tmp / TENSORS_FILE, where), where)
-        saved = index.state_dict_metadata
-        expected = [dcp_key(t.name, rank if t.own else None) for t in layout.tensors
-                    for rank in range(layout.own_ranks if t.own else 1)]
-        missing = [key for key in expected if key not in saved]
-        if missing:
-            raise CheckpointCorrupt(f"{tmp.name}: the tensor index lacks {len(missing)} tensors, e.g. {missing[:3]}")
-        files = tuple(checksum_and_fsync(p) for p in sorted(tmp.iterdir()) if p.is_file())
-        state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]))
-        name = checkpoint_dirname(step, job.lineage)
-        requires = tuple(sorted({ref.location for piece in pieces.values() for ref in piece.chunks} - {name}))
-        manifest = CheckpointManifest(
-            step, time.time(), files, {**self._base_metadata(job, state_digest), **job.metadata}, job.lineage,
-            FORMAT_VERSION, "increment" if requires else "base", requires, prepared.chain_position if requires else 1,
-            self._codec.compression_level, self._codec.key_id,
-        )
-        write_durably(tmp / MANIFEST_FILE, manifest.encode())
-        final = self.directory / checkpoint_dirname(step, job.lineage)
-        if self._already_published(final, manifest, step):
-            remove_partial(tmp)
-            return SaveResult(step, "published", f"{final} already published", final, manifest.num_bytes, time.monotonic() - started)
-        publish(tmp, final)
-        seconds = time.monotonic() - started
-        self._log(logging.INFO, step, "checkpoint published: %s (%s, %d bytes in %.2fs)", final, manifest.kind,
-                  manifest.num_bytes, seconds)
-        tier2_path, tier2_error = self._copy_to_tier2(final, manifest)
-        if self.uploader is not None:
-            self.uploader.submit(final)
-        if self.catalog is not None:
-            self.catalog.record(entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)))
-        deleted = self._apply_retention(self.directory, step, job.lineage)
-        return SaveResult(
-            step, "published", f"published {final}", final, manifest.num_bytes, time.monotonic() - started,
-            tier2_path, tier2_error, deleted, manifest.kind,
-        )
-
-    def _already_published(self, final: Path, manifest: CheckpointManifest, step: int) -> bool:
-        """Whether ``final`` already holds this very save (same lineage, step and state
-        digest, intact); clears the name otherwise. Another history's checkpoint of the same
-        step has another name (layout.py), so it is never taken for this save."""
-        kind = judge(final).kind
-        if kind == "missing":
-            return False
-        if kind != "dir":
-            self._log(logging.WARNING, step, "removing %s, a %s where this checkpoint is to be published", final, kind)
-            final.unlink()
-            return False
-        try:
-            existing = check(final)
-        except CheckpointCorrupt as e:
-            self._log(logging.WARNING, step, "replacing damaged checkpoint %s (%s)", final, e)
-            discard(final, step)
-            return False
-        if existing.metadata.get("digest") == manifest.metadata["digest"]:
-            self._log(logging.INFO, step, "checkpoint %s already published and intact; kept it", final)
-            return True
-        self._log(logging.WARNING, step, "replacing %s: it holds another state of step %d (digest %s, this save's %s) "
-                  "from a trajectory of lineage %s that no run continues", final, step, existing.metadata.get("digest"),
-                  manifest.metadata["digest"], lineage_label(manifest.lineage))
-        discard(final, step)
-        return False
-
-    def _fail(self, job: _Job, tmp: Path, error: BaseException, estimated: int, started: float) -> SaveResult:
-        """Rank 0: describe the failure (with the disk's state), remove the partial files."""
-        reason = f"writing the checkpoint of step {job.step} into {tmp} failed: {describe_error(error)}"
-        try:
-            free = disk_free_bytes(self.directory)
-        except OSError:
-            free = None
-        if free is not None and free < estimated:
-            # torch.save's zip writer turns ENOSPC into "unexpected pos" RuntimeErrors, so the
-            # disk's state is the clearest evidence of the cause.
-            reason += (
-                f"; {self.directory} has only {free} bytes free of the ~{estimated} needed: the disk is "
-                f"full (ENOSPC); free space there or lower keep_last={self.retention.keep_last}"
-            )
-        remove_partial(tmp)
-        previous = [name for name, _ in scan_checkpoints(self.directory).found
-                    if name.lineage == job.lineage and name.step != job.step]
-        self._log(
-            logging.ERROR, job.step, "checkpoint failed: %s; partial files removed, last checkpoint of this history: %s",
-            reason, str(previous[0]) if previous else "none",
-        )
-        return SaveResult(job.step, "failed", reason, seconds=time.monotonic() - started)
-
-    def _copy_to_tier2(self, final: Path, manifest: CheckpointManifest) -> tuple[Path | None, str | None]:
-        if self.tier2_directory is None:
-            return None, None
-        try:
-            self.tier2_directory.mkdir(parents=True, exist_ok=True)
-            self._remove_leftovers_once(self.tier2_directory)
-            copy = copy_verified(final, self.tier2_directory, manifest)
-        except (OSError, CheckpointCorrupt) as e:
-            error = f"copying {final} to tier 2 ({self.tier2_directory}) failed: {type(e).__name__}: {e}"
-            self._log(logging.ERROR, manifest.step, "%s; the tier-1 checkpoint is unaffected", error)
-            return None, error
-        self._apply_retention(self.tier2_directory, manifest.step, manifest.lineage)
-        return copy, None
-
-    def _apply_retention(self, directory: Path, step: int, lineage: str) -> tuple[int, ...]:
-        """Delete what retention says among this history's checkpoints (another history's are
-        not this writer's to judge); one failed delete is logged and does not stop the others."""
-        steps = {name.step: path for name, path in scan_checkpoints(directory).found if name.lineage == lineage}
-        pending = self.uploader.pending_names() if self.uploader is not None and directory == self.directory else ()
-        decision = decide_retention(retention_facts(directory, lineage, pending).values(), self.retention)
-        deleted = []
-        for old in decision.delete:
-            try:
-                discard(steps[old], old)
-                deleted.append(old)
-            except OSError as e:
-                self._log(logging.WARNING, step, "retention could not delete %s: %s", steps[old], e)
-        if deleted:
-            self._log(logging.INFO, step, "retention in %s: %s", directory, decision.reason)
-        if self.catalog is not None:
-            self._catalog_retention(directory, lineage, decision, deleted)
-        return tuple(deleted)
-
-    def _catalog_retention(self, directory: Path, lineage: str, decision: RetentionDecision, deleted: list[int]) -> None:
-        """The catalog after retention: why each checkpoint is kept, and which are gone from where."""
-        assert self.catalog is not None
-        gone = [checkpoint_dirname(old, lineage) for old in deleted]
-        if directory != self.directory:
-            self.catalog.set_tier(gone, "tier2", present=False)
-            return
-        self.catalog.set_roles({checkpoint_dirname(v.step, lineage): v.kept_as for v in decision.verdicts if v.keep})
-        self.catalog.remove(gone)
-
-    def _remove_leftovers_once(self, directory: Path) -> None:
-        """Remove ``*.tmp-*`` left by crashed saves, before this writer's first save there;
-        the first time in ``directory``, queue the uploads an earlier uploader did not finish."""
-        if directory in self._cleaned:
-            return
-        self._cleaned.add(directory)
-        if self.uploader is not None and directory == self.directory:
-            try:
-                self.uploader.resume_pending()
-            except ObjectStoreError as e:
-                logger.error("[%s] cannot list %s to resume unfinished uploads: %s", self.writer_id,
-                             self.uploader.store.url, e)
-        for name in remove_leftovers(directory):
-            logger.info("[%s] removed %s/%s, left by an interrupted save or delete", self.writer_id, directory, name)
-
-    def _base_metadata(self, job: _Job, state_digest: str) -> dict[str, Any]:
-        try:
-            version = importlib.metadata.version("replicaft")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
-        return {
-            "quorum_id": job.snapshot.manifest.quorum_id,
-            "replica_id": job.snapshot.manifest.replica_id,
-            "group_world_size": self._world_size,
-            "replicaft_version": version,
-            "torch_version": torch.__version__,
-            "digest": state_digest,
-            CODE_VERSION_KEY: code_version(),
-        }
-
-    def _agree_prepared(self, prepared: _Prepared | None) -> _Prepared:
-        """Group rank 0's go/no-go on every rank (rank 0 passes it, the others None)."""
-        if self._pg is None:
-            assert prepared is not None
-            return prepared
-        wire = None
-        if prepared is not None:
-            refusal = prepared.refusal.to_wire() if prepared.refusal is not None else None
-            wire = {"tmp": str(prepared.tmp) if prepared.tmp is not None else None, "refusal": refusal}
-            wire["parent"], wire["chain_position"], wire["name"] = prepared.parent, prepared.chain_position, prepared.name
-        d = self._agree(wire)
-        return _Prepared(Path(d["tmp"]) if d["tmp"] is not None else None,
-                         SaveResult.from_wire(d["refusal"]) if d["refusal"] is not None else None,
-                         d["parent"], d["chain_position"], d["name"])
-
-    def _agree_result(self, result: SaveResult | None) -> SaveResult:
-        """Group rank 0's result on every rank (rank 0 passes it, the others None)."""
-        if self._pg is None:
-            assert result is not None
-            return result
-        return SaveResult.from_wire(self._agree(result.to_wire() if result is not None else None))
-
-    def _agree(self, value: dict[str, Any] | None) -> dict[str, Any]:
-        """Broadcast rank 0's ``value`` in the group as msgpack bytes (never pickle)."""
-        assert self._pg is not None
-        src = dist.get_global_rank(self._pg, 0)
-        payload = msgpack.packb(value, use_bin_type=True) if value is not None else b""
-        size = torch.tensor([len(payload)], dtype=torch.int64)
-        dist.broadcast(size, src=src, group=self._pg)
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if value is not None else torch.empty(int(size), dtype=torch.uint8)
-        dist.broadcast(data, src=src, group=self._pg)
-        return msgpack.unpackb(data.numpy().tobytes(), raw=False)
+            result = self._publisher.fail(request, prepared.tmp, e, plan.estimated_bytes, started) if leader else None
+        return agree_result(self._pg, result)
 
     def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)

@@ -1,0 +1,136 @@
+"""The writer's duties around a publish, on group rank 0: leftovers before, copies and retention after.
+
+Before the first save into a directory, ``*.tmp-*`` directories left by crashed saves are
+removed (and the uploads an earlier uploader left unfinished are queued again). After each
+publish, in this order: the verified tier-2 copy (tier2.py) and retention there, the hand-off
+to the object-store uploader (objecttier.py), the catalog row (catalog.py), and retention in
+tier 1, whose verdicts are noted in the catalog.
+
+Invariants: none of this runs before the publish, so a failing disk never deletes the last
+good checkpoint; a tier-2 failure is reported and leaves tier 1 untouched; one failed delete
+is logged and does not stop the others, or retention would silently stop. Retention judges
+only the publishing history's checkpoints: another lineage's are not this writer's to judge.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from replicaft.checkpoint.catalog import Catalog, entry_of
+from replicaft.checkpoint.chainfiles import retention_facts
+from replicaft.checkpoint.durable import discard, remove_leftovers
+from replicaft.checkpoint.layout import checkpoint_dirname
+from replicaft.checkpoint.manifest import CheckpointManifest
+from replicaft.checkpoint.objecttier import Uploader
+from replicaft.checkpoint.options import RetentionPolicy
+from replicaft.checkpoint.reader import scan_checkpoints
+from replicaft.checkpoint.retention import RetentionDecision, decide_retention
+from replicaft.checkpoint.tier2 import copy_verified
+from replicaft.errors import CheckpointCorrupt, ObjectStoreError
+
+logger = logging.getLogger(__name__)
+
+
+class Housekeeper:
+    """Group rank 0's upkeep of ``directory`` and ``tier2_directory`` around each publish.
+
+    Runs on the writer's background thread only; blocks for the copies and deletes. Holds no
+    state but the directories it has cleaned, so it is built with the writer (no I/O).
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        tier2_directory: Path | None,
+        retention: RetentionPolicy,
+        uploader: Uploader | None,
+        catalog: Catalog | None,
+        writer_id: str,
+    ) -> None:
+        self.directory = directory
+        self.tier2_directory = tier2_directory
+        self.retention = retention
+        self.uploader = uploader
+        self.catalog = catalog
+        self.writer_id = writer_id
+        self._cleaned: set[Path] = set()
+
+    def after_publish(self, final: Path, manifest: CheckpointManifest) -> tuple[Path | None, str | None, tuple[int, ...]]:
+        """Copy, upload, catalog and retain after ``final`` was published.
+
+        Returns the tier-2 copy (None without tier 2 or when the copy failed), the tier-2
+        error (None unless it failed) and the steps retention deleted from tier 1. Never
+        raises for a tier-2 failure (it is logged and returned).
+        """
+        tier2_path, tier2_error = self._copy_to_tier2(final, manifest)
+        if self.uploader is not None:
+            self.uploader.submit(final)
+        if self.catalog is not None:
+            self.catalog.record(entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)))
+        deleted = self._apply_retention(self.directory, manifest.step, manifest.lineage)
+        return tier2_path, tier2_error, deleted
+
+    def remove_leftovers_once(self, directory: Path) -> None:
+        """Remove ``*.tmp-*`` left by crashed saves, before this writer's first save there;
+        the first time in ``directory``, queue the uploads an earlier uploader did not finish."""
+        if directory in self._cleaned:
+            return
+        self._cleaned.add(directory)
+        if self.uploader is not None and directory == self.directory:
+            try:
+                self.uploader.resume_pending()
+            except ObjectStoreError as e:
+                logger.error("[%s] cannot list %s to resume unfinished uploads: %s", self.writer_id,
+                             self.uploader.store.url, e)
+        for name in remove_leftovers(directory):
+            logger.info("[%s] removed %s/%s, left by an interrupted save or delete", self.writer_id, directory, name)
+
+    def _copy_to_tier2(self, final: Path, manifest: CheckpointManifest) -> tuple[Path | None, str | None]:
+        if self.tier2_directory is None:
+            return None, None
+        try:
+            self.tier2_directory.mkdir(parents=True, exist_ok=True)
+            self.remove_leftovers_once(self.tier2_directory)
+            copy = copy_verified(final, self.tier2_directory, manifest)
+        except (OSError, CheckpointCorrupt) as e:
+            error = f"copying {final} to tier 2 ({self.tier2_directory}) failed: {type(e).__name__}: {e}"
+            self._log(logging.ERROR, manifest.step, "%s; the tier-1 checkpoint is unaffected", error)
+            return None, error
+        self._apply_retention(self.tier2_directory, manifest.step, manifest.lineage)
+        return copy, None
+
+    def _apply_retention(self, directory: Path, step: int, lineage: str) -> tuple[int, ...]:
+        """Delete what retention says among this history's checkpoints (another history's are
+        not this writer's to judge); one failed delete is logged and does not stop the others."""
+        steps = {name.step: path for name, path in scan_checkpoints(directory).found if name.lineage == lineage}
+        pending = self.uploader.pending_names() if self.uploader is not None and directory == self.directory else ()
+        decision = decide_retention(retention_facts(directory, lineage, pending).values(), self.retention)
+        deleted = []
+        for old in decision.delete:
+            try:
+                discard(steps[old], old)
+                deleted.append(old)
+            except OSError as e:
+                self._log(logging.WARNING, step, "retention could not delete %s: %s", steps[old], e)
+        if deleted:
+            self._log(logging.INFO, step, "retention in %s: %s", directory, decision.reason)
+        if self.catalog is not None:
+            self._catalog_retention(self.catalog, directory, lineage, decision, deleted)
+        return tuple(deleted)
+
+    def _catalog_retention(
+        self, catalog: Catalog, directory: Path, lineage: str, decision: RetentionDecision, deleted: list[int]
+    ) -> None:
+        """The catalog after retention: why each checkpoint is kept, and which are gone from where."""
+        gone = [checkpoint_dirname(old, lineage) for old in deleted]
+        if directory != self.directory:
+            catalog.set_tier(gone, "tier2", present=False)
+            return
+        catalog.set_roles({checkpoint_dirname(v.step, lineage): v.kept_as for v in decision.verdicts if v.keep})
+        catalog.remove(gone)
+
+    def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
+        logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)

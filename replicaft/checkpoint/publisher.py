@@ -1,0 +1,255 @@
+"""Group rank 0's part of one save: the temporary directory before ``dcp.save``, the publish after.
+
+Before every rank's ``dcp.save``: remove leftovers (once), check free space, pick the parent
+(chain.py) and create ``DIR/step-N-L.tmp-<token>``; the answer is a :class:`Prepared`, which
+agreement.py hands to the other ranks. After it: ``state.msgpack``, check that the index
+lists every tensor, SHA-256 + fsync every file, ``manifest.json`` last, rename to
+``DIR/step-N-L`` (durable.py), then the housekeeping (housekeeping.py). Or, when a rank's
+write failed: say why, with the disk's state, and remove the partial files.
+
+Invariant: until the rename nothing a reader looks at has changed, so a crash at any point
+leaves the previous checkpoint intact and at worst a ``*.tmp-*`` directory. Only rank 0
+runs this module, so only one process ever names, renames or deletes checkpoints.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from replicaft.checkpoint.agreement import Prepared
+from replicaft.checkpoint.catalog import code_version
+from replicaft.checkpoint.chain import decide_chain
+from replicaft.checkpoint.chainfiles import find_parent
+from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
+from replicaft.checkpoint.durable import (
+    checksum_and_fsync,
+    discard,
+    new_token,
+    publish,
+    remove_partial,
+    write_durably,
+)
+from replicaft.checkpoint.entries import judge, read_small
+from replicaft.checkpoint.housekeeping import Housekeeper
+from replicaft.checkpoint.index import decode_index
+from replicaft.checkpoint.labels import CODE_VERSION_KEY
+from replicaft.checkpoint.layout import (
+    MANIFEST_FILE,
+    STATE_FILE,
+    TENSORS_FILE,
+    checkpoint_dirname,
+    dcp_key,
+    lineage_label,
+    tmp_dirname,
+)
+from replicaft.checkpoint.manifest import FORMAT_VERSION, CheckpointManifest, StateLayout
+from replicaft.checkpoint.policy import enough_space
+from replicaft.checkpoint.reader import check, scan_checkpoints
+from replicaft.checkpoint.results import SaveResult
+from replicaft.errors import CheckpointCorrupt
+from replicaft.state import Flat, digest
+from replicaft.transfer.snapshot import Snapshot
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class SaveRequest:
+    """One save as the training thread asked for it (CheckpointWriter.save_async)."""
+
+    snapshot: Snapshot
+    step: int
+    metadata: dict[str, Any]
+    """The caller's JSON values, stored in ``manifest.json`` beside the writer's own."""
+    lineage: str
+
+
+def disk_free_bytes(directory: Path) -> int:
+    return shutil.disk_usage(directory).free
+
+
+def describe_error(error: BaseException) -> str:
+    """One line for a save failure; DCP's CheckpointException is unwrapped to each rank's error."""
+    if isinstance(error, dcp.CheckpointException):
+        parts = []
+        for rank, failure in sorted(error.failures.items()):
+            cause = failure[0] if isinstance(failure, tuple) else failure  # (exception, traceback)
+            parts.append(f"rank {rank}: {type(cause).__name__}: {cause}")
+        return "; ".join(parts)
+    return f"{type(error).__name__}: {error}"
+
+
+class Publisher:
+    """Group rank 0's stages of a save, run on the writer's background thread (they block on
+    the disk). Built by :class:`CheckpointWriter` from its arguments, with no I/O."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        codec: ChunkCodec,
+        chain_length: int,
+        free_space_margin: float,
+        free_bytes: Callable[[Path], int],
+        housekeeper: Housekeeper,
+        group_world_size: int,
+        writer_id: str,
+    ) -> None:
+        self.directory = directory
+        self.codec = codec
+        self.chain_length = chain_length
+        self.free_space_margin = free_space_margin
+        self.free_bytes = free_bytes
+        self.housekeeper = housekeeper
+        self.group_world_size = group_world_size
+        self.writer_id = writer_id
+
+    def prepare(self, request: SaveRequest, estimated: int) -> Prepared:
+        """Clean leftovers once, check free space, create the temporary directory.
+
+        Never raises: with W > 1 the other ranks wait for an answer, so any error becomes a
+        "failed" refusal and a full disk a "refused" one.
+        """
+        step = request.step
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.housekeeper.remove_leftovers_once(self.directory)
+            free = self.free_bytes(self.directory)
+            space = enough_space(free, estimated, self.free_space_margin)
+            if not space.ok:
+                reason = (
+                    f"not enough free space in {self.directory}: checkpoint of step {step} {space.reason}; "
+                    f"training continues without it; free space there or lower keep_last={self.housekeeper.retention.keep_last}"
+                )
+                self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
+                return Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
+            chain = decide_chain(find_parent(self.directory, request.lineage), chain_length=self.chain_length,
+                                 key_id=self.codec.key_id)
+            self._log(logging.DEBUG, step, "checkpoint is a %s: %s", chain.kind, chain.reason)
+            tmp = self.directory / tmp_dirname(checkpoint_dirname(step, request.lineage), new_token())
+            tmp.mkdir()
+        except Exception as e:  # not only OSError: with W > 1 the other ranks wait for an answer
+            reason = f"cannot prepare {self.directory} for the checkpoint of step {step}: {type(e).__name__}: {e}"
+            self._log(logging.ERROR, step, "checkpoint failed: %s", reason)
+            return Prepared(None, SaveResult(step, "failed", reason))
+        return Prepared(tmp, None, chain.parent, chain.chain_position, checkpoint_dirname(step, request.lineage))
+
+    def publish(self, request: SaveRequest, layout: StateLayout, tensors: list[torch.Tensor], prepared: Prepared,
+                started: float) -> SaveResult:
+        """After every rank's ``dcp.save`` returned: seal, verify, rename, then tier 2 and retention.
+
+        Raises OSError or CheckpointCorrupt (the index lacks a tensor) before the rename;
+        the caller turns that into :meth:`fail`.
+        """
+        step = request.step
+        tmp = prepared.tmp
+        assert tmp is not None
+        write_durably(tmp / STATE_FILE, seal_blob(self.codec, layout.encode()))
+        where = f"{tmp.name}/{TENSORS_FILE}"
+        index, pieces = decode_index(read_small(tmp / TENSORS_FILE, where), where)
+        saved = index.state_dict_metadata
+        expected = [dcp_key(t.name, rank if t.own else None) for t in layout.tensors
+                    for rank in range(layout.own_ranks if t.own else 1)]
+        missing = [key for key in expected if key not in saved]
+        if missing:
+            raise CheckpointCorrupt(f"{tmp.name}: the tensor index lacks {len(missing)} tensors, e.g. {missing[:3]}")
+        files = tuple(checksum_and_fsync(p) for p in sorted(tmp.iterdir()) if p.is_file())
+        state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]))
+        name = checkpoint_dirname(step, request.lineage)
+        requires = tuple(sorted({ref.location for piece in pieces.values() for ref in piece.chunks} - {name}))
+        manifest = CheckpointManifest(
+            step, time.time(), files, {**self._base_metadata(request, state_digest), **request.metadata},
+            request.lineage, FORMAT_VERSION, "increment" if requires else "base", requires,
+            prepared.chain_position if requires else 1, self.codec.compression_level, self.codec.key_id,
+        )
+        write_durably(tmp / MANIFEST_FILE, manifest.encode())
+        final = self.directory / checkpoint_dirname(step, request.lineage)
+        if self._already_published(final, manifest, step):
+            remove_partial(tmp)
+            return SaveResult(step, "published", f"{final} already published", final, manifest.num_bytes, time.monotonic() - started)
+        publish(tmp, final)
+        seconds = time.monotonic() - started
+        self._log(logging.INFO, step, "checkpoint published: %s (%s, %d bytes in %.2fs)", final, manifest.kind,
+                  manifest.num_bytes, seconds)
+        tier2_path, tier2_error, deleted = self.housekeeper.after_publish(final, manifest)
+        return SaveResult(
+            step, "published", f"published {final}", final, manifest.num_bytes, time.monotonic() - started,
+            tier2_path, tier2_error, deleted, manifest.kind,
+        )
+
+    def fail(self, request: SaveRequest, tmp: Path, error: BaseException, estimated: int, started: float) -> SaveResult:
+        """Describe the failure (with the disk's state), remove the partial files."""
+        reason = f"writing the checkpoint of step {request.step} into {tmp} failed: {describe_error(error)}"
+        try:
+            free = disk_free_bytes(self.directory)
+        except OSError:
+            free = None
+        if free is not None and free < estimated:
+            # torch.save's zip writer turns ENOSPC into "unexpected pos" RuntimeErrors, so the
+            # disk's state is the clearest evidence of the cause.
+            reason += (
+                f"; {self.directory} has only {free} bytes free of the ~{estimated} needed: the disk is "
+                f"full (ENOSPC); free space there or lower keep_last={self.housekeeper.retention.keep_last}"
+            )
+        remove_partial(tmp)
+        previous = [name for name, _ in scan_checkpoints(self.directory).found
+                    if name.lineage == request.lineage and name.step != request.step]
+        self._log(
+            logging.ERROR, request.step, "checkpoint failed: %s; partial files removed, last checkpoint of this history: %s",
+            reason, str(previous[0]) if previous else "none",
+        )
+        return SaveResult(request.step, "failed", reason, seconds=time.monotonic() - started)
+
+    def _already_published(self, final: Path, manifest: CheckpointManifest, step: int) -> bool:
+        """Whether ``final`` already holds this very save (same lineage, step and state
+        digest, intact); clears the name otherwise. Another history's checkpoint of the same
+        step has another name (layout.py), so it is never taken for this save."""
+        kind = judge(final).kind
+        if kind == "missing":
+            return False
+        if kind != "dir":
+            self._log(logging.WARNING, step, "removing %s, a %s where this checkpoint is to be published", final, kind)
+            final.unlink()
+            return False
+        try:
+            existing = check(final)
+        except CheckpointCorrupt as e:
+            self._log(logging.WARNING, step, "replacing damaged checkpoint %s (%s)", final, e)
+            discard(final, step)
+            return False
+        if existing.metadata.get("digest") == manifest.metadata["digest"]:
+            self._log(logging.INFO, step, "checkpoint %s already published and intact; kept it", final)
+            return True
+        self._log(logging.WARNING, step, "replacing %s: it holds another state of step %d (digest %s, this save's %s) "
+                  "from a trajectory of lineage %s that no run continues", final, step, existing.metadata.get("digest"),
+                  manifest.metadata["digest"], lineage_label(manifest.lineage))
+        discard(final, step)
+        return False
+
+    def _base_metadata(self, request: SaveRequest, state_digest: str) -> dict[str, Any]:
+        try:
+            version = importlib.metadata.version("replicaft")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown"
+        return {
+            "quorum_id": request.snapshot.manifest.quorum_id,
+            "replica_id": request.snapshot.manifest.replica_id,
+            "group_world_size": self.group_world_size,
+            "replicaft_version": version,
+            "torch_version": torch.__version__,
+            "digest": state_digest,
+            CODE_VERSION_KEY: code_version(),
+        }
+
+    def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
+        logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)

@@ -1,0 +1,50 @@
+"""What one save writes, decided from the snapshot before any I/O: the layout and its size.
+
+Every rank of a W-rank writing group takes the same snapshot shape, so every rank computes the
+same plan without talking. A replicated tensor is written once (DCP deduplicates it across
+ranks); a sharded tensor is written as its global shape, each rank its shards; and when the
+snapshot is sharded with W > 1, a tensor without a sharding may differ between ranks (FSDP's
+BatchNorm statistics), so each rank writes its own value under its own key
+(``StateLayout.own_ranks``, layout.py's ``dcp_key``). Pure arithmetic over the snapshot's
+manifest: no collective, no file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from replicaft.checkpoint.manifest import SavedTensor, StateLayout
+from replicaft.checkpoint.policy import estimate_checkpoint_bytes
+from replicaft.state import Sharding
+from replicaft.transfer.snapshot import Snapshot
+
+
+@dataclass(frozen=True, slots=True)
+class SavePlan:
+    layout: StateLayout
+    """What ``state.msgpack`` records: the skeleton and each tensor's saved name, dtype and shape."""
+    shardings: tuple[Sharding | None, ...]
+    """The snapshot's sharding of each tensor, None for an unsharded one (same order as the layout)."""
+    estimated_bytes: int
+    """What the checkpoint will take on disk, for the free-space check (policy.py)."""
+
+
+def plan_save(snapshot: Snapshot, group_world_size: int) -> SavePlan:
+    """The layout and estimated size of ``snapshot`` saved by a group of ``group_world_size`` ranks."""
+    shardings = tuple(snapshot.shardings or (None,) * len(snapshot.manifest.tensors))
+    sharded = snapshot.shardings is not None
+    own_ranks = group_world_size if sharded and group_world_size > 1 else 0
+    layout = StateLayout(
+        snapshot.manifest.skeleton,
+        tuple(SavedTensor(t.name, t.dtype, tuple(sh.shape) if sh is not None else t.shape, bool(own_ranks) and sh is None)
+              for t, sh in zip(snapshot.manifest.tensors, shardings, strict=True)),
+        own_ranks,
+    )
+    # Replicated tensors are written once; every rank writes its shards and own values.
+    shard_factor = group_world_size if sharded else 1
+    estimated = estimate_checkpoint_bytes(
+        num_tensor_bytes=snapshot.manifest.total_bytes * shard_factor,
+        num_tensors=len(layout.tensors),
+        num_skeleton_bytes=len(layout.encode()),
+    )
+    return SavePlan(layout, shardings, estimated)
