@@ -14,7 +14,8 @@ import socket
 import grpc
 
 from lighthouse import envelope
-from lighthouse.tls import TlsFiles, add_port
+from lighthouse.options import LighthouseOptions
+from lighthouse.tls import add_port
 
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", envelope.MAX_MESSAGE_BYTES),
@@ -54,18 +55,16 @@ def raise_open_file_limit() -> int:
     return hard
 
 
-async def bind_grpc(
-    host: str, port: int, handler: grpc.GenericRpcHandler, tls: TlsFiles | None = None, *,
-    max_connections: int | None = None, handshake_timeout_s: float = 10.0,
-) -> tuple[grpc.aio.Server, int]:
-    """A grpc.aio server with ``handler``, bound to ``host:port`` (over TLS when ``tls`` is
-    given) but not started, and the port it bound (``port`` 0 picks one). Raises OSError
-    naming what failed and the fix.
+async def bind_grpc(options: LighthouseOptions, handler: grpc.GenericRpcHandler) -> tuple[grpc.aio.Server, int]:
+    """A grpc.aio server with ``handler``, bound to the options' host and port (over TLS when
+    they name TLS files) but not started, and the port it bound (port 0 picks one). Raises
+    OSError naming what failed and the fix.
 
     Connections past ``max_connections`` (None: what the open-file limit leaves, see
     :func:`default_max_connections`) are closed as they are accepted, and one that has not
     finished its TLS and HTTP/2 handshake within ``handshake_timeout_s`` is closed (grpc's
     own default held a silent socket for two minutes)."""
+    host, port, tls, max_connections = options.host, options.port, options.tls, options.max_connections
     try:
         await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:
@@ -75,7 +74,7 @@ async def bind_grpc(
         ) from e
     cap = default_max_connections() if max_connections is None else max_connections
     server = grpc.aio.server(options=[*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", cap),
-                                      ("grpc.server_handshake_timeout_ms", round(handshake_timeout_s * 1000))])
+                                      ("grpc.server_handshake_timeout_ms", round(options.handshake_timeout_s * 1000))])
     server.add_generic_rpc_handlers((handler,))
     bind = f"[{host}]" if ":" in host else host
     cause: Exception | None = None

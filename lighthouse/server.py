@@ -97,8 +97,7 @@ class LighthouseServer:
                 "Fence": grpc.unary_unary_rpc_method_handler(self._fence),
             },
         )
-        self._server, port = await bind_grpc(o.host, o.port, handler, o.tls, max_connections=o.max_connections,
-                                              handshake_timeout_s=o.handshake_timeout_s)
+        self._server, port = await bind_grpc(o, handler)
         bind = f"[{o.host}]" if ":" in o.host else o.host
         await self._server.start()
         self._ticker = asyncio.create_task(self._tick_forever(), name="lighthouse-tick")

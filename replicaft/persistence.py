@@ -141,38 +141,7 @@ class Persistence:
                     "save); use checkpoint_interval_steps"
                 )
             process_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
-        # Imported here: DCP pulls in DTensor and sympy, about a second of every start-up,
-        # which a job without checkpoints (or a restarted group about to heal) need not pay.
-        from replicaft.checkpoint import CheckpointReader, CheckpointWriter
-        from replicaft.checkpoint.keys import load_key
-        from replicaft.checkpoint.objectstore import ObjectStore
-
-        key = load_key(key_file=o.checkpoint_key_file, key=o.checkpoint_key,
-                       data_directories=(o.checkpoint_dir, o.checkpoint_tier2_dir))
-        store = (ObjectStore(o.checkpoint_object_store, endpoint_url=o.checkpoint_object_store_endpoint)
-                 if o.checkpoint_object_store else None)
-        self._reader = CheckpointReader(o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir, encryption_key=key,
-                                        object_store=store)
-        self._writer = CheckpointWriter(
-            o.checkpoint_dir,
-            tier2_directory=o.checkpoint_tier2_dir,
-            keep_last=o.checkpoint_keep_last,
-            milestone_every=o.checkpoint_milestone_every,
-            milestone_at_epoch_end=o.checkpoint_milestone_at_epoch_end,
-            keep_geometric_from=o.checkpoint_keep_geometric_from,
-            keep_best_k=o.checkpoint_keep_best_k,
-            keep_best_metric=o.checkpoint_keep_best_metric,
-            keep_best_mode=o.checkpoint_keep_best_mode,
-            interval_steps=o.checkpoint_interval_steps,
-            interval_s=o.checkpoint_interval_s,
-            process_group=process_group,
-            writer_id=f"{o.replica_id}/{o.group_rank}",
-            wait_when_busy_s=SAVE_TIMEOUT_S if process_group is not None else None,
-            chain_length=o.checkpoint_chain_length,
-            compression_level=o.checkpoint_compression_level,
-            encryption_key=key,
-            object_store=store,
-        )
+        self._reader, self._writer = open_checkpoints(o, process_group)
         if self._writer.catalog is not None:
             self._check_catalog(self._writer.catalog)
 
@@ -381,3 +350,42 @@ class Persistence:
             self._emit("checkpoint_upload", checkpoint_step=u.step, name=u.name, ok=u.ok, reason=u.reason,
                        num_bytes=u.num_bytes, seconds=u.seconds, tier="object")
 
+
+def open_checkpoints(
+    o: ManagerOptions, process_group: dist.ProcessGroup | None
+) -> tuple[CheckpointReader, CheckpointWriter]:
+    """The reader and writer of ``o.checkpoint_dir`` and its tiers, with the options' retention,
+    cadence, chain, compression, key and object store."""
+    # Imported here: DCP pulls in DTensor and sympy, about a second of every start-up,
+    # which a job without checkpoints (or a restarted group about to heal) need not pay.
+    from replicaft.checkpoint import CheckpointReader, CheckpointWriter
+    from replicaft.checkpoint.keys import load_key
+    from replicaft.checkpoint.objectstore import ObjectStore
+
+    key = load_key(key_file=o.checkpoint_key_file, key=o.checkpoint_key,
+                   data_directories=(o.checkpoint_dir, o.checkpoint_tier2_dir))
+    store = (ObjectStore(o.checkpoint_object_store, endpoint_url=o.checkpoint_object_store_endpoint)
+             if o.checkpoint_object_store else None)
+    reader = CheckpointReader(o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir, encryption_key=key,
+                              object_store=store)
+    writer = CheckpointWriter(
+        o.checkpoint_dir,
+        tier2_directory=o.checkpoint_tier2_dir,
+        keep_last=o.checkpoint_keep_last,
+        milestone_every=o.checkpoint_milestone_every,
+        milestone_at_epoch_end=o.checkpoint_milestone_at_epoch_end,
+        keep_geometric_from=o.checkpoint_keep_geometric_from,
+        keep_best_k=o.checkpoint_keep_best_k,
+        keep_best_metric=o.checkpoint_keep_best_metric,
+        keep_best_mode=o.checkpoint_keep_best_mode,
+        interval_steps=o.checkpoint_interval_steps,
+        interval_s=o.checkpoint_interval_s,
+        process_group=process_group,
+        writer_id=f"{o.replica_id}/{o.group_rank}",
+        wait_when_busy_s=SAVE_TIMEOUT_S if process_group is not None else None,
+        chain_length=o.checkpoint_chain_length,
+        compression_level=o.checkpoint_compression_level,
+        encryption_key=key,
+        object_store=store,
+    )
+    return reader, writer

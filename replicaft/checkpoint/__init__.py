@@ -6,7 +6,7 @@ asynchronously from a host snapshot, and it must never be the reason a run loses
 
 * **atomic publish** — written under ``step-N-<lineage>.tmp-<token>``, every file checksummed
   (SHA-256) and fsynced, ``manifest.json`` last, then renamed; a crash at any point leaves the
-  previous checkpoint intact (``writer.py``, ``durable.py``, ``layout.py``);
+  previous checkpoint intact (``writer.py``, ``publisher.py``, ``durable.py``, ``layout.py``);
 * **lineages** — a checkpoint names the history it belongs to, so two runs in one directory
   never mix, and a resume picks the most recent history, whole (``lineage.py``);
 * **incremental** — tensors are stored as content-addressed chunks (``chunks.py``,
