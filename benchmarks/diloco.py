@@ -19,6 +19,7 @@ and ``tc`` (network namespaces); nothing leaves the namespaces this benchmark cr
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -30,11 +31,19 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.results import BenchmarkResult
+from benchmarks.results import (
+    RESULTS_DIR,
+    BenchmarkResult,
+    format_table,
+    machine_info,
+    now_utc,
+    write_result,
+)
 from chaos.network import NetworkLab
 from replicaft.events import read_events_dir
 
@@ -218,6 +227,7 @@ def _diloco_figures(groups: dict[str, Proc], killed_at: float | None) -> dict[st
         costs = [_fault_costs(groups[g], killed_at) for g in ("g0", "g1")]
         out["fault_round_excess_inner_steps"] = max(c[0] for c in costs)
         out["rejoin_round_excess_inner_steps"] = max(c[1] for c in costs)
+        out["fault_cost_inner_steps"] = max(max(c) for c in costs)
     return out
 
 
@@ -242,24 +252,33 @@ MODES = ("ddp", "diloco_h20", "diloco_h100", "streaming", "torchft_diloco", "dil
 
 def run(*, quick: bool) -> BenchmarkResult:
     seconds = 40.0 if quick else 120.0
+    with tempfile.TemporaryDirectory(prefix="replicaft-diloco-") as tmp:
+        return _result(run_modes(MODES, seconds, Path(tmp)), seconds)
+
+
+def run_modes(modes: Sequence[str], seconds: float, log_dir: Path) -> dict[str, dict[str, Any]]:
+    """Run ``modes`` one after another in one set of namespaces; their measurements by mode.
+    The groups' stderr and JSON event logs (``<mode>-events``) are left in ``log_dir``."""
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise ValueError(f"unknown diloco benchmark modes {unknown}; choose from {', '.join(MODES)}")
     lab = NetworkLab(GROUPS)
     results: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="replicaft-diloco-") as tmp:
-        lab.create()
-        try:
-            for g in GROUPS:
-                lab.shape(g, RATE_MBIT, None)
-            for mode in MODES:
-                try:
-                    results[mode] = run_mode(lab, mode, seconds, Path(tmp), kill_mid_round=mode.endswith("_fault"))
-                except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
-                    if not mode.startswith("torchft"):
-                        raise
-                    results[mode] = {"error": str(e)}
-                print(f"diloco benchmark: {mode}: {({k: v for k, v in results[mode].items() if k != 'curve'})}", flush=True)
-        finally:
-            lab.close()
-    return _result(results, seconds)
+    lab.create()
+    try:
+        for g in GROUPS:
+            lab.shape(g, RATE_MBIT, None)
+        for mode in modes:
+            try:
+                results[mode] = run_mode(lab, mode, seconds, log_dir, kill_mid_round=mode.endswith("_fault"))
+            except (RuntimeError, subprocess.TimeoutExpired, ValueError) as e:
+                if not mode.startswith("torchft"):
+                    raise
+                results[mode] = {"error": str(e)}
+            print(f"diloco benchmark: {mode}: {({k: v for k, v in results[mode].items() if k != 'curve'})}", flush=True)
+    finally:
+        lab.close()
+    return results
 
 
 def _loss_at_tokens(curve: list[tuple[int, float]], tokens: int) -> float | None:
@@ -267,18 +286,23 @@ def _loss_at_tokens(curve: list[tuple[int, float]], tokens: int) -> float | None
 
 
 def _result(r: dict[str, dict[str, Any]], seconds: float) -> BenchmarkResult:
+    """The record of the runs in ``r``. A run without its loss curve (one read back from the
+    results file by ``--update``) gives no loss-at-DDP's-tokens figure: the caller keeps the
+    one recorded with it."""
     ddp = r["ddp"]
     figures: dict[str, float] = {}
     for mode in ("diloco_h20", "diloco_h100", "streaming"):
         figures[f"{mode}_tokens_per_s"] = r[mode]["tokens_per_s"]
         figures[f"{mode}_held_out_loss"] = r[mode]["held_out_loss"]
-        at = _loss_at_tokens(r[mode]["curve"], ddp["tokens"])
+        at = _loss_at_tokens(r[mode].get("curve", []), ddp["tokens"])
         if at is not None:
             figures[f"{mode}_held_out_loss_at_ddp_tokens"] = at
     figures["diloco_h20_vs_torchft_tokens_per_s"] = r["diloco_h20"]["tokens_per_s"]
-    figures["fault_round_excess_inner_steps"] = r["diloco_h20_fault"]["fault_round_excess_inner_steps"]
-    figures["rejoin_round_excess_inner_steps"] = r["diloco_h20_fault"]["rejoin_round_excess_inner_steps"]
-    figures["fault_run_tokens_per_s"] = r["diloco_h20_fault"]["tokens_per_s"]
+    fault = r["diloco_h20_fault"]
+    for name in ("fault_cost_inner_steps", "fault_round_excess_inner_steps", "rejoin_round_excess_inner_steps"):
+        if name in fault:  # the split came after the first recorded fault runs
+            figures[name] = fault[name]
+    figures["fault_run_tokens_per_s"] = fault["tokens_per_s"]
     baselines = {"ddp_tokens_per_s": ddp["tokens_per_s"], "ddp_held_out_loss": ddp["held_out_loss"] or 0.0,
                  "fault_free_h20_tokens_per_s": r["diloco_h20"]["tokens_per_s"]}
     torchft = r["torchft_diloco"]
@@ -297,8 +321,63 @@ def _result(r: dict[str, dict[str, Any]], seconds: float) -> BenchmarkResult:
                f"each group's link shaped to {RATE_MBIT:g} Mbit/s (tc tbf) in its own network namespace; every mode runs "
                f"{seconds:g} s from its first commit. tokens/s counts committed steps or syncs of all groups; losses are "
                "held-out (32 windows). A group is SIGKILLed in the middle of a round of the fault run and restarted 1 s later: "
-               "fault_round_excess_inner_steps is a survivor's round that ends at the first sync after the kill, "
-               "rejoin_round_excess_inner_steps the longer of its next two rounds (the join and heal), each less its "
-               "median round, in inner steps (the worse survivor); rounds vary by several inner steps here without faults."),
+               "fault_cost_inner_steps is a survivor's longest round among the three after the kill, less its median round, "
+               "in inner steps (the worse survivor); fault_round_excess_inner_steps is the first of those rounds (ends at the "
+               "first sync after the kill), rejoin_round_excess_inner_steps the longer of the next two (the join and heal); "
+               "rounds vary by several inner steps here without faults. params.modes_run says when each mode last ran "
+               "(python -m benchmarks.diloco --modes ... --update reruns some)."),
         params={"seconds": seconds, "rate_mbit": RATE_MBIT, "runs": {m: {k: v for k, v in x.items() if k != "curve"} for m, x in r.items()}},
     )
+
+
+def update_results(new_runs: dict[str, dict[str, Any]], seconds: float, path: Path, *, when: str,
+                   machine: dict[str, Any]) -> dict[str, Any]:
+    """The results record at ``path`` with the modes in ``new_runs`` replaced: their runs,
+    the figures and ratios computed from them, and ``params.modes_run[mode] = when``. The other
+    modes' runs and figures stay as recorded (their curves are not kept, so their
+    loss-at-DDP's-tokens figures are carried over, not recomputed)."""
+    old = json.loads(path.read_text())
+    runs = {**old["params"]["runs"], **new_runs}
+    missing = [m for m in MODES if m not in runs]
+    if missing:
+        raise ValueError(f"{path} has no runs of {missing} to keep; run them too (--modes) or the whole benchmark")
+    new = _result(runs, seconds).to_record(when=when, machine=machine)
+    params = new["params"]
+    params["compared_to"] = {**old["params"].get("compared_to", {}), **params["compared_to"]}
+    params["modes_run"] = {**{m: old["when"] for m in MODES}, **old["params"].get("modes_run", {}),
+                           **{m: when for m in new_runs}}
+    params["seconds_by_mode"] = {**{m: old["params"]["seconds"] for m in MODES}, **old["params"].get("seconds_by_mode", {}),
+                                 **{m: seconds for m in new_runs}}
+    figures = {**old["figures"], **new["figures"]}
+    baselines = {**old["baselines"], **new["baselines"]}
+    ratios = {f: round(figures[f] / baselines[b], 4) for f, b in params["compared_to"].items()
+              if f in figures and baselines.get(b)}
+    return {**new, "figures": figures, "baselines": baselines, "ratios": ratios}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m benchmarks.diloco --modes diloco_h20_fault [--update]``: some modes only."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.diloco",
+                                     description="Run some modes of the diloco benchmark (python -m benchmarks diloco runs all).")
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: %(default)s")
+    parser.add_argument("--seconds", type=float, default=120.0, help="each mode's run from its first commit")
+    parser.add_argument("--log-dir", type=Path, help="keep the groups' stderr and event logs here (default: removed)")
+    parser.add_argument("--update", action="store_true",
+                        help=f"replace these modes' runs and figures in {RESULTS_DIR / 'diloco.json'}, keep the others")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    with tempfile.TemporaryDirectory(prefix="replicaft-diloco-") as tmp:
+        log_dir = args.log_dir or Path(tmp)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        when, machine = now_utc(), machine_info()
+        runs = run_modes(modes, args.seconds, log_dir)
+    if args.update:
+        machine["load_average_end"] = machine_info()["load_average"]
+        record = update_results(runs, args.seconds, RESULTS_DIR / "diloco.json", when=when, machine=machine)
+        print(f"updated {write_result(record, RESULTS_DIR)}")
+        print(format_table(record))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
