@@ -145,10 +145,13 @@ class Manager:
 
     # -- registration --------------------------------------------------------------------------
 
-    def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn) -> None:
+    def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn, *,
+                       healed: bool = True) -> None:
         """Add training state that a heal transfers and a checkpoint saves (registry.py):
-        ``state_dict()`` returns tensors and plain values only; it runs on the training thread."""
-        self._registry.register_state(name, state_dict, load_state_dict)
+        ``state_dict()`` returns tensors and plain values only; it runs on the training thread.
+        ``healed=False``: state each group legitimately holds its own of (DiLoCo's inner
+        optimizer): checkpoints carry it, heals do not, and a healer keeps its own."""
+        self._registry.register_state(name, state_dict, load_state_dict, healed=healed)
 
     def register_hooks(self, hooks: StepHooks) -> None:
         """Add a wrapper's step-boundary callbacks (registry.py, ``StepHooks``)."""

@@ -13,12 +13,15 @@ Fault tolerance is the manager's, at sync points:
   not applied, and is **retried at once** with a new quorum (the survivors' pseudo-gradients
   are still valid: no inner step is lost), where torchft throws the round away.
 * **Heal.** The replicated state (each fragment's synced copy, the outer optimizers, the data
-  leases) and this group's inner optimizer are registered with the manager. A restarted group
-  joins by syncing at once (``join``): it waits in the quorum for the others' next sync, heals
-  their state, contributes zeros, and leaves the sync with the synced weights. The fragment
-  schedule is a function of the manager's step (schedule.py), which travels too. A sync a
-  healer takes part in before its state has arrived is recorded (``capture_step``) and
-  replayed on the healed state (catchup.py), as in DDP.
+  leases) is registered with the manager; this group's inner optimizer too, as its own
+  (``healed=False``: checkpointed, never served, since groups' inner states differ by design and
+  two donors would never agree on them; a restarted group starts it afresh). A restarted group
+  joins by syncing at once (``join``): it waits in the quorum for the others' next sync,
+  contributes zeros to it, records it (``capture_step``), and only then fetches their state
+  (``fetch_beside_collectives = False``: the sync's all-reduce and the fetch would share its
+  link, and the donors would wait for both); at the sync after, it applies the state, replays
+  the recorded sync (catchup.py) and leaves with the synced weights. The fragment schedule is
+  a function of the manager's step (schedule.py), which travels too.
 * **Exactly-once data** through leases (leases.py): a round's samples are leased at the sync
   before it and consumed by the sync after it only if the group contributed.
 * **No stall.** A group that falls behind mid-round misses the quorum (the lighthouse's join
@@ -86,6 +89,10 @@ class DiLoCo(StepHooks):
     ``batch_size`` are set.
     """
 
+    fetch_beside_collectives = False
+    """A healer fetches after its sync's all-reduce, not beside it (registry.py): the all-reduce
+    passes the whole model through the healer's link too, and the donors waited for both."""
+
     def __init__(
         self,
         manager: Manager,
@@ -137,12 +144,13 @@ class DiLoCo(StepHooks):
         scripts rely on it)."""
         self._hook: Any = None
         manager.register_state(state_name, self._state_dict, self._load_state_dict)
-        # With a delay, inner steps run while a sync's snapshot may be served to a healer
-        # (between its quorum and its commit), so healers are served a copy of the inner
-        # optimizer's state: writing the served tensors would withdraw the snapshot and fail
-        # the sync (transfer/live.py). Without a delay nothing writes it in that window.
-        inner_state = _copied(inner_optimizer.state_dict) if fragment_sync_delay else inner_optimizer.state_dict
-        manager.register_state(f"{state_name}_inner", inner_state, inner_optimizer.load_state_dict)
+        # Each group's inner optimizer state is its own (its moments follow its own batches),
+        # so no two donors agree on it: served, it failed every heal with two or more donors
+        # ("donors disagree on the state ... no version has a majority"; issue 21). A healer
+        # keeps its own, fresh after a restart, as a new DiLoCo worker starts; checkpoints
+        # still carry it.
+        manager.register_state(f"{state_name}_inner", inner_optimizer.state_dict, inner_optimizer.load_state_dict,
+                               healed=False)
         manager.register_hooks(self)
 
     # -- the loop's side -------------------------------------------------------------------------
@@ -337,23 +345,6 @@ class LocalSGD(DiLoCo):
 
     def __init__(self, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer, sync_every: int, **kwargs: Any) -> None:
         super().__init__(manager, model, optimizer, torch.optim.SGD(model.parameters(), lr=1.0), sync_every, **kwargs)
-
-
-def _copied(state_dict: Any) -> Any:
-    def copy() -> dict[str, Any]:
-        return _clone(state_dict())
-
-    return copy
-
-
-def _clone(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(_clone(v) for v in value)
-    return value
 
 
 def _report_progress(manager: Manager) -> None:
