@@ -249,6 +249,9 @@ class StepDriver:
                                min_replicas=self.options.min_replicas, error=s.error)
         verdict = rank_verdict(inputs)
         flag = self._reduce_flag(plan, verdict.flag)
+        # A fetch deferred past the collectives starts here: every donor sealed its snapshot
+        # before reducing the flag, so no send from its live state can hold its step now.
+        self._healer.start_deferred()
         vote = rank_vote(inputs, verdict, flag, None if s.error is None else str(s.error))
         with s.timed("vote", blocked=False):
             decision = self._vote(plan, vote.ok, vote.reason)

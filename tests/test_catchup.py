@@ -1,4 +1,4 @@
-"""The non-blocking heal's bookkeeping (replicaft/heal/catchup.py, healer.py): pure, no processes."""
+"""The non-blocking heal's bookkeeping (replicaft/heal/catchup.py, healer.py): no processes."""
 
 from __future__ import annotations
 
@@ -6,10 +6,14 @@ import concurrent.futures
 
 import torch
 
-from lighthouse.plan import plan_step
+from lighthouse.plan import StepPlan, plan_step
 from lighthouse.protocol import Member, Quorum
+from replicaft.errors import HealError
 from replicaft.heal.catchup import CatchUp
-from replicaft.heal.healer import donors_own_step_s
+from replicaft.heal.healer import Healer, donors_own_step_s
+from replicaft.options import ManagerOptions
+from replicaft.registry import StateRegistry, StepHooks
+from replicaft.transfer.client import HealResult
 
 
 def test_a_tensor_written_while_it_was_received_in_place_is_named() -> None:
@@ -54,3 +58,52 @@ def test_a_healer_bounds_its_wait_by_the_shortest_own_step_its_donors_published(
     junk = Quorum.of(4, 1, 0.0, [member("a", 9, float("nan")), member("b", 9, True), member("c", 2, -1.0),
                                  Member("d", "host-d", 9, 1, {"ranks": "none"})])
     assert donors_own_step_s(plan_step(junk, "c"), 0) is None
+
+
+class _RecordingHealer(Healer):
+    """A healer whose fetch records that it ran instead of reaching donors (no processes)."""
+
+    def __init__(self, registry: StateRegistry) -> None:
+        super().__init__(ManagerOptions(lighthouse="127.0.0.1:1", replica_id="c"), registry, lambda *_, **__: None)
+        self.fetched_at: list[str] = []
+
+    def _fetch(self, *args: object) -> HealResult:
+        self.fetched_at.append("fetch")
+        raise HealError("no donors in this test")
+
+
+class _SyncHooks(StepHooks):
+    fetch_beside_collectives = False
+
+
+def _healing_plan() -> StepPlan:
+    return plan_step(Quorum.of(4, 1, 0.0, [Member("a", "host-a", 9, 1, {}), Member("c", "host-c", 2, 1, {})]), "c")
+
+
+def test_a_hook_that_keeps_fetches_off_the_collectives_defers_the_fetch_to_the_steps_end_issue_21() -> None:
+    """DiLoCo's sync all-reduce and a heal's fetch share the healer's link: the donors waited
+    for both, so the fetch starts only once the step's collectives are over."""
+    registry = StateRegistry()
+    registry.register_hooks(_SyncHooks())
+    healer = _RecordingHealer(registry)
+    try:
+        assert healer.begin(_healing_plan(), withdrawn=lambda base: False)
+        assert not healer.begin(_healing_plan(), withdrawn=lambda base: False)  # the same catch-up, still deferred
+        assert healer.fetching and healer.fetched_at == []
+        assert healer.start_deferred()
+        healer.wait(_healing_plan(), own_s=10.0)  # bounded by 10 s: the fetch runs on the heal thread
+        assert healer.fetched_at == ["fetch"] and isinstance(healer.ready(_healing_plan()), HealError)
+        assert not healer.start_deferred()
+    finally:
+        healer.close()
+
+
+def test_without_such_a_hook_the_fetch_starts_with_the_plan() -> None:
+    healer = _RecordingHealer(StateRegistry())
+    try:
+        assert healer.begin(_healing_plan(), withdrawn=lambda base: False)
+        healer.wait(_healing_plan(), own_s=10.0)
+        assert healer.fetched_at == ["fetch"] and not healer.start_deferred()
+    finally:
+        healer.close()
+

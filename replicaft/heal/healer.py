@@ -4,7 +4,9 @@ A group behind the quorum's ``max_step`` is a healer (lighthouse/plan.py). The s
 (step.py) calls this module at four points of each healing step, all on the training thread:
 
 1. ``begin`` (the plan is applied): start the fetch of the donors' snapshot on the heal
-   thread, unless one is running whose base the donors still serve;
+   thread, unless one is running whose base the donors still serve; or, when a hook asks for
+   it (``StepHooks.fetch_beside_collectives``), defer the start to ``start_deferred`` (the
+   step's end, once its collectives, the "ok" flag included, are over);
 2. ``wait`` (the step's end): give a fetch about to arrive a bounded wait (``HEAL_WAIT_FRACTION``);
 3. ``ready`` (before the vote): has the fetch arrived, verified, and do base + records reach
    the donors' step? A fetch that failed, or was overtaken by this group's own writes into
@@ -66,6 +68,8 @@ class Healer:
         the state is not a valid one (catchup.py)."""
         self._not_in_place: set[str] = set()
         """Tensors seen written during an earlier fetch: received into new memory from then on."""
+        self._deferred: tuple[CatchUp, Callable[[], None]] | None = None
+        """A catch-up whose fetch waits for the step's collectives to end, and its start."""
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -98,12 +102,32 @@ class Healer:
                     for name, t in zip(own.names, own.tensors, strict=True)}
         max_bytes = HEAL_SIZE_FACTOR * sum(t.numel() * t.element_size() for t in own.tensors) + HEAL_SIZE_SLACK_BYTES
         self._torn = self._torn or bool(targets)
+        deferred = not self._registry.fetch_beside_collectives
         self._emit("heal_start", quorum_id=plan.quorum_id, donors=list(plan.donors), max_step=plan.max_step,
-                   hold=self._hold_next)
-        future = self._pool.submit(self._fetch, plan, targets, expected, max_bytes)
+                   hold=self._hold_next, deferred=deferred)
+        future: concurrent.futures.Future[HealResult] = concurrent.futures.Future()
         self._catchup = CatchUp(plan.max_step, future, targets=targets, versions={n: t._version for n, t in targets.items()},
                                 hold=self._hold_next, max_records=self._options.heal_replay_steps,
                                 max_record_bytes=self._options.heal_replay_bytes)
+
+        def start() -> None:
+            fetch = self._pool.submit(self._fetch, plan, targets, expected, max_bytes)
+            fetch.add_done_callback(lambda done: _settle(future, done))
+
+        if deferred:
+            self._deferred = (self._catchup, start)
+        else:
+            start()
+        return True
+
+    def start_deferred(self) -> bool:
+        """Once the step's collectives are over (after the "ok" flag, which every donor reduces
+        only after sealing its snapshot): start the fetch ``begin`` deferred, if the catch-up it
+        belongs to is still the current one; returns whether it started."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is None or deferred[0] is not self._catchup:
+            return False
+        deferred[1]()
         return True
 
     def not_healing(self, plan: StepPlan) -> None:
@@ -122,8 +146,8 @@ class Healer:
         of this step's own time ``own_s``, and of its donors'). A holding one needs none: its
         donors abort their steps until it has arrived."""
         cu = self._catchup
-        if cu is None or cu.hold or cu.fetched:
-            return
+        if cu is None or cu.hold or cu.fetched or self._deferred is not None:
+            return  # a deferred fetch has not started: it cannot be about to arrive
         donors_s = donors_own_step_s(plan, self._options.group_rank)
         try:
             cu.future.exception(HEAL_WAIT_FRACTION * (own_s if donors_s is None else min(own_s, donors_s)))
@@ -219,6 +243,16 @@ class Healer:
             expected=expected,
             max_bytes=max_bytes,
         )
+
+
+def _settle(future: concurrent.futures.Future[HealResult], done: concurrent.futures.Future[HealResult]) -> None:
+    """Pass the heal thread's outcome to the catch-up's future (created before the fetch starts)."""
+    if done.cancelled():
+        future.cancel()
+    elif (error := done.exception()) is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(done.result())
 
 
 def donors_own_step_s(plan: StepPlan, group_rank: int) -> float | None:
