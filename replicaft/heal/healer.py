@@ -146,7 +146,7 @@ class Healer:
         of this step's own time ``own_s``, and of its donors'). A holding one needs none: its
         donors abort their steps until it has arrived."""
         cu = self._catchup
-        if cu is None or cu.hold or cu.fetched or self._deferred is not None:
+        if cu is None or cu.hold or cu.fetched or (self._deferred is not None and self._deferred[0] is cu):
             return  # a deferred fetch has not started: it cannot be about to arrive
         donors_s = donors_own_step_s(plan, self._options.group_rank)
         try:
