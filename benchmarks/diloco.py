@@ -324,8 +324,8 @@ def _result(r: dict[str, dict[str, Any]], seconds: float) -> BenchmarkResult:
                "fault_cost_inner_steps is a survivor's longest round among the three after the kill, less its median round, "
                "in inner steps (the worse survivor); fault_round_excess_inner_steps is the first of those rounds (ends at the "
                "first sync after the kill), rejoin_round_excess_inner_steps the longer of the next two (the join and heal); "
-               "rounds vary by several inner steps here without faults. params.modes_run says when each mode last ran "
-               "(python -m benchmarks.diloco --modes ... --update reruns some)."),
+               "rounds vary by several inner steps here without faults. After a partial rerun (python -m benchmarks.diloco "
+               "--modes ... --update), params.modes_run says when each mode last ran."),
         params={"seconds": seconds, "rate_mbit": RATE_MBIT, "runs": {m: {k: v for k, v in x.items() if k != "curve"} for m, x in r.items()}},
     )
 
