@@ -50,15 +50,21 @@ class GroupPlacement:
     """The file whose existence announces this group's preemption (preemption_notice); absolute."""
 
 
+def group_script(scenario: Scenario) -> list[str]:
+    """The training script of every rank and its arguments (what a warm standby runs, too)."""
+    s = scenario
+    if s.script is not None:
+        return [s.script, *s.script_args]
+    script = [str(EXAMPLE), "--steps", str(s.steps), "--width", str(s.width), "--step-delay", str(s.step_delay_s)]
+    if s.deterministic:
+        script += ["--batch-size", str(s.global_batch)]
+    return script
+
+
 def group_command(scenario: Scenario) -> list[str]:
     """The command line of one group (before any ``ip netns exec`` prefix)."""
     s = scenario
-    if s.script is not None:
-        script = [s.script, *s.script_args]
-    else:
-        script = [str(EXAMPLE), "--steps", str(s.steps), "--width", str(s.width), "--step-delay", str(s.step_delay_s)]
-        if s.deterministic:
-            script += ["--batch-size", str(s.global_batch)]
+    script = group_script(s)
     if s.ranks_per_group == 1:
         return [sys.executable, *script]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks_per_group),

@@ -15,6 +15,7 @@ the first commit) *and* its target can take it:
   down is
   ``kill_all_groups``, a separate experiment with its own checks, never an accident of
   timing in a random soak;
+* with ``warm_standby``, a fault that restarts its group also waits for a ready standby;
 * ``kill_all_groups`` waits for a published checkpoint, ``corrupt_checkpoint`` for two (one
   to damage, one to fall back to); ``cold_start`` and ``cold_start_corrupt`` for as many in
   the object store.
@@ -48,6 +49,7 @@ from chaos.scenario import (
     NETWORK_KINDS,
     OBJECT_STORE_KINDS,
     REPLICATED_LIGHTHOUSE_KINDS,
+    RESTARTING_KINDS,
     SELF_ARMED_KINDS,
     FaultSpec,
     Scenario,
@@ -87,6 +89,10 @@ class Supervision(Protocol):
 
     def lighthouse_fault(self, kind: str, duration_s: float) -> str | None:
         """A replicated-lighthouse fault (chaos/lighthouse_set.py); why not now, or None."""
+        ...
+
+    def standby_ready(self) -> bool:
+        """A warm standby has done its imports and waits to become a restarted group."""
         ...
 
 
@@ -253,6 +259,8 @@ class Injector:
         waiting = self._group_ready(group)
         if waiting is not None:
             return waiting
+        if kind in RESTARTING_KINDS and self.scenario.warm_standby and not self._sup.standby_ready():
+            return "no warm standby was ready to restart it in (warm_standby = true)"
         if kind == "sigstop":
             self._sup.signal_group(group, signal.SIGSTOP, None)
             self._impaired.add(group)

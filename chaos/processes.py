@@ -1,20 +1,24 @@
-"""Child processes of a chaos run: the lighthouse and the groups, each logging to a file.
+"""The lighthouse processes of a chaos run, each logging to a file; and the run's environment.
 
-Output goes to files rather than pipes: nothing has to drain a pipe (a stopped reader would
-block a child on a full pipe, which is itself a hang the harness would then misreport), and
-the logs stay in the run directory for the report's reader.
+The replica groups are not started here: the launcher's supervisor starts and restarts them
+(``replicaft.launch.groups``, through ``chaos/runner.py``), so that chaos exercises the
+restart path of a launched job, warm standbys included. Their output reaches the same kind of
+per-incarnation log file through a pipe that a reader thread drains.
+
+The lighthouse's output goes straight to a file: nothing has to drain a pipe, and the log
+stays in the run directory for the report's reader.
 
 No child may outlive the run. The runner stops every child in a ``finally``; on Linux each
 child additionally gets ``PR_SET_PDEATHSIG = SIGKILL``, so even a SIGKILLed runner takes its
-children with it. (The runner is single-threaded, which ``preexec_fn`` requires.)
+children with it. (It is set by ``preexec_fn``, Python run between fork and exec. With other
+threads in the runner (the groups' output readers, the S3 server) that could deadlock the
+child only if one held a C-level lock it needs at the moment of the fork, ``dlopen``'s for the
+``prctl`` call; none of them loads libraries. Accepted over children left behind.)
 
-A signal reaches the child and every descendant: a W > 1 replica group is torchrun plus its
-ranks, and a SIGKILL, SIGSTOP or SIGTERM must reach every one of them, as it does when a host
-dies or a job is preempted. Each child leads its own session (process group), which keeps a
-terminal's Ctrl-C away from the children (the runner ends them itself); but torchrun starts
-each rank in a session of its own (torch 2.13, ``subprocess_handler.py``), so the ranks are
-found as the child's descendants in ``/proc`` instead, while the child is alive (so none of
-those pids can have been reused).
+A signal reaches the child and every descendant. Each child leads its own session (process
+group), which keeps a terminal's Ctrl-C away from the children (the runner ends them
+itself); the descendants are found in ``/proc`` while the child is alive (so none of those
+pids can have been reused).
 """
 
 from __future__ import annotations
@@ -111,11 +115,7 @@ class Child:
             return None
 
     def output_tail(self, num_lines: int = 5) -> str:
-        try:
-            lines = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return ""
-        return " | ".join(line.strip() for line in lines[-num_lines:])
+        return log_tail(self.log_path, num_lines)
 
     def wait_for_output(self, pattern: re.Pattern[str], timeout_s: float) -> re.Match[str]:
         """The first match of ``pattern`` in the log; raises RuntimeError on exit or deadline."""
@@ -135,6 +135,15 @@ class Child:
                 raise RuntimeError(f"{self.name} printed nothing matching {pattern.pattern!r} within "
                                    f"{timeout_s:g}s: {self.output_tail()}")
             time.sleep(POLL_S)
+
+
+def log_tail(path: Path, num_lines: int = 5) -> str:
+    """The last ``num_lines`` lines of the log at ``path`` on one line, for an error message; "" if unreadable."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip() for line in lines[-num_lines:])
 
 
 def descendants(pid: int) -> list[int]:

@@ -85,5 +85,7 @@ class RunRecord:
     """Groups still running when the run ended (they were SIGKILLed)."""
     deadline_exceeded: bool
     environment: dict[str, str] = field(default_factory=dict)
+    standby_restarts: dict[str, int] = field(default_factory=dict)
+    """Of ``restarts``, those that ran in a warm standby (``warm_standby``)."""
     """How the run was placed: ``network`` (loopback, or the namespaces and addresses) and
     ``checkpoint_dir`` (where, and on what), for the summary's reader."""

@@ -178,6 +178,8 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
         ("recovery seconds (fault → survivors' next new step)", _seconds(summary["recovery_seconds"])),
         ("rejoin seconds (target back → its first commit)", _seconds(summary["rejoin_seconds"])),
         ("hangs", summary["hangs"]), ("restarts", _per_group(summary["restarts"])),
+        *((("restarts in a warm standby", _per_group(summary["restarts_in_standby"])),)
+          if any(summary.get("restarts_in_standby", {}).values()) else ()),
         ("groups × ranks", f'{summary.get("groups")} × {summary.get("ranks_per_group")}'),
         *((f"environment: {k}", v) for k, v in summary.get("environment", {}).items()),
     ]

@@ -127,6 +127,8 @@ NETWORK_KINDS = frozenset({"partition", "slow_link"})
 TIMED_KINDS = frozenset({"sigstop", "partition", "slow_link", "fill_disk", "partition_lighthouse_leader",
                          "kill_etcd_member", "lose_etcd_quorum"})
 """Kinds that last ``duration_s`` and are then undone."""
+RESTARTING_KINDS = frozenset({"sigkill", "sigterm", "preemption_notice", "kill_donor_mid_heal"})
+"""Kinds that the harness injects to have one group restart (with ``warm_standby``, in the standby)."""
 SELF_ARMED_KINDS = frozenset({"fault_point", "kill_donor_mid_heal"})
 """Kinds whose death the group inflicts on itself (``REPLICAFT_FAULT_POINTS``), armed at its first start."""
 
@@ -272,6 +274,12 @@ class Scenario:
     restart_delay_s: float = 1.0
     """How long the supervisor waits before restarting a dead group or lighthouse, as an
     orchestrator would (Kubernetes' back-off, Slurm's requeue)."""
+    warm_standby: bool = False
+    """Keep a warm standby (``replicaft.standby``, as ``replicaft-launch`` does) and restart a
+    group in it when one is ready, its memory reserve sized by the groups' state; a fault that
+    restarts a group (sigkill, sigterm, preemption_notice, the healer of kill_donor_mid_heal)
+    then waits until the standby is ready, so that it is the restart under test. W = 1 only,
+    and no network faults (a standby started outside a group's network namespace cannot enter it)."""
     heartbeat_timeout_s: float = 2.0
     """Lighthouse ``--heartbeat-timeout``: how fast a SIGSTOPped or partitioned group is dropped."""
     progress_timeout_s: float = 15.0
@@ -368,6 +376,13 @@ class Scenario:
             raise ScenarioError(f"scenario {self.name!r}: virtual_shards={self.virtual_shards}, global_batch="
                                 f"{self.global_batch} with groups={self.groups}; the deterministic mode needs at least "
                                 "one shard per group and a global batch that the shards divide")
+        if self.warm_standby and (self.ranks_per_group > 1 or self.needs_network):
+            raise ScenarioError(
+                f"scenario {self.name!r}: warm_standby = true with ranks_per_group={self.ranks_per_group} and "
+                f"{'partition/slow_link faults' if self.needs_network else 'no network faults'}: torchrun starts the "
+                "ranks of a W > 1 group and network faults put each group in a namespace of its own, and a "
+                "standby can be neither; use ranks_per_group = 1 without partition or slow_link, or warm_standby = false"
+            )
         if self.lighthouse_replicas not in (1, 3):
             raise ScenarioError(f"scenario {self.name!r}: lighthouse_replicas={self.lighthouse_replicas!r}; use 1 "
                                 "(the single lighthouse) or 3 (replicated on etcd)")

@@ -149,6 +149,7 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
         "cadence_decisions": cadence_decisions(events, record.started_ts),
         "save_telemetry": save_telemetry(events),
         "restarts": record.restarts,
+        "restarts_in_standby": record.standby_restarts,
         "exits": [x.to_dict() for x in record.exits],
         "stopped_at_end": list(record.stopped_at_end),
     }

@@ -26,6 +26,7 @@ class FakeRunner:
         self.armed = set(armed)
         self.calls: list[tuple[Any, ...]] = []
         self.lighthouse_up = True
+        self.standby_up = False
         self.known_ranks: dict[tuple[str, int], bool] = {}
 
     def is_healthy(self, group: str) -> bool:
@@ -47,6 +48,9 @@ class FakeRunner:
     def kill_lighthouse(self) -> bool:
         self.calls.append(("kill_lighthouse",))
         return self.lighthouse_up
+
+    def standby_ready(self) -> bool:
+        return self.standby_up
 
 
 def setup(*faults: dict[str, Any], healthy: set[str] = frozenset({"g0", "g1", "g2"}), checkpoint_dir: Path | None = None,
@@ -90,6 +94,18 @@ def test_stopped_group_is_continued_after_its_duration_and_counts_as_back() -> N
     injector.undo_due(now_m=float("inf"))
     assert fake.calls[-1] == ("signal", "g2", signal.SIGCONT, None)
     assert injector.injected[0].resumed_ts is not None and not injector.impaired("g2")
+
+
+def test_with_warm_standby_a_restarting_fault_waits_for_a_ready_standby() -> None:
+    injector, fake = setup({"kind": "sigkill", "target": "g1", "at_step": 5},
+                           {"kind": "sigstop", "target": "g2", "at_step": 5, "duration_s": 1.0}, warm_standby=True)
+    injector.inject_due()
+    assert fake.calls == [("signal", "g2", signal.SIGSTOP, None)], "a hang restarts nothing: it does not wait"
+    assert injector.skipped_reasons() == [("sigkill g1 at step 5", "no warm standby was ready to restart it in "
+                                           "(warm_standby = true)")]
+    fake.standby_up = True
+    injector.inject_due()
+    assert fake.calls[-1] == ("signal", "g1", signal.SIGKILL, "sigkill")
 
 
 def test_rank_kill_waits_for_the_rank_pid() -> None:

@@ -50,6 +50,10 @@ BAD = [
     ({"kind": "fault_point", "target": "g1", "point": "heal", "at_step": 2}, {"ranks_per_group": 2}, "ranks_per_group = 1"),
     ({"kind": "sigkill", "target": "g1", "at_step": 2}, {"ranks_per_group": 2, "checkpoint_interval_steps": 5},
      "W > 1 checkpoints"),
+    ({"kind": "sigkill", "target": "g1", "at_step": 2}, {"ranks_per_group": 2, "warm_standby": True},
+     "warm_standby = true with ranks_per_group=2"),
+    ({"kind": "partition", "target": "g1", "at_step": 2, "duration_s": 3.0}, {"warm_standby": True},
+     "partition/slow_link faults"),
 ]
 
 

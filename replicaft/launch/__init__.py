@@ -9,7 +9,11 @@ Design, module by module:
 
 * ``options``: the command line, every argument checked once (:func:`parse_args`), and the
   job's secret (:func:`job_secret`);
-* ``supervisor``: the loop (:class:`Launcher`) that keeps each group running and restarts it;
+* ``supervisor``: the launcher's loop (:class:`Launcher`): lighthouse, groups, status line;
+* ``groups``: the supervisor that keeps each group running and restarts it
+  (:class:`~replicaft.launch.groups.GroupSupervisor`), in a warm standby when one is ready.
+  The chaos harness (``chaos/runner.py``) runs its groups on the same one, so chaos
+  exercises the restart path a launched job runs on, standbys and reserves included;
 * ``lighthouse_keeper``: the job's own lighthouse, started, its address read, restarted;
 * ``standby_pool``: warm standbys and their memory reserves;
 * ``reaper``: stopping a child, everything below it and whatever it orphaned;

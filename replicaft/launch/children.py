@@ -6,6 +6,10 @@ import socket
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from replicaft.process_tree import die_with_parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -13,6 +17,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SpawnSettings:
+    """How every group process and standby of one supervisor is started."""
+
+    cwd: Path | None = None
+    """Working directory; None inherits the supervisor's."""
+    die_with_parent: bool = False
+    """``PR_SET_PDEATHSIG = SIGKILL`` through ``preexec_fn``, so that even a SIGKILLed supervisor
+    takes its children along. The chaos runner asks for it (a harness must leave nothing
+    behind). The launcher does not: ``preexec_fn`` runs Python between fork and exec, which is
+    unsafe while other threads (the output readers) may hold a lock; it relies on being a
+    subreaper instead (see the package's docstring)."""
+
+
+DEFAULT_SPAWN = SpawnSettings()
+"""The launcher's: its own working directory, no death signal."""
 
 
 class Child:
@@ -24,11 +46,12 @@ class Child:
     """
 
     def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None], *,
-                 stdin_pipe: bool = False) -> None:
+                 stdin_pipe: bool = False, settings: SpawnSettings = DEFAULT_SPAWN) -> None:
         self.on_line = on_line
         self.popen = subprocess.Popen(
             list(argv),
             env=dict(env),
+            cwd=settings.cwd,
             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -36,6 +59,7 @@ class Child:
             errors="replace",
             bufsize=1,
             start_new_session=True,
+            preexec_fn=die_with_parent if settings.die_with_parent else None,
         )
         self._reader = threading.Thread(target=self._read, name=f"output-{self.pid}", daemon=True)
         self._reader.start()

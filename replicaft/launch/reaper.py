@@ -29,11 +29,15 @@ class Reaper:
     """Stops children with SIGTERM, a grace period and SIGKILL; ``kill_now`` skips the grace.
 
     ``started`` lists every child the launcher holds, so that a leftover is told apart from
-    a child of its own."""
+    a child of its own. ``leftovers=False`` for a supervisor that is no subreaper and holds
+    other children of its own (the chaos runner's lighthouse): only what is below the children
+    asked for is stopped."""
 
-    def __init__(self, started: Callable[[], Sequence[Child]], kill_now: Callable[[], bool]) -> None:
+    def __init__(self, started: Callable[[], Sequence[Child]], kill_now: Callable[[], bool], *,
+                 leftovers: bool = True) -> None:
         self._started = started
         self._kill_now = kill_now
+        self._leftovers = leftovers
 
     def terminate(self, children: Sequence[Child], *, grace_s: float) -> None:
         """Stop ``children``, everything below them and every leftover (see :meth:`processes_of`).
@@ -43,8 +47,14 @@ class Reaper:
         """
         send_signal(self.processes_of(children), signal.SIGTERM)
         deadline = time.monotonic() + grace_s
-        while (pids := self.processes_of(children)) and time.monotonic() < deadline and not self._kill_now():
+        while self.processes_of(children) and time.monotonic() < deadline and not self._kill_now():
             time.sleep(TICK_S)
+        self.kill(children)
+
+    def kill(self, children: Sequence[Child]) -> None:
+        """SIGKILL ``children``, everything below them and every leftover, and wait until they are
+        gone: at most ``KILL_WAIT_S`` plus a tick, then the survivors are reported."""
+        pids = self.processes_of(children)
         deadline = time.monotonic() + KILL_WAIT_S
         while pids and time.monotonic() < deadline:
             send_signal(pids, signal.SIGKILL)  # again each tick: it also reaches what they forked
@@ -64,7 +74,8 @@ class Reaper:
             child.popen.poll()
         table = read_process_table()
         started = {child.pid for child in self._started()}
-        leftovers = [info for info in table.values() if info.ppid == os.getpid() and info.pid not in started]
+        leftovers = [info for info in table.values()
+                     if self._leftovers and info.ppid == os.getpid() and info.pid not in started]
         for info in leftovers:
             if info.zombie:
                 try:

@@ -1,10 +1,10 @@
 """The launcher's loop: it keeps every replica group running, restarting the ones that die,
-until all have finished or it is told to stop; the lighthouse, the standbys and stopping
-processes are each in their own module (see the package's docstring)."""
+until all have finished or it is told to stop; the groups' supervision (shared with the chaos
+harness), the lighthouse, the standbys and stopping processes are each in their own module
+(see the package's docstring)."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shutil
@@ -12,8 +12,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replicaft.console import (
@@ -25,56 +24,46 @@ from replicaft.console import (
 )
 from replicaft.errors import OptionsError
 from replicaft.events import EventTail
-from replicaft.job_status import EventProgress, GroupState, GroupStatus, render_status
+from replicaft.job_status import EventProgress, GroupStatus, render_status
 from replicaft.launch.children import Child, free_port
+from replicaft.launch.groups import Group, GroupSupervisor
 from replicaft.launch.lighthouse_keeper import LighthouseKeeper
 from replicaft.launch.options import PROG, LaunchOptions, job_secret, parse_args
 from replicaft.launch.reaper import Reaper
-from replicaft.launch.standby_pool import StandbyPool
 from replicaft.process_tree import become_subreaper
-from replicaft.restart_policy import decide_restart
+from replicaft.restart_policy import RestartDecision, decide_restart
 
 logger = logging.getLogger(__name__)
 
 TICK_S = 0.1
 """How often the supervisor polls its children: restart latency is a tick plus the delay."""
-STANDBY_QUIET_S = 30.0
-"""A standby starts once every running group has committed since its start, or this long after
-the latest start (for scripts that write no events, or a group that cannot commit alone)."""
 _GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """Removed from the groups' environment: torchrun sets them per rank, and a W = 1 group has none."""
 
 
-@dataclass(slots=True)
-class _Group:
-    replica_id: str
-    state: GroupState = "waiting"
-    child: Child | None = None
-    num_restarts: int = 0
-    restart_at: float = 0.0
-    started_ts: float = 0.0
-    """Wall time of the latest start, as in the events' ``ts``."""
-    committed_since_start: bool = False
-
-
 class Launcher:
-    """Starts the lighthouse (unless given one) and the groups, then supervises them."""
+    """Starts the lighthouse (unless given one) and the groups, then supervises them.
+
+    The groups are kept by a :class:`GroupSupervisor` (shared with the chaos harness), to which
+    the launcher is the :class:`~replicaft.launch.groups.GroupHooks`: command lines, labelled
+    output, and ``decide_restart`` with ``--max-restarts``."""
 
     def __init__(self, options: LaunchOptions, console: Console) -> None:
         self.options = options
         self.console = console
-        self._groups = [_Group(rid) for rid in options.replica_ids()]
         self._job_secret = job_secret(options, os.environ)
         self._stop_signal: int | None = None
         self._kill_now = False
         self._work_dir: Path | None = None
         self._events_dir: Path | None = options.events_dir
-        self._latest_start = time.monotonic()
         self._reaper = Reaper(self._children, lambda: self._kill_now)
         self._lighthouse = LighthouseKeeper(options, {**os.environ, **self._job_secret}, console.write_line,
                                             stopping=lambda: self._stop_signal is not None)
-        self._standbys = StandbyPool(options, self._base_env, console.write_line,
-                                     discard=lambda standby: self._reaper.terminate([standby], grace_s=0.0))
+        self._groups = GroupSupervisor(
+            options.replica_ids(), self, reaper=self._reaper, base_env=self._base_env,
+            standby_script=[str(options.script), *options.script_args], num_standbys=options.num_standbys(),
+            standby_reserve=options.standby_reserve, write_line=console.write_line,
+        )  # fmt: skip
 
     def request_stop(self, signum: int) -> None:
         """Ask ``run()`` to stop everything; a second request skips the grace period. Signal-safe."""
@@ -94,7 +83,7 @@ class Launcher:
             if self.options.lighthouse is None and not self._lighthouse.start():
                 return self._signal_exit_code() or 1
             logger.info("lighthouse at %s; %d groups of %d ranks; events in %s", self._lighthouse_address(),
-                        len(self._groups), self.options.ranks_per_group, self._events_dir)
+                        len(self._groups.groups), self.options.ranks_per_group, self._events_dir)
             return self._supervise()
         finally:
             self._stop_all()
@@ -109,7 +98,7 @@ class Launcher:
         assert address is not None
         return address
 
-    # -- groups
+    # -- the groups' hooks (replicaft.launch.groups.GroupHooks)
 
     def _base_env(self) -> dict[str, str]:
         """The environment of every group process, and of a standby, before the group's own variables."""
@@ -118,8 +107,7 @@ class Launcher:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def _group_variables(self, group: _Group) -> dict[str, str]:
-        """What makes a process ``group``: set at spawn, or by a standby's activation."""
+    def group_variables(self, group: Group) -> dict[str, str]:
         assert self._events_dir is not None
         variables = {
             "REPLICAFT_LIGHTHOUSE": self._lighthouse_address(),
@@ -130,73 +118,38 @@ class Launcher:
             variables["REPLICAFT_MIN_REPLICAS"] = str(self.options.min_replicas)
         return variables
 
-    def _start_group(self, group: _Group) -> None:
+    def cold_argv(self, group: Group) -> list[str]:
         o = self.options
         assert self._work_dir is not None
-        rid = group.replica_id
-        group.started_ts, group.committed_since_start = time.time(), False
-        self._latest_start = time.monotonic()
-        group.state = "running"
+        if o.ranks_per_group == 1:
+            return [sys.executable, str(o.script), *o.script_args]
+        return [
+            sys.executable, "-m", "torch.distributed.run",
+            "--nproc-per-node", str(o.ranks_per_group), "--max-restarts", "0",
+            "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            "--monitor-interval", "0.1", "--shutdown-timeout", f"{o.stop_grace_s:g}",
+            "--role", TORCHRUN_ROLE, "--tee", "3", "--log-dir", str(self._work_dir / "torchrun" / group.replica_id),
+            str(o.script), *o.script_args,
+        ]  # fmt: skip
+
+    def on_line(self, group: Group) -> Callable[[str], None]:
+        label = label_torchrun_line if self.options.ranks_per_group > 1 else label_single_rank_line
+        return lambda line: self.console.write_line(label(group.replica_id, line))
+
+    def started(self, group: Group) -> None:
+        assert group.child is not None
         restart = f", restart {group.num_restarts}" if group.num_restarts else ""
-        label = functools.partial(label_torchrun_line if o.ranks_per_group > 1 else label_single_rank_line, rid)
+        if group.in_standby:
+            logger.info("started %s in warm standby pid %d%s", group.replica_id, group.child.pid, restart)
+        else:
+            logger.info("started %s (pid %d)%s", group.replica_id, group.child.pid, restart)
 
-        def on_line(line: str) -> None:
-            self.console.write_line(label(line))
-
-        standby = self._standbys.take(self._group_variables(group)) if group.num_restarts else None
-        if standby is not None:
-            group.child = standby
-            standby.on_line = on_line
-            logger.info("started %s in warm standby pid %d%s", rid, standby.pid, restart)
-            return
-        argv = [sys.executable, str(o.script), *o.script_args]
-        if o.ranks_per_group > 1:
-            argv = [
-                sys.executable, "-m", "torch.distributed.run",
-                "--nproc-per-node", str(o.ranks_per_group), "--max-restarts", "0",
-                "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                "--monitor-interval", "0.1", "--shutdown-timeout", f"{o.stop_grace_s:g}",
-                "--role", TORCHRUN_ROLE, "--tee", "3", "--log-dir", str(self._work_dir / "torchrun" / rid),
-                str(o.script), *o.script_args,
-            ]  # fmt: skip
-        group.child = Child(argv, {**self._base_env(), **self._group_variables(group)}, on_line)
-        logger.info("started %s (pid %d)%s", rid, group.child.pid, restart)
-
-    def _note_event(self, event: Mapping[str, object]) -> None:
-        """Mark a group that has committed since its latest start (standbys wait for that); note
-        the size of the groups' state (standbys' reserves are sized by it)."""
-        if event.get("event") == "state_size":
-            size = event.get("cpu_bytes")
-            if isinstance(size, int) and not isinstance(size, bool):
-                self._standbys.note_state_size(size)
-            return
-        if event.get("event") != "commit" or not event.get("committed"):
-            return
-        ts = event.get("ts")
-        for group in self._groups:
-            if group.replica_id == event.get("replica_id") and isinstance(ts, (int, float)) and ts >= group.started_ts:
-                group.committed_since_start = True
-
-    def _watch_group(self, group: _Group, now: float) -> None:
-        if group.state == "waiting" and now >= group.restart_at:
-            if group.child is not None:
-                group.num_restarts += 1
-            self._start_group(group)
-        elif group.state == "running":
-            assert group.child is not None
-            code = group.child.popen.poll()
-            if code is None:
-                return
-            # A group is its failure domain: ranks orphaned by a dead torchrun go with it, at once.
-            self._reaper.terminate([], grace_s=0.0)
-            decision = decide_restart(
-                code, group.num_restarts, max_restarts=self.options.max_restarts,
-                restart_delay_s=self.options.restart_delay_s,
-            )
-            level = logging.INFO if decision.action == "done" else logging.WARNING
-            logger.log(level, "%s %s", group.replica_id, decision.reason)
-            group.state = {"done": "done", "restart": "waiting", "give_up": "down"}[decision.action]
-            group.restart_at = now + decision.delay_s
+    def exited(self, group: Group, exit_code: int, now: float) -> RestartDecision:
+        decision = decide_restart(exit_code, group.num_restarts, max_restarts=self.options.max_restarts,
+                                  restart_delay_s=self.options.restart_delay_s)
+        level = logging.INFO if decision.action == "done" else logging.WARNING
+        logger.log(level, "%s %s", group.replica_id, decision.reason)
+        return decision
 
     # -- the loop
 
@@ -204,28 +157,26 @@ class Launcher:
         assert self._events_dir is not None
         started = next_status = time.monotonic()
         tail, progress = EventTail(self._events_dir), EventProgress()
+        groups = self._groups.groups.values()
         while self._stop_signal is None:
             now = time.monotonic()
-            for group in self._groups:
-                self._watch_group(group, now)
-            starting_up = any(g.state == "running" and not g.committed_since_start for g in self._groups)
-            self._standbys.watch(quiet=not starting_up or now - self._latest_start >= STANDBY_QUIET_S)
+            self._groups.tick(now)
             if not self._lighthouse.watch(now):
                 logger.error("the lighthouse cannot be restarted; stopping the job")
                 return 1
-            if all(g.state in ("done", "down") for g in self._groups):
-                failed = [g.replica_id for g in self._groups if g.state == "down"]
+            if all(g.state in ("done", "down") for g in groups):
+                failed = [g.replica_id for g in groups if g.state == "down"]
                 if failed:
                     logger.error("groups %s are down for good; nothing left to run", ", ".join(failed))
                     return 1
-                logger.info("all %d groups finished", len(self._groups))
+                logger.info("all %d groups finished", len(groups))
                 return 0
             for event in tail.poll():
                 progress.apply(event)
-                self._note_event(event)
+                self._groups.note_event(event)
             if self.console.live or now >= next_status:
                 statuses = [GroupStatus(g.replica_id, g.state, g.num_restarts, progress.steps.get(g.replica_id))
-                            for g in self._groups]
+                            for g in groups]
                 self.console.show_status(render_status(statuses, num_replicas=progress.num_replicas,
                                                        elapsed_s=now - started))
                 next_status = now + self.options.status_interval_s
@@ -235,12 +186,11 @@ class Launcher:
 
     def _children(self) -> list[Child]:
         lighthouse = [self._lighthouse.child] if self._lighthouse.child is not None else []
-        return [g.child for g in self._groups if g.child is not None] + self._standbys.standbys + lighthouse
+        return self._groups.children() + lighthouse
 
     def _stop_all(self) -> None:
         """Groups first, so they do not spend their grace period looking for the lighthouse."""
-        groups = [g.child for g in self._groups if g.child is not None] + self._standbys.standbys
-        self._reaper.terminate(groups, grace_s=self.options.stop_grace_s)
+        self._reaper.terminate(self._groups.children(), grace_s=self.options.stop_grace_s)
         lighthouse = [self._lighthouse.child] if self._lighthouse.child is not None else []
         self._reaper.terminate(lighthouse, grace_s=self.options.stop_grace_s)
 
