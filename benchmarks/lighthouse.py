@@ -17,15 +17,20 @@ itself; more than two would only add processes competing for this machine's two 
 Failure notices use one OS process per member, since only a real SIGKILL closes the
 connection the way a crashed group does.
 
-At 1,024 members (2,048 sessions and 1,024 raw streams, in two client processes beside the
-lighthouse on this 2-core machine) the members must cost little, or the figure measures
-them. Since protocol 3 a steady round's reply is a QuorumUpdate of a few dozen bytes
-(lighthouse/replies.py): a client-mode member applies it to its last quorum (copying the
-steps column, ~5 µs at 1,024) instead of decoding 1,024 entries, and a wire-mode member
-writes one pre-encoded request and decodes one small envelope. What remains per member is
-grpc.aio's own cost per stream message, which the barrier baseline pays identically; so the
-figures to read at 1,024 are the ratio ``quorum_wire / grpc_barrier`` and the lighthouse's CPU
-per round against the barrier server's, which say what the lighthouse adds, and how it grows
+At 1,024 members (2,048 sessions, 1,024 barrier streams and 1,024 unary channels, in two
+client processes beside the lighthouse on this 2-core machine) the members must cost little,
+or the figure measures them. Since protocol 3 a steady round's reply is a QuorumUpdate of a
+few dozen bytes (lighthouse/replies.py): a client-mode member applies it to its last quorum
+(copying the steps column, ~5 µs at 1,024) instead of decoding 1,024 entries. The wire and
+barrier members go further: they are not gRPC clients at all but HTTP/2 frames written and
+read on a socket per member (benchmarks/raw_streams.py): a round is one ``send()`` per member
+of a request encoded before it, and one reader callback per answer that decodes the small
+reply envelope (wire) or compares the bytes (barrier). grpc.aio clients cost tens of
+microseconds of Python per message, and 512 of them in a process took a core the server
+needed; raw members cost the member processes a few microseconds each (recorded in params
+as ``member_cpu_ms_per_round``), so at 1,024 the two cores measure the server. The figures to
+read are the ratio ``quorum_wire / grpc_barrier`` and the lighthouse's CPU per round against
+the barrier server's: what the lighthouse adds to gRPC's own fan-in/fan-out, and how it grows
 from 256 to 1,024 members (linearly if the CPU per round grows 4x).
 
 What a quorum figure brackets. The benchmark releases all client processes at once; each
@@ -48,14 +53,14 @@ with the same members and processes:
   own machine. Compared with one gRPC round trip (``grpc_echo_ms_*``: a trivial grpc.aio
   echo server, generic handler, 100-byte payload, sequential unary calls), so the ratio
   reads "this many RPC round trips".
-* ``quorum_wire_ms_*``: the same request, pre-encoded, written on a raw session stream per
-  member (one connection each), to a second lighthouse process of its own (a raw session
-  registers a member, so it cannot share the first one's membership); only the reply's
-  envelope is decoded: the lighthouse's latency as seen from the members' sockets, with as
-  many connections as a real job would open.
+* ``quorum_wire_ms_*``: the same request, encoded before the round, written on a raw
+  session stream per member (HTTP/2 frames on a connection of its own, raw_streams.py), to
+  a second lighthouse process of its own (a raw session registers a member, so it cannot
+  share the first one's membership); only the reply's envelope is decoded: the lighthouse's
+  latency as seen from the members' sockets, with as many connections as a real job opens.
 * ``grpc_barrier_ms_*`` (baseline of the line above): the same raw streams, to a trivial
   grpc.aio server that answers every stream once the N-th message has arrived. It is the
-  floor for this fan-in/fan-out on this machine with grpc.aio streams, so ``quorum_wire /
+  floor for this fan-in/fan-out on this machine with a grpc.aio server, so ``quorum_wire /
   grpc_barrier`` is what the lighthouse adds (rules, validation, sessions) over gRPC alone.
 * ``grpc_unary_barrier_ms_*`` (baseline, no ratio): the same barrier as one unary call per
   member, the way quorums travelled before protocol version 2. It shows why they moved onto
@@ -148,9 +153,14 @@ class QuorumSamples:
     """CPU (user + system) of the server a mode talks to, summed over that mode's rounds:
     the lighthouse of ``client`` or of ``wire`` (its heartbeat handling included, as it is
     part of its load), the barrier server for the barriers."""
+    member_cpu_s: dict[RoundMode, float]
+    """CPU of the member processes, summed over that mode's rounds: what the simulation cost."""
 
     def cpu_ms_per_round(self, *modes: RoundMode) -> float:
         return 1e3 * sum(self.server_cpu_s[m] for m in modes) / sum(len(self.latency_ms[m]) for m in modes)
+
+    def member_cpu_ms_per_round(self, mode: RoundMode) -> float:
+        return 1e3 * self.member_cpu_s[mode] / len(self.latency_ms[mode])
 
 
 def run(*, quick: bool) -> BenchmarkResult:
@@ -208,8 +218,13 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "the same request on raw session streams to a second lighthouse, one connection per "
             "member, quorum in the reply not decoded, against grpc_barrier_ms: the same raw "
             "streams to a trivial grpc.aio server answering all N when the N-th message arrives "
-            "(gRPC's floor for this fan-in/fan-out). grpc_unary_barrier_ms: that barrier as one "
-            "unary call per member (how quorums travelled before protocol 2). notice_ms: SIGKILL "
+            "(gRPC's floor for this fan-in/fan-out). Raw streams are not gRPC clients but HTTP/2 "
+            "frames on a socket per member (benchmarks/raw_streams.py): one send() of a request "
+            "encoded before the round and one reader callback per answer, so the member processes "
+            "cost a few µs per member (params.member_cpu_ms_per_round) and the cores measure the "
+            "server. lighthouse_cpu_ms_per_round: the lighthouse's CPU (client and wire rounds) "
+            "per round, against the barrier server's. grpc_unary_barrier_ms: that barrier as one "
+            "grpc.aio unary call per member (how quorums travelled before protocol 2). notice_ms: SIGKILL "
             "of one member (own process) -> member_lost in each survivor's on_notice (own "
             "processes)."
             + (f" Not measured (rounds did not complete; reasons in params): {sorted(failed)} members." if failed else "")
@@ -219,6 +234,10 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "rounds": {str(n): r for n, r in plan.rounds.items()},
             "warmup_rounds": plan.warmup_rounds,
             "client_processes": {str(n): min(n, MAX_CLIENT_PROCESSES) for n in QUORUM_SIZES},
+            "member_cpu_ms_per_round": {
+                str(n): {mode: round(samples.member_cpu_ms_per_round(mode), 2) for mode in MODES}
+                for n, samples in quorum.items()
+            },
             "echo_calls": plan.echo_calls,
             "notice_survivors": plan.notice_survivors,
             "notice_repeats": plan.notice_repeats,
@@ -275,7 +294,7 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
         for m in members:
             await m.expect_event("ready", deadline)
 
-        samples = QuorumSamples({m: [] for m in MODES}, dict.fromkeys(MODES, 0.0))
+        samples = QuorumSamples({m: [] for m in MODES}, dict.fromkeys(MODES, 0.0), dict.fromkeys(MODES, 0.0))
         step = 0
 
         async def one_round(mode: RoundMode, record: bool) -> None:
@@ -283,11 +302,13 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
             step += 1
             server = {"client": lighthouse, "wire": wire_lighthouse}.get(mode, barrier)
             cpu_start = server.cpu_seconds()
+            member_cpu_start = sum(m.cpu_seconds() for m in members)
             for m in members:
                 m.send_line(f"go {step} {mode} {num_members}")
             deadline = time.monotonic() + ROUND_S
             reports = [await m.expect_event("round", deadline, step=step) for m in members]
             cpu_s = server.cpu_seconds() - cpu_start
+            member_cpu_s = sum(m.cpu_seconds() for m in members) - member_cpu_start
             for r in reports:
                 if r["size"] != num_members:
                     raise RuntimeError(
@@ -298,6 +319,7 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
                 latency_s = max(r["last_recv"] for r in reports) - max(r["last_send"] for r in reports)
                 samples.latency_ms[mode].append(latency_s * 1e3)
                 samples.server_cpu_s[mode] += cpu_s
+                samples.member_cpu_s[mode] += member_cpu_s
 
         for _ in range(plan.warmup_rounds):
             for mode in MODES:

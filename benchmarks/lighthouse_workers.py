@@ -13,8 +13,9 @@
 * ``echo-client``: sequential ``Echo`` calls; reports every round-trip time.
 * ``quorum-members``: many lighthouse members as coroutines of one process, each with its
   own :class:`AsyncLighthouseClient` (session, heartbeats; the clients of one process share
-  a connection), plus a raw session stream to a second lighthouse and raw channels to the
-  barrier server, one connection each. On each ``go STEP MODE SIZE`` line every member asks
+  a connection), plus a raw session stream to a second lighthouse and a raw stream and a
+  channel to the barrier server, one connection each (raw streams: HTTP/2 frames on a
+  socket, benchmarks/raw_streams.py, so that members cost the process next to nothing). On each ``go STEP MODE SIZE`` line every member asks
   at once (MODE: one of ``benchmarks.lighthouse.RoundMode``; SIZE: the barrier's N) and
   the process reports when its first and last requests left and answers came back.
 * ``notice-member``: one member in its own process that reports every notice it receives.
@@ -39,6 +40,7 @@ from typing import Any
 
 import grpc
 
+from benchmarks.raw_streams import RawStream, Round
 from lighthouse import AsyncLighthouseClient, Quorum
 from lighthouse.envelope import encode
 from lighthouse.protocol import SESSION_METHOD, Notice, QuorumRequest, Register
@@ -115,7 +117,8 @@ class _Barrier:
             reader.cancel()
 
 
-async def echo_server() -> None:
+async def start_echo_server() -> tuple[grpc.aio.Server, str]:
+    """The echo server (``Echo``, ``Barrier``, ``UnaryBarrier``) serving on a free loopback port."""
     barrier = _Barrier()
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((
@@ -127,7 +130,12 @@ async def echo_server() -> None:
     ))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    _emit("serving", address=f"127.0.0.1:{port}")
+    return server, f"127.0.0.1:{port}"
+
+
+async def echo_server() -> None:
+    server, address = await start_echo_server()
+    _emit("serving", address=address)
     try:
         await _until_stdin_closes()
     finally:
@@ -152,24 +160,24 @@ async def quorum_members(address: str, wire_address: str, barrier_address: str, 
     """Register every member, report ``ready``, then run one round per ``go`` command.
 
     Besides its client, each member opens a raw session stream to the ``wire`` lighthouse and
-    plain channels to the barrier server, each on a connection of its own
-    (:data:`OWN_CONNECTION`), as a real deployment (one manager per group, one host each)
-    would have. The clients' own channels cannot be given that option, so their sessions
-    share one connection per process.
+    one to the barrier server (raw_streams.py: HTTP/2 frames on a socket, so the members cost
+    the process microseconds, not grpc.aio's per-message Python), and a grpc.aio channel for
+    the unary barrier, each on a connection of its own (:data:`OWN_CONNECTION`), as a real
+    deployment (one manager per group, one host each) would have. The clients' own channels
+    cannot be given that option, so their sessions share one connection per process.
     """
     clients = [AsyncLighthouseClient(address, rid) for rid in replica_ids]
-    wire_channels = [grpc.aio.insecure_channel(wire_address, options=OWN_CONNECTION) for _ in replica_ids]
-    barrier_channels = [grpc.aio.insecure_channel(barrier_address, options=OWN_CONNECTION) for _ in replica_ids]
-    channels = wire_channels + barrier_channels
+    sessions = [RawStream(wire_address, SESSION_METHOD) for _ in replica_ids]
+    barrier_streams = [RawStream(barrier_address, BARRIER_METHOD) for _ in replica_ids]
+    unary_channels = [grpc.aio.insecure_channel(barrier_address, options=OWN_CONNECTION) for _ in replica_ids]
     try:
         for client in clients:
             await client.start()
         await asyncio.gather(*(c.wait_registered(WAIT_S) for c in clients))
-        await asyncio.wait_for(asyncio.gather(*(ch.channel_ready() for ch in channels)), WAIT_S)
-        sessions = [ch.stream_stream(SESSION_METHOD)() for ch in wire_channels]
-        await asyncio.wait_for(asyncio.gather(*(_register(s, rid) for s, rid in zip(sessions, replica_ids, strict=True))), WAIT_S)
-        barrier_streams = [ch.stream_stream(BARRIER_METHOD)() for ch in barrier_channels]
-        unary_barriers = [ch.unary_unary(UNARY_BARRIER_METHOD) for ch in barrier_channels]
+        await asyncio.wait_for(asyncio.gather(*(s.open() for s in [*sessions, *barrier_streams]),
+                                              *(ch.channel_ready() for ch in unary_channels)), WAIT_S)
+        await raw_round(sessions, [encode(Register(rid, "", 1, 0)) for rid in replica_ids], registered)
+        unary_barriers = [ch.unary_unary(UNARY_BARRIER_METHOD) for ch in unary_channels]
         _emit("ready", members=len(clients))
         wire_roster = 0
         async for line in _stdin_lines():
@@ -182,12 +190,13 @@ async def quorum_members(address: str, wire_address: str, barrier_address: str, 
                     encode(QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=WAIT_S, ask=step))
                     for rid in replica_ids
                 ]
-                times, reply = await _stream_round(sessions, bodies, _answer_to(step))
+                times, reply = await raw_round(sessions, bodies, answer_to(step))
                 if isinstance(reply, QuorumAnswer):  # the first round, or a new roster
                     wire_roster = len(Quorum.decode(reply.quorum).replica_ids)
                 answered = wire_roster
             elif mode == "barrier":
-                times, raw = await _stream_round(barrier_streams, [str(size).encode()] * len(barrier_streams), bytes)
+                body = str(size).encode()
+                times, raw = await raw_round(barrier_streams, [body] * len(barrier_streams), same_as(body))
                 answered = int(raw)
             else:
                 times, raw = await _unary_round(unary_barriers, str(size).encode())
@@ -195,23 +204,30 @@ async def quorum_members(address: str, wire_address: str, barrier_address: str, 
             sends, recvs = [t[0] for t in times], [t[1] for t in times]
             _emit("round", step=step, mode=mode, size=answered, first_send=min(sends), last_send=max(sends),
                   first_recv=min(recvs), last_recv=max(recvs))
-        for stream in [*sessions, *barrier_streams]:
-            stream.cancel()
     finally:
+        for stream in [*sessions, *barrier_streams]:
+            stream.close()
         await asyncio.gather(*(c.close() for c in clients))
-        await asyncio.gather(*(ch.close() for ch in channels))
+        await asyncio.gather(*(ch.close() for ch in unary_channels))
 
 
-async def _register(session: grpc.aio.StreamStreamCall, replica_id: str) -> None:
-    await session.write(encode(Register(replica_id, "", 1, 0)))
-    registered = decode_session_reply(await session.read())
-    if not isinstance(registered, Notice) or registered.kind != "registered":
-        raise RuntimeError(f"{replica_id}: expected a 'registered' notice, got {registered!r}")
+def registered(raw: bytes) -> Notice:
+    """The ``registered`` notice a raw session's Register is answered with (anything else: an error)."""
+    reply = decode_session_reply(raw)
+    if not isinstance(reply, Notice) or reply.kind != "registered":
+        raise RuntimeError(f"expected a 'registered' notice after Register, got {reply!r}")
+    return reply
 
 
-def _answer_to(ask: int) -> Callable[[bytes], QuorumAnswer | QuorumUpdate | None]:
+def same_as(body: bytes) -> Callable[[bytes], bytes | None]:
+    """The barrier's answer: the message it released (the same bytes)."""
+    return lambda raw: raw if raw == body else None
+
+
+def answer_to(ask: int) -> Callable[[bytes], QuorumAnswer | QuorumUpdate | None]:
     """The reply if ``raw`` answers request ``ask``, else None (a notice): only the envelope
-    is decoded, and a whole quorum inside only after the clock stopped."""
+    is decoded (a few dozen bytes in a steady round), the quorum of a whole answer only after
+    the clock stopped."""
 
     def answer(raw: bytes) -> QuorumAnswer | QuorumUpdate | None:
         reply = decode_session_reply(raw)
@@ -232,21 +248,17 @@ async def _client_round(clients: list[AsyncLighthouseClient], step: int) -> tupl
     return [(a[0], a[1]) for a in answers], len(answers[0][2].replica_ids)
 
 
-async def _stream_round(
-    streams: list[grpc.aio.StreamStreamCall], bodies: list[bytes], answer: Callable[[bytes], Any]
+async def raw_round(
+    streams: list[RawStream], bodies: list[bytes], accept: Callable[[bytes], Any]
 ) -> tuple[list[tuple[float, float]], Any]:
-    """Every member writes its message at once and reads until ``answer`` accepts a reply;
-    returns (asked, answered) times and one accepted reply."""
-
-    async def ask(stream: grpc.aio.StreamStreamCall, body: bytes) -> tuple[float, float, Any]:
-        start = time.monotonic()
-        await stream.write(body)
-        while (accepted := answer(await asyncio.wait_for(stream.read(), WAIT_S))) is None:
-            pass
-        return start, time.monotonic(), accepted
-
-    answers = await asyncio.gather(*(ask(s, b) for s, b in zip(streams, bodies, strict=True)))
-    return [(a[0], a[1]) for a in answers], answers[0][2]
+    """Every member writes its message, one after another without yielding (a few µs each),
+    then the event loop reads until ``accept`` took an answer on every stream; returns
+    (asked, answered) times and one accepted answer."""
+    round_ = Round(len(streams))
+    for stream, body in zip(streams, bodies, strict=True):
+        stream.ask(body, accept, round_)
+    await asyncio.wait_for(round_.done, WAIT_S)
+    return [(s.asked_at, s.answered_at) for s in streams], streams[0].answer
 
 
 async def _unary_round(
