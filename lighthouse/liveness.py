@@ -107,10 +107,18 @@ def is_silent_too_long(
     """
     if silent_s <= rules.hung_min_s + allowance_s:
         return None
-    limit = silence_limit(gaps, num_gaps, interval_s, rules)
+    return beyond_limit(silent_s, silence_limit(gaps, num_gaps, interval_s, rules), allowance_s)
+
+
+def beyond_limit(silent_s: float, limit: Silence, allowance_s: float = 0.0) -> Silence | None:
+    """``limit`` extended by ``allowance_s`` if ``silent_s`` exceeds it, else None. The extended
+    limit's reason is written only for a member found hung: the lighthouse asks about every
+    quiet member on every tick, and a string per member per tick was most of the tick's cost."""
+    if silent_s <= limit.limit_s + allowance_s:
+        return None
     if allowance_s > 0:
-        limit = Silence(limit.limit_s + allowance_s, f"{limit.basis}, + {allowance_s:.2f}s for the lighthouse's own lag")
-    return limit if silent_s > limit.limit_s else None
+        return Silence(limit.limit_s + allowance_s, f"{limit.basis}, + {allowance_s:.2f}s for the lighthouse's own lag")
+    return limit
 
 
 HEARTBEAT_BUDGET_PER_S = 2000.0

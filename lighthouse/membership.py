@@ -129,6 +129,11 @@ class Membership:
     _restored: frozenset[str] | None = None
     """A replicated lighthouse's new leader: the last quorum's members, as etcd recorded them."""
     _restored_at: float = 0.0
+    _liveness: LivenessRules = field(init=False)
+    """``options.liveness``, built once: members cache their silence limit per rules object."""
+
+    def __post_init__(self) -> None:
+        self._liveness = self.options.liveness
 
     @property
     def rules(self) -> QuorumRules:
@@ -190,7 +195,7 @@ class Membership:
         lost: list[Lost] = []
         old = self.members.get(reg.replica_id)
         if old is not None:
-            if old.silent_too_long(now, self.options.liveness) is None and reg.instance != old.instance:
+            if old.silent_too_long(now, self._liveness) is None and reg.instance != old.instance:
                 raise duplicate_refusal(old, reg.replica_id, reg.instance, now, peer)
             lost = self._remove(old, "a new session registered under the same replica id")
         self._next_quorum_id = max(self._next_quorum_id, reg.last_quorum_id + 1)
@@ -271,7 +276,7 @@ class Membership:
         """Drop members whose heartbeats stopped or whose training loop stopped progressing;
         ``lag_allowance_s``: silence the lighthouse's own lag may explain (liveness.LoopLag)."""
         lost: list[Lost] = []
-        rules = self.options.liveness
+        rules = self._liveness
         for m in list(self.members.values()):
             silent_s = now - m.last_heartbeat
             stuck_s = now - m.last_progress

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import grpc
 
@@ -82,6 +82,19 @@ class SentQuorum:
     encoded: bytes
     roster_version: int
     steps: bytes
+    _replies: dict[tuple[bool, int], bytes] = field(default_factory=dict)
+    """Replies encoded this round, by (whole quorum?, ask): members' asks mostly agree (each
+    session numbers its requests from 1), so N members cost a few encodings, not N."""
+
+    def reply(self, ask: int, *, whole: bool) -> bytes:
+        """The encoded QuorumAnswer (``whole``) or QuorumUpdate answering request ``ask``."""
+        key = (whole, ask)
+        if (encoded := self._replies.get(key)) is None:
+            q = self.quorum
+            message = (QuorumAnswer(ask, self.encoded) if whole else
+                       QuorumUpdate(ask, q.quorum_id, q.incarnation, q.created_unix_s, self.steps))
+            encoded = self._replies[key] = envelope.encode(message)
+        return encoded
 
 
 @dataclass(slots=True)
@@ -102,13 +115,9 @@ class Waiter:
         """A request on a session stream: answered (or failed) down that stream."""
 
         def answer(sent: SentQuorum) -> None:
-            if session.roster_version == sent.roster_version:
-                q = sent.quorum
-                session.send(envelope.encode(QuorumUpdate(req.ask, q.quorum_id, q.incarnation, q.created_unix_s,
-                                                          sent.steps)))
-            else:
-                session.send(envelope.encode(QuorumAnswer(req.ask, sent.encoded)))
-                session.roster_version = sent.roster_version
+            whole = session.roster_version != sent.roster_version
+            session.send(sent.reply(req.ask, whole=whole))
+            session.roster_version = sent.roster_version
 
         def fail(code: FailureCode, reason: str) -> None:
             session.send(envelope.encode(QuorumFailed(req.ask, code, reason)))

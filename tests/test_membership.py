@@ -200,6 +200,19 @@ class TestLoss:
         assert [x.replica_id for x in lost] == ["a"]
         assert "silent for 0.31s, beyond its limit of 0.30s (its longest gap 0.100s + 2 heartbeat intervals of 0.1s)" in lost[0].reason
 
+    def test_silence_limit_checked_on_a_tick_follows_the_next_gap_issue_24(self) -> None:
+        """Each member's limit is kept between ticks (issue 24: recomputing it for 1,024 members
+        took ~1.4 ms of every 20 ms tick); a later, longer gap must still raise it."""
+        m = new_membership(MembershipOptions(heartbeat_timeout_s=2.0, progress_timeout_s=10.0))
+        session = register(m, "a")
+        for i in range(1, 21):
+            assert m.heartbeat("a", session, Heartbeat(step=i, progress=i), i * 0.1)
+        assert m.expire(2.0 + 0.28) == []  # limit 0.30 s (0.1 s gaps), now remembered
+        assert m.heartbeat("a", session, Heartbeat(step=21, progress=21), 2.0 + 0.28)
+        assert m.expire(2.28 + 0.45) == []  # limit 0.28 + 2 x 0.1 = 0.48 s, not the 0.30 s remembered
+        lost = m.expire(2.28 + 0.49)
+        assert "beyond its limit of 0.48s (its longest gap 0.280s" in lost[0].reason
+
     def test_slow_but_alive_member_never_dropped(self) -> None:
         """Steps of 5 s: quorum requests are rare, but the client's heartbeats fill the gaps."""
         m = new_membership(MembershipOptions(heartbeat_timeout_s=2.0, progress_timeout_s=10.0))
