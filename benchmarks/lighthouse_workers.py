@@ -2,7 +2,8 @@
 
 ``python -m benchmarks.lighthouse_workers ROLE ...`` where ROLE is one of
 
-* ``echo-server``: a trivial grpc.aio server with generic methods and no other work.
+* ``echo-server``: a trivial grpc.aio server with generic methods and no other work (its
+  garbage collector tuned as the lighthouse's is, lighthouse/collector.py).
   ``Echo`` (unary) returns the request: one gRPC round trip through the same library, loop
   and loopback as a lighthouse call. ``Barrier`` (stream) holds each message until N
   messages (N is the body) have arrived on any of its streams, then answers each on its
@@ -42,6 +43,7 @@ import grpc
 
 from benchmarks.raw_streams import RawStream, Round
 from lighthouse import AsyncLighthouseClient, Quorum
+from lighthouse.collector import tune_for_server
 from lighthouse.envelope import encode
 from lighthouse.protocol import SESSION_METHOD, Notice, QuorumRequest, Register
 from lighthouse.replies import QuorumAnswer, QuorumFailed, QuorumUpdate, decode_session_reply
@@ -307,6 +309,7 @@ def main(argv: list[str] | None = None) -> None:
     nm.add_argument("--id", required=True)
     args = p.parse_args(argv)
     if args.role == "echo-server":
+        tune_for_server()  # the collector as the lighthouse runs it, so the floor is measured the same way
         asyncio.run(echo_server())
     elif args.role == "echo-client":
         asyncio.run(echo_client(args.address, args.calls, args.warmup))

@@ -14,6 +14,7 @@ import sys
 
 from lighthouse.announce import grpc_line
 from lighthouse.binding import raise_open_file_limit
+from lighthouse.collector import tune_for_server
 from lighthouse.errors import OptionsError
 from lighthouse.membership import MembershipOptions
 from lighthouse.options import TOKEN_ENV, LighthouseOptions
@@ -131,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     raise_open_file_limit()
+    tune_for_server()
     try:
         asyncio.run(_serve(options, replication))
     except OSError as e:
