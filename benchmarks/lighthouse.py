@@ -26,9 +26,11 @@ barrier members go further: they are not gRPC clients at all but HTTP/2 frames w
 read on a socket per member (benchmarks/raw_streams.py): a round is one ``send()`` per member
 of a request encoded before it, and one reader callback per answer that decodes the small
 reply envelope (wire) or compares the bytes (barrier). grpc.aio clients cost tens of
-microseconds of Python per message, and 512 of them in a process took a core the server
-needed; raw members cost the member processes a few microseconds each (recorded in params
-as ``member_cpu_ms_per_round``), so at 1,024 the two cores measure the server. The figures to
+microseconds of Python per message each way, and 512 of them in a process took a core the
+server needed: with them, the 1,024-member wire and barrier p50s were 95 and 73 ms, with raw
+members 77 and 59 ms (same code and machine otherwise). What the member processes spend is
+recorded in params as ``member_cpu_ms_per_round`` (~30 µs per barrier member per round at
+1,024, heartbeats of the client-mode sessions they also hold included). The figures to
 read are the ratio ``quorum_wire / grpc_barrier`` and the lighthouse's CPU per round against
 the barrier server's: what the lighthouse adds to gRPC's own fan-in/fan-out, and how it grows
 from 256 to 1,024 members (linearly if the CPU per round grows 4x).
@@ -220,9 +222,9 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "streams to a trivial grpc.aio server answering all N when the N-th message arrives "
             "(gRPC's floor for this fan-in/fan-out). Raw streams are not gRPC clients but HTTP/2 "
             "frames on a socket per member (benchmarks/raw_streams.py): one send() of a request "
-            "encoded before the round and one reader callback per answer, so the member processes "
-            "cost a few µs per member (params.member_cpu_ms_per_round) and the cores measure the "
-            "server. lighthouse_cpu_ms_per_round: the lighthouse's CPU (client and wire rounds) "
+            "encoded before the round and one reader callback per answer (params.member_cpu_ms_per_round: "
+            "what the member processes spent per round, their client-mode sessions' heartbeats "
+            "included), so the cores measure the server. lighthouse_cpu_ms_per_round: the lighthouse's CPU (client and wire rounds) "
             "per round, against the barrier server's. grpc_unary_barrier_ms: that barrier as one "
             "grpc.aio unary call per member (how quorums travelled before protocol 2). notice_ms: SIGKILL "
             "of one member (own process) -> member_lost in each survivor's on_notice (own "
