@@ -7,12 +7,15 @@ killed mid-upload, the server killed mid-upload, wrong credentials.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import re
 import signal
 import textwrap
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +25,13 @@ from conftest import spawn_python
 
 from chaos.s3_server import S3Server
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, SaveResult
-from replicaft.checkpoint.objectstore import ObjectStore
+from replicaft.checkpoint.objectstore import (
+    MAX_PARTS,
+    ObjectStore,
+    check_part,
+    composite_crc32,
+    part_size,
+)
 from replicaft.checkpoint.objecttier import Uploader, stored_checkpoints
 from replicaft.checkpoint.options import RetentionPolicy
 from replicaft.checkpoint.retry import RetryPolicy
@@ -218,3 +227,59 @@ def test_wrong_credentials_fail_at_once_with_the_fix_and_the_local_checkpoint_st
             assert [(s, ok) for s, ok, _ in uploaded(writer)] == [(10, True), (20, True)]  # 10 resumed at start
     finally:
         server.kill()
+
+
+@pytest.mark.usefixtures("credentials")
+def test_multipart_upload_is_checked_against_the_composite_crc32_the_server_computed(
+    server: S3Server, tmp_path: Path
+) -> None:
+    store = store_for(server)
+    path = tmp_path / "pack.bin"
+    path.write_bytes(os.urandom(2 * PART + 12345))
+    data = path.read_bytes()
+    key = store.location.key("pack.bin")
+    store.upload_file(path, key, num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+
+    head = server.client().head_object(Bucket=BUCKET, Key=key, ChecksumMode="ENABLED")
+    crcs = [zlib.crc32(data[off : off + PART]) for off in range(0, len(data), PART)]
+    assert head["ChecksumCRC32"].partition("-")[0] == composite_crc32(crcs)  # the check upload_file makes is live
+    assert composite_crc32(crcs) != composite_crc32([zlib.crc32(b"other" + data[:PART]), *crcs[1:]])
+
+
+@pytest.mark.usefixtures("credentials")
+def test_an_upload_opened_without_crc32_is_aborted_and_the_file_sent_again(server: S3Server, tmp_path: Path) -> None:
+    store = store_for(server)
+    path = tmp_path / "pack.bin"
+    path.write_bytes(os.urandom(2 * PART))
+    data = path.read_bytes()
+    key = store.location.key("pack.bin")
+    client = server.client()
+    old = client.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]  # an older uploader's, MD5 parts
+    client.upload_part(Bucket=BUCKET, Key=key, UploadId=old, PartNumber=1, Body=data[:PART])
+
+    store.upload_file(path, key, num_bytes=len(data), sha256=hashlib.sha256(data).hexdigest())
+    assert [u["UploadId"] for u in client.list_multipart_uploads(Bucket=BUCKET, Prefix=key).get("Uploads", [])] == []
+    assert client.get_object(Bucket=BUCKET, Key=key)["Body"].read() == data
+    assert "ChecksumCRC32" in client.head_object(Bucket=BUCKET, Key=key, ChecksumMode="ENABLED")  # not the old upload
+
+
+@pytest.mark.parametrize(("response", "ok"), [
+    ({"ChecksumCRC32": "AAAAAQ==", "ETag": '"whatever"'}, True),  # the store checked our CRC32
+    ({"ChecksumCRC32": "AAAAAg==", "ETag": '"whatever"'}, False),  # it computed another one
+    ({"ETag": f'"{hashlib.md5(b"part").hexdigest()}"'}, True),  # no checksums: the ETag is the MD5
+    ({"ETag": f'"{hashlib.md5(b"other").hexdigest()}"'}, False),
+])
+def test_a_part_answer_must_carry_our_crc32_or_else_our_md5(response: dict[str, str], ok: bool) -> None:
+    if ok:
+        check_part(response, b"part", "AAAAAQ==", "k part 1")
+    else:
+        with pytest.raises(Exception, match="k part 1: the store's"):
+            check_part(response, b"part", "AAAAAQ==", "k part 1")
+
+
+@pytest.mark.parametrize(("num_bytes", "expected"), [
+    (10 * MIB, 8 * MIB), (10_000 * 8 * MIB, 8 * MIB), (10_000 * 8 * MIB + 1, 9 * MIB), (200 * 1024 * MIB, 21 * MIB),
+])
+def test_part_size_fits_any_file_in_ten_thousand_parts(num_bytes: int, expected: int) -> None:
+    size = part_size(num_bytes, 8 * MIB)
+    assert size == expected and -(-num_bytes // size) <= MAX_PARTS
