@@ -15,7 +15,12 @@ same run, alternating which of the pair goes first:
   embedding, tied to the output head, frozen and >= 80 % of the parameters; AdamW keeps no
   moments for it, so the trainable part is a larger share of the *state* than of the
   parameters). ``changed_tensor_bytes_*`` is the floor for any scheme that skips unchanged
-  tensors: the bytes of the tensors that differ from the previous save.
+  tensors: the bytes of the tensors that differ from the previous save. Fine-tuning runs at
+  two sizes of frozen embedding: ``finetune`` (84 % of the parameters) and ``finetune_wide``
+  (93 %). The bytes floor is arithmetic: every save rewrites the T trainable parameters and
+  AdamW's two moments of each (3T, all fp32), the frozen E are shared, so an increment is at
+  least 3T / (E + 3T) of a full save (``params.bytes_floor_*``): 0.36 at 84 % frozen, and
+  <= 0.25 needs E >= 9T, i.e. >= 90 % frozen. Both are within the issue's ">= 80 %".
 * **blocked time with the object tier** (``blocked_tier_ms`` vs ``blocked_local_ms``): two
   ``Persistence`` objects (the manager's own), one uploading to the store, take turns to save
   the same training. Blocked = how much longer the step a save starts at takes than the
@@ -27,7 +32,7 @@ same run, alternating which of the pair goes first:
   save waits for the previous one's write (and upload). The server stands in for another
   machine, so it runs at the lowest priority too.
 * **throughput to the store** (``upload_mb_s``, ``download_mb_s``): ``ObjectStore.upload_file``
-  / ``download_file`` (multipart with Content-MD5, parallel ranged GETs, SHA-256 verified)
+  / ``download_file`` (multipart with CRC32 part checksums, parallel ranged GETs, SHA-256 verified)
   against boto3's own ``upload_file`` / ``download_file`` (its managed transfer, default
   config) of the same random file to the same server.
 * **zstd and AES-256-GCM** on the GPT state: per-chunk encode and decode MB/s through
@@ -93,13 +98,16 @@ class ModelShape:
 
 FULL_TRAINING = {"full": ModelShape(4, 6, 384, 128, 256, 4), "quick": ModelShape(2, 4, 256, 64, 256, 4)}
 """examples/train_gpt.py's byte vocabulary: 7.2M parameters (87 MB of state with AdamW), 1.6M quick."""
-FINETUNE = ModelShape(2, 4, 256, 64, 32768, 4)
-"""A 32k-token embedding (8.4M parameters, 84 % of 10M) frozen; two trainable blocks."""
+FINETUNE = {"finetune": ModelShape(2, 4, 256, 64, 32768, 4), "finetune_wide": ModelShape(2, 4, 256, 64, 81920, 4)}
+"""A frozen token embedding and two trainable blocks (1.6M parameters): a 32k-token embedding
+(8.4M parameters, 84 % of 10M) and an 80k-token one (21M, 93 % of 22.6M)."""
 
 Comparison = Literal["<=", ">="]
 TARGETS: dict[str, tuple[Comparison, float]] = {
     "incr_finetune_bytes": ("<=", 0.25),
     "incr_finetune_s": ("<=", 0.35),
+    "incr_finetune_wide_bytes": ("<=", 0.25),
+    "incr_finetune_wide_s": ("<=", 0.35),
     "blocked_tier_ms": ("<=", 1.1),
     "capture_tier_ms": ("<=", 1.1),
     "upload_mb_s": (">=", 0.8),
@@ -133,6 +141,15 @@ def frozen_fraction(model: torch.nn.Module) -> float:
     """The share of the model's (distinct) parameters that do not train."""
     params = list(model.parameters())  # a tied weight appears once
     return sum(p.numel() for p in params if not p.requires_grad) / sum(p.numel() for p in params)
+
+
+def bytes_floor(model: torch.nn.Module, num_moments: int = 2) -> float:
+    """The least share of a full save an increment can write when only the trainable
+    parameters change: each save rewrites them and their optimizer moments (AdamW: two, same
+    dtype), the frozen ones are shared. 3T / (E + 3T) for AdamW."""
+    params = list(model.parameters())
+    trainable = sum(p.numel() * p.element_size() for p in params if p.requires_grad) * (1 + num_moments)
+    return trainable / (trainable + sum(p.numel() * p.element_size() for p in params if not p.requires_grad))
 
 
 def mb_per_s(num_bytes: int, seconds: list[float]) -> float:
@@ -431,14 +448,18 @@ def run(*, quick: bool) -> BenchmarkResult:
         root = Path(tmp)
         training = GPTRun(FULL_TRAINING["quick" if quick else "full"])
         training.train(STEPS_BETWEEN_SAVES)  # AdamW's moments exist from here on
-        finetune = GPTRun(FINETUNE, freeze_embedding=True)
-        params["frozen_fraction_finetune"] = round(frozen_fraction(finetune.model), 4)
-        for label, gpt_run in (("full_training", training), ("finetune", finetune)):
+        runs = {"full_training": training}
+        for label, shape in FINETUNE.items():
+            runs[label] = GPTRun(shape, freeze_embedding=True)
+            params[f"frozen_fraction_{label}"] = round(frozen_fraction(runs[label].model), 4)
+            params[f"bytes_floor_{label}"] = round(bytes_floor(runs[label].model), 4)
+        for label, gpt_run in runs.items():
             m = measure_increments(gpt_run, root / label, repeats)
             pair(f"incr_{label}_bytes", med(m["incr_bytes"]), f"full_save_{label}_bytes", med(m["full_bytes"]))
             pair(f"incr_{label}_s", med(m["incr_s"]), f"full_save_{label}_s", med(m["full_s"]))
             pair(f"incr_{label}_vs_changed_bytes", med(m["incr_bytes"]), f"changed_tensor_bytes_{label}", med(m["changed"]))
             params[f"state_bytes_{label}"] = gpt_run.snapshot().manifest.total_bytes
+        del runs  # the wide embedding's training state: ~0.4 GB
 
         snapshot = training.snapshot()
         codecs = measure_codecs(state_chunks(snapshot), key, 2 if quick else 3)
@@ -492,7 +513,11 @@ def run(*, quick: bool) -> BenchmarkResult:
             f"examples/train_gpt.py's model + AdamW, {STEPS_BETWEEN_SAVES} steps between saves, medians of {repeats}; "
             "incremental (chain_length 10) vs full (chain_length 1) saves of the same snapshots, bytes written and "
             "writer seconds; fine-tuning freezes the tied token embedding "
-            f"({params['frozen_fraction_finetune']:.0%} of the parameters); blocked = save step minus the plain steps "
+            f"({params['frozen_fraction_finetune']:.0%} of the parameters in finetune, "
+            f"{params['frozen_fraction_finetune_wide']:.0%} in finetune_wide): an increment rewrites the trainable "
+            "parameters and AdamW's two moments of each, so its bytes are at least 3T/(E+3T) of a full save "
+            f"({params['bytes_floor_finetune']:.2f} and {params['bytes_floor_finetune_wide']:.2f}: 0.25 needs >= 90% "
+            "frozen); blocked = save step minus the plain steps "
             "before it (manager's Persistence), object tier = moto's S3 server on loopback; transfers of "
             f"{transfer_bytes // (1024 * 1024)} MiB vs boto3 upload_file/download_file; codec MB/s per 4 MiB chunk "
             f"vs the plain codec. Targets missed: {', '.join(missed) if missed else 'none'}"
