@@ -31,6 +31,7 @@ from replicaft.checkpoint.objectstore import (
     check_part,
     composite_crc32,
     part_size,
+    stored_composite_crc32,
 )
 from replicaft.checkpoint.objecttier import Uploader, stored_checkpoints
 from replicaft.checkpoint.options import RetentionPolicy
@@ -283,3 +284,13 @@ def test_a_part_answer_must_carry_our_crc32_or_else_our_md5(response: dict[str, 
 def test_part_size_fits_any_file_in_ten_thousand_parts(num_bytes: int, expected: int) -> None:
     size = part_size(num_bytes, 8 * MIB)
     assert size == expected and -(-num_bytes // size) <= MAX_PARTS
+
+
+@pytest.mark.parametrize(("head", "stored"), [
+    ({"ChecksumCRC32": "AAAAAQ==-3", "ChecksumType": "COMPOSITE"}, "AAAAAQ=="),  # S3
+    ({"ChecksumCRC32": "AAAAAQ=="}, "AAAAAQ=="),  # moto: no suffix, no type
+    ({"ChecksumCRC32": "AAAAAQ==", "ChecksumType": "FULL_OBJECT"}, None),  # another quantity
+    ({}, None),  # a store without checksums
+])
+def test_only_a_composite_crc32_is_compared_after_an_upload(head: dict[str, str], stored: str | None) -> None:
+    assert stored_composite_crc32(head) == stored

@@ -274,12 +274,14 @@ class ObjectStore:
                 logger.warning("%s: the server forgot the multipart upload of %s; uploading it again", self._where(), key)
                 part_crcs = self._multipart(path, key, num_bytes, sha256, resume=False)
         found = self._head(key)
-        size, meta = (int(found["ContentLength"]), found.get("Metadata", {})) if found is not None else (None, {})
+        if found is None:
+            raise ObjectStoreError(f"{self._where()}: {key} is missing right after its upload")
+        size, meta = int(found["ContentLength"]), found.get("Metadata", {})
         if size != num_bytes or meta.get(SHA256_META) != sha256:
             raise ObjectStoreError(f"{self._where()}: {key} reads back as {size} bytes with sha256 "
                                    f"{meta.get(SHA256_META)!r} after its upload, not {num_bytes} bytes with sha256 {sha256[:8]}…")
-        stored = str(found.get("ChecksumCRC32") or "").partition("-")[0] if found is not None else ""
-        if part_crcs is not None and stored and stored != composite_crc32(part_crcs):
+        stored = stored_composite_crc32(found)
+        if part_crcs is not None and stored is not None and stored != composite_crc32(part_crcs):
             # Deleted, or the next attempt would take it for an upload finished before a crash
             # (objecttier.py skips a file whose size and SHA-256 metadata match).
             self.delete_keys([key])
@@ -415,6 +417,15 @@ def composite_crc32(part_crcs: list[int]) -> str:
     """The object checksum S3 keeps for a multipart upload with CRC32 parts: the CRC32 of the
     parts' CRC32s (4 bytes each, big-endian, in part order), base64, without its ``-N`` suffix."""
     return crc32_b64(zlib.crc32(b"".join(c.to_bytes(4, "big") for c in part_crcs)))
+
+
+def stored_composite_crc32(head: dict[str, Any]) -> str | None:
+    """The composite CRC32 of a HEAD answer, without its ``-N``; None from a store that keeps
+    none, or keeps a full-object CRC32 instead (``ChecksumType`` FULL_OBJECT: not comparable)."""
+    value = head.get("ChecksumCRC32")
+    if not value or head.get("ChecksumType", "COMPOSITE") != "COMPOSITE":
+        return None
+    return str(value).partition("-")[0]
 
 
 @dataclass(frozen=True, slots=True)
