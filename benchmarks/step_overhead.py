@@ -10,12 +10,17 @@ is two replica groups of one rank each (``replicaft.DistributedDataParallel`` +
 the figure is the median over timed steps of the slower of the two trainers. DDP and
 replicaft runs alternate, twice each per size, and the medians of those runs are compared.
 
-The fixed cost a step pays is named piece by piece (``params.phases_ms_<size>mb``, medians
-over the same steps, from ``Manager.step_phases``): ``quorum`` (the wait for the quorum left
-after forward, which it overlaps), ``plan`` (applying it), ``flag`` (the "ok" flag all-reduce),
-``vote`` (the group's vote with the lighthouse's fence), ``boundary`` (closing the last step).
-``events`` is the price of the event log with a state digest every step: a third run with both
-on (``step_time_events_<size>mb``) against the run with both off.
+Where the gap goes (``params.gap_ms_<size>mb``). Both sides time the same four calls of every
+step (``zero_grad``, ``forward``, ``backward``, ``step``), so the gap of the mean step splits
+exactly into the four segments' gaps, which add up to it. Inside them, the runtime's own
+phases are named (``params.phases_ms_<size>mb``, from ``Manager.step_phases``, medians):
+``boundary`` (closing the last step, in ``zero_grad``), ``quorum`` (the wait for the quorum
+left after forward, which it overlaps), ``plan`` (applying it, at the first bucket),
+``allreduce`` (waits on gradient buckets at the end of backward; DDP waits too, so only its
+excess is overhead), ``flag`` (the "ok" flag all-reduce) and ``vote`` (the lighthouse's fence;
+a group of one asks it from the training thread) in ``step``. ``events`` is the price of the
+event log with a state digest every step: a third run with both on
+(``step_time_events_<size>mb``) against the run with both off.
 """
 
 from __future__ import annotations
@@ -30,6 +35,8 @@ from benchmarks.processes import ChildProcesses
 from benchmarks.results import BenchmarkResult
 
 SIZES_MB = (10, 100)
+SEGMENTS = ("zero_grad", "forward", "backward", "step")
+PHASES = ("quorum", "plan", "flag", "vote", "boundary", "allreduce", "total")
 RUN_TIMEOUT_S = 300.0
 
 
@@ -41,7 +48,8 @@ def _free_port() -> int:
 
 async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | None = None, world: int = 2,
                    worker_args: tuple[str, ...] = ()) -> tuple[float, dict[str, float]]:
-    """The slower trainer's median step and, for replicaft, that trainer's median phases.
+    """The slower trainer's median step and that trainer's mean segments (``segment_<name>``)
+    and, for replicaft, median phases.
 
     ``world`` trainers (replicaft: one replica group each); ``worker_args`` go to every
     step_worker (``--device``, ``--batch``: ``python -m benchmarks gpu``)."""
@@ -64,8 +72,9 @@ async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | N
         medians = []
         for w in workers:
             done = await w.expect_event("done", deadline)
-            phases = {name: statistics.median(took) for name, took in done["phases_s"].items()}
-            medians.append((statistics.median(done["step_s"]), phases))
+            detail = {name: statistics.median(took) for name, took in done["phases_s"].items()}
+            detail.update({f"segment_{name}": statistics.mean(took) for name, took in done["segments_s"].items()})
+            medians.append((statistics.median(done["step_s"]), detail))
         return max(medians, key=lambda m: m[0])
 
 
@@ -89,12 +98,12 @@ def run(*, quick: bool) -> BenchmarkResult:
         figures[f"step_time_events_{size}mb"] = statistics.median(t for t, _ in logged) * 1000
         baselines[f"ddp_step_time_{size}mb"] = statistics.median(t for t, _ in theirs) * 1000
         compared[f"step_time_{size}mb"] = compared[f"step_time_events_{size}mb"] = f"ddp_step_time_{size}mb"
-        phases = {name: round(statistics.median(p.get(name, 0.0) for _, p in ours) * 1000, 3)
-                  for name in ("quorum", "plan", "flag", "vote", "boundary", "allreduce", "total")}
+        phases = {name: round(statistics.median(p.get(name, 0.0) for _, p in ours) * 1000, 3) for name in PHASES}
         phases["events"] = round(figures[f"step_time_events_{size}mb"] - ours_ms, 3)
         params[f"phases_ms_{size}mb"] = phases
-        fixed = ", ".join(f"{name} {phases[name]:.2f}" for name in ("quorum", "plan", "flag", "vote", "boundary", "events"))
-        notes.append(f"{size} MB fixed costs (ms): {fixed}")
+        gap = _gap_by_segment(ours, theirs)
+        params[f"gap_ms_{size}mb"] = gap
+        notes.append(f"{size} MB: {_explain(gap, phases)}")
     return BenchmarkResult(
         name="step_overhead",
         figures=figures,
@@ -103,3 +112,28 @@ def run(*, quick: bool) -> BenchmarkResult:
         notes="; ".join(notes),
         params=params,
     )
+
+
+def _gap_by_segment(ours: list[tuple[float, dict[str, float]]], theirs: list[tuple[float, dict[str, float]]]
+                    ) -> dict[str, float]:
+    """Mean step time of each side over its runs, and each segment's gap (ours - DDP's), in ms;
+    the segments' gaps add up to ``mean_gap``."""
+    def mean_of(runs: list[tuple[float, dict[str, float]]], key: str) -> float:
+        return statistics.mean(d[key] for _, d in runs) * 1000
+
+    gap = {name: round(mean_of(ours, f"segment_{name}") - mean_of(theirs, f"segment_{name}"), 3) for name in SEGMENTS}
+    gap["mean_step"] = round(sum(mean_of(ours, f"segment_{name}") for name in SEGMENTS), 3)
+    gap["ddp_mean_step"] = round(sum(mean_of(theirs, f"segment_{name}") for name in SEGMENTS), 3)
+    gap["mean_gap"] = round(gap["mean_step"] - gap["ddp_mean_step"], 3)
+    return gap
+
+
+def _explain(gap: dict[str, float], phases: dict[str, float]) -> str:
+    """The gap named piece by piece: each segment's share, with the runtime's phases inside it."""
+    step_rest = gap["step"] - phases["flag"] - phases["vote"]
+    return (f"mean step {gap['mean_step']:.2f} vs DDP {gap['ddp_mean_step']:.2f}, gap {gap['mean_gap']:.2f} ms = "
+            f"zero_grad {gap['zero_grad']:+.2f} (boundary {phases['boundary']:.2f}, asking the quorum) "
+            f"+ forward {gap['forward']:+.2f} (the quorum forms meanwhile; wait left {phases['quorum']:.2f}) "
+            f"+ backward {gap['backward']:+.2f} (plan {phases['plan']:.2f}; bucket waits {phases['allreduce']:.2f}) "
+            f"+ step {gap['step']:+.2f} (flag {phases['flag']:.2f}, vote/fence {phases['vote']:.2f}, "
+            f"rest {step_rest:+.2f}); events and digest {phases['events']:+.2f}")

@@ -6,8 +6,10 @@ that several trainers can share one GPU, which NCCL refuses) and ends every time
 (``python -m benchmarks gpu``); ``--batch`` sets how much compute a step has.
 
 Prints JSON lines: ``{"event": "ready"}`` once built, then ``{"event": "done",
-"step_s": [...], "phases_s": {...}}`` with the wall time of every timed step (``zero_grad`` to
-``step``) and, for replicaft, each phase's time in every timed step (``Manager.step_phases``).
+"step_s": [...], "segments_s": {...}, "phases_s": {...}}`` with the wall time of every timed
+step (``zero_grad`` to ``step``), of each of its four calls (``zero_grad``, ``forward``,
+``backward``, ``step``: the same segments on both sides, so the gap splits along them) and,
+for replicaft, each phase's time in every timed step (``Manager.step_phases``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -34,18 +36,29 @@ def build_model(size_mb: float) -> nn.Module:
     return nn.Sequential(*[m for _ in range(layers) for m in (nn.Linear(HIDDEN, HIDDEN), nn.ReLU())])
 
 
-def timed_steps(step: Callable[[], None], warmup: int, steps: int,
-                phases: Callable[[], dict[str, float]] = dict) -> tuple[list[float], dict[str, list[float]]]:
+SEGMENTS = ("zero_grad", "forward", "backward", "step")
+
+
+def timed_steps(segments: Sequence[Callable[[], None]], warmup: int, steps: int,
+                phases: Callable[[], dict[str, float]] = dict
+                ) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
+    """Run ``warmup + steps`` steps, each the ``SEGMENTS`` calls in order; the timed steps'
+    wall times, their segments' and their ``phases()``."""
     times: list[float] = []
+    by_segment: dict[str, list[float]] = {name: [] for name in SEGMENTS}
     by_phase: dict[str, list[float]] = {}
     for i in range(warmup + steps):
-        started = time.perf_counter()
-        step()
+        marks = [time.perf_counter()]
+        for segment in segments:
+            segment()
+            marks.append(time.perf_counter())
         if i >= warmup:
-            times.append(time.perf_counter() - started)
+            times.append(marks[-1] - marks[0])
+            for name, start, end in zip(SEGMENTS, marks, marks[1:], strict=True):
+                by_segment[name].append(end - start)
             for name, took in phases().items():
                 by_phase.setdefault(name, []).append(took)
-    return times, by_phase
+    return times, by_segment, by_phase
 
 
 def main() -> None:
@@ -73,14 +86,16 @@ def main() -> None:
         ddp = nn.parallel.DistributedDataParallel(model)
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
+        loss: list[torch.Tensor] = []
+
         def step() -> None:
-            opt.zero_grad()
-            ddp(x).square().mean().backward()
             opt.step()
             synchronize()
 
         print(json.dumps({"event": "ready"}), flush=True)
-        times, phases = timed_steps(step, args.warmup, args.steps)
+        times, segments, phases = timed_steps(
+            (opt.zero_grad, lambda: loss.append(ddp(x).square().mean()), lambda: loss.pop().backward(), step),
+            args.warmup, args.steps)
         dist.destroy_process_group()
     else:
         # Gloo, as plain DDP above: the trainers may share one GPU, which NCCL refuses.
@@ -90,16 +105,18 @@ def main() -> None:
             ddp = replicaft.DistributedDataParallel(manager, model)
             opt = replicaft.Optimizer(manager, torch.optim.SGD(model.parameters(), lr=1e-3))
 
+            loss: list[torch.Tensor] = []
+
             def step() -> None:
-                opt.zero_grad()
-                ddp(x).square().mean().backward()
                 if not opt.step():
                     raise RuntimeError(f"step {manager.current_step()} did not commit: {manager.errored()}")
                 synchronize()
 
             print(json.dumps({"event": "ready"}), flush=True)
-            times, phases = timed_steps(step, args.warmup, args.steps, manager.step_phases)
-    print(json.dumps({"event": "done", "step_s": times, "phases_s": phases}), flush=True)
+            times, segments, phases = timed_steps(
+                (opt.zero_grad, lambda: loss.append(ddp(x).square().mean()), lambda: loss.pop().backward(), step),
+                args.warmup, args.steps, manager.step_phases)
+    print(json.dumps({"event": "done", "step_s": times, "segments_s": segments, "phases_s": phases}), flush=True)
 
 
 if __name__ == "__main__":

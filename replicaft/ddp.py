@@ -62,7 +62,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self._bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
         self._params = [p for p in reversed(list(module.parameters())) if p.requires_grad]
         self._buckets: list[Bucket] = []
-        self._bucket_of: dict[int, Bucket] = {}
+        self._slot_of: dict[int, tuple[Bucket, int]] = {}
+        """A parameter's bucket and the offset of its gradient there, by ``id(param)``."""
         self._generation = manager.abandon_generation
         self._callback_queued = False
         self._next_launch = 0
@@ -103,28 +104,44 @@ class DistributedDataParallel(nn.Module, StepHooks):
     def _allocate_buckets(self) -> None:
         self._generation = self._manager.abandon_generation
         self._buckets = cut_buckets(self._params, self._bucket_cap_bytes, lambda p: p)
-        self._bucket_of = {}
+        self._slot_of = {}
         for bucket in self._buckets:
             for p, offset in zip(bucket.params, bucket.offsets, strict=True):
-                self._bucket_of[id(p)] = bucket
+                self._slot_of[id(p)] = (bucket, offset)
                 if p.grad is not None:
                     bucket.buffer[offset : offset + p.numel()].copy_(p.grad.reshape(-1))
                     p.grad = bucket.buffer[offset : offset + p.numel()].view_as(p)
 
     def _attach_grads(self) -> None:
-        """Make every gradient a view of its bucket (zeroed if the user set it to None)."""
+        """Make every existing gradient a view of its bucket before backward accumulates into it.
+
+        A gradient the user set to None (``zero_grad()``'s default) stays None: autograd then
+        hands over the gradient it computed without a pass over memory, and ``_on_grad_ready``
+        copies it into its slot (one read and one write, as torch's DDP). Zeroing the slot here
+        instead would cost a write pass, and autograd's accumulation into it a read-add-write
+        pass: measured ~1 ms a step more for a 10 MB model (benchmarks/step_overhead.py). The
+        deterministic mode accumulates its shards in the buckets, so there every slot is zeroed."""
         for bucket in self._buckets:
             for p, offset in zip(bucket.params, bucket.offsets, strict=True):
-                slot = bucket.buffer[offset : offset + p.numel()]
                 if p.grad is None:
-                    slot.zero_()
-                    p.grad = slot.view_as(p)
-                elif p.grad.data_ptr() != slot.data_ptr():
-                    slot.copy_(p.grad.reshape(-1))
-                    p.grad = slot.view_as(p)
+                    if self._shards is not None:
+                        slot = bucket.buffer[offset : offset + p.numel()]
+                        slot.zero_()
+                        p.grad = slot.view_as(p)
+                else:
+                    self._adopt_grad(bucket, p, offset)
             bucket.ready.clear()
             bucket.work = None
         self._next_launch = 0
+
+    @staticmethod
+    def _adopt_grad(bucket: Bucket, p: torch.Tensor, offset: int) -> None:
+        """Make ``p.grad`` the view of its slot in ``bucket``, copying the gradient in if it is elsewhere."""
+        assert p.grad is not None
+        slot = bucket.buffer[offset : offset + p.numel()]
+        if p.grad.data_ptr() != slot.data_ptr():
+            slot.copy_(p.grad.reshape(-1))
+            p.grad = slot.view_as(p)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         if not self._sync and self._shards is None:
@@ -134,10 +151,25 @@ class DistributedDataParallel(nn.Module, StepHooks):
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
         if self._shards is not None:
             return
-        bucket = self._bucket_of[id(p)]
+        bucket, offset = self._slot_of[id(p)]
+        self._adopt_grad(bucket, p, offset)
         bucket.ready.add(id(p))
         if bucket.full:
             self._next_launch = launch_in_order(self._buckets, self._next_launch, lambda b: b.full, self._launch)
+
+    def _attach_missing(self, bucket: Bucket) -> None:
+        """Before a bucket not filled by backward is launched: a parameter that got no gradient
+        this backward contributes its accumulated gradient (``no_sync``) or zeros, and its
+        gradient becomes the average, as on the groups where it got one."""
+        for p, offset in zip(bucket.params, bucket.offsets, strict=True):
+            if id(p) in bucket.ready:
+                continue
+            if p.grad is None:
+                slot = bucket.buffer[offset : offset + p.numel()]
+                slot.zero_()
+                p.grad = slot.view_as(p)
+            else:
+                self._adopt_grad(bucket, p, offset)
 
     def _launch(self, bucket: Bucket) -> None:
         if bucket.work is not None:
@@ -149,6 +181,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
         if self._shards is not None:
             self._shards.backward_done(self._buckets)
             return
+        for bucket in self._buckets[self._next_launch :]:
+            self._attach_missing(bucket)
         self._next_launch = launch_in_order(self._buckets, self._next_launch, lambda _: True, self._launch)
         self._buffer_sync.start_average()
         for bucket in self._buckets:

@@ -36,6 +36,7 @@ from replicaft.group.client import (
     publish_group_server,
 )
 from replicaft.group.coordinator import GroupCoordinator
+from replicaft.group.fence import BlockingFence
 from replicaft.group.server import GroupServer
 from replicaft.options import ManagerOptions
 from replicaft.threads import LoopThread
@@ -82,9 +83,14 @@ class RankServices:
         self._loop.start()
         self._coordinator = GroupCoordinator(o, self._progress, self._on_notice)
         self._loop.call(self._coordinator.start(), o.connect_timeout_s)
-        self.channel = LocalGroupChannel(self._coordinator, self._loop)
         if o.group_world_size == 1:
+            lighthouse = self._coordinator.lighthouse
+            assert lighthouse is not None
+            fence = BlockingFence(o.replica_id, lambda: lighthouse.targets.current, token=o.token, tls=self.tls,
+                                  wait_for_ready=not lighthouse.targets.replicated and self.tls is None)
+            self.channel = LocalGroupChannel(self._coordinator, self._loop, fence)
             return "in-process"
+        self.channel = LocalGroupChannel(self._coordinator, self._loop)
         assert o.group_store is not None
         secret = group_secret(o.token)
         self._group_server = GroupServer(self._coordinator, self._loop, host=o.host, token=secret, tls=self.tls)

@@ -31,9 +31,11 @@ from lighthouse import envelope
 from lighthouse.options import TOKEN_METADATA_KEY
 from lighthouse.protocol import Notice, Quorum
 from lighthouse.tls import TlsFiles, grpc_channel, tls_refusal
+from replicaft.commit import Vote, check_votes, decide_commit
 from replicaft.errors import GroupBroken, GroupError, StepMismatch
 from replicaft.group import protocol as gp
 from replicaft.group.coordinator import GroupCoordinator
+from replicaft.group.fence import BlockingFence
 from replicaft.group.server import CHANNEL_OPTIONS
 from replicaft.threads import LoopThread
 
@@ -68,11 +70,15 @@ class GroupChannel(Protocol):
 
 
 class LocalGroupChannel:
-    """Group rank 0's channel: calls into the coordinator on its loop, no RPC."""
+    """Group rank 0's channel: calls into the coordinator on its loop, no RPC.
 
-    def __init__(self, coordinator: GroupCoordinator, loop: LoopThread) -> None:
+    With ``fence`` (a group of one rank) the vote skips the loop: the one vote is the group's
+    verdict, and the lighthouse's fence is asked from the calling thread (fence.py says why)."""
+
+    def __init__(self, coordinator: GroupCoordinator, loop: LoopThread, fence: BlockingFence | None = None) -> None:
         self._coordinator = coordinator
         self._loop = loop
+        self._fence = fence
 
     def ask_quorum(
         self, step: int, timeout_s: float, *, commit_failures: int, rank_data: dict
@@ -88,14 +94,28 @@ class LocalGroupChannel:
     def vote(
         self, step: int, quorum_id: int, ok: bool, reason: str, timeout_s: float, *, leaving: bool = False
     ) -> gp.VoteResponse:
+        if self._fence is not None:
+            return self._vote_alone(step, quorum_id, ok, reason, timeout_s, leaving)
         req = gp.VoteRequest(0, step, quorum_id, ok, reason, timeout_s, leaving)
         try:
             return self._loop.call(self._coordinator.vote(req), timeout_s + RPC_GRACE_S)
         except TimeoutError as e:
             raise GroupError(f"group vote: {e}") from None
 
+    def _vote_alone(self, step: int, quorum_id: int, ok: bool, reason: str, timeout_s: float,
+                    leaving: bool) -> gp.VoteResponse:
+        """A group of one: the rule the coordinator applies to a full round, on this thread."""
+        assert self._fence is not None
+        decision = check_votes([Vote(0, step, quorum_id, ok, reason)], 1)
+        if decision.commit:
+            fence = self._fence.fence(quorum_id, step, timeout_s)
+            decision = decide_commit(decision, fence.ok, fence.reason)
+        return gp.VoteResponse(decision.commit, decision.reason, leaving)
+
     def close(self) -> None:
-        """Nothing of its own: the coordinator and its loop belong to the manager."""
+        """The fence's channel; the coordinator and its loop belong to the manager."""
+        if self._fence is not None:
+            self._fence.close()
 
 
 class RemoteGroupChannel:
