@@ -12,6 +12,7 @@ import socket
 import time
 
 from conftest import start_lighthouse
+
 from lighthouse.client import AsyncLighthouseClient
 from replicaft.group.fence import BlockingFence
 from replicaft.threads import LoopThread
