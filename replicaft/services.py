@@ -9,7 +9,8 @@ Every rank hosts:
 Group rank 0 also hosts the group's **coordinator** on an event loop thread of its own (the
 group's one lighthouse session and its rounds, group/coordinator.py), and, when the group has
 more than one rank, the **group server** through which the other ranks reach it. Rank 0 talks
-to the coordinator in-process; ranks > 0 find the group server through the group's own
+to the coordinator in-process (in a group of one rank it asks the lighthouse's fence itself,
+from the training thread: group/fence.py); ranks > 0 find the group server through the group's own
 rendezvous store (torchrun's) and hold a notice stream to it.
 
 Their addresses go into every quorum request (``rank_addresses``), which is how peers find

@@ -3,7 +3,8 @@
 Runs on an event loop of its own (``LoopThread``), so a training thread holding the GIL in a
 long C++ call delays it but never stops it from answering the lighthouse, and all its state is
 touched on that one loop. Rank 0 reaches it in-process (client.py, ``LocalGroupChannel``):
-a group of one rank, the common case, makes no RPC to itself. Ranks 1..W-1 reach it through
+a group of one rank, the common case, makes no RPC to itself, and votes without coming here
+at all (fence.py). Ranks 1..W-1 reach it through
 the gRPC server (server.py), which only decodes, authenticates and calls in here.
 
 The rules of the rounds live in rounds.py; this file waits for them: each rank's call waits
