@@ -54,7 +54,7 @@ def timed_steps(segments: Sequence[Callable[[], None]], warmup: int, steps: int,
             marks.append(time.perf_counter())
         if i >= warmup:
             times.append(marks[-1] - marks[0])
-            for name, start, end in zip(SEGMENTS, marks, marks[1:], strict=True):
+            for name, start, end in zip(SEGMENTS, marks[:-1], marks[1:], strict=True):
                 by_segment[name].append(end - start)
             for name, took in phases().items():
                 by_phase.setdefault(name, []).append(took)
