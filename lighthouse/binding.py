@@ -34,8 +34,9 @@ MIN_CONNECTIONS = 64
 
 
 def default_max_connections() -> int:
-    """Incoming connections the process's open-file limit leaves room for (a member holds one,
-    two while it reconnects)."""
+    """Incoming connections the process's open-file limit leaves room for (a group's rank 0
+    holds its session's channel and, in a group of one rank, its fence's: two, three while it
+    reconnects)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return 1 << 20
