@@ -152,3 +152,96 @@ def test_coordination_lighthouse_forms_a_quorum_for_two_replica_ids() -> None:
     finally:
         client.close()
         server.shutdown()
+
+
+def _unstarted_manager(monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> torchft.Manager:
+    """A compat manager whose replicaft manager never starts (no lighthouse): for the facade's own rules."""
+    monkeypatch.setattr("replicaft.Manager.start", lambda self: self)
+    args: dict[str, object] = dict(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None,
+                                   min_replica_size=1, lighthouse_addr="127.0.0.1:1", replica_id="g0")
+    args.update(kwargs)
+    return torchft.Manager(**args)
+
+
+@pytest.mark.parametrize("call", ["start_quorum", "should_commit"])
+def test_a_per_call_timeout_other_than_the_managers_is_refused_naming_both(call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import datetime
+
+    manager = _unstarted_manager(monkeypatch, timeout=datetime.timedelta(seconds=10))
+    with pytest.raises(OptionsError, match=rf"{call}\(timeout=0.01s\).*this manager's is \d+s"):
+        getattr(manager, call)(timeout=datetime.timedelta(seconds=0.01))
+
+
+def test_user_state_is_neither_served_nor_loaded_once_kept_per_group(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    loaded: list[object] = []
+    manager = _unstarted_manager(monkeypatch, state_dict=lambda: {"w": torch.ones(2)}, load_state_dict=loaded.append)
+    served = manager.inner.state_dict()
+    assert torch.equal(served["default"]["w"], torch.ones(2)) and "rng" not in served
+    manager.keep_user_state_per_group()
+    assert manager.inner.state_dict()["default"] == {}
+    manager.inner.load_state_dict({**served, "default": {}})
+    assert loaded == []
+    assert torch.equal(manager._manager_state_dict()["user"]["default"]["w"], torch.ones(2))
+
+
+def _run_replicas(steps: object, num_replicas: int = 2, **kwargs: object) -> list[object]:
+    """Run ``steps(replica_index, manager)`` for ``num_replicas`` compat managers of one job, each on
+    its own thread as torchft's tests do, against an in-process lighthouse; their results in order."""
+    import datetime
+    from concurrent.futures import ThreadPoolExecutor
+
+    from replicaft.compat.torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=num_replicas, join_timeout_ms=100)
+
+    def replica(i: int) -> object:
+        # init_sync=False: no heal at step 0, whose timing (a healer commits once its fetch has
+        # arrived) is not what these tests are about.
+        args: dict[str, object] = dict(pg=torchft.ProcessGroupGloo(), init_sync=False)
+        args.update(kwargs.get(f"r{i}", {}))  # type: ignore[call-overload]
+        manager = torchft.Manager(min_replica_size=num_replicas, load_state_dict=lambda s: None, state_dict=lambda: {},
+                                  replica_id=f"r{i}", lighthouse_addr=lighthouse.address(), rank=0, world_size=1,
+                                  timeout=datetime.timedelta(seconds=5), quorum_timeout=datetime.timedelta(seconds=10),
+                                  use_async_quorum=False, **args)  # type: ignore[arg-type]
+        try:
+            return steps(i, manager)  # type: ignore[operator]
+        finally:
+            manager.shutdown()
+
+    try:
+        with ThreadPoolExecutor(num_replicas) as pool:
+            return [f.result(60) for f in [pool.submit(replica, i) for i in range(num_replicas)]]
+    finally:
+        lighthouse.shutdown()
+
+
+@pytest.mark.timeout(90)
+def test_should_commit_after_should_commit_commits_the_next_step_on_its_own_quorum() -> None:
+    """torchft's diloco_regression_test commits twice after one start_quorum(); the second
+    commit used to re-vote the first step's plan and leave the step at 1."""
+
+    def steps(_: int, manager: torchft.Manager) -> list[object]:
+        manager.start_quorum()
+        return [manager.should_commit(), manager.should_commit(), manager.current_step()]
+
+    assert _run_replicas(steps) == [[True, True, 2], [True, True, 2]]
+
+
+@pytest.mark.timeout(90)
+def test_an_error_injected_through_fake_process_group_wrapper_fails_the_step_a_wrapper_starts() -> None:
+    """Wrappers (DDP, DiLoCo) all-reduce through replicaft's manager, past the facade's
+    allreduce(): torchft's commit-failure tests injected errors that never failed a step."""
+    wrapper = FakeProcessGroupWrapper(torchft.ProcessGroupGloo())
+
+    def steps(i: int, manager: torchft.Manager) -> list[bool]:
+        outcomes = []
+        for _ in range(2):
+            if i == 0 and not outcomes:
+                wrapper.report_future_error(RuntimeError("injected allreduce error"))
+            manager.inner.start_quorum()  # as a wrapper does: not through the facade
+            outcomes.append(manager.inner.should_commit())
+        return outcomes
+
+    assert _run_replicas(steps, r0={"pg": wrapper}) == [[False, True], [False, True]]

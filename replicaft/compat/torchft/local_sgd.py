@@ -6,7 +6,11 @@ and joins at the others' next sync) and that step's update is replaced by the sy
 a sync that does not commit is retried at once instead of discarding the round; ``should_quantize=True`` sends packed 8-bit pseudo-gradients
 (replicaft/local_sgd/wire.py) where torchft sends fp8. ``backup_device``, ``pin_memory``,
 ``use_bucketization`` and ``bucket_cap_mb`` are accepted: the synced copy lives beside the
-parameters and each fragment's pseudo-gradient travels as one flat buffer.
+parameters and each fragment's pseudo-gradient travels as one flat buffer. The states the
+script registered with the manager (its model's local weights and inner optimizer) no longer
+travel in a heal (``Manager.keep_user_state_per_group``): they differ between groups by
+design, and replicaft heals from the donors' majority where torchft copies one donor; a
+healer takes the synced fragments and outer optimizers, and keeps its own inner optimizer.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ logger = logging.getLogger(__name__)
 class LocalSGD(_LocalSGD):
     def __init__(self, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer, sync_every: int) -> None:
         super().__init__(manager.inner, model, optimizer, sync_every, join_on_enter=False)
+        manager.keep_user_state_per_group()
 
 
 class DiLoCo(_DiLoCo):
@@ -55,6 +60,7 @@ class DiLoCo(_DiLoCo):
             fragment_sync_delay=fragment_sync_delay, fragment_update_alpha=fragment_update_alpha,
             wire="int8" if should_quantize else "fp32", join_on_enter=False,
         )
+        manager.keep_user_state_per_group()
         manager._views.update({f"StreamingDiLoCoFragment_{f.index}": self._fragment_view(f.index) for f in self.fragments})
 
     def _fragment_view(self, index: int) -> Callable[[], dict[str, Any]]:

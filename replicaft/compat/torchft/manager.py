@@ -20,7 +20,17 @@ a restarted group is recognised; a failed quorum or collective never raises into
 ``checkpoint_transport`` is accepted and not used (replicaft's striped, verified transfer
 moves the state; a log line says so). Not supported (a clear error says so):
 ``world_size_mode=FIXED_WITH_SPARES``, ``allreduce(should_quantize=True)``,
-``start_quorum(allow_heal=False / shrink_only=True)``.
+``start_quorum(allow_heal=False / shrink_only=True)``, and a ``timeout`` passed to
+``start_quorum`` or ``should_commit`` other than the manager's own deadline (replicaft has no
+per-call deadline, and a quorum or vote that runs out fails the step instead of raising).
+
+Also different: ``should_commit`` right after another ``should_commit`` asks for the new
+step's quorum first (torchft commits it on the last quorum); an error injected through
+``FakeProcessGroupWrapper`` fails the next step a wrapper starts (torchft: the next
+all-reduce); under ``DiLoCo`` and ``LocalSGD`` heals do not move the states registered with
+``register_state_dict_fn`` (the group's local weights and inner optimizer, which differ
+between groups: see ``keep_user_state_per_group``); and random generator state is not moved
+(torchft moves none).
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from replicaft.compat.torchft.checkpointing.transport import CheckpointTransport
 from replicaft.compat.torchft.process_group import FakeProcessGroupWrapper, ProcessGroup
 from replicaft.errors import OptionsError
 from replicaft.process_group import ManagedWork
+from replicaft.registry import StepHooks
 
 __all__ = ["Manager", "WorldSizeMode"]
 
@@ -64,6 +75,40 @@ def _env_seconds(name: str) -> float | None:
         return float(raw)
     except ValueError:
         raise OptionsError(f"{name}={raw!r} is not a number of seconds") from None
+
+
+class _StepWatch(StepHooks):
+    """Sees every step start and end, whoever drives it (this facade or a wrapper calling
+    replicaft's manager directly).
+
+    * ``open``: a step's quorum was asked for and the step not yet decided. torchft's
+      ``should_commit`` may follow another ``should_commit`` and commits a step on the same
+      quorum; replicaft's steps each have their own, so the facade asks for it first.
+    * An error injected through ``FakeProcessGroupWrapper.report_future_error`` fails torchft's
+      next all-reduce; the wrappers (DDP, DiLoCo) all-reduce through replicaft's manager, which
+      this facade does not see, so the error fails the next step as it starts (or the current
+      one, when ``Manager.allreduce`` of this facade runs first).
+    """
+
+    def __init__(self, pg: ProcessGroup, manager: replicaft.Manager) -> None:
+        self.open = False
+        self._pg = pg
+        self._manager = manager
+
+    def deliver_injected_error(self) -> None:
+        injected = self._pg.take_error() if isinstance(self._pg, FakeProcessGroupWrapper) else None
+        if injected is not None:
+            self._manager.report_error(injected)
+
+    def on_step_start(self) -> None:
+        self.open = True
+        self.deliver_injected_error()
+
+    def on_commit(self) -> None:
+        self.open = False
+
+    def on_abort(self) -> None:
+        self.open = False
 
 
 class Manager:
@@ -138,12 +183,19 @@ class Manager:
         )
         self._use_async_quorum = use_async_quorum
         self._pg = pg
-        self._user_states: list[str] = []
+        self._user_fns: dict[str, tuple[Callable[[Any], None], Callable[[], Any]]] = {}
+        self._user_state_per_group = False
+        """Set by the compat DiLoCo and LocalSGD (``keep_user_state_per_group``)."""
         self._views: dict[str, Callable[[], Any]] = {}
         """torchft-shaped views of replicaft state for ``_manager_state_dict`` (compat DiLoCo)."""
         self._max_retries = max_retries
         self._failed_commits = 0
-        self._manager = replicaft.Manager(options, init_sync=init_sync)
+        # torchft moves no random generator state; its tests run the replica groups as threads
+        # of one process, whose global generators no group owns (two donors' snapshots of them
+        # never agree, and a healer would load one into every thread).
+        self._manager = replicaft.Manager(options, init_sync=init_sync, rng_state=False)
+        self._step_watch = _StepWatch(pg, self._manager)
+        self._manager.register_hooks(self._step_watch)
         if state_dict is not None and load_state_dict is not None:
             self.register_state_dict_fn("default", load_state_dict, state_dict)
         self._manager.start()
@@ -154,15 +206,29 @@ class Manager:
         return self._manager
 
     def register_state_dict_fn(self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]) -> None:
-        self._manager.register_state(key, state_dict, load_state_dict)
-        self._user_states.append(key)
+        self._user_fns[key] = (load_state_dict, state_dict)
+        self._manager.register_state(key, lambda: self._served_user_state(key), lambda s: self._load_user_state(key, s))
+
+    def keep_user_state_per_group(self) -> None:
+        """From now on heals neither serve nor load the states registered through
+        ``register_state_dict_fn``: under DiLoCo and LocalSGD they hold the group's local
+        weights and inner optimizer, which differ between groups by design, so two donors
+        never agree on them (replicaft heals from the donors' majority; torchft copies one
+        donor's). The healer keeps its own; its weights come from the synced fragments."""
+        self._user_state_per_group = True
+
+    def _served_user_state(self, key: str) -> Any:
+        return {} if self._user_state_per_group else self._user_fns[key][1]()
+
+    def _load_user_state(self, key: str, state: Any) -> None:
+        if not self._user_state_per_group:
+            self._user_fns[key][0](state)
 
     def _manager_state_dict(self) -> dict[str, Any]:
         """torchft's private layout of the state a heal moves, which its own tests read:
         ``{"user": {key: state}, "torchft": {"step": ...}}``, DiLoCo fragments included as
         ``StreamingDiLoCoFragment_<i>`` (``original_parameters``, ``outer_optimizer``)."""
-        everything = self._manager.state_dict()
-        user = {key: everything[key] for key in self._user_states}
+        user = {key: state_dict() for key, (_, state_dict) in self._user_fns.items()}
         for key, view in self._views.items():
             user[key] = view()
         return {"user": user, "torchft": {"step": self._manager.current_step(), "batches_committed": self._manager.current_step()}}
@@ -170,9 +236,24 @@ class Manager:
     def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: datetime.timedelta | None = None) -> None:
         if not allow_heal or shrink_only:
             raise OptionsError("start_quorum(allow_heal=False / shrink_only=True) is not supported by replicaft")
+        self._check_call_timeout("start_quorum", timeout, "Manager(quorum_timeout=...), at least twice Manager(timeout=...)",
+                                 self._manager.options.quorum_timeout_s)
         self._manager.start_quorum()
         if not self._use_async_quorum:
             self._manager.wait_quorum()
+
+    def _check_call_timeout(self, call: str, timeout: datetime.timedelta | None, source: str, configured_s: float) -> None:
+        """torchft lets one call shorten or lengthen its own deadline and raises TimeoutError
+        when it passes; replicaft's deadlines are the manager's, and a quorum or vote that runs
+        out fails the step instead of raising. A per-call value other than the manager's
+        cannot be honoured, so it is refused rather than ignored."""
+        if timeout is None or _seconds(timeout) == configured_s:
+            return
+        raise OptionsError(
+            f"{call}(timeout={_seconds(timeout):g}s): replicaft has no per-call deadline; this manager's is "
+            f"{configured_s:g}s, set by {source}. Drop the argument or pass that value; a quorum or "
+            "vote that runs out fails the step (should_commit() returns False) rather than raising TimeoutError"
+        )
 
     def wait_quorum(self) -> None:
         self._manager.wait_quorum()
@@ -180,13 +261,13 @@ class Manager:
     def allreduce(self, tensor: torch.Tensor, should_quantize: bool = False) -> ManagedWork:
         if should_quantize:
             raise OptionsError("should_quantize=True is not supported by replicaft; DiLoCo's should_quantize is")
-        if isinstance(self._pg, FakeProcessGroupWrapper):
-            injected = self._pg.take_error()
-            if injected is not None:
-                self._manager.report_error(injected)
+        self._step_watch.deliver_injected_error()
         return self._manager.allreduce(tensor)
 
     def should_commit(self, timeout: datetime.timedelta | None = None) -> bool:
+        self._check_call_timeout("should_commit", timeout, "Manager(timeout=...)", self._manager.options.collective_timeout_s)
+        if not self._step_watch.open:
+            self.start_quorum()
         committed = self._manager.should_commit()
         self._failed_commits = 0 if committed else self._failed_commits + 1
         if self._max_retries is not None and self._failed_commits > self._max_retries:
