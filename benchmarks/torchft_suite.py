@@ -7,10 +7,15 @@ Each suite runs in its own pytest process, once with ``import torchft`` resolved
 ``replicaft-launch --torchft``) and once against torchft itself, the baseline from the same
 run. Every test's outcome and, when it does not pass, the first lines of its failure are kept
 in ``params.tests``; the README's list of reasons is written from them.
+
+While working on the shim, ``python -m benchmarks.torchft_suite [-k EXPR] [--torchft] [FILE ...]``
+runs some of the tests (pytest's ``-k``) and prints each outcome and reason; it writes no
+results file, so a partial run never replaces the whole suite's record.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -29,14 +34,17 @@ QUICK = ("manager_integ_test.py::ManagerIntegTest::test_ddp_healthy",
 PER_TEST_TIMEOUT_S = 90
 
 
-def run_suite(targets: list[str], *, real: bool, per_test_timeout_s: int = PER_TEST_TIMEOUT_S) -> dict[str, dict[str, str]]:
-    """Run pytest on ``targets`` (paths under the installed torchft); outcome and reason per test."""
+def run_suite(targets: list[str], *, real: bool, per_test_timeout_s: int = PER_TEST_TIMEOUT_S,
+              select: str | None = None) -> dict[str, dict[str, str]]:
+    """Run pytest on ``targets`` (paths under the installed torchft), only the tests matching
+    ``select`` (pytest's ``-k``) if given; outcome and reason per test."""
     with tempfile.TemporaryDirectory(prefix="torchft-suite-") as tmp:
         report = Path(tmp) / "report.xml"
         env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         env["TORCHFT_SUITE_REAL"] = "1" if real else "0"
         cmd = [sys.executable, "-m", "pytest", "-p", "benchmarks.torchft_suite_plugin", "-p", "no:cacheprovider",
-               "--rootdir", tmp, "-q", "--timeout", str(per_test_timeout_s), f"--junitxml={report}", *targets]
+               "--rootdir", tmp, "-q", "--timeout", str(per_test_timeout_s), f"--junitxml={report}",
+               *(["-k", select] if select else []), *targets]
         subprocess.run(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=per_test_timeout_s * 60, check=False)
         return parse_junit(report) if report.exists() else {}
@@ -86,3 +94,26 @@ def _count(tests: dict[str, dict[str, str]], outcome: str) -> float:
 
 def _ran(tests: dict[str, dict[str, str]]) -> float:
     return float(sum(1 for t in tests.values() if t["outcome"] != "skipped"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a subset against the shim (or torchft) and print outcome, seconds, test and reason."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.torchft_suite", description=__doc__.splitlines()[0])
+    p.add_argument("files", nargs="*", metavar="FILE",
+                   help=f"test files of the torchft wheel (default: all of {', '.join(SUITES)})")
+    p.add_argument("-k", dest="select", help="pytest's -k expression, e.g. 'upscale and not 11'")
+    p.add_argument("--torchft", action="store_true", help="run against torchft itself instead of the shim")
+    args = p.parse_args(argv)
+    unknown = [f for f in args.files if f not in SUITES]
+    if unknown:
+        p.error(f"{', '.join(unknown)}: not one of the suite's files ({', '.join(SUITES)})")
+    root = installed_torchft_dir()
+    tests = run_suite([str(root / f) for f in args.files or SUITES], real=args.torchft, select=args.select)
+    for name, t in sorted(tests.items()):
+        print(f"{t['outcome']:8} {float(t['seconds'] or 0):7.2f}s  {name}  {t['reason']}".rstrip())
+    print(f"{_count(tests, 'passed'):.0f} of {_ran(tests):.0f} run passed ({len(tests) - _ran(tests):.0f} skipped)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
