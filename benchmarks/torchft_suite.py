@@ -6,7 +6,10 @@ Each suite runs in its own pytest process, once with ``import torchft`` resolved
 ``replicaft.compat.torchft`` (benchmarks/torchft_suite_plugin.py, the alias folder of
 ``replicaft-launch --torchft``) and once against torchft itself, the baseline from the same
 run. Every test's outcome and, when it does not pass, the first lines of its failure are kept
-in ``params.tests``; the README's list of reasons is written from them.
+in ``params.tests``; the README's list of reasons is written from them. A test that fails
+on its own deadline often failed earlier inside replicaft (a heal refused, a step not
+committed): the first such cause replicaft logged is added to the reason, since the
+exception alone names only the symptom.
 
 While working on the shim, ``python -m benchmarks.torchft_suite [-k EXPR] [--torchft] [FILE ...]``
 runs some of the tests (pytest's ``-k``) and prints each outcome and reason; it writes no
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +36,8 @@ SUITES = ("manager_integ_test.py", "local_sgd_integ_test.py", "diloco_regression
 QUICK = ("manager_integ_test.py::ManagerIntegTest::test_ddp_healthy",
          "manager_integ_test.py::ManagerIntegTest::test_ddp_recovery_0_async_quorum")
 PER_TEST_TIMEOUT_S = 90
+LOGGED_CAUSE = re.compile(r"^WARNING +replicaft\S* .*?step will not commit: (.*)$", re.MULTILINE)
+"""replicaft's warning for a step that fails, as pytest captures it (junit_logging=log)."""
 
 
 def run_suite(targets: list[str], *, real: bool, per_test_timeout_s: int = PER_TEST_TIMEOUT_S,
@@ -44,6 +50,7 @@ def run_suite(targets: list[str], *, real: bool, per_test_timeout_s: int = PER_T
         env["TORCHFT_SUITE_REAL"] = "1" if real else "0"
         cmd = [sys.executable, "-m", "pytest", "-p", "benchmarks.torchft_suite_plugin", "-p", "no:cacheprovider",
                "--rootdir", tmp, "-q", "--timeout", str(per_test_timeout_s), f"--junitxml={report}",
+               "-o", "junit_logging=log", "-o", "log_level=WARNING",
                *(["-k", select] if select else []), *targets]
         subprocess.run(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                        timeout=per_test_timeout_s * 60, check=False)
@@ -59,6 +66,8 @@ def parse_junit(path: Path) -> dict[str, dict[str, str]]:
             if child.tag in ("failure", "error", "skipped"):
                 outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[child.tag]
                 reason = _first_lines(child.get("message") or child.text or "")
+                if outcome != "skipped":
+                    reason = _with_logged_cause(reason, case.findtext("system-out") or "")
                 break
         tests[name] = {"outcome": outcome, "reason": reason, "seconds": case.get("time", "")}
     return tests
@@ -66,6 +75,15 @@ def parse_junit(path: Path) -> dict[str, dict[str, str]]:
 
 def _first_lines(text: str, limit: int = 400) -> str:
     return " ".join(text.strip().split())[:limit]
+
+
+def _with_logged_cause(reason: str, captured_log: str) -> str:
+    """``reason``, then the first step failure replicaft logged in the test, where there was one
+    and the reason does not already say it."""
+    match = LOGGED_CAUSE.search(captured_log)
+    if match is None or match.group(1).strip() in reason:
+        return reason
+    return f"{_first_lines(reason, 250)} [first logged: step will not commit: {_first_lines(match.group(1), 250)}]"
 
 
 def run(*, quick: bool) -> BenchmarkResult:
