@@ -26,8 +26,8 @@ per-call deadline, and a quorum or vote that runs out fails the step instead of 
 
 Also different: ``should_commit`` right after another ``should_commit`` asks for the new
 step's quorum first (torchft commits it on the last quorum); an error injected through
-``FakeProcessGroupWrapper`` fails the next step a wrapper starts (torchft: the next
-all-reduce); under ``DiLoCo`` and ``LocalSGD`` heals do not move the states registered with
+``FakeProcessGroupWrapper`` fails only this facade's ``allreduce`` (torchft: any all-reduce;
+the wrappers' go through replicaft's manager, see ``_StepWatch``); under ``DiLoCo`` and ``LocalSGD`` heals do not move the states registered with
 ``register_state_dict_fn`` (the group's local weights and inner optimizer, which differ
 between groups: see ``keep_user_state_per_group``); and random generator state is not moved
 (torchft moves none).
@@ -78,16 +78,15 @@ def _env_seconds(name: str) -> float | None:
 
 
 class _StepWatch(StepHooks):
-    """Sees every step start and end, whoever drives it (this facade or a wrapper calling
-    replicaft's manager directly).
+    """Whether a step is open: its quorum asked for (by this facade or a wrapper calling
+    replicaft's manager directly) and the step not yet decided. torchft's ``should_commit``
+    may follow another ``should_commit`` and commits a step on the same quorum; replicaft's
+    steps each have their own, so the facade asks for it first.
 
-    * ``open``: a step's quorum was asked for and the step not yet decided. torchft's
-      ``should_commit`` may follow another ``should_commit`` and commits a step on the same
-      quorum; replicaft's steps each have their own, so the facade asks for it first.
-    * An error injected through ``FakeProcessGroupWrapper.report_future_error`` fails torchft's
-      next all-reduce; the wrappers (DDP, DiLoCo) all-reduce through replicaft's manager, which
-      this facade does not see, so the error fails the next step as it starts (or the current
-      one, when ``Manager.allreduce`` of this facade runs first).
+    An error injected through ``FakeProcessGroupWrapper`` is delivered only by this facade's
+    ``allreduce``, not at a step's start: replicaft's manager skips the all-reduces of a step
+    that already failed, while the other groups run them, and the next collective then pairs
+    with a peer's different one (Gloo aborts the process: "52 vs 4 ... collective mismatch").
     """
 
     def __init__(self, pg: ProcessGroup, manager: replicaft.Manager) -> None:
@@ -102,7 +101,6 @@ class _StepWatch(StepHooks):
 
     def on_step_start(self) -> None:
         self.open = True
-        self.deliver_injected_error()
 
     def on_commit(self) -> None:
         self.open = False

@@ -6,8 +6,8 @@ groups (rebuilt per quorum under a unique store prefix, abandoned rather than ab
 these objects only carry the backend and the timeout. What replicaft cannot honour fails
 here, at construction: XCCL (Intel GPUs) has no replicaft backend. ``FakeProcessGroupWrapper``
 (torchft's tests inject a collective error with it) wraps a group and hands a reported error
-to the compat manager, which fails the next step with it (or the current one, if the
-facade's own ``allreduce`` runs first), as torchft's next all-reduce would fail.
+to the compat manager, whose own ``allreduce`` then fails the step with it; the wrappers'
+all-reduces (DDP, DiLoCo) do not see it (compat manager.py, ``_StepWatch``).
 """
 
 from __future__ import annotations
