@@ -50,7 +50,9 @@ class StepHooks:
     sealed their snapshots and no send from their live state holds them), and the healer
     replays the step instead. A DiLoCo sync's all-reduce carries the whole model through every
     participant's link, the healer's too, so a fetch beside it made the donors' sync as long
-    as both transfers together: 3.8 s instead of 1.6 s over 100 Mbit/s (issue 21)."""
+    as both transfers together: 3.8 s instead of 1.6 s over 100 Mbit/s (issue 21). A heal at
+    step 0 (a group joining at the start) fetches beside it still: nothing has been trained, and
+    the group commits that step with the others, as torchft's programs expect."""
 
     def on_step_start(self) -> None: ...
     def on_commit(self) -> None: ...

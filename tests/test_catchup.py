@@ -98,6 +98,22 @@ def test_a_hook_that_keeps_fetches_off_the_collectives_defers_the_fetch_to_the_s
         healer.close()
 
 
+def test_a_heal_at_step_0_fetches_beside_the_first_sync_even_with_such_a_hook_issue_21() -> None:
+    """Nothing was trained before step 0: a group joining there (init_sync) takes the weights
+    with the first sync and commits it with the others, as torchft's programs count on."""
+    registry = StateRegistry()
+    registry.register_hooks(_SyncHooks())
+    healer = _RecordingHealer(registry)
+    at_start = plan_step(Quorum.of(4, 1, 0.0, [Member("a", "host-a", 0, 1, {}), Member("c", "host-c", 0, 1, {})]),
+                         "c").with_one_donor()
+    try:
+        assert healer.begin(at_start, withdrawn=lambda base: False)
+        healer.wait(at_start, own_s=10.0)
+        assert healer.fetched_at == ["fetch"] and not healer.start_deferred()
+    finally:
+        healer.close()
+
+
 def test_without_such_a_hook_the_fetch_starts_with_the_plan() -> None:
     healer = _RecordingHealer(StateRegistry())
     try:
