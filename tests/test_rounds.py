@@ -63,6 +63,15 @@ def test_expired_round_names_the_ranks_that_never_asked() -> None:
     assert rounds.join_quorum(ask(0)).round is not r
 
 
+def test_expired_round_that_every_rank_joined_names_the_lighthouse_not_the_ranks() -> None:
+    rounds = GroupRounds("g0", 2)
+    r = rounds.join_quorum(ask(0)).round
+    assert rounds.join_quorum(ask(1)).complete
+    refusal = rounds.quorum_expired(r)
+    assert refusal.code == "expired" and "ranks []" not in refusal.message
+    assert "group 'g0' asked the lighthouse for the quorum of step 5 and had no answer" in refusal.message
+
+
 def test_vote_round_decides_once_every_rank_voted_and_carries_a_leaving_rank() -> None:
     rounds = GroupRounds("g0", 2)
     first = rounds.join_vote(vote(1, leaving=True))

@@ -123,10 +123,15 @@ class GroupRounds:
         return QuorumJoin(r, complete=complete)
 
     def quorum_expired(self, r: QuorumRound) -> Refusal:
-        """A rank's wait for round ``r`` ran out: the ranks that never asked are named."""
+        """A rank's wait for round ``r`` ran out: the ranks that never asked are named, or, when
+        every rank asked, the lighthouse's missing answer (it blamed no rank as "ranks []")."""
         if self._quorum is r:
             self._quorum = None
         missing = sorted(set(range(self.world_size)) - set(r.asks))
+        if not missing:
+            return Refusal("expired", f"group {self.replica_id!r} asked the lighthouse for the quorum of step {r.step} "
+                           "and had no answer by the deadline (too few groups asked: min_replicas, or the others "
+                           "left or ran ahead)")
         return Refusal("expired", f"ranks {missing} of group {self.replica_id!r} never asked for the quorum of step {r.step}")
 
     def join_vote(self, req: VoteRequest) -> VoteJoin:
