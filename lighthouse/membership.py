@@ -16,8 +16,8 @@ server can notify the others — when:
 * a new session registers under the same replica id (the group restarted) while the old
   one is silent or comes from the same client instance (a reconnect). A *different*
   instance registering while the incumbent still speaks is a second process using the same
-  replica id: it is refused (:class:`DuplicateReplica`), and the incumbent keeps training;
-  before, each fenced the other ~15 times a second, forever, and nothing said so.
+  replica id: it is refused (:class:`DuplicateReplica`), and the incumbent keeps training
+  (before, each fenced the other ~15 times a second, forever, without a word).
 
 The quorum a member is sent must fit one gRPC message, so the members' quorum entries
 (id, address, data) are budgeted as they join: a join that would take the job's total past
@@ -26,8 +26,7 @@ of data each made a 4.5 MB quorum the lighthouse could not send, and every sessi
 
 Quorum ids never repeat: within an incarnation they only grow, and a registering member
 reports the last id it saw, so a restarted lighthouse continues above every id any live
-member knows. Stores are additionally prefixed with the incarnation, so a rendezvous key is
-unique forever.
+member knows; stores are prefixed with the incarnation too (rendezvous keys unique forever).
 """
 
 from __future__ import annotations

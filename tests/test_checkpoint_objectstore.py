@@ -25,16 +25,16 @@ from conftest import spawn_python
 
 from chaos.s3_server import S3Server
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, SaveResult
-from replicaft.checkpoint.objectstore import (
+from replicaft.checkpoint.objectstore import ObjectStore
+from replicaft.checkpoint.objecttier import Uploader, stored_checkpoints
+from replicaft.checkpoint.options import RetentionPolicy
+from replicaft.checkpoint.parts import (
     MAX_PARTS,
-    ObjectStore,
     check_part,
     composite_crc32,
     part_size,
     stored_composite_crc32,
 )
-from replicaft.checkpoint.objecttier import Uploader, stored_checkpoints
-from replicaft.checkpoint.options import RetentionPolicy
 from replicaft.checkpoint.retry import RetryPolicy
 from replicaft.state import digest, flatten
 from replicaft.transfer.snapshot import Snapshot

@@ -21,16 +21,7 @@ file's SHA-256, from the checkpoint's manifest, is stored as object metadata and
 every upload (size and digest) and every download (the downloaded bytes are hashed before
 anything reads them). A truncated or altered object therefore fails its download, never its load.
 
-Why CRC32 and not Content-MD5 (issue 22): MD5 runs at ~0.8 GB/s on one core of the 2-core
-machine the benchmark runs on, zlib's CRC32 at ~6.6 GB/s, and the uploader shares those cores
-with training (and, on loopback, with the server). Naming an algorithm also matters to the
-server: moto, given an upload that names none, builds a whole-object checksum when it is
-completed, copying and hashing every byte once more (CompleteMultipartUpload of 256 MiB took
-1.1-1.5 s, against 0.46 s for boto3's upload, which names CRC32). With Content-MD5 on 16 MiB
-parts, ``python -m benchmarks checkpoint_storage`` measured 0.36-0.79x of boto3's
-``upload_file``; with CRC32 on 8 MiB parts, 0.89-1.24x (three runs). CRC32 guards against damage in transit,
-which is all a part checksum is for; the SHA-256 guards the content end to end. Small files
-(one request) keep Content-MD5: its cost there is negligible and every store checks it.
+Why CRC32 and not Content-MD5: parts.py.
 
 **Resuming.** A file larger than ``part_bytes`` goes up as a multipart upload of
 ``part_bytes`` parts (larger when the file would need more than S3's 10 000), ``max_concurrency``
@@ -62,6 +53,17 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from replicaft.checkpoint.durable import READ_BYTES
+from replicaft.checkpoint.parts import (
+    ListedPart,
+    Transient,
+    check_etag,
+    check_part,
+    composite_crc32,
+    crc32_b64,
+    listed_part_matches,
+    part_size,
+    stored_composite_crc32,
+)
 from replicaft.checkpoint.retry import RetryPolicy, next_delay
 from replicaft.errors import CheckpointCorrupt, ObjectStoreError
 
@@ -73,7 +75,6 @@ PART_BYTES = 8 * 1024 * 1024
 ``TransferConfig`` defaults: measured against moto on loopback, 8 MiB parts uploaded 256 MiB
 faster than 16 MiB ones (the last, slowest parts finish sooner), and ten in flight hold at most
 80 MiB in memory. A file of more than 10 000 parts gets larger parts (:func:`part_size`)."""
-MAX_PARTS = 10_000
 MAX_CONCURRENCY = 10
 PART_CHECKSUM = "CRC32"
 SHA256_META = "sha256"
@@ -106,10 +107,6 @@ class StoreLocation:
 
     def key(self, *parts: str) -> str:
         return "/".join(p for p in (self.prefix, *parts) if p)
-
-
-class _Transient(Exception):
-    """A failure worth retrying that boto3 does not raise itself (a short body, a bad ETag)."""
 
 
 class _UploadGone(Exception):
@@ -182,7 +179,7 @@ class ObjectStore:
                 raise ObjectStoreError(f"{self._where()}: no credentials for {what}; set AWS_ACCESS_KEY_ID and "
                                        "AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)") from e
             except (bex.ConnectionError, bex.HTTPClientError, bex.IncompleteReadError, bex.ResponseStreamingError,
-                    _Transient) as e:
+                    Transient) as e:
                 error = e
             delay = next_delay(self.retry, attempt=attempt, started=started, now=time.monotonic(), draw=random.random())
             if delay is None:
@@ -222,7 +219,7 @@ class ObjectStore:
         def put() -> None:
             r = self.client().put_object(Bucket=self.location.bucket, Key=key, Body=data,
                                          ContentMD5=base64.b64encode(md5.digest()).decode(), Metadata={SHA256_META: sha256})
-            _check_etag(r, md5.hexdigest(), key)
+            check_etag(r, md5.hexdigest(), key)
 
         self.call(f"PUT {key}", put)
 
@@ -233,7 +230,7 @@ class ObjectStore:
                 raise ObjectStoreError(f"{key} is {r['ContentLength']} bytes, more than the {max_bytes} expected")
             data = r["Body"].read()
             if len(data) != int(r["ContentLength"]):
-                raise _Transient(f"GET {key} returned {len(data)} of {r['ContentLength']} bytes")
+                raise Transient(f"GET {key} returned {len(data)} of {r['ContentLength']} bytes")
             return data
 
         return self.call(f"GET {key}", get)
@@ -311,7 +308,7 @@ class ObjectStore:
                 data = os.pread(fd, length, offset)
                 crc = zlib.crc32(data)
                 sent = {"PartNumber": number, "ChecksumCRC32": crc32_b64(crc)}
-                if number in done and _listed_part_matches(done[number], data, crc):
+                if number in done and listed_part_matches(done[number], data, crc):
                     return crc, {**sent, "ETag": done[number].etag}
 
                 def put() -> dict[str, Any]:
@@ -334,7 +331,7 @@ class ObjectStore:
             Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": [p for _, p in results]}))
         return [crc for crc, _ in results]
 
-    def _open_upload(self, key: str) -> tuple[str | None, dict[int, _ListedPart]]:
+    def _open_upload(self, key: str) -> tuple[str | None, dict[int, ListedPart]]:
         """The newest unfinished multipart upload of ``key`` with CRC32 part checksums, and its
         parts; every other one (older, or opened without CRC32 by an older uploader, whose parts
         the store would refuse to mix with ours) is aborted."""
@@ -347,12 +344,12 @@ class ObjectStore:
         if not usable:
             return None, {}
         upload_id = usable[0]["UploadId"]
-        done: dict[int, _ListedPart] = {}
+        done: dict[int, ListedPart] = {}
         marker = 0
         while True:
             page = self.call(f"LIST parts {key}", lambda m=marker: client().list_parts(
                 Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=m))
-            done.update({p["PartNumber"]: _ListedPart(p["ETag"], p.get("ChecksumCRC32")) for p in page.get("Parts", [])})
+            done.update({p["PartNumber"]: ListedPart(p["ETag"], p.get("ChecksumCRC32")) for p in page.get("Parts", [])})
             if not page.get("IsTruncated"):
                 return upload_id, done
             marker = page["NextPartNumberMarker"]
@@ -385,7 +382,7 @@ class ObjectStore:
                                                  Range=f"bytes={offset}-{offset + length - 1}")
                     data = r["Body"].read()
                     if len(data) != length:
-                        raise _Transient(f"GET {key} bytes {offset}+{length} returned {len(data)} bytes")
+                        raise Transient(f"GET {key} bytes {offset}+{length} returned {len(data)} bytes")
                     os.pwrite(fd, data, offset)
 
                 self.call(f"GET {key} bytes {offset}+{length}", get)
@@ -400,64 +397,3 @@ class ObjectStore:
         if h.hexdigest() != sha256:
             raise CheckpointCorrupt(f"{self._where()}: {key} downloaded with sha256 {h.hexdigest()[:8]}…, the manifest "
                                     f"says {sha256[:8]}… (the object is damaged)")
-
-
-def part_size(num_bytes: int, part_bytes: int) -> int:
-    """The part size for a file of ``num_bytes``: ``part_bytes``, or the smallest whole number
-    of MiB that fits the file in S3's 10 000 parts. A function of the file's size alone, so a
-    resumed upload cuts the file where the crashed one did."""
-    mib = 1024 * 1024
-    return max(part_bytes, -(-num_bytes // (MAX_PARTS * mib)) * mib)
-
-
-def crc32_b64(crc: int) -> str:
-    """A CRC32 as S3 writes it: the 4 bytes big-endian, base64."""
-    return base64.b64encode(crc.to_bytes(4, "big")).decode()
-
-
-def composite_crc32(part_crcs: list[int]) -> str:
-    """The object checksum S3 keeps for a multipart upload with CRC32 parts: the CRC32 of the
-    parts' CRC32s (4 bytes each, big-endian, in part order), base64, without its ``-N`` suffix."""
-    return crc32_b64(zlib.crc32(b"".join(c.to_bytes(4, "big") for c in part_crcs)))
-
-
-def stored_composite_crc32(head: dict[str, Any]) -> str | None:
-    """The composite CRC32 of a HEAD answer, without its ``-N``; None from a store that keeps
-    none, or keeps a full-object CRC32 instead (``ChecksumType`` FULL_OBJECT: not comparable)."""
-    value = head.get("ChecksumCRC32")
-    if not value or head.get("ChecksumType", "COMPOSITE") != "COMPOSITE":
-        return None
-    return str(value).partition("-")[0]
-
-
-@dataclass(frozen=True, slots=True)
-class _ListedPart:
-    """A part an unfinished upload already holds, as ListParts describes it."""
-
-    etag: str
-    crc32: str | None
-    """None from a store whose listing carries no checksums (moto's)."""
-
-
-def _listed_part_matches(listed: _ListedPart, data: bytes, crc: int) -> bool:
-    """Whether the stored part is the local one: by its checksum when listed, else its ETag as an MD5."""
-    if listed.crc32 is not None:
-        return listed.crc32 == crc32_b64(crc)
-    return listed.etag.strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest()
-
-
-def check_part(response: dict[str, Any], data: bytes, crc32: str, what: str) -> None:
-    """The store's answer to a part must carry our CRC32; one that carries no checksum at all
-    (a store that predates them) must return the MD5 of what we sent as its ETag."""
-    answered = response.get("ChecksumCRC32")
-    if answered is not None:
-        if answered != crc32:
-            raise _Transient(f"{what}: the store's CRC32 {answered} is not the CRC32 {crc32} of what was sent")
-        return
-    _check_etag(response, hashlib.md5(data, usedforsecurity=False).hexdigest(), what)
-
-
-def _check_etag(response: dict[str, Any], md5_hex: str, what: str) -> None:
-    etag = str(response.get("ETag", "")).strip('"')
-    if etag and "-" not in etag and etag != md5_hex:
-        raise _Transient(f"{what}: the store's ETag {etag} is not the MD5 {md5_hex} of what was sent")
