@@ -122,10 +122,11 @@ class StateRegistry:
             self.register_state("lr_scheduler", lr_scheduler.state_dict, lr_scheduler.load_state_dict)
         self._steppers.append(_Stepper(optimizer, lr_scheduler))
 
-    @property
-    def fetch_beside_collectives(self) -> bool:
-        """False when a hook asks healers to fetch only after the step's collectives."""
-        return all(h.fetch_beside_collectives for h in self._hooks)
+    def fetch_beside_collectives(self, max_step: int) -> bool:
+        """Whether a heal to ``max_step`` fetches beside the step's collectives: unless a hook
+        asks otherwise, and always at step 0 (see ``StepHooks.fetch_beside_collectives``).
+        The healer (when to start) and the donor (whether to wait at its seal) both ask here."""
+        return max_step == 0 or all(h.fetch_beside_collectives for h in self._hooks)
 
     @property
     def names(self) -> list[str]:

@@ -98,8 +98,7 @@ class DonorSide:
         served, self._serving = self._serving, None
         if served is None:
             return None
-        beside = self._registry.fetch_beside_collectives or served.step == 0  # as healer.py decides
-        why = served.seal(HEAL_WAIT_FRACTION * own_s if beside else 0.0)
+        why = served.seal(HEAL_WAIT_FRACTION * own_s if self._registry.fetch_beside_collectives(served.step) else 0.0)
         self._emit("serve_end", served_step=served.step, readers=sorted(served.readers), waited_s=served.waited_s,
                    kept_bytes=served.kept_bytes, reused_buffer=served.reused_buffer, shut=served.shut, ok=not why,
                    error=why or None)

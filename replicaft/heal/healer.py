@@ -102,9 +102,7 @@ class Healer:
                     for name, t in zip(own.names, own.tensors, strict=True)}
         max_bytes = HEAL_SIZE_FACTOR * sum(t.numel() * t.element_size() for t in own.tensors) + HEAL_SIZE_SLACK_BYTES
         self._torn = self._torn or bool(targets)
-        # At step 0 nothing was trained yet: a fetch beside the first sync takes its weights at
-        # once, as torchft's programs expect (the group commits step 0 with the others).
-        deferred = not self._registry.fetch_beside_collectives and plan.max_step > 0
+        deferred = not self._registry.fetch_beside_collectives(plan.max_step)
         self._emit("heal_start", quorum_id=plan.quorum_id, donors=list(plan.donors), max_step=plan.max_step,
                    hold=self._hold_next, deferred=deferred)
         future: concurrent.futures.Future[HealResult] = concurrent.futures.Future()
