@@ -18,8 +18,9 @@ from replicaft.checkpoint.cadence import CadenceLimits, FailureHistory, decide_i
 
 pytestmark = pytest.mark.slow
 
-LIMITS = CadenceLimits(min_s=0.3, max_s=30.0, prior_mtbf_s=300.0)
-"""A prior of 300 s and saves of ~0.05 s put the rule's interval (~5 s) well inside the bounds;
+LIMITS = CadenceLimits(min_s=0.3, max_s=120.0, prior_mtbf_s=300.0)
+"""A prior of 300 s and saves of ~0.05 s put the rule's interval (~5 s) well inside the bounds
+(a loaded machine once took 1.7 s a save, a 32 s interval: the ceiling leaves room for that);
 with one of two groups lost after ~10 s, the member-loss estimate (1/λ + R for the one left,
 ~20 s) undercuts the prior."""
 
@@ -40,7 +41,7 @@ def start_group(lighthouse: str, replica_id: str, tmp: Path) -> ManagedProcess:
     return spawn_python(EXAMPLE, "--steps", "100000", "--step-delay", "0.02", name=replica_id, env=env)
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(360)
 def test_auto_interval_chosen_from_measured_saves_and_shortened_by_a_member_loss(tmp_path: Path) -> None:
     lh = start_lighthouse(status=False)
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path) for rid in ("g0", "g1")}
@@ -60,7 +61,7 @@ def test_auto_interval_chosen_from_measured_saves_and_shortened_by_a_member_loss
 
     # The writer follows it: the next save starts about one interval after the one before.
     wait_for_event(events, lambda e: e["event"] == "checkpoint_start" and e["replica_id"] == "g0"
-                   and e["ts"] > chosen["ts"], 60, "a save at the chosen interval")
+                   and e["ts"] > chosen["ts"], LIMITS.max_s + 30, "a save at the chosen interval")
     log = read_events(events)
     starts = [e["ts"] for e in log if e["event"] == "checkpoint_start" and e["replica_id"] == "g0"]
     later = [t for t in starts if t > chosen["ts"]][0]
