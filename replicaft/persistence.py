@@ -56,6 +56,7 @@ from replicaft.checkpoint.layout import (
 )
 from replicaft.checkpoint.results import SaveResult
 from replicaft.checkpoint.telemetry import CheckpointTelemetry
+from replicaft.content import BufferHashes
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
 from replicaft.preemption import PreemptionWatcher, parse_notice_source
@@ -252,16 +253,17 @@ class Persistence:
                 self._writer.interval_s = self.cadence.interval_s()
         if self._writer is not None and is_writer and self._writer.decide(step).save:
             started = time.monotonic()
-            spare = self._spare.take()
+            spare, content = self._spare.take_with_content()
             deferred = 0
             if self.options.group_world_size > 1:
-                self._in_flight = self._snapshot(state, step, quorum_id, spare)
+                self._in_flight = self._snapshot(state, step, quorum_id, spare, content)
                 self._writer.save_async(self._in_flight, step, self.labels.take(), lineage=self._lineage)
                 host_bytes = self._in_flight.buffer.numel()
             else:
                 self._capture_labels = self.labels.take()
                 self._capture = BackgroundCapture(flatten(state()), step=step, quorum_id=quorum_id,
-                                                  replica_id=self.options.replica_id, out=spare, copy_now=self._copy_now)
+                                                  replica_id=self.options.replica_id, out=spare, copy_now=self._copy_now,
+                                                  content=content)
                 deferred = self._capture.deferred_bytes
                 host_bytes = self._capture.buffer.numel()
             self._blocked_s[step] = time.monotonic() - started
@@ -310,17 +312,18 @@ class Persistence:
         self._report()
 
     def _snapshot(self, state: Callable[[], dict[str, Any]], step: int, quorum_id: int,
-                  out: torch.Tensor | None) -> Snapshot:
+                  out: torch.Tensor | None, content: BufferHashes | None = None) -> Snapshot:
         """A synchronous host copy of the state (no checksums: the writer checksums its files)."""
         return Snapshot.capture(flatten(state()), step=step, quorum_id=quorum_id,
-                                replica_id=self.options.replica_id, with_checksums=False, out=out)
+                                replica_id=self.options.replica_id, with_checksums=False, out=out,
+                                content=content)
 
     def _report(self) -> None:
         if self._writer is None:
             return
         finished = self._writer.pop_finished()
         if finished and self._in_flight is not None and self._writer.statistics().num_pending == 0:
-            self._spare.give(self._in_flight.buffer)
+            self._spare.give(self._in_flight.buffer, self._in_flight.content)
             self._in_flight = None
         for r in finished:
             blocked_s = self._blocked_s.pop(r.step, None)

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import hashlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
 import torch
 
+from replicaft.content import chunk_hashes
 from replicaft.errors import StateError
 from replicaft.skeleton import DICT as _DICT
 from replicaft.skeleton import TENSOR as _TENSOR
@@ -176,11 +177,38 @@ def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().reshape(-1).view(torch.uint8)
 
 
-def digest(flat: Flat) -> str:
-    """A digest of the whole state: equal digests mean bitwise-equal state (tensors and values)."""
+DIGEST_SCHEME = "blake2b-128/sha256-4mib"
+"""How :func:`digest` is computed, recorded beside a digest that is stored (a checkpoint's
+manifest): digests of two schemes cannot be compared."""
+HASH_BATCH_BYTES = 256 * 1024 * 1024
+"""Bytes of host copies (of device tensors) a content pass holds at once."""
+
+
+def content_hashes(tensors: Sequence[torch.Tensor]) -> list[tuple[bytes, ...]]:
+    """Each tensor's content hashes (content.py), hashed in batches of ``HASH_BATCH_BYTES``."""
+    out: list[tuple[bytes, ...]] = []
+    batch: list[torch.Tensor] = []
+    size = 0
+    for i, t in enumerate(tensors):
+        batch.append(tensor_bytes(t))
+        size += batch[-1].numel()
+        if size >= HASH_BATCH_BYTES or i == len(tensors) - 1:
+            out += chunk_hashes([b.numpy().data for b in batch])
+            batch, size = [], 0
+    return out
+
+
+def digest(flat: Flat, hashes: Sequence[Sequence[bytes]] | None = None) -> str:
+    """A digest of the whole state: equal digests mean bitwise-equal state (tensors and values).
+
+    It covers the skeleton, each tensor's dtype and shape, and the tensor's content hashes
+    (content.py); a caller that already holds those for ``flat.tensors`` (a checkpoint writer,
+    whose chunk ids they are) passes them as ``hashes`` and the state is not read again.
+    """
+    hashes = content_hashes(flat.tensors) if hashes is None else hashes
     h = hashlib.blake2b(digest_size=16)
     h.update(msgpack.packb(flat.skeleton, use_bin_type=True))
-    for t in flat.tensors:
+    for t, pieces in zip(flat.tensors, hashes, strict=True):
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
-        h.update(tensor_bytes(t).numpy().data)
+        h.update(b"".join(pieces))
     return h.hexdigest()

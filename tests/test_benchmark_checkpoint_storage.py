@@ -16,7 +16,7 @@ from benchmarks.checkpoint_storage import (
     judge_targets,
     state_chunks,
 )
-from replicaft.checkpoint.chunks import CHUNK_BYTES
+from replicaft.content import CHUNK_BYTES
 from replicaft.state import flatten
 from replicaft.transfer.snapshot import Snapshot
 

@@ -16,7 +16,6 @@ import torch
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, SaveResult
 from replicaft.checkpoint.chain import Parent, decide_chain
-from replicaft.checkpoint.chunks import CHUNK_BYTES
 from replicaft.checkpoint.keys import (
     KEY_ENV,
     KEY_FILE_ENV,
@@ -28,6 +27,7 @@ from replicaft.checkpoint.keys import (
 from replicaft.checkpoint.layout import MANIFEST_FILE
 from replicaft.checkpoint.options import RetentionPolicy
 from replicaft.checkpoint.retention import CheckpointFacts, decide_retention
+from replicaft.content import CHUNK_BYTES
 from replicaft.errors import CheckpointKeyError, OptionsError
 from replicaft.state import digest, flatten
 from replicaft.transfer.snapshot import Snapshot

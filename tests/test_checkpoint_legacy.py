@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import shutil
 from pathlib import Path
 
+import msgpack
 import pytest
 import torch
 
@@ -31,11 +33,23 @@ from replicaft.checkpoint.layout import (
 )
 from replicaft.checkpoint.reader import load
 from replicaft.errors import CheckpointCorrupt
-from replicaft.state import digest, flatten
+from replicaft.state import Flat, digest, flatten, tensor_bytes
 from replicaft.transfer.snapshot import Snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIXTURE = FIXTURES / "checkpoint_v1"
+
+
+def release_digest(flat: Flat) -> str:
+    """The state digest as the releases that wrote the fixtures computed it (one BLAKE2b pass
+    over the skeleton, dtypes, shapes and bytes), which their ``expected.json`` records; this
+    release digests content hashes instead (replicaft/content.py)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(msgpack.packb(flat.skeleton, use_bin_type=True))
+    for t in flat.tensors:
+        h.update(f"{t.dtype}{tuple(t.shape)}".encode())
+        h.update(tensor_bytes(t).numpy().data)
+    return h.hexdigest()
 
 
 def state(step: int) -> dict[str, object]:
@@ -137,7 +151,7 @@ def test_version_1_checkpoint_loads_bitwise(tmp_path: Path, capsys: pytest.Captu
     loaded = CheckpointReader(tmp_path / "old").load_latest_valid()
 
     assert loaded is not None and loaded.step == expected["step"] and loaded.lineage == LEGACY_LINEAGE
-    assert digest(flatten(loaded.state)) == expected["digest"]
+    assert release_digest(flatten(loaded.state)) == expected["digest"]
     assert main(["verify", str(tmp_path / "old" / "step-000000003")]) == 0
     assert capsys.readouterr().out.startswith("valid: step-000000003: 3 files")
 
@@ -149,7 +163,7 @@ def test_previous_release_checkpoint_loads_bitwise_and_the_next_save_continues_i
 
     loaded = CheckpointReader(tmp_path / "old").load_latest_valid()
     assert loaded is not None and (loaded.step, loaded.lineage) == (expected["step"], expected["lineage"])
-    assert digest(flatten(loaded.state)) == expected["digest"]
+    assert release_digest(flatten(loaded.state)) == expected["digest"]
 
     # The next save builds on nothing it cannot chunk: a full base of this release's format,
     # in the same lineage, and the older checkpoint stays readable beside it.
@@ -160,4 +174,24 @@ def test_previous_release_checkpoint_loads_bitwise_and_the_next_save_continues_i
     assert json.loads((result.path / MANIFEST_FILE).read_text())["version"] == 3
     newer = CheckpointReader(tmp_path / "old").load_latest_valid()
     assert newer is not None and (newer.step, newer.lineage) == (6, expected["lineage"])
-    assert digest(flatten(newer.state)) == expected["digest"]
+    assert release_digest(flatten(newer.state)) == expected["digest"]
+    assert digest(flatten(newer.state)) == digest(flatten(loaded.state))
+
+
+def test_a_previous_release_checkpoint_of_the_same_step_is_replaced_saying_why(tmp_path: Path,
+                                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Its digest is of the older scheme (state.DIGEST_SCHEME), so equal states have unequal
+    digests: the save must neither keep it as "this very save" nor call it another history."""
+    fixture = FIXTURES / "checkpoint_v2"
+    expected = json.loads((fixture / "expected.json").read_text())
+    shutil.copytree(fixture, tmp_path / "old")
+    loaded = CheckpointReader(tmp_path / "old").load_latest_valid()
+    assert loaded is not None
+    caplog.set_level(logging.INFO, logger="replicaft")
+    with CheckpointWriter(tmp_path / "old", keep_last=10) as writer:
+        snap = Snapshot.capture(flatten(loaded.state), step=expected["step"], quorum_id=1, replica_id="g0")
+        result = writer.save_async(snap, expected["step"], lineage=loaded.lineage).wait(60)
+    assert result.ok and result.path is not None and "already published" not in result.reason, result.reason
+    assert "an older release wrote it, with another kind of state digest" in caplog.text
+    assert "another state of step" not in caplog.text
+    assert json.loads((result.path / MANIFEST_FILE).read_text())["metadata"]["digest"] == digest(flatten(loaded.state))

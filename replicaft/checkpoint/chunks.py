@@ -19,25 +19,20 @@ checkpoint rather than of a tier. A chunk of 4 MiB is large enough that zstd and
 full speed and the per-chunk overhead (29 bytes, one index entry) is negligible, and small
 enough that a change to part of a large tensor (an embedding row) rewrites only its chunk.
 
-**Rejected: skipping the hash of tensors that did not change.** Every save names every chunk,
-so an increment of a fine-tuning run still reads the frozen embedding once (issue 22: an
-incremental save took 0.77x a full one). A cache from the live tensor's version counter
-(storage, ``_version``, dtype, shape, stride) to its chunk ids would be unsound. On torch
-2.13, fused AdamW (``fused=True``) rewrites the parameters and both moments without bumping
-``_version`` (the foreach and for-loop implementations do bump it); a write through ``.data``
-bumps a counter the parameter does not share; and replicaft's own heal
+A save hashes the state once (``replicaft/content.py``): the chunk ids of an unencrypted
+checkpoint are the state's content hashes, which the manifest's state digest is built from,
+so neither the chunk ids nor the digest read the state a second time. An encrypted
+checkpoint's ids are keyed, so its writer hashes the chunks once more under the key.
+
+**Rejected: skipping the hash of tensors that did not change** by a cache from the live
+tensor's version counter (storage, ``_version``, dtype, shape, stride) to its chunk ids. On
+torch 2.13, fused AdamW (``fused=True``) rewrites the parameters and both moments without
+bumping ``_version`` (the foreach and for-loop implementations do bump it); a write through
+``.data`` bumps a counter the parameter does not share; and replicaft's own heal
 (transfer/placement.py) receives the donor's bytes into the live tensors through NumPy
 views, which no counter sees. After any of these, a save would refer to the previous save's
 chunk, the restore would verify that chunk against its (old) id, and the old values would
 load without an error. The writer also sees only the host snapshot, never the live tensors.
-A cache keyed on the content (a fast 128-bit hash such as XXH3, then this id) would see every
-write path, at the cost of a dependency and a non-cryptographic key. Profiled on the
-benchmark's fine-tuning save, the SHA-256 ids are ~25 % of an incremental save, and the
-whole-state BLAKE2b digest the writer puts in the manifest (replicaft/state.py, a second pass
-over every byte) ~38 %. Neither pass alone, nor both, reaches the issue's 0.35x: with the
-digest skipped and a content-keyed cache in both writers (CRC32 standing in for XXH3), an
-increment still took 0.44-0.47x a full save of the same writer (84 % and 93 % frozen), the
-rest being fixed costs (DCP's planning, file checksums and fsyncs, manifest, catalog).
 """
 
 from __future__ import annotations
@@ -53,7 +48,6 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.errors import CheckpointCorrupt
 
-CHUNK_BYTES = 4 * 1024 * 1024
 ID_BYTES = 32
 _COMPRESSED = 1
 _ENCRYPTED = 2

@@ -18,7 +18,7 @@ import importlib.metadata
 import logging
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from replicaft.checkpoint.policy import enough_space
 from replicaft.checkpoint.reader import check, scan_checkpoints
 from replicaft.checkpoint.results import SaveResult
 from replicaft.errors import CheckpointCorrupt
-from replicaft.state import Flat, digest
+from replicaft.state import DIGEST_SCHEME, Flat, digest
 from replicaft.transfer.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
@@ -144,9 +144,11 @@ class Publisher:
             return Prepared(None, SaveResult(step, "failed", reason))
         return Prepared(tmp, None, chain.parent, chain.chain_position, checkpoint_dirname(step, request.lineage))
 
-    def publish(self, request: SaveRequest, layout: StateLayout, tensors: list[torch.Tensor], prepared: Prepared,
-                started: float) -> SaveResult:
+    def publish(self, request: SaveRequest, layout: StateLayout, tensors: list[torch.Tensor],
+                hashes: Sequence[Sequence[bytes]], prepared: Prepared, started: float) -> SaveResult:
         """After every rank's ``dcp.save`` returned: seal, verify, rename, then tier 2 and retention.
+
+        ``hashes`` are ``tensors``' content hashes (replicaft/content.py), for the digest.
 
         Raises OSError or CheckpointCorrupt (the index lacks a tensor) before the rename;
         the caller turns that into :meth:`fail`.
@@ -164,7 +166,7 @@ class Publisher:
         if missing:
             raise CheckpointCorrupt(f"{tmp.name}: the tensor index lacks {len(missing)} tensors, e.g. {missing[:3]}")
         files = tuple(checksum_and_fsync(p) for p in sorted(tmp.iterdir()) if p.is_file())
-        state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]))
+        state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]), hashes)
         name = checkpoint_dirname(step, request.lineage)
         requires = tuple(sorted({ref.location for piece in pieces.values() for ref in piece.chunks} - {name}))
         manifest = CheckpointManifest(
@@ -227,6 +229,11 @@ class Publisher:
             self._log(logging.WARNING, step, "replacing damaged checkpoint %s (%s)", final, e)
             discard(final, step)
             return False
+        if existing.metadata.get("digest_scheme") != DIGEST_SCHEME:
+            self._log(logging.INFO, step, "replacing %s: an older release wrote it, with another kind of state digest, "
+                      "so it cannot be told equal to this save", final)
+            discard(final, step)
+            return False
         if existing.metadata.get("digest") == manifest.metadata["digest"]:
             self._log(logging.INFO, step, "checkpoint %s already published and intact; kept it", final)
             return True
@@ -248,6 +255,7 @@ class Publisher:
             "replicaft_version": version,
             "torch_version": torch.__version__,
             "digest": state_digest,
+            "digest_scheme": DIGEST_SCHEME,
             CODE_VERSION_KEY: code_version(),
         }
 

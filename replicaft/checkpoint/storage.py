@@ -27,7 +27,7 @@ background writer.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +46,11 @@ from torch.distributed.checkpoint.planner import (
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from replicaft.checkpoint.chunks import CHUNK_BYTES, ChunkCodec
+from replicaft.checkpoint.chunks import ChunkCodec
 from replicaft.checkpoint.entries import open_regular, read_small
 from replicaft.checkpoint.index import ChunkRef, StoredPiece, decode_index, dtype_name, encode_index
 from replicaft.checkpoint.layout import TENSORS_FILE, pack_name
+from replicaft.content import CHUNK_BYTES
 from replicaft.errors import CheckpointCorrupt
 from replicaft.state import DTYPES
 
@@ -70,16 +71,23 @@ class ChunkStorageWriter(StorageWriter):
 
     ``known`` maps chunk ids to where the parent checkpoint's chain holds them (empty for a
     base); ``location`` is the final name of the checkpoint being written, which its own
-    chunk references carry.
+    chunk references carry. ``content`` pairs the snapshot's tensors with their content hashes
+    (replicaft/content.py): without encryption those are the chunk ids, so a tensor DCP hands
+    over as that same memory, found by its address ``(data_ptr, nbytes)``, is not hashed
+    again. The address is a sound key only while those tensors live and do not change, which a
+    snapshot being saved guarantees; any other tensor (a copy, a narrowed shard) is hashed here.
     """
 
-    def __init__(self, directory: Path, *, rank: int, location: str, codec: ChunkCodec, known: dict[bytes, ChunkRef]) -> None:
+    def __init__(self, directory: Path, *, rank: int, location: str, codec: ChunkCodec, known: dict[bytes, ChunkRef],
+                 content: Iterable[tuple[torch.Tensor, Sequence[bytes]]] = ()) -> None:
         super().__init__()
         self.directory = directory
         self.rank = rank
         self.location = location
         self.codec = codec
         self.known = dict(known)
+        self.content = {(t.data_ptr(), t.numel() * t.element_size()): h for t, h in content
+                        if t.numel() and t.is_contiguous()} if codec.key is None else {}
         self.num_new_bytes = 0
         """Bytes this rank wrote to its pack (what the save cost)."""
 
@@ -109,10 +117,11 @@ class ChunkStorageWriter(StorageWriter):
                 tensor = planner.resolve_data(item)
                 assert isinstance(tensor, torch.Tensor)
                 data = piece_bytes(tensor)
+                hashed = self.content.get((tensor.data_ptr(), len(data))) if tensor.is_contiguous() else None
                 refs = []
-                for start in range(0, len(data), CHUNK_BYTES):
+                for n, start in enumerate(range(0, len(data), CHUNK_BYTES)):
                     chunk = data[start : start + CHUNK_BYTES]
-                    chunk_id = self.codec.chunk_id(chunk)
+                    chunk_id = hashed[n] if hashed is not None else self.codec.chunk_id(chunk)
                     ref = self.known.get(chunk_id)
                     if ref is None:
                         stored = self.codec.encode(chunk_id, chunk)

@@ -73,6 +73,7 @@ from replicaft.checkpoint.publisher import Publisher, SaveRequest, disk_free_byt
 from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
 from replicaft.checkpoint.saveplan import plan_save
 from replicaft.checkpoint.storage import ChunkStorageWriter
+from replicaft.content import buffer_hashes
 from replicaft.errors import OptionsError
 from replicaft.threads import lower_thread_priority
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
@@ -375,8 +376,11 @@ class CheckpointWriter:
         assert prepared.tmp is not None
         tensors = tensors_from_buffer(request.snapshot.buffer, request.snapshot.manifest)
         try:
-            storage = ChunkStorageWriter(prepared.tmp, rank=self._rank, location=prepared.name,
-                                         codec=self._codec, known=known_chunks(self.directory, prepared.parent))
+            hashes = buffer_hashes(request.snapshot.buffer.numpy().data, [(t.offset, t.num_bytes) for t in
+                                   request.snapshot.manifest.tensors], request.snapshot.content)  # ids and digest: one pass
+            storage = ChunkStorageWriter(prepared.tmp, rank=self._rank, location=prepared.name, codec=self._codec,
+                                         known=known_chunks(self.directory, prepared.parent),
+                                         content=zip(tensors, hashes, strict=True))
             dcp.save(
                 {dcp_key(spec.name, self._rank if spec.own else None): sh.wrap(t) if sh is not None else t
                  for spec, t, sh in zip(plan.layout.tensors, tensors, plan.shardings, strict=True)},
@@ -384,7 +388,7 @@ class CheckpointWriter:
                 process_group=self._pg,
                 no_dist=self._pg is None,
             )
-            result = self._publisher.publish(request, plan.layout, tensors, prepared, started) if leader else None
+            result = self._publisher.publish(request, plan.layout, tensors, hashes, prepared, started) if leader else None
         # DCP's CheckpointException derives from BaseException, so name it; the rest are
         # OSError (ENOSPC, EIO), CheckpointCorrupt, and torch's RuntimeErrors from torch.save.
         except (Exception, dcp.CheckpointException) as e:

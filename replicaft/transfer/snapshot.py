@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from replicaft.content import BufferHashes, copy_changed
 from replicaft.device import CopyEvent, CopyStream, device_of, raw_bytes, stream_for
 from replicaft.errors import StateError
 from replicaft.state import DTYPES, SMALL_TENSOR_BYTES, Flat, Sharding, tensor_bytes
@@ -39,6 +40,9 @@ class Snapshot:
     manifest: Manifest
     shardings: tuple[Sharding | None, ...] | None = None
     """From :attr:`Flat.shardings`: for a checkpoint writer, never served."""
+    content: BufferHashes | None = None
+    """What is known of the buffer's content hashes (replicaft/content.py): the pieces a
+    capture found unchanged in a reused buffer; the checkpoint writer adds the rest."""
 
     @classmethod
     def capture(
@@ -52,13 +56,15 @@ class Snapshot:
         with_checksums: bool = True,
         out: torch.Tensor | None = None,
         stream: CopyStream | None = None,
+        content: BufferHashes | None = None,
     ) -> Snapshot:
         """Copy the state into one host buffer. ``with_checksums=False`` skips the per-chunk
         digests (a pass over the bytes): a checkpoint writer checksums its files itself, and only a
         snapshot served to healers needs them. ``out`` (uint8, large enough) is reused instead of
         a fresh allocation: a fresh buffer costs a page fault per 4 KiB, about half the copy's
-        time (measured), and nothing may still be reading ``out``."""
-        plan = CopyPlan(flat, out, stream)
+        time (measured), and nothing may still be reading ``out``; ``content``, what ``out``
+        holds (its last snapshot's :attr:`content`), spares copying and hashing what did not change."""
+        plan = CopyPlan(flat, out, stream, content)
         plan.copy(range(len(flat.tensors)))
         return plan.snapshot(step=step, quorum_id=quorum_id, replica_id=replica_id, chunk_bytes=chunk_bytes,
                              with_checksums=with_checksums)
@@ -124,9 +130,10 @@ class BackgroundCapture:
         copy_now: frozenset[str] = frozenset(),
         copy_now_bytes: int = SMALL_TENSOR_BYTES,
         stream: CopyStream | None = None,
+        content: BufferHashes | None = None,
     ) -> None:
         self.step = step
-        self._plan = CopyPlan(flat, out, stream)
+        self._plan = CopyPlan(flat, out, stream, content)
         self._header = {"step": step, "quorum_id": quorum_id, "replica_id": replica_id}
         now, later = [], []
         for i, (name, t) in enumerate(zip(flat.names, flat.tensors, strict=True)):
@@ -224,9 +231,12 @@ class CopyPlan:
     Tensors ``stream`` stages (device tensors, on the process's copy stream of their device
     unless one is given) are copied by queued copies into the buffer, pinned where the stream
     pins: a reused ``out`` that is not pinned is replaced once, then the pinned one is reused.
+    ``content``: the content hashes of what ``out`` holds; host tensors' pieces found unchanged
+    are not copied and keep their hashes (:attr:`content`, content.copy_changed).
     """
 
-    def __init__(self, flat: Flat, out: torch.Tensor | None, stream: CopyStream | None = None) -> None:
+    def __init__(self, flat: Flat, out: torch.Tensor | None, stream: CopyStream | None = None,
+                 content: BufferHashes | None = None) -> None:
         self.flat = flat
         self.sizes = [t.numel() * t.element_size() for t in flat.tensors]
         self.offsets, self.total = layout(self.sizes)
@@ -248,6 +258,8 @@ class CopyPlan:
         self.ends = [*self.offsets[1:], self.total] if self.offsets else []
         if stream is not None and self._staged:
             stream.after_compute()
+        self._known = content if self.reused and content else None
+        self.content: BufferHashes = {}
 
     def staged(self, i: int) -> bool:
         """Whether tensor ``i`` is copied by the copy stream (see :meth:`wait_copies`)."""
@@ -267,8 +279,11 @@ class CopyPlan:
             event = self._stream.copy(self.buffer[offset + lo : offset + hi], raw_bytes(self.flat.tensors[i])[lo:hi])
             with self._events_lock:
                 self._events.append(event)
-        else:
+        elif self._known is None:
             self.buffer[offset + lo : offset + hi].copy_(tensor_bytes(self.flat.tensors[i])[lo:hi])
+        else:
+            copy_changed(tensor_bytes(self.flat.tensors[i])[lo:hi], self.buffer[offset + lo : offset + hi], offset=offset,
+                         lo=lo, size=self.sizes[i], known=self._known, kept=self.content)
         if hi == self.sizes[i]:
             # The alignment padding is part of the checksummed bytes: left uninitialised, two
             # donors of the same state would disagree (seen: "donors disagree" with equal digests).
@@ -297,7 +312,7 @@ class CopyPlan:
 
     def snapshot(self, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int, with_checksums: bool) -> Snapshot:
         m = self.manifest(step=step, quorum_id=quorum_id, replica_id=replica_id, chunk_bytes=chunk_bytes)
-        snapshot = Snapshot(self.buffer, m, self.shardings)
+        snapshot = Snapshot(self.buffer, m, self.shardings, self.content)
         return checksummed(snapshot) if with_checksums else snapshot
 
     def segments(self, is_live: Callable[[int], bool], start: int = 0, stop: int | None = None) -> list[torch.Tensor]:

@@ -6,6 +6,8 @@ import threading
 
 import torch
 
+from replicaft.content import BufferHashes
+
 
 class SpareBuffer:
     """The host buffer a rank's next copy of its state reuses, once nothing reads it.
@@ -20,16 +22,25 @@ class SpareBuffer:
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
+        self._content: BufferHashes | None = None
         self._lock = threading.Lock()
 
     def take(self) -> torch.Tensor | None:
-        """The spare buffer, now the caller's alone; None if there is none."""
-        with self._lock:
-            buffer, self._buffer = self._buffer, None
-        return buffer
+        """The spare buffer, now the caller's alone; None if there is none. What it held is
+        forgotten: the caller may write it any way it likes."""
+        return self.take_with_content()[0]
 
-    def give(self, buffer: torch.Tensor) -> None:
-        """Keep ``buffer`` for the next copy (the larger one, if another was given meanwhile)."""
+    def take_with_content(self) -> tuple[torch.Tensor | None, BufferHashes | None]:
+        """The spare buffer and the content hashes of what it holds (replicaft/content.py),
+        for a caller that writes it only through ``CopyPlan`` (a checkpoint capture)."""
+        with self._lock:
+            taken = self._buffer, self._content
+            self._buffer, self._content = None, None
+        return taken
+
+    def give(self, buffer: torch.Tensor, content: BufferHashes | None = None) -> None:
+        """Keep ``buffer`` for the next copy (the larger one, if another was given meanwhile),
+        with ``content``, the hashes of what it holds, where the giver knows them."""
         with self._lock:
             if self._buffer is None or buffer.numel() > self._buffer.numel():
-                self._buffer = buffer
+                self._buffer, self._content = buffer, content
