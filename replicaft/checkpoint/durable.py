@@ -29,27 +29,17 @@ def new_token() -> str:
     return uuid.uuid4().hex
 
 
-def checksum_and_fsync(path: Path) -> FileEntry:
-    """Hash ``path`` (SHA-256) and fsync it, in one read pass."""
+def file_entry(path: Path) -> FileEntry:
+    """``path``'s manifest entry: its size and SHA-256. It does not fsync: a checkpoint's files
+    are durable already, fsynced by whoever wrote them (storage.py's packs and index,
+    :func:`write_durably`), and a second fsync of each cost a save milliseconds under load."""
     h = hashlib.sha256()
     num_bytes = 0
     with open(path, "rb") as f:
         while chunk := f.read(READ_BYTES):
             h.update(chunk)
             num_bytes += len(chunk)
-        os.fsync(f.fileno())
     return FileEntry(path.name, num_bytes, h.hexdigest())
-
-
-def file_sha256(path: Path) -> tuple[int, str]:
-    """``(num_bytes, hex digest)`` of ``path``."""
-    h = hashlib.sha256()
-    num_bytes = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(READ_BYTES):
-            h.update(chunk)
-            num_bytes += len(chunk)
-    return num_bytes, h.hexdigest()
 
 
 def write_durably(path: Path, data: bytes) -> None:

@@ -68,9 +68,11 @@ class Housekeeper:
         tier2_path, tier2_error = self._copy_to_tier2(final, manifest)
         if self.uploader is not None:
             self.uploader.submit(final)
+        decision, deleted = self._apply_retention(self.directory, manifest.step, manifest.lineage)
         if self.catalog is not None:
-            self.catalog.record(entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)))
-        deleted = self._apply_retention(self.directory, manifest.step, manifest.lineage)
+            self.catalog.record(entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)),
+                                roles={checkpoint_dirname(v.step, manifest.lineage): v.kept_as for v in decision.verdicts if v.keep},
+                                removed=[checkpoint_dirname(old, manifest.lineage) for old in deleted])
         return tier2_path, tier2_error, deleted
 
     def remove_leftovers_once(self, directory: Path) -> None:
@@ -99,12 +101,15 @@ class Housekeeper:
             error = f"copying {final} to tier 2 ({self.tier2_directory}) failed: {type(e).__name__}: {e}"
             self._log(logging.ERROR, manifest.step, "%s; the tier-1 checkpoint is unaffected", error)
             return None, error
-        self._apply_retention(self.tier2_directory, manifest.step, manifest.lineage)
+        _, deleted = self._apply_retention(self.tier2_directory, manifest.step, manifest.lineage)
+        if self.catalog is not None:
+            self.catalog.set_tier([checkpoint_dirname(old, manifest.lineage) for old in deleted], "tier2", present=False)
         return copy, None
 
-    def _apply_retention(self, directory: Path, step: int, lineage: str) -> tuple[int, ...]:
+    def _apply_retention(self, directory: Path, step: int, lineage: str) -> tuple[RetentionDecision, tuple[int, ...]]:
         """Delete what retention says among this history's checkpoints (another history's are
-        not this writer's to judge); one failed delete is logged and does not stop the others."""
+        not this writer's to judge); one failed delete is logged and does not stop the others.
+        Returns the decision and the steps deleted."""
         steps = {name.step: path for name, path in scan_checkpoints(directory).found if name.lineage == lineage}
         pending = self.uploader.pending_names() if self.uploader is not None and directory == self.directory else ()
         decision = decide_retention(retention_facts(directory, lineage, pending).values(), self.retention)
@@ -117,20 +122,7 @@ class Housekeeper:
                 self._log(logging.WARNING, step, "retention could not delete %s: %s", steps[old], e)
         if deleted:
             self._log(logging.INFO, step, "retention in %s: %s", directory, decision.reason)
-        if self.catalog is not None:
-            self._catalog_retention(self.catalog, directory, lineage, decision, deleted)
-        return tuple(deleted)
-
-    def _catalog_retention(
-        self, catalog: Catalog, directory: Path, lineage: str, decision: RetentionDecision, deleted: list[int]
-    ) -> None:
-        """The catalog after retention: why each checkpoint is kept, and which are gone from where."""
-        gone = [checkpoint_dirname(old, lineage) for old in deleted]
-        if directory != self.directory:
-            catalog.set_tier(gone, "tier2", present=False)
-            return
-        catalog.set_roles({checkpoint_dirname(v.step, lineage): v.kept_as for v in decision.verdicts if v.keep})
-        catalog.remove(gone)
+        return decision, tuple(deleted)
 
     def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)

@@ -32,8 +32,8 @@ from replicaft.checkpoint.chain import decide_chain
 from replicaft.checkpoint.chainfiles import find_parent
 from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
 from replicaft.checkpoint.durable import (
-    checksum_and_fsync,
     discard,
+    file_entry,
     new_token,
     publish,
     remove_partial,
@@ -165,7 +165,7 @@ class Publisher:
         missing = [key for key in expected if key not in saved]
         if missing:
             raise CheckpointCorrupt(f"{tmp.name}: the tensor index lacks {len(missing)} tensors, e.g. {missing[:3]}")
-        files = tuple(checksum_and_fsync(p) for p in sorted(tmp.iterdir()) if p.is_file())
+        files = tuple(file_entry(p) for p in sorted(tmp.iterdir()) if p.is_file())
         state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]), hashes)
         name = checkpoint_dirname(step, request.lineage)
         requires = tuple(sorted({ref.location for piece in pieces.values() for ref in piece.chunks} - {name}))
