@@ -121,8 +121,15 @@ def code_version() -> str:
             return done.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         pass
+    version = installed_version()
+    return f"replicaft {version}" if version != "unknown" else version
+
+
+@functools.cache
+def installed_version() -> str:
+    """The installed replicaft's version, or "unknown"; looked up once (a few ms a save)."""
     try:
-        return f"replicaft {importlib.metadata.version('replicaft')}"
+        return importlib.metadata.version("replicaft")
     except importlib.metadata.PackageNotFoundError:
         return "unknown"
 

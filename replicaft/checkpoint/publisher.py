@@ -14,7 +14,6 @@ runs this module, so only one process ever names, renames or deletes checkpoints
 
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import shutil
 import time
@@ -27,7 +26,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from replicaft.checkpoint.agreement import Prepared
-from replicaft.checkpoint.catalog import code_version
+from replicaft.checkpoint.catalog import code_version, installed_version
 from replicaft.checkpoint.chain import decide_chain
 from replicaft.checkpoint.chainfiles import find_parent
 from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
@@ -244,15 +243,11 @@ class Publisher:
         return False
 
     def _base_metadata(self, request: SaveRequest, state_digest: str) -> dict[str, Any]:
-        try:
-            version = importlib.metadata.version("replicaft")
-        except importlib.metadata.PackageNotFoundError:
-            version = "unknown"
         return {
             "quorum_id": request.snapshot.manifest.quorum_id,
             "replica_id": request.snapshot.manifest.replica_id,
             "group_world_size": self.group_world_size,
-            "replicaft_version": version,
+            "replicaft_version": installed_version(),
             "torch_version": torch.__version__,
             "digest": state_digest,
             "digest_scheme": DIGEST_SCHEME,
