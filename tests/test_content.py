@@ -12,7 +12,7 @@ import torch
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter
 from replicaft.checkpoint.keys import EncryptionKey
-from replicaft.checkpoint.layout import MANIFEST_FILE
+from replicaft.checkpoint.layout import MANIFEST_FILE, TENSORS_FILE
 from replicaft.content import CHUNK_BYTES, buffer_hashes, chunk_hashes, copy_changed
 from replicaft.state import Flat, content_hashes, digest, flatten
 from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
@@ -133,3 +133,19 @@ def test_saves_captured_into_the_last_buffer_restore_bitwise_and_write_only_what
     assert loaded is not None and loaded.step == 3
     assert digest(flatten(loaded.state)) == digest(flatten(frozen_state(3)))
     assert json.loads((loaded.path / MANIFEST_FILE).read_text())["metadata"]["digest"] == digest(flatten(frozen_state(3)))
+
+
+def test_an_increment_reads_its_parents_index_again_once_that_file_changed(tmp_path: Path,
+                                                                           caplog: pytest.LogCaptureFixture) -> None:
+    """The writer keeps the chunks of the index it published last, for the next increment; an
+    index damaged since (rewritten in place) is read again and, unreadable, makes the save
+    write every chunk (chainfiles.known_chunks), never refer into a damaged parent."""
+    with CheckpointWriter(tmp_path, keep_last=5, chain_length=5) as writer:
+        first = writer.save_async(Snapshot.capture(flatten(frozen_state(1)), step=1, quorum_id=1, replica_id="g"), 1).wait(60)
+        second = writer.save_async(Snapshot.capture(flatten(frozen_state(2)), step=2, quorum_id=1, replica_id="g"), 2).wait(60)
+        assert first.ok and second.ok and second.path is not None and second.num_bytes < CHUNK_BYTES  # from memory
+        index = second.path / TENSORS_FILE
+        index.write_bytes(b"\xff" * index.stat().st_size)  # same size: only reading it tells
+        third = writer.save_async(Snapshot.capture(flatten(frozen_state(3)), step=3, quorum_id=1, replica_id="g"), 3).wait(60)
+    assert third.ok and third.num_bytes > 3 * CHUNK_BYTES, third
+    assert "this save writes every chunk" in caplog.text

@@ -60,7 +60,6 @@ import torch.distributed.checkpoint as dcp
 
 from replicaft.checkpoint.agreement import agree_prepared, agree_result
 from replicaft.checkpoint.catalog import Catalog
-from replicaft.checkpoint.chainfiles import known_chunks
 from replicaft.checkpoint.chunks import ChunkCodec
 from replicaft.checkpoint.housekeeping import Housekeeper
 from replicaft.checkpoint.keys import EncryptionKey
@@ -186,7 +185,7 @@ class CheckpointWriter:
             housekeeper=Housekeeper(self.directory, tier2_directory=self.tier2_directory, retention=self.retention,
                                     uploader=self.uploader, catalog=self.catalog, writer_id=writer_id),
         )
-        """Group rank 0's stages of each save (publisher.py); the other ranks never call it."""
+        """Group rank 0's stages of each save (publisher.py); the others only ask it for a parent's chunks."""
         self.wait_when_busy_s = wait_when_busy_s
         self._last_handle: SaveHandle | None = None
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
@@ -379,7 +378,7 @@ class CheckpointWriter:
             hashes = buffer_hashes(request.snapshot.buffer.numpy().data, [(t.offset, t.num_bytes) for t in
                                    request.snapshot.manifest.tensors], request.snapshot.content)  # ids and digest: one pass
             storage = ChunkStorageWriter(prepared.tmp, rank=self._rank, location=prepared.name, codec=self._codec,
-                                         known=known_chunks(self.directory, prepared.parent),
+                                         known=self._publisher.known_chunks(prepared.parent),
                                          content=zip(tensors, hashes, strict=True))
             dcp.save(
                 {dcp_key(spec.name, self._rank if spec.own else None): sh.wrap(t) if sh is not None else t
