@@ -64,6 +64,10 @@ class LaunchOptions:
     """Warm standby processes kept for restarts; None: 1 with W = 1, 0 otherwise."""
     standby_reserve: bool = True
     """Have each standby fault in memory for the restarted group's buckets and heal (reserve.py)."""
+    torchft: bool = False
+    """SCRIPT is a torchft program: ``import torchft`` resolves to replicaft's shim (the alias
+    folder leads the groups' PYTHONPATH), and each group gets torchft's ``REPLICA_GROUP_ID``
+    (its index) and ``NUM_REPLICA_GROUPS``, which torchft's examples read."""
 
     def __post_init__(self) -> None:
         for name, (flag, lo, hi) in NUMBER_FLAGS.items():
@@ -87,6 +91,8 @@ class LaunchOptions:
                 f"--standbys {self.standbys} with --ranks-per-group {self.ranks_per_group}: torchrun starts the "
                 "ranks of a W > 1 group, so they cannot run in a standby; use --standbys 0"
             )
+        if not isinstance(self.torchft, bool):
+            raise OptionsError(f"torchft={self.torchft!r}; give True or False (--torchft)")
         if not isinstance(self.replica_prefix, str):
             raise OptionsError(f"--replica-prefix {self.replica_prefix!r}; give a string such as 'g'")
         # The one rule for replica ids (lighthouse/replica_id.py); the last id is the longest.
@@ -140,6 +146,9 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
     p.add_argument("--no-standby-reserve", dest="standby_reserve", action="store_false",
                    help="do not have standbys fault in memory the size of a group's state for its restart "
                    "(each then holds ~300 MB instead of that much more)")
+    p.add_argument("--torchft", action="store_true",
+                   help="SCRIPT is a torchft program: `import torchft` runs on replicaft's shim, and each group "
+                   "gets REPLICA_GROUP_ID and NUM_REPLICA_GROUPS")
     p.add_argument("script", metavar="SCRIPT", help="training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for SCRIPT")
     args = p.parse_args(argv)
@@ -163,6 +172,7 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
         stop_grace_s=args.stop_grace,
         standbys=args.standbys,
         standby_reserve=args.standby_reserve,
+        torchft=args.torchft,
     )
 
 

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from replicaft.compat import TORCHFT_ALIAS_DIR
 from replicaft.console import (
     TORCHRUN_ROLE,
     Console,
@@ -105,6 +106,14 @@ class Launcher:
         env = {k: v for k, v in os.environ.items() if k not in _GROUP_VARIABLES}
         env.update(self._job_secret)
         env["PYTHONUNBUFFERED"] = "1"
+        # gRPC's fork handlers crash a child forked while the manager's gRPC threads run: a
+        # DataLoader with workers (fork, torch's default on Linux, as in torchft's train_ddp.py)
+        # segfaulted in every worker here (grpcio 1.85). The children never use gRPC, so the
+        # handlers have nothing to keep; the caller's own setting wins.
+        env.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+        if self.options.torchft:
+            # On the path at interpreter start, so a warm standby (started before any group dies) has it too.
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TORCHFT_ALIAS_DIR), env.get("PYTHONPATH")]))
         return env
 
     def group_variables(self, group: Group) -> dict[str, str]:
@@ -116,6 +125,10 @@ class Launcher:
         }
         if self.options.min_replicas is not None:
             variables["REPLICAFT_MIN_REPLICAS"] = str(self.options.min_replicas)
+        if self.options.torchft:
+            # What torchft's examples read to name and shard their group (train_ddp.py, train_diloco.py).
+            variables["REPLICA_GROUP_ID"] = str(self.options.replica_ids().index(group.replica_id))
+            variables["NUM_REPLICA_GROUPS"] = str(self.options.num_groups)
         return variables
 
     def cold_argv(self, group: Group) -> list[str]:

@@ -164,7 +164,7 @@ class Manager:
         quorum = _seconds(quorum_timeout) if quorum_timeout is not None else _env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC")
         options = replicaft.ManagerOptions(
             lighthouse=lighthouse,
-            replica_id=replica_id or os.environ.get("REPLICA_GROUP_ID") or os.environ.get("REPLICAFT_REPLICA_ID") or str(uuid.uuid4()),
+            replica_id=replica_id or os.environ.get("REPLICAFT_REPLICA_ID") or os.environ.get("REPLICA_GROUP_ID") or str(uuid.uuid4()),
             group_rank=rank if rank is not None else int(os.environ.get("RANK", "0")),
             group_world_size=world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),
             group_store=group_store,

@@ -1,0 +1,175 @@
+"""torchft's own example programs run unchanged under ``replicaft-launch --torchft`` (issue 21).
+
+``train_ddp.py`` comes from torchft 0.2.0's sdist, fetched and checked against its pinned
+sha256 by ``benchmarks/torchft_examples.py`` (no copy is kept in this repository); without
+network the test skips, naming the URL. Its CIFAR-10 download is replaced by the offline
+stand-in ``benchmarks/torchft_offline/torchvision``. The program is run as torchft ships it:
+its 1 GB ``useless`` embedding, AdamW, a ``StatefulDataLoader`` with two forked workers, a
+profiler, and a loop that stops only at step 10,000, so the test stops the launcher itself.
+
+First the pure parts (the launcher's flag, the fetch's checks), then the real run.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import signal
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import REPO_ROOT, spawn_python, start_lighthouse
+from test_launch import wait_for_event
+from training_events import assert_digests_agree, read_events
+
+from benchmarks.torchft_examples import (
+    OFFLINE_DATA_DIR,
+    PROGRAMS,
+    SDIST_URL,
+    ProgramUnavailable,
+    check_sha256,
+    extract_programs,
+    program_path,
+)
+from replicaft.compat import TORCHFT_ALIAS_DIR
+from replicaft.console import Console
+from replicaft.launch import Launcher, parse_args
+from replicaft.launch.groups import Group
+
+# -- the launcher's --torchft ------------------------------------------------------------------
+
+
+def _launcher(tmp_path: Path, *flags: str) -> Launcher:
+    script = tmp_path / "train.py"
+    script.write_text("")
+    options = parse_args(["--lighthouse", "127.0.0.1:29510", "--events-dir", str(tmp_path), "--groups", "3",
+                          *flags, str(script)])
+    return Launcher(options, Console(io.StringIO(), io.StringIO(), live=False))
+
+
+def test_torchft_flag_gives_each_group_torchfts_variables_and_the_alias_folder_first(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/mine")
+    launcher = _launcher(tmp_path, "--torchft", "--replica-prefix", "train_ddp_")
+    variables = launcher.group_variables(Group("train_ddp_2"))
+    assert (variables["REPLICA_GROUP_ID"], variables["NUM_REPLICA_GROUPS"]) == ("2", "3")
+    assert variables["REPLICAFT_REPLICA_ID"] == "train_ddp_2"
+    assert launcher._base_env()["PYTHONPATH"] == f"{TORCHFT_ALIAS_DIR}{os.pathsep}/mine"
+
+
+def test_without_torchft_flag_the_groups_get_neither(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONPATH", "/mine")
+    launcher = _launcher(tmp_path)
+    assert not {"REPLICA_GROUP_ID", "NUM_REPLICA_GROUPS"} & set(launcher.group_variables(Group("g0")))
+    assert launcher._base_env()["PYTHONPATH"] == "/mine"
+
+
+@pytest.mark.parametrize(("caller", "expected"), [(None, "0"), ("1", "1")])
+def test_launched_groups_run_without_grpc_fork_handlers_unless_the_caller_says(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caller: str | None, expected: str) -> None:
+    if caller is None:
+        monkeypatch.delenv("GRPC_ENABLE_FORK_SUPPORT", raising=False)
+    else:
+        monkeypatch.setenv("GRPC_ENABLE_FORK_SUPPORT", caller)
+    assert _launcher(tmp_path)._base_env()["GRPC_ENABLE_FORK_SUPPORT"] == expected
+
+
+# -- fetching the programs ---------------------------------------------------------------------
+
+
+def _sdist(members: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_a_download_other_than_the_pinned_sdist_is_refused() -> None:
+    with pytest.raises(ValueError, match="not the torchft 0.2.0 release; refusing to run it"):
+        check_sha256(b"something else", "0" * 64, SDIST_URL)
+
+
+def test_only_the_two_programs_leave_the_archive(tmp_path: Path) -> None:
+    sdist = _sdist({f"torchft-0.2.0/{name}": name.encode() for name in PROGRAMS}
+                   | {"torchft-0.2.0/setup.py": b"x", "../escape.py": b"x"})
+    extract_programs(sdist, tmp_path / "cache")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(PROGRAMS)
+    assert (tmp_path / "cache" / "train_ddp.py").read_bytes() == b"train_ddp.py"
+
+
+# -- the real run ------------------------------------------------------------------------------
+
+
+def _program(name: str) -> Path:
+    try:
+        return program_path(name)
+    except ProgramUnavailable as e:
+        pytest.skip(f"torchft's {name} is fetched from its sdist, {SDIST_URL}, which cannot be reached: {e}")
+
+
+def _committed(replica_id: str, min_step: int, after_ts: float = 0.0) -> Callable[[dict[str, Any]], bool]:
+    return lambda e: (e["event"] == "committed" and e["replica_id"] == replica_id and e["step"] >= min_step
+                      and e["ts"] > after_ts)
+
+
+STEP_TIMEOUT_S = 150.0
+"""One step of train_ddp.py on two CPU cores: ~14 s (AdamW over 250M parameters, the 1 GB
+all-reduce, the digest of 6 GB of state); the first, with a start, ~35 s. Room for a loaded CI."""
+LIGHTHOUSE_FLAGS = ("--hung-min", "2", "--heartbeat-timeout", "5", "--progress-timeout", "60")
+"""The job's lighthouse, with liveness limits for a program this heavy on two cores. With the
+defaults, the restarted group's interpreter stalled 0.40 s while it loaded the 6 GB it healed,
+past its 0.39 s silence limit: it was fenced as hung mid-heal, exited (GroupBroken) and did the
+same after each of its 10 restarts. A step takes ~14 s, past the 10 s progress deadline, so
+every step also fenced the groups once. A SIGKILL closes the session at once whatever these are."""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_torchft_train_ddp_runs_unchanged_through_a_sigkilled_group_with_equal_parameters_every_step(
+        tmp_path: Path) -> None:
+    script = _program("train_ddp.py")
+    events = tmp_path / "events"
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    env["REPLICAFT_TOKEN"] = secrets.token_urlsafe(32)
+    lighthouse = start_lighthouse(*LIGHTHOUSE_FLAGS, status=False, env=env)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OFFLINE_DATA_DIR), str(REPO_ROOT), env.get("PYTHONPATH")]))
+    # No standby: one would hold another 6 GB reserve beside two groups of ~7 GB each.
+    launcher = spawn_python(
+        "-m", "replicaft.launch", "--torchft", "--lighthouse", lighthouse.grpc_address, "--groups", "2",
+        "--replica-prefix", "train_ddp_", "--restart-delay", "0", "--standbys", "0", "--stop-grace", "5",
+        "--events-dir", str(events), str(script),
+        name="launcher", env=env,
+    )  # fmt: skip
+    for rid in ("train_ddp_0", "train_ddp_1"):
+        wait_for_event(events, _committed(rid, 2), STEP_TIMEOUT_S * 2, f"{rid} committed step 2", launcher)
+    (start,) = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == "train_ddp_1"]
+    os.kill(start["pid"], signal.SIGKILL)
+    killed_at = time.time()
+    heal = wait_for_event(events, lambda e: e["event"] == "heal_end" and e["replica_id"] == "train_ddp_1"
+                          and e["ts"] > killed_at, STEP_TIMEOUT_S * 2, "train_ddp_1 healed after its restart", launcher)
+    assert heal["ok"], heal
+    # A step trained by both groups after the heal: its digests are compared below.
+    after = wait_for_event(events, _committed("train_ddp_1", heal["step"] + 1, killed_at), STEP_TIMEOUT_S,
+                           "train_ddp_1 committed a step after its heal", launcher)
+    wait_for_event(events, _committed("train_ddp_0", after["step"]), STEP_TIMEOUT_S,
+                   f"train_ddp_0 committed step {after['step']}", launcher)
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait_exit(60) == 128 + signal.SIGTERM, launcher.output_tail()
+
+    num_steps = assert_digests_agree(events, min_steps=after["step"])
+    log = [line.text for line in launcher.lines("stderr")]
+    assert "[launcher] train_ddp_1 killed by SIGKILL; restart 1 of 10 in 0s" in log, log
+    digests = {(e["replica_id"], e["step"]) for e in read_events(events) if e["event"] == "committed"}
+    both = sorted(s for rid, s in digests if rid == "train_ddp_1" and ("train_ddp_0", s) in digests)
+    assert after["step"] in both and both[0] < heal["step"], f"steps both groups committed: {both}"
+    print(f"{num_steps} committed steps, every one with equal digests; train_ddp_1 killed and healed at step "
+          f"{heal['step']} in {heal['seconds']:.1f}s ({heal['num_bytes'] / 1e9:.1f} GB)", file=sys.stderr)
