@@ -173,3 +173,39 @@ def test_torchft_train_ddp_runs_unchanged_through_a_sigkilled_group_with_equal_p
     assert after["step"] in both and both[0] < heal["step"], f"steps both groups committed: {both}"
     print(f"{num_steps} committed steps, every one with equal digests; train_ddp_1 killed and healed at step "
           f"{heal['step']} in {heal['seconds']:.1f}s ({heal['num_bytes'] / 1e9:.1f} GB)", file=sys.stderr)
+
+
+# -- the shim under the launcher ---------------------------------------------------------------
+
+
+class _RecordingManager:
+    """Stands in for replicaft's Manager: keeps the options the shim built and starts nothing."""
+
+    built: list[Any] = []
+
+    def __init__(self, options: Any, **_: Any) -> None:
+        self.options = options
+        _RecordingManager.built.append(options)
+
+    def register_hooks(self, hooks: Any) -> None: ...
+
+    def register_state(self, *args: Any, **kwargs: Any) -> None: ...
+
+    def start(self) -> None: ...
+
+
+def test_a_script_naming_no_replica_id_takes_the_launchers_not_torchfts_group_number(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Under --torchft a group has both: REPLICA_GROUP_ID (0, 1, ...) for torchft's examples to
+    # read, and the launcher's replica id, which its restarts, status line and events go by.
+    import replicaft
+    from replicaft.compat import torchft
+
+    monkeypatch.setattr(replicaft, "Manager", _RecordingManager)
+    monkeypatch.setenv("TORCHFT_LIGHTHOUSE", "127.0.0.1:29510")
+    monkeypatch.setenv("REPLICAFT_REPLICA_ID", "g1")
+    monkeypatch.setenv("REPLICA_GROUP_ID", "1")
+    torchft.Manager(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1)
+    torchft.Manager(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1,
+                    replica_id="train_ddp_1")
+    assert [o.replica_id for o in _RecordingManager.built[-2:]] == ["g1", "train_ddp_1"]

@@ -9,8 +9,9 @@ unused because replicaft binds its own ports) and the methods (``register_state_
 ``start_quorum``, ``wait_quorum``, ``allreduce``, ``should_commit``, ``report_error``,
 ``errored``, ``current_step``, ``batches_committed``, ``num_participants``,
 ``participating_rank``, ``is_participating``, ``shutdown``); the environment variables
-``TORCHFT_LIGHTHOUSE``, ``REPLICA_GROUP_ID`` (or replicaft's ``REPLICAFT_LIGHTHOUSE`` and
-``REPLICAFT_REPLICA_ID``, which the launcher sets), ``TORCHFT_TIMEOUT_SEC``,
+``TORCHFT_LIGHTHOUSE`` (or replicaft's ``REPLICAFT_LIGHTHOUSE``), the replica id when none
+is passed (replicaft's ``REPLICAFT_REPLICA_ID``, which the launcher sets, else
+``REPLICA_GROUP_ID``, which ``--torchft`` also sets, to the group's number), ``TORCHFT_TIMEOUT_SEC``,
 ``TORCHFT_QUORUM_TIMEOUT_SEC``, ``TORCHFT_CONNECT_TIMEOUT_SEC``, ``TORCHFT_QUORUM_RETRIES``,
 ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``.
 
