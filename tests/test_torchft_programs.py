@@ -12,6 +12,7 @@ First the pure parts (the launcher's flag, the fetch's checks), then the real ru
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import secrets
@@ -24,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO_ROOT, spawn_python, start_lighthouse
+import torch
+from conftest import REPO_ROOT, ManagedProcess, spawn_python, start_lighthouse, stop_gracefully
 from test_launch import wait_for_event
 from training_events import assert_digests_agree, read_events
 
@@ -38,6 +40,7 @@ from benchmarks.torchft_examples import (
     program_path,
 )
 from replicaft.compat import TORCHFT_ALIAS_DIR
+from replicaft.compat.torchft.aliasing import ALIASED, resolve_aliased, strip_aliased, tensor_keys
 from replicaft.console import Console
 from replicaft.launch import Launcher, parse_args
 from replicaft.launch.groups import Group
@@ -122,14 +125,15 @@ def _committed(replica_id: str, min_step: int, after_ts: float = 0.0) -> Callabl
 
 
 STEP_TIMEOUT_S = 150.0
-"""One step of train_ddp.py on two CPU cores: ~14 s (AdamW over 250M parameters, the 1 GB
-all-reduce, the digest of 6 GB of state); the first, with a start, ~35 s. Room for a loaded CI."""
+"""One step of train_ddp.py on two CPU cores: ~5-14 s (AdamW over 250M parameters, the 1 GB
+all-reduce, the digest of 3 GB of state); the first, with a start, ~35 s. Room for a loaded CI."""
 LIGHTHOUSE_FLAGS = ("--hung-min", "2", "--heartbeat-timeout", "5", "--progress-timeout", "60")
 """The job's lighthouse, with liveness limits for a program this heavy on two cores. With the
-defaults, the restarted group's interpreter stalled 0.40 s while it loaded the 6 GB it healed,
-past its 0.39 s silence limit: it was fenced as hung mid-heal, exited (GroupBroken) and did the
-same after each of its 10 restarts. A step takes ~14 s, past the 10 s progress deadline, so
-every step also fenced the groups once. A SIGKILL closes the session at once whatever these are."""
+defaults, the restarted group's interpreter stalled 0.40 s while it loaded the 6 GB it healed
+(before aliasing.py halved that), past its 0.39 s silence limit: it was fenced as hung
+mid-heal, exited (GroupBroken) and did the same after each of its 10 restarts. A step took
+~14 s, past the 10 s progress deadline, so every step also fenced the groups once. A SIGKILL
+closes the session at once whatever these are."""
 
 
 @pytest.mark.slow
@@ -142,13 +146,23 @@ def test_torchft_train_ddp_runs_unchanged_through_a_sigkilled_group_with_equal_p
     env["REPLICAFT_TOKEN"] = secrets.token_urlsafe(32)
     lighthouse = start_lighthouse(*LIGHTHOUSE_FLAGS, status=False, env=env)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(OFFLINE_DATA_DIR), str(REPO_ROOT), env.get("PYTHONPATH")]))
-    # No standby: one would hold another 6 GB reserve beside two groups of ~7 GB each.
+    # No standby: one would hold another 3 GB reserve beside two groups of ~5 GB each.
     launcher = spawn_python(
         "-m", "replicaft.launch", "--torchft", "--lighthouse", lighthouse.grpc_address, "--groups", "2",
         "--replica-prefix", "train_ddp_", "--restart-delay", "0", "--standbys", "0", "--stop-grace", "5",
         "--events-dir", str(events), str(script),
         name="launcher", env=env,
     )  # fmt: skip
+    try:
+        _kill_heal_and_compare(launcher, events)
+    finally:
+        # conftest's cleanup SIGKILLs the launcher, which would leave its groups (~5 GB each) running.
+        if launcher.popen.poll() is None:
+            with contextlib.suppress(AssertionError):
+                stop_gracefully(launcher, 60)
+
+
+def _kill_heal_and_compare(launcher: ManagedProcess, events: Path) -> None:
     for rid in ("train_ddp_0", "train_ddp_1"):
         wait_for_event(events, _committed(rid, 2), STEP_TIMEOUT_S * 2, f"{rid} committed step 2", launcher)
     (start,) = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == "train_ddp_1"]
@@ -157,6 +171,7 @@ def test_torchft_train_ddp_runs_unchanged_through_a_sigkilled_group_with_equal_p
     heal = wait_for_event(events, lambda e: e["event"] == "heal_end" and e["replica_id"] == "train_ddp_1"
                           and e["ts"] > killed_at, STEP_TIMEOUT_S * 2, "train_ddp_1 healed after its restart", launcher)
     assert heal["ok"], heal
+    assert heal["num_bytes"] < 3.5e9, f"the heal moved {heal['num_bytes']} bytes for the program's 3.0 GB: {heal}"
     # A step trained by both groups after the heal: its digests are compared below.
     after = wait_for_event(events, _committed("train_ddp_1", heal["step"] + 1, killed_at), STEP_TIMEOUT_S,
                            "train_ddp_1 committed a step after its heal", launcher)
@@ -209,3 +224,38 @@ def test_a_script_naming_no_replica_id_takes_the_launchers_not_torchfts_group_nu
     torchft.Manager(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1,
                     replica_id="train_ddp_1")
     assert [o.replica_id for o in _RecordingManager.built[-2:]] == ["g1", "train_ddp_1"]
+
+
+def _trained() -> tuple[torch.nn.Linear, torch.optim.AdamW]:
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def test_the_scripts_state_is_served_without_the_tensors_ddp_and_the_optimizer_register() -> None:
+    # train_ddp.py's state_dict is {"model": ..., "optim": ...}: before, a heal moved and every
+    # step hashed each of those tensors twice (6.0 GB where the program holds 3.0 GB).
+    model, optimizer = _trained()
+    extra = torch.ones(2)
+    state = {"model": model.state_dict(), "optim": optimizer.state_dict(), "epoch": 3, "extra": extra}
+    served = strip_aliased(state, tensor_keys([model.state_dict(), optimizer.state_dict()]))
+    assert served["model"] == {"weight": ALIASED, "bias": ALIASED}
+    assert all(v == ALIASED for moments in served["optim"]["state"].values() for v in moments.values())
+    assert served["optim"]["param_groups"] == optimizer.state_dict()["param_groups"]
+    assert served["epoch"] == 3 and served["extra"] is extra, "what nothing else registers is served as it is"
+
+
+def test_a_healer_resolves_the_markers_to_its_own_tensors_and_drops_those_it_lacks() -> None:
+    donor_model, donor_optimizer = _trained()
+    state = {"model": donor_model.state_dict(), "optim": donor_optimizer.state_dict()}
+    served = strip_aliased(state, tensor_keys(state.values()))
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())  # fresh: no moments yet
+    own = {"model": model.state_dict(), "optim": optimizer.state_dict()}
+    loaded = resolve_aliased(served, own)
+    assert loaded["model"]["weight"] is own["model"]["weight"]
+    assert loaded["optim"]["state"] == {0: {}, 1: {}}
+    model.load_state_dict(loaded["model"])
+    optimizer.load_state_dict(loaded["optim"])  # the registered optimizer state brings the moments

@@ -15,3 +15,4 @@ __all__ = ["DistributedDataParallel"]
 class DistributedDataParallel(_DistributedDataParallel):
     def __init__(self, manager: Manager, module: nn.Module, **kwargs: Any) -> None:
         super().__init__(manager.inner, module, **kwargs)
+        manager.note_registered_state(self._state_dict)

@@ -31,7 +31,8 @@ step's quorum first (torchft commits it on the last quorum); an error injected t
 the wrappers' go through replicaft's manager, see ``_StepWatch``); under ``DiLoCo`` and ``LocalSGD`` heals do not move the states registered with
 ``register_state_dict_fn`` (the group's local weights and inner optimizer, which differ
 between groups: see ``keep_user_state_per_group``); and random generator state is not moved
-(torchft moves none).
+(torchft moves none). The tensors a script's state shares with what the compat
+``DistributedDataParallel`` and ``Optimizer`` register are served and hashed once (aliasing.py).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from typing import Any
 import torch
 
 import replicaft
+from replicaft.compat.torchft.aliasing import resolve_aliased, strip_aliased, tensor_keys
 from replicaft.compat.torchft.checkpointing.transport import CheckpointTransport
 from replicaft.compat.torchft.process_group import FakeProcessGroupWrapper, ProcessGroup
 from replicaft.errors import OptionsError
@@ -185,6 +187,8 @@ class Manager:
         self._user_fns: dict[str, tuple[Callable[[Any], None], Callable[[], Any]]] = {}
         self._user_state_per_group = False
         """Set by the compat DiLoCo and LocalSGD (``keep_user_state_per_group``)."""
+        self._registered_states: list[Callable[[], Any]] = []
+        """What the compat wrappers registered with replicaft themselves (``note_registered_state``)."""
         self._views: dict[str, Callable[[], Any]] = {}
         """torchft-shaped views of replicaft state for ``_manager_state_dict`` (compat DiLoCo)."""
         self._max_retries = max_retries
@@ -216,12 +220,25 @@ class Manager:
         donor's). The healer keeps its own; its weights come from the synced fragments."""
         self._user_state_per_group = True
 
+    def note_registered_state(self, state_dict: Callable[[], Any]) -> None:
+        """A compat wrapper (``DistributedDataParallel``, ``Optimizer``) registered the state
+        ``state_dict`` returns with replicaft itself: the tensors the script's own state shares
+        with it are served and hashed once, not twice (aliasing.py)."""
+        self._registered_states.append(state_dict)
+
     def _served_user_state(self, key: str) -> Any:
-        return {} if self._user_state_per_group else self._user_fns[key][1]()
+        if self._user_state_per_group:
+            return {}
+        state = self._user_fns[key][1]()
+        if not self._registered_states:
+            return state
+        return strip_aliased(state, tensor_keys(fn() for fn in self._registered_states))
 
     def _load_user_state(self, key: str, state: Any) -> None:
-        if not self._user_state_per_group:
-            self._user_fns[key][0](state)
+        if self._user_state_per_group:
+            return
+        load, state_dict = self._user_fns[key]
+        load(resolve_aliased(state, state_dict()) if self._registered_states else state)
 
     def _manager_state_dict(self) -> dict[str, Any]:
         """torchft's private layout of the state a heal moves, which its own tests read:

@@ -15,3 +15,4 @@ class OptimizerWrapper(_Optimizer):
 
     def __init__(self, manager: Manager, optim: torch.optim.Optimizer) -> None:
         super().__init__(manager.inner, optim)
+        manager.note_registered_state(optim.state_dict)
