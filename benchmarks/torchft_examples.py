@@ -11,7 +11,8 @@ unchanged under ``replicaft-launch --torchft``, and so can anyone:
         --replica-prefix train_ddp_ .cache/torchft-0.2.0/train_ddp.py
 
 ``benchmarks/torchft_offline`` is the offline data that ``train_ddp.py`` gets in place of
-CIFAR-10's download (a stand-in ``torchvision``, see its docstring).
+CIFAR-10's download (a stand-in ``torchvision``, see its docstring). ``train_diloco.py`` makes
+its own data; it needs tensorboard and writes ``output/`` in its working directory.
 
 Rejected: ``pip download --no-binary`` (it installs the sdist's build backend, maturin, to read
 its metadata, all to get two text files) and a git checkout of torchft (a second source, not
