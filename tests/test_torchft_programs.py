@@ -6,7 +6,7 @@ repository); without network the tests skip, naming the URL. ``train_ddp.py``'s 
 download is replaced by the offline stand-in ``benchmarks/torchft_offline/torchvision``. Each
 program runs as torchft ships it, 1 GB of ``useless`` embedding included, with loops that stop
 only at step 10,000 (train_ddp.py) or 15 syncs (train_diloco.py, ~15 minutes here), so the
-tests stop the launcher themselves. train_diloco.py's test takes ~4 minutes and runs only when
+tests stop the launcher themselves. train_diloco.py's test takes ~5 minutes and runs only when
 asked for (``RUN_TORCHFT_DILOCO=1``, with tensorboard installed).
 
 First the pure parts (the launcher's flag, the fetch's checks), then the real runs, then the
@@ -116,7 +116,7 @@ def test_only_the_two_programs_leave_the_archive(tmp_path: Path) -> None:
 
 
 DILOCO_OPT_IN = "RUN_TORCHFT_DILOCO"
-"""train_diloco.py's test runs only when this is 1: it takes ~4 minutes here, past what the
+"""train_diloco.py's test runs only when this is 1: it takes ~5 minutes here, past what the
 regular suite spends on one test."""
 
 
@@ -214,7 +214,7 @@ def test_torchft_train_ddp_runs_unchanged_through_a_sigkilled_group_with_equal_p
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(os.environ.get(DILOCO_OPT_IN) != "1",
-                    reason=f"~4 minutes on 2 cores (an outer sync is ~55 s); set {DILOCO_OPT_IN}=1 to run it")
+                    reason=f"~5 minutes on 2 cores (an outer sync is ~55 s); set {DILOCO_OPT_IN}=1 to run it")
 def test_torchft_train_diloco_runs_unchanged_through_a_sigkilled_group_with_equal_state_every_sync(
         tmp_path: Path) -> None:
     pytest.importorskip("tensorboard", reason="train_diloco.py writes through torch.utils.tensorboard; "
