@@ -35,6 +35,13 @@ from lighthouse.announce import GRPC_LINE
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable
 
+# One intra-op thread per torch process, this one and every child it starts (children inherit
+# the environment). torch's default is one per core, and the tests run several training
+# processes at once: on 2 cores, three groups of examples/train_ddp.py each spinning two
+# OpenMP threads took 11 s for 60 steps instead of 2 s (the test models are a few KB, so a
+# second thread never helped). setdefault: a run that sets it on purpose keeps its value.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 Stream = Literal["stdout", "stderr"]
 
 
