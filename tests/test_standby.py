@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -112,44 +113,26 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-def _standby(script: Path, stdin: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "replicaft.standby", str(script), "--steps", "3"], input=stdin,
-                          capture_output=True, text=True, timeout=120, env=_env(**env), cwd=REPO_ROOT)
+class Standby:
+    """``python -m replicaft.standby SCRIPT --steps 3`` started with its whole stdin already
+    written and closed, as ``subprocess.run(input=...)`` would give it (``stdin=None``: left
+    open, so the standby stays idle); ``result()`` waits for its exit."""
 
+    def __init__(self, script: Path, stdin: str | None, **env: str) -> None:
+        self.script = script
+        self.args = [sys.executable, "-m", "replicaft.standby", str(script), "--steps", "3"]
+        self.popen = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=_env(**env), cwd=REPO_ROOT)
+        assert self.popen.stdin is not None
+        if stdin is not None:
+            self.popen.stdin.write(stdin)  # a few lines: the pipe holds them until the standby reads
+            self.popen.stdin.close()
 
-@pytest.mark.timeout(150)
-def test_an_activated_standby_runs_the_script_as_python_would(tmp_path: Path) -> None:
-    script = _script_dir(tmp_path)
-    cold = subprocess.run([sys.executable, str(script), "--steps", "3"], capture_output=True, text=True, timeout=60,
-                          env=_env(REPLICAFT_REPLICA_ID="g1"), cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
-    assert cold.returncode == 0, cold.stderr
-    warm = _standby(script, encode_activation({"REPLICAFT_REPLICA_ID": "g1"}) + "ignored: stdin is /dev/null\n")
-    assert warm.returncode == 0, warm.stderr
-    ready, output = warm.stdout.splitlines()
-    assert ready == f"{READY_LINE} {ready.rsplit(' ', 1)[1]}" and ready.rsplit(" ", 1)[1].isdigit()
-    assert json.loads(output) == json.loads(cold.stdout)
-    assert json.loads(output)["name"] == "__main__" and json.loads(output)["stdin"] == ""
-
-
-@pytest.mark.timeout(150)
-def test_the_script_exit_code_is_the_standby_exit_code(tmp_path: Path) -> None:
-    warm = _standby(_script_dir(tmp_path), encode_activation({"EXIT_CODE": "3"}))
-    assert warm.returncode == 3, warm.stderr
-
-
-@pytest.mark.timeout(150)
-def test_a_standby_whose_launcher_goes_away_exits_0_without_running_the_script(tmp_path: Path) -> None:
-    warm = _standby(_script_dir(tmp_path), "")
-    assert warm.returncode == 0, warm.stderr
-    assert warm.stdout.startswith(READY_LINE) and len(warm.stdout.splitlines()) == 1
-
-
-@pytest.mark.timeout(150)
-def test_a_malformed_activation_ends_the_standby_with_a_message_and_runs_nothing(tmp_path: Path) -> None:
-    warm = _standby(_script_dir(tmp_path), '{"env": {"A": 1}}\n')
-    assert warm.returncode == 2
-    assert "replicaft.standby: the activation's 'env' must map names to strings" in warm.stderr
-    assert len(warm.stdout.splitlines()) == 1
+    def result(self) -> subprocess.CompletedProcess[str]:
+        assert self.popen.stdout is not None and self.popen.stderr is not None
+        self.popen.wait(timeout=120)
+        return subprocess.CompletedProcess(self.args, self.popen.returncode, self.popen.stdout.read(),
+                                           self.popen.stderr.read())
 
 
 RESERVE_SCRIPT = """\
@@ -164,11 +147,84 @@ print(json.dumps({"num_bytes": held.num_bytes, "used": held.used_bytes,
 """
 
 
+def _script(tmp_path_factory: pytest.TempPathFactory, name: str, text: str | None = None) -> Path:
+    """A fresh folder holding train.py (``text``, or SCRIPT beside the module it imports)."""
+    if text is None:
+        return _script_dir(tmp_path_factory.mktemp(name))
+    script = tmp_path_factory.mktemp(name) / "train.py"
+    script.write_text(text)
+    return script
+
+
+@pytest.fixture(scope="module")
+def standbys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Standby]]:
+    """Every standby process the tests below check, started at once: each spends ~3 s importing
+    torch and replicaft and waits for nothing else, so on 2 cores they take half the time
+    side by side that they took one after another. Each test reads its own standby's result."""
+    runs = {
+        "activated": Standby(_script(tmp_path_factory, "activated"),
+                             encode_activation({"REPLICAFT_REPLICA_ID": "g1"}) + "ignored: stdin is /dev/null\n"),
+        "exit_code": Standby(_script(tmp_path_factory, "exit_code"), encode_activation({"EXIT_CODE": "3"})),
+        "launcher_gone": Standby(_script(tmp_path_factory, "launcher_gone"), ""),
+        "malformed_activation": Standby(_script(tmp_path_factory, "malformed_activation"), '{"env": {"A": 1}}\n'),
+        "reserves": Standby(_script(tmp_path_factory, "reserves", RESERVE_SCRIPT),
+                            encode_reserve(1 << 20) + encode_reserve(3 << 20) + encode_activation({})),
+        "reserve_too_large": Standby(_script(tmp_path_factory, "reserve_too_large", "print('ran')\n"),
+                                     encode_reserve(1 << 60) + encode_activation({})),  # an exabyte
+        "malformed_reserve": Standby(_script(tmp_path_factory, "malformed_reserve"),
+                                     '{"reserve_bytes": -1}\n' + encode_activation({})),
+        "idle": Standby(_script(tmp_path_factory, "idle"), None),
+    }
+    try:
+        yield runs
+    finally:
+        for run in runs.values():
+            if run.popen.poll() is None:
+                run.popen.kill()
+            run.popen.wait()
+
+
 @pytest.mark.timeout(150)
-def test_a_standby_faults_in_each_reserve_asked_for_and_the_script_allocates_from_the_last(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text(RESERVE_SCRIPT)
-    warm = _standby(script, encode_reserve(1 << 20) + encode_reserve(3 << 20) + encode_activation({}))
+def test_an_activated_standby_runs_the_script_as_python_would(standbys: dict[str, Standby]) -> None:
+    script = standbys["activated"].script
+    cold = subprocess.run([sys.executable, str(script), "--steps", "3"], capture_output=True, text=True, timeout=60,
+                          env=_env(REPLICAFT_REPLICA_ID="g1"), cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+    assert cold.returncode == 0, cold.stderr
+    warm = standbys["activated"].result()
+    assert warm.returncode == 0, warm.stderr
+    ready, output = warm.stdout.splitlines()
+    assert ready == f"{READY_LINE} {ready.rsplit(' ', 1)[1]}" and ready.rsplit(" ", 1)[1].isdigit()
+    assert json.loads(output) == json.loads(cold.stdout)
+    assert json.loads(output)["name"] == "__main__" and json.loads(output)["stdin"] == ""
+
+
+@pytest.mark.timeout(150)
+def test_the_script_exit_code_is_the_standby_exit_code(standbys: dict[str, Standby]) -> None:
+    warm = standbys["exit_code"].result()
+    assert warm.returncode == 3, warm.stderr
+
+
+@pytest.mark.timeout(150)
+def test_a_standby_whose_launcher_goes_away_exits_0_without_running_the_script(
+        standbys: dict[str, Standby]) -> None:
+    warm = standbys["launcher_gone"].result()
+    assert warm.returncode == 0, warm.stderr
+    assert warm.stdout.startswith(READY_LINE) and len(warm.stdout.splitlines()) == 1
+
+
+@pytest.mark.timeout(150)
+def test_a_malformed_activation_ends_the_standby_with_a_message_and_runs_nothing(
+        standbys: dict[str, Standby]) -> None:
+    warm = standbys["malformed_activation"].result()
+    assert warm.returncode == 2
+    assert "replicaft.standby: the activation's 'env' must map names to strings" in warm.stderr
+    assert len(warm.stdout.splitlines()) == 1
+
+
+@pytest.mark.timeout(150)
+def test_a_standby_faults_in_each_reserve_asked_for_and_the_script_allocates_from_the_last(
+        standbys: dict[str, Standby]) -> None:
+    warm = standbys["reserves"].result()
     assert warm.returncode == 0, warm.stderr
     ready, first, second, output = warm.stdout.splitlines()
     pid = ready.rsplit(" ", 1)[1]
@@ -179,10 +235,8 @@ def test_a_standby_faults_in_each_reserve_asked_for_and_the_script_allocates_fro
 
 
 @pytest.mark.timeout(150)
-def test_an_idle_standby_is_the_oom_killers_first_choice(tmp_path: Path) -> None:
-    process = subprocess.Popen([sys.executable, "-m", "replicaft.standby", str(_script_dir(tmp_path))],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=_env(), cwd=REPO_ROOT)
+def test_an_idle_standby_is_the_oom_killers_first_choice(standbys: dict[str, Standby]) -> None:
+    process = standbys["idle"].popen
     try:
         assert process.stdout is not None and process.stdout.readline().startswith(READY_LINE)
         assert Path(f"/proc/{process.pid}/oom_score_adj").read_text().strip() == "1000"
@@ -192,18 +246,18 @@ def test_an_idle_standby_is_the_oom_killers_first_choice(tmp_path: Path) -> None
 
 
 @pytest.mark.timeout(150)
-def test_a_reserve_larger_than_the_machine_is_reported_and_the_standby_still_runs_the_script(tmp_path: Path) -> None:
-    script = tmp_path / "train.py"
-    script.write_text("print('ran')\n")
-    warm = _standby(script, encode_reserve(1 << 60) + encode_activation({}))  # an exabyte
+def test_a_reserve_larger_than_the_machine_is_reported_and_the_standby_still_runs_the_script(
+        standbys: dict[str, Standby]) -> None:
+    warm = standbys["reserve_too_large"].result()
     assert warm.returncode == 0, warm.stderr
     assert f"replicaft.standby: no reserve of {1 << 60} bytes: only " in warm.stderr
     assert warm.stdout.splitlines()[1:] == ["ran"]
 
 
 @pytest.mark.timeout(150)
-def test_a_malformed_reserve_ends_the_standby_with_a_message_and_runs_nothing(tmp_path: Path) -> None:
-    warm = _standby(_script_dir(tmp_path), '{"reserve_bytes": -1}\n' + encode_activation({}))
+def test_a_malformed_reserve_ends_the_standby_with_a_message_and_runs_nothing(
+        standbys: dict[str, Standby]) -> None:
+    warm = standbys["malformed_reserve"].result()
     assert warm.returncode == 2
     assert "replicaft.standby: the reserve's 'reserve_bytes' must be a positive integer, got -1" in warm.stderr
     assert len(warm.stdout.splitlines()) == 1
