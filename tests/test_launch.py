@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python
-from training_events import read_events
+from training_events import EventTail, read_events
 
 from replicaft.console import Console, label_torchrun_line
 from replicaft.errors import OptionsError
@@ -270,8 +270,9 @@ def wait_for_event(
 ) -> dict[str, Any]:
     """The first event satisfying ``predicate``, polling the logs until the deadline."""
     deadline = time.monotonic() + timeout_s
+    tail = EventTail(directory)
     while time.monotonic() < deadline and launcher.popen.poll() is None:
-        for event in read_events(directory):
+        for event in tail.new_events():
             if predicate(event):
                 return event
         time.sleep(0.05)
