@@ -172,7 +172,9 @@ def test_report_renders_in_a_headless_browser(smoke_run: SmokeRun, tmp_path: Pat
 @pytest.mark.timeout(60)
 def test_run_cut_off_by_its_deadline_exits_1_reporting_a_hang(tmp_path: Path) -> None:
     scenario = tmp_path / "cut-short.toml"
-    scenario.write_text('name = "cut-short"\ngroups = 2\nsteps = 40\nrun_timeout_s = 3.0\n')
+    # step_delay_s: 40 steps take at least 40 s, so the run cannot end on its own within its 3 s
+    # deadline however fast the machine (with one thread per process, 40 plain steps took 2.4 s).
+    scenario.write_text('name = "cut-short"\ngroups = 2\nsteps = 40\nstep_delay_s = 1.0\nrun_timeout_s = 3.0\n')
     run = spawn_python("-m", "chaos", "run", str(scenario), "--out", str(tmp_path / "out"), name="chaos-cut-short")
     assert run.wait_exit(30.0) == 1, run.output_tail(40)
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
