@@ -204,7 +204,9 @@ def test_heal_slower_than_a_step_replays_missed_steps_on_sharded_state(tmp_path:
     # outlasts several steps; g1 records them and replays them on its healed shards
     # (capture_step, replay_prepare, replay_apply). min_replicas=2 holds g0 until g1 is back.
     lh = start_lighthouse("--min-replicas", "2", status=False)
-    args = ("--steps", "80", "--norm", "batch")  # the donor still trains when the slowed transfer ends
+    # The donor still trains when the slowed transfer ends: --step-delay keeps its 65 steps after
+    # the restart well over one slowed range (with one thread per process they took 1.2 s unpaced).
+    args = ("--steps", "80", "--norm", "batch", "--step-delay", "0.1")
     faults = {"g0": "slow_serve@10", "g1": "allreduce@15"}
     groups = {
         rid: spawn_python(EXAMPLE, *args, name=rid, env=group_env(lh.grpc_address, rid, tmp_path, faults[rid]))
