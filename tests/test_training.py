@@ -227,8 +227,10 @@ def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_pat
     # outlasts several steps: the healer records the steps it takes part in meanwhile and
     # replays them; the donors are not held beyond their step (they serve their live state, then a copy of what is left).
     lh = start_lighthouse("--min-replicas", "3", status=False)
-    # Enough steps that the donors are still training when the slowed transfer ends.
-    args = ("--steps", "90", "--width", "1024")
+    # Enough steps that the donors are still training when the slowed transfer ends, however
+    # fast the machine: the 75 steps after the kill take at least 3.75 s, the transfer ~3 s
+    # (measured without pacing: the heal ended 1.1 s before the last step, 54 steps replayed).
+    args = ("--steps", "90", "--width", "1024", "--step-delay", "0.05")
     faults = {"g0": "slow_serve@10", "g1": "slow_serve@10", "g2": "allreduce@15"}
     # Each group on its own loopback address, as on its own host: a heal reads one donor per host.
     hosts = {"g0": "127.0.0.1", "g1": "127.0.0.2", "g2": "127.0.0.3"}
