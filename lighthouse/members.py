@@ -42,12 +42,6 @@ class MemberState:
     num_gaps: int = 0
     entry_bytes: int = 0
     """What this member adds to a quorum, encoded (its budget share)."""
-    healing: bool = False
-    """Behind the last quorum it joined (its step below the quorum's highest): it takes the
-    state from a peer this round, and loading gigabytes can stall its heartbeats past an
-    adaptive limit learned on plain steps (torchft's train_ddp.py: a 3 GB heal stalled 0.40 s
-    against a 0.39 s limit, and the group was cut off on every restart). Until its next
-    quorum request it is held to heartbeat_timeout_s only."""
     limit: tuple[tuple[int, float, LivenessRules], Silence] | None = None
     """Its silence limit, and the (gaps seen, interval, rules) it was computed for: it changes
     only when the member is heard, while the tick asks every quiet member on every tick (at
@@ -59,9 +53,6 @@ class MemberState:
         silent_s = now - self.last_heartbeat
         if silent_s <= rules.hung_min_s + allowance_s:  # below any limit: the common case, nothing to compute
             return None
-        if self.healing:
-            return beyond_limit(silent_s, Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s="
-                                                  f"{rules.heartbeat_timeout_s:g} while it heals"), allowance_s)
         key = (self.num_gaps, self.heartbeat_interval_s, rules)
         if self.limit is None or self.limit[0] != key:
             self.limit = key, silence_limit(self.gaps, self.num_gaps, self.heartbeat_interval_s, rules)

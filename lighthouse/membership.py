@@ -262,7 +262,7 @@ class Membership:
         self._set_entry_bytes(m, entry)
         m.heard(now)
         m.last_progress = now
-        m.step, m.healing = max(m.step, req.step), False
+        m.step = max(m.step, req.step)
         self._joins[req.replica_id] = _Join(req, Waiting(now, req.shrink_only))
         return True
 
@@ -334,11 +334,11 @@ class Membership:
                 for j in joins
             ),
         )
-        top = max(j.request.step for j in joins)
-        for rid, j in zip(decision.participants, joins, strict=True):  # intervals only grow
+        for rid in decision.participants:  # the floor is announced with the quorum; intervals only grow
             m = self.members[rid]
-            m.healing, m.quorum_id, m.newcomer = j.request.step < top, quorum_id, False
             m.heartbeat_interval_s = paced_interval(m.heartbeat_interval_s, len(self.members))
+            m.quorum_id = quorum_id
+            self.members[rid].newcomer = False
             self._resume_progress_clock(rid, now)
         self.current = quorum
         self._current_ids = quorum.replica_ids
