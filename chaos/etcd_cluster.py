@@ -13,6 +13,7 @@ Each member is started with ``PR_SET_PDEATHSIG``: no etcd outlives the process t
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -142,6 +143,24 @@ class EtcdCluster:
             last = result.stderr.strip()[-300:]
             time.sleep(0.1)
         raise RuntimeError(f"etcd cluster had no leader within {timeout_s:g}s: {last}")
+
+    def follower_index(self, timeout_s: float = 10.0) -> int:
+        """The index of a live member that is not the cluster's raft leader, from ``etcdctl
+        endpoint status``. Killing a follower leaves the leader, and so every lease renewal, in
+        place; killing the leader stalls renewals for an election (up to a few election
+        timeouts), which a short lighthouse lease may not outlast."""
+        alive = [m for m in self.members if m.alive]
+        result = subprocess.run(
+            ["etcdctl", "--endpoints", ",".join(m.endpoint for m in alive), "--dial-timeout", "1s",
+             "--command-timeout", "1s", "endpoint", "status", "--write-out=json"],
+            capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=timeout_s, check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"etcdctl endpoint status failed: {result.stderr.strip()[-300:]}")
+        for status in json.loads(result.stdout):
+            if status["Status"]["header"]["member_id"] != status["Status"]["leader"]:
+                return next(i for i, m in enumerate(self.members) if m.endpoint == status["Endpoint"])
+        raise RuntimeError(f"no follower among the live etcd members: {result.stdout[:300]}")
 
     def kill_member(self, index: int) -> None:
         m = self.members[index]
