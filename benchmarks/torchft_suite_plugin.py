@@ -16,7 +16,9 @@ import os
 import sys
 from pathlib import Path
 
-ALIAS = Path(__file__).resolve().parent.parent / "replicaft" / "compat" / "torchft_alias"
+from replicaft.compat import TORCHFT_ALIAS_DIR
+
+ALIAS = TORCHFT_ALIAS_DIR
 
 
 def installed_torchft_dir() -> Path:

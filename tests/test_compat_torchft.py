@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python, start_lighthouse
 
-from replicaft.compat import torchft
+from replicaft.compat import TORCHFT_ALIAS_DIR, torchft
 from replicaft.compat.torchft.process_group import FakeProcessGroupWrapper
 from replicaft.errors import OptionsError
 
@@ -17,7 +17,7 @@ SCRIPT = str(REPO_ROOT / "tests" / "torchft_style_train.py")
 
 def start(lighthouse: str, replica_id: str, steps: int) -> ManagedProcess:
     # The alias folder first on the path: the script imports `torchft` and runs unmodified.
-    alias = REPO_ROOT / "replicaft" / "compat" / "torchft_alias"
+    alias = TORCHFT_ALIAS_DIR
     env = dict(os.environ, TORCHFT_LIGHTHOUSE=f"http://{lighthouse}", REPLICA_GROUP_ID=replica_id,
                REPLICA_GROUP_NUM=replica_id.removeprefix("g"), PYTHONPATH=f"{alias}{os.pathsep}{REPO_ROOT}")
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
@@ -87,7 +87,7 @@ def test_import_torchft_resolves_to_the_shim_through_the_alias_folder() -> None:
     import subprocess
     import sys
 
-    alias = REPO_ROOT / "replicaft" / "compat" / "torchft_alias"
+    alias = TORCHFT_ALIAS_DIR
     code = ("import torchft, torchft.manager, torchft.process_group as pg, replicaft.compat.torchft as shim;"
             "print(torchft is shim, torchft.manager.Manager is shim.Manager, pg.ProcessGroupGloo is shim.ProcessGroupGloo)")
     env = dict(os.environ, PYTHONPATH=f"{alias}{os.pathsep}{REPO_ROOT}")

@@ -52,18 +52,13 @@ from replicaft.checkpoint.index import ChunkRef, StoredPiece, decode_index, dtyp
 from replicaft.checkpoint.layout import TENSORS_FILE, pack_name
 from replicaft.content import CHUNK_BYTES
 from replicaft.errors import CheckpointCorrupt
-from replicaft.state import DTYPES
+from replicaft.state import DTYPES, tensor_bytes
 
 
 def piece_bytes(tensor: torch.Tensor) -> memoryview:
-    """The bytes of a CPU tensor, contiguous, as a flat memoryview (no copy when already contiguous)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    t = t.contiguous()
-    if t.numel() == 0:
-        return memoryview(b"")
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()).cast("B")
+    """The bytes of a tensor as a flat memoryview (state.tensor_bytes: no copy when already a
+    contiguous CPU tensor)."""
+    return memoryview(tensor_bytes(tensor).numpy()).cast("B")
 
 
 class ChunkStorageWriter(StorageWriter):
