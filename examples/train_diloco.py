@@ -4,8 +4,8 @@ Run several copies (one per group) against one lighthouse, as with the other exa
 
     replicaft-launch --groups 3 examples/train_diloco.py --syncs 30 --sync-every 20 --threads 1
 
-Each group runs AdamW on its own leased samples (exactly once across failures) for
-``--sync-every`` inner steps; at a sync the pseudo-gradient (weights at the last sync minus
+Each group runs AdamW (linear LR warm-up over its first ``--warmup-steps`` inner steps) on its
+own leased samples (exactly once across failures) for ``--sync-every`` inner steps; at a sync the pseudo-gradient (weights at the last sync minus
 now) is averaged across the quorum and an outer SGD with Nesterov momentum applies it
 (``replicaft.local_sgd.DiLoCo``). ``--fragments F`` syncs the model in F pieces at staggered
 steps (streaming DiLoCo), ``--delay`` overlaps each piece's all-reduce with that many inner
@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8, help="windows per inner step")
     p.add_argument("--lr", type=float, default=2e-3, help="inner AdamW learning rate")
+    p.add_argument("--warmup-steps", type=int, default=20, help="inner steps of linear LR warm-up, as train_gpt.py's; a restarted group, whose AdamW "
+                   "starts afresh, warms up again")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip-norm", type=float, default=1.0)
     p.add_argument("--eval-windows", type=int, default=32)
@@ -87,8 +89,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per inner step (test pacing)")
     args = p.parse_args(argv)
-    if args.syncs < 1 or args.batch_size < 1:
-        p.error("--syncs and --batch-size must be at least 1")
+    if args.syncs < 1 or args.batch_size < 1 or args.warmup_steps < 1:
+        p.error("--syncs, --batch-size and --warmup-steps must be at least 1")
     return args
 
 
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                           fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha, wire=args.wire, **data)
         with algo:
             started = time.monotonic()
-            tokens = 0
+            tokens = inner_steps = 0
             while manager.current_step() < args.syncs and not (args.seconds and time.monotonic() - started > args.seconds):
                 x, y = train.batch(algo.batch_indices())
                 loss = lm_loss(model(x), y)
@@ -135,9 +137,12 @@ def main(argv: list[str] | None = None) -> int:
                 if args.step_delay:
                     time.sleep(args.step_delay)
                 step = manager.current_step()
+                for group in inner.param_groups:
+                    group["lr"] = args.lr * min(1.0, (inner_steps + 1) / args.warmup_steps)
                 inner.step()  # counts the inner step; the step that completes a round syncs
                 inner.zero_grad()
                 tokens += x.numel()
+                inner_steps += 1
                 if manager.current_step() != step:
                     line = {"event": "sync", "replica_id": options.replica_id, "step": manager.current_step(),
                             "loss": round(loss.item(), 4), "tokens": tokens, "seconds": round(time.monotonic() - started, 3),
