@@ -348,10 +348,13 @@ class AsyncLighthouseClient:
         """Heartbeat when the stream has been quiet for an interval: a quorum request tells the
         lighthouse as much as a heartbeat (alive, at this step), so a group that asks at every
         step of a fast loop sends no heartbeats at all (at 256 members these were more than
-        half of the lighthouse's reads)."""
+        half of the lighthouse's reads). A change of ``progress.healing`` is sent at once (within
+        an interval), quiet or not: the lighthouse's silence limit depends on it."""
+        healing = False
         while not self._closing:
             quiet_s = time.monotonic() - self._writer.last_write
-            if quiet_s >= self.heartbeat_interval_s:
-                await self._writer.write(call, Heartbeat(self.progress.step, self.progress.count))
+            if quiet_s >= self.heartbeat_interval_s or self.progress.healing != healing:
+                healing = self.progress.healing
+                await self._writer.write(call, Heartbeat(self.progress.step, self.progress.count, healing=healing))
                 quiet_s = 0.0
             await asyncio.sleep(self.heartbeat_interval_s - quiet_s)

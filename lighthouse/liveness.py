@@ -34,6 +34,13 @@ live process frozen longer than ``hung_factor`` times anything it did before (a 
 stall of its whole interpreter); it is dropped, is fenced, reconnects and heals, which costs
 that group a heal and costs the survivors nothing.
 
+Except while it heals: loading gigabytes of received state stalls a healer's interpreter
+(0.40 s for 6 GB here, past a 0.39 s adaptive limit), and a healer fenced for it starts its
+heal again, to be fenced again by the same stall: it never finishes. So a member that
+declares in its heartbeats that it is healing (``Heartbeat.healing``, sent as soon as the flag
+changes) gets the ceiling until it declares the heal over. The price: a healer that really
+hangs costs the survivors up to ``heartbeat_timeout_s`` instead of its adaptive limit.
+
 The lighthouse's own delays. Every gap is measured when the lighthouse reads a message, so a
 lighthouse whose event loop falls behind (1,024 members heartbeating) sees every member fall
 silent at once, and dropped 600 live members in a cascade before this was guarded against.
@@ -75,9 +82,14 @@ class Silence:
     basis: str
 
 
-def silence_limit(gaps: Iterable[float], num_gaps: int, interval_s: float, rules: LivenessRules) -> Silence:
+def silence_limit(gaps: Iterable[float], num_gaps: int, interval_s: float, rules: LivenessRules,
+                  healing: bool = False) -> Silence:
     """The silence after which a member that declared a heartbeat interval of ``interval_s``
-    (0: none) and whose recent gaps were ``gaps`` is hung."""
+    (0: none) and whose recent gaps were ``gaps`` is hung; ``healing``: it declared that it
+    heals (the ceiling)."""
+    if healing:
+        return Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, while it "
+                                                  "heals (loading a heal's state may stall its interpreter)")
     if interval_s <= 0:
         return Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, "
                                                   "no heartbeat interval declared")

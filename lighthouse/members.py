@@ -37,13 +37,15 @@ class MemberState:
     """The client instance that opened the session (a reconnect keeps it, a new process not)."""
     heartbeat_interval_s: float = 0.0
     """The interval its client heartbeats a quiet stream at, as it declared (0: unknown)."""
+    healing: bool = False
+    """Its last heartbeat said it heals: its silence limit is the ceiling (liveness.py)."""
     gaps: deque[float] = field(default_factory=lambda: deque(maxlen=GAP_WINDOW))
     """The last gaps between the session's messages (liveness.py)."""
     num_gaps: int = 0
     entry_bytes: int = 0
     """What this member adds to a quorum, encoded (its budget share)."""
-    limit: tuple[tuple[int, float, LivenessRules], Silence] | None = None
-    """Its silence limit, and the (gaps seen, interval, rules) it was computed for: it changes
+    limit: tuple[tuple[int, float, LivenessRules, bool], Silence] | None = None
+    """Its silence limit, and the (gaps seen, interval, rules, healing) it was computed for: it changes
     only when the member is heard, while the tick asks every quiet member on every tick (at
     1,024 members recomputing it, a max over the gaps and a reason string each, took ~1.4 ms
     of every 20 ms tick)."""
@@ -53,10 +55,16 @@ class MemberState:
         silent_s = now - self.last_heartbeat
         if silent_s <= rules.hung_min_s + allowance_s:  # below any limit: the common case, nothing to compute
             return None
-        key = (self.num_gaps, self.heartbeat_interval_s, rules)
+        key = (self.num_gaps, self.heartbeat_interval_s, rules, self.healing)
         if self.limit is None or self.limit[0] != key:
-            self.limit = key, silence_limit(self.gaps, self.num_gaps, self.heartbeat_interval_s, rules)
+            self.limit = key, silence_limit(self.gaps, self.num_gaps, self.heartbeat_interval_s, rules, self.healing)
         return beyond_limit(silent_s, self.limit[1], allowance_s)
+
+    def heard_heartbeat(self, step: int, progress: int, healing: bool, now: float) -> None:
+        self.heard(now)
+        self.healing = healing
+        if (step, progress) != (self.step, self.progress):
+            self.step, self.progress, self.last_progress = step, progress, now
 
     def heard(self, now: float) -> None:
         self.gaps.append(now - self.last_heartbeat)

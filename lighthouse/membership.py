@@ -225,9 +225,7 @@ class Membership:
         m = self.members.get(replica_id)
         if m is None or m.session != session:
             return False
-        m.heard(now)
-        if (hb.step, hb.progress) != (m.step, m.progress):
-            m.step, m.progress, m.last_progress = hb.step, hb.progress, now
+        m.heard_heartbeat(hb.step, hb.progress, hb.healing, now)
         return True
 
     def close_session(self, replica_id: str, session: int, reason: str, *, graceful: bool = False) -> list[Lost]:

@@ -12,11 +12,13 @@ class Progress:
     count, which is all the lighthouse needs to see a group progressing.
     """
 
-    __slots__ = ("step", "count")
+    __slots__ = ("step", "count", "healing")
 
     def __init__(self) -> None:
         self.step = 0
         self.count = 0
+        self.healing = False
+        """The group is healing: its next heartbeat says so at once (liveness.py)."""
 
     def record(self, step: int) -> None:
         self.step = step

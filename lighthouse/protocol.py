@@ -114,6 +114,10 @@ class Heartbeat:
     leaving: bool = False
     """The last heartbeat of a clean shutdown: the group finished its step and is leaving, so
     its peers must not abandon the collectives they are finishing with it."""
+    healing: bool = False
+    """The group is healing: loading the received state may stall it past its adaptive silence
+    limit, so the lighthouse holds it to ``heartbeat_timeout_s`` until a heartbeat says
+    otherwise (liveness.py). Absent (an older client): False."""
 
     @classmethod
     def decode(cls, raw: bytes) -> Heartbeat:
@@ -126,6 +130,7 @@ class Heartbeat:
             step=check_int(m, "step", require(o, m, "step"), 0),
             progress=check_int(m, "progress", require(o, m, "progress"), 0),
             leaving=check_bool(m, "leaving", o.get("leaving", False)),
+            healing=check_bool(m, "healing", o.get("healing", False)),
         )
 
 

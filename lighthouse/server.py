@@ -206,6 +206,11 @@ class LighthouseServer:
                 return None
             elif not self.membership.heartbeat(session.replica_id, session.serial, message, time.monotonic()):
                 return None
+            elif message.healing != session.healing:
+                session.healing = message.healing
+                logger.info("replica %s %s healing at step %d: its silence limit is %s", session.replica_id,
+                            "is" if message.healing else "is done", message.step,
+                            "the heartbeat timeout" if message.healing else "adaptive again")
 
     def _join_on_session(self, session: Session, req: QuorumRequest) -> bool:
         """A quorum request on a session stream; False when the session was superseded."""

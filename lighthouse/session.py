@@ -43,6 +43,8 @@ class Session:
         self.ended: str | None = None
         """Why the lighthouse ended the session (it stopped reading), if it did."""
         self.task: asyncio.Task[object] | None = None
+        self.healing = False
+        """What the member's last heartbeat declared (logged when it changes)."""
         self.roster_version = 0
         """The roster of the last quorum sent on this session (0: none yet): a quorum on the
         same roster goes as a QuorumUpdate (replies.py)."""

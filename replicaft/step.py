@@ -160,6 +160,7 @@ class StepDriver:
             else:
                 with s.timed("plan", blocked=False):
                     s.plan = self._applier.apply(answer, self.step)
+                self._progress.healing = self._healer.healing
                 self._quorum_failures = 0
         except GroupBroken as e:
             self._broken = e  # raised at the end of the step, where the loop can take it
@@ -320,6 +321,7 @@ class StepDriver:
         self._emit("commit", quorum_id=plan.quorum_id if plan else -1, committed=commit, reason=reason,
                    num_contributors=plan.num_contributors if plan else 0, healing=bool(plan and plan.healing),
                    step_time_s=s.phases["total"], **s.fields)
+        self._progress.healing = self._healer.healing
         self._progress.record(self.step)
 
     # -- progress, events, logs ----------------------------------------------------------------

@@ -27,12 +27,13 @@ RULES = LivenessRules(heartbeat_timeout_s=2.0, hung_factor=3.0, hung_min_s=0.25,
         ("gaps this long: the ceiling", [0.1] * 10 + [1.9], 0.1, 2.0, "heartbeat_timeout_s=2, below its longest gap 1.900s"),
         ("just registered: the ceiling until 8 gaps", [0.1] * 7, 0.1, 2.0, "7 of 8 gaps observed"),
         ("no interval declared: the ceiling", [0.1] * 20, 0.0, 2.0, "no heartbeat interval declared"),
+        ("healing: the ceiling, whatever the cadence", [0.1] * 20, 0.1, 2.0, "while it heals"),
     ],
 )
 def test_silence_limit_follows_the_members_cadence(
     case: str, gaps: list[float], interval_s: float, limit_s: float, basis: str
 ) -> None:
-    limit = silence_limit(gaps, len(gaps), interval_s, RULES)
+    limit = silence_limit(gaps, len(gaps), interval_s, RULES, healing=case.startswith("healing"))
     assert limit.limit_s == pytest.approx(limit_s), case
     assert basis in limit.basis, case
 

@@ -200,6 +200,23 @@ class TestLoss:
         assert [x.replica_id for x in lost] == ["a"]
         assert "silent for 0.31s, beyond its limit of 0.30s (its longest gap 0.100s + 2 heartbeat intervals of 0.1s)" in lost[0].reason
 
+    def test_a_declared_healer_is_held_to_the_heartbeat_timeout_until_it_says_the_heal_is_over(self) -> None:
+        """Loading gigabytes of healed state stalled a healer 0.40 s, past its 0.39 s adaptive
+        limit: fenced, it healed again and was fenced again, every time (README, train_ddp.py)."""
+        m = new_membership(MembershipOptions(heartbeat_timeout_s=2.0, progress_timeout_s=10.0))
+        session = register(m, "a")
+        for i in range(1, 21):
+            assert m.heartbeat("a", session, Heartbeat(step=3, progress=i), i * 0.1)
+        assert m.heartbeat("a", session, Heartbeat(step=3, progress=21, healing=True), 2.1)
+        assert m.expire(2.1 + 1.5) == []  # stalled 1.5 s loading the state: still a member
+        assert m.heartbeat("a", session, Heartbeat(step=4, progress=22), 3.6)
+        lost = m.expire(3.6 + 1.71)  # the heal is over: its adaptive limit again
+        assert "beyond its limit of 1.70s (its longest gap 1.500s" in lost[0].reason
+        session = register(m, "a", now=6.0)
+        assert m.heartbeat("a", session, Heartbeat(step=4, progress=23, healing=True), 6.0)
+        lost = m.expire(6.0 + 2.01)  # a healer that really hangs: the ceiling still holds
+        assert "beyond its limit of 2.00s (heartbeat_timeout_s=2, while it heals" in lost[0].reason
+
     def test_silence_limit_checked_on_a_tick_follows_the_next_gap_issue_24(self) -> None:
         """Each member's limit is kept between ticks (issue 24: recomputing it for 1,024 members
         took ~1.4 ms of every 20 ms tick); a later, longer gap must still raise it."""

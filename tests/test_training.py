@@ -251,6 +251,40 @@ def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_pat
     assert_samples_exactly_once(tmp_path, min_steps=90)
 
 
+@pytest.mark.timeout(180)
+def test_healer_stalled_past_its_adaptive_limit_is_not_fenced_mid_heal(tmp_path: Path) -> None:
+    # Loading gigabytes of healed state stalled a healer's interpreter 0.40 s, past its 0.39 s
+    # adaptive silence limit: fenced mid-heal, it healed again and was fenced again after each
+    # of its restarts (README, train_ddp.py). Here the restarted g1 is SIGSTOPped for 1 s in its
+    # (slowed) heal: past its adaptive limit (~0.3 s), under the 2 s heartbeat timeout that a
+    # declared healer is held to.
+    lh = start_lighthouse("--min-replicas", "2", "--heartbeat-timeout", "2", status=False)
+    args = ("--steps", "60", "--width", "1024", "--step-delay", "0.05")
+    faults = {"g0": "slow_serve@10", "g1": "allreduce@15"}
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid]) for rid in ("g0", "g1")}
+    assert groups["g1"].wait_exit(150) == -signal.SIGKILL
+    restarted = lh.process.mark("stderr")
+    groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args)
+    declared = lh.process.wait_for_line(lambda t: "replica g1 is healing" in t, 60, stream="stderr", after=restarted,
+                                        what="the restarted g1's heartbeat declaring its heal")
+    groups["g1"].send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(1.0)  # the stall itself, not a wait for anything
+    finally:
+        groups["g1"].send_signal(signal.SIGCONT)
+    heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0,
+                          120, "g1 heal after restart")
+    assert heal["ok"], heal
+    lost = [line.text for line in lh.process.lines("stderr")[declared.index:] if "member g1 lost" in line.text]
+    assert lost == [], f"the stalled healer was dropped: {lost}\n{lh.process.output_tail(60)}"
+    assert not [e for e in read_events(tmp_path) if e["event"] == "fenced" and e["replica_id"] == "g1"]
+    lh.process.wait_for_line(lambda t: "replica g1 is done healing" in t, 30, stream="stderr", after=declared.index,
+                             what="g1's heartbeat ending its heal")
+    for rid, g in groups.items():
+        assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
+    assert_digests_agree(tmp_path, min_steps=55)
+
+
 @pytest.mark.timeout(240)
 def test_heal_outrunning_its_replay_bounds_holds_the_donors_on_its_next_attempt_and_ends(tmp_path: Path) -> None:
     # The restarted g1 may record only one missed step (REPLICAFT_HEAL_REPLAY_*), and g0's

@@ -80,6 +80,12 @@ class Healer:
         return self._catchup is not None and self._catchup.hold
 
     @property
+    def healing(self) -> bool:
+        """A catch-up is under way, from its fetch's start until it is applied or dropped: the
+        heartbeats say so (lighthouse/liveness.py: loading its state may stall this process)."""
+        return self._catchup is not None
+
+    @property
     def fetching(self) -> bool:
         return self._catchup is not None and not self._catchup.fetched
 
