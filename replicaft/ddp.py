@@ -70,6 +70,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
         """Index of the first bucket not launched yet in this backward (buckets.py)."""
         self._sync = True
         self._in_step = False
+        self._reduced = False
+        """This step's buckets were all-reduced (``before_vote``)."""
         self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
         self._shards = ShardGradients(manager, self._buffer_sync) if manager.options.deterministic else None
         self._allocate_buckets()
@@ -191,15 +193,31 @@ class DistributedDataParallel(nn.Module, StepHooks):
             bucket.ready.clear()
         self._next_launch = 0
         self._buffer_sync.wait()
+        self._reduced = True
 
     # -- step hooks (Manager) ------------------------------------------------------------------
 
     def on_step_start(self) -> None:
         self._callback_queued = False  # a backward that raised never ran its callback
         self._in_step = True
+        self._reduced = False
         self._buffer_sync.step_start()
         if self._shards is not None:
             self._shards.step_start()
+
+    def before_vote(self) -> None:
+        """A step that failed before its backward reduced (the user reported an error and
+        skipped backward, or backward raised) still runs the buckets' and buffers' all-reduces,
+        with zeros (step.py): the other groups run them, and the column's next operation, the
+        "ok" flag, would meet one of theirs."""
+        if not self._in_step or not self._sync or self._shards is not None or self._reduced or self._manager.errored() is None:
+            return
+        if self._generation != self._manager.abandon_generation:
+            self._allocate_buckets()  # forward did not run: a parked collective may still hold the old ones
+        elif self._next_launch == 0:
+            for bucket in self._buckets:
+                bucket.work = None  # forward may not have run this step: these are the last step's
+        self._finish_backward()
 
     def on_commit(self) -> None:
         self._in_step = False

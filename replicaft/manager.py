@@ -222,7 +222,13 @@ class Manager:
         self._progress.record(self._driver.step)
 
     def report_error(self, error: Exception) -> None:
-        """Record that this step must not commit (the first error wins). Training thread."""
+        """Record that this step must not commit (the first error wins). Training thread.
+
+        The step's remaining all-reduces still run, with zeros, because the other groups run
+        them; then ``should_commit()`` returns False everywhere. Skipping backward after it is
+        fine with ``DistributedDataParallel``, which runs its buckets' all-reduces itself at
+        ``should_commit()``; code that calls ``allreduce`` itself must still make the step's
+        calls."""
         self._driver.report_error(error)
 
     def should_commit(self) -> bool:

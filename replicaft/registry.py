@@ -36,7 +36,8 @@ class StepHooks:
     """Callbacks a wrapper registers to act at step boundaries, and to replay a step.
 
     ``on_*`` run in the training thread at the start of a step and at its end (``on_commit``
-    before the optimizer steps). The replay methods serve the non-blocking heal
+    before the optimizer steps); ``before_vote`` when ``should_commit`` begins, before the
+    "ok" flag. The replay methods serve the non-blocking heal
     (heal/catchup.py): ``capture_step`` returns what this step did to the hook's state (e.g.
     the averaged gradients); to redo a captured step on healed state, ``replay_prepare`` sets
     its inputs (for every hook before the optimizers step), then ``replay_apply`` applies the
@@ -55,6 +56,7 @@ class StepHooks:
     the group commits that step with the others, as torchft's programs expect."""
 
     def on_step_start(self) -> None: ...
+    def before_vote(self) -> None: ...
     def on_commit(self) -> None: ...
     def on_abort(self) -> None: ...
     def capture_step(self) -> Any:
@@ -157,6 +159,10 @@ class StateRegistry:
     def step_started(self) -> None:
         for h in self._hooks:
             h.on_step_start()
+
+    def before_vote(self) -> None:
+        for h in self._hooks:
+            h.before_vote()
 
     def committed(self) -> None:
         for h in self._hooks:

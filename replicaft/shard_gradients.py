@@ -117,13 +117,15 @@ class ShardGradients:
             parts.append(self._buffer_values)
             likes.append(self._buffers.flat())
         maxima = torch.tensor([max_abs(p) for p in parts], dtype=torch.float64, device=likes[0].device)
-        if not self._manager.allreduce(maxima, reduce="max", average=False).wait():
-            return
-        agreed = maxima.tolist()
+        agreed_ok = self._manager.allreduce(maxima, reduce="max", average=False).wait()
+        agreed = maxima.tolist() if agreed_ok else [0.0] * len(parts)
         exponents = [scale_exponent(m, self._num_shards) if math.isfinite(m) else 0 for m in agreed]
+        # Issued even when the step has failed: the other groups issue them (step.py).
         works: list[ManagedWork] = []
         for part, like, k in zip(parts, likes, exponents, strict=True):
             works.append(self._manager.allreduce(encode_sum(part, k, like), average=False))
+        if not agreed_ok:
+            return
         for i, (work, like, k, m) in enumerate(zip(works, likes, exponents, agreed, strict=True)):
             if not work.wait():
                 return

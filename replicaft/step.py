@@ -193,10 +193,15 @@ class StepDriver:
         """Average ``tensor`` in place across the groups that contribute this step; with
         ``average=False`` only reduce it (SUM or MAX, deterministic.py: a healer's zeros count)."""
         s = self.current
-        plan = self.wait_quorum() if s.error is None else None
-        if plan is None or s.error is not None:
+        plan = self.wait_quorum()
+        if plan is None:
             return ManagedWork(tensor, lambda: s.error is None)
-        if plan.healing:
+        # A step that already failed (report_error, a fetch that failed) still runs the
+        # collectives its peers run, with zeros: a rank that skipped one would meet their next
+        # operation with its own (the "ok" flag), and Gloo aborts the process on the mismatch.
+        # A broken column refuses the operation at once (CollectiveError below).
+        failed = s.error is not None
+        if plan.healing or failed:
             tensor.zero_()
         try:
             handle = self._column.allreduce(tensor, reduce=reduce)
@@ -204,7 +209,7 @@ class StepDriver:
             self.report_error(e)
             return ManagedWork(tensor, lambda: False)
         reached(self._faults, "allreduce", self.step)
-        return ManagedWork(tensor, lambda: self._wait_collective(s, handle, "allreduce")
+        return ManagedWork(tensor, lambda: self._wait_collective(s, handle, "allreduce") and not failed
                            and _divide(tensor, plan.num_contributors if average else 1))
 
     def _wait_collective(self, s: StepRecord, handle: CollectiveHandle, phase: str) -> bool:
@@ -236,6 +241,8 @@ class StepDriver:
         """
         s = self.current
         plan = self.wait_quorum()
+        if plan is not None:
+            self._registry.before_vote()
         self._last_own_s = round(s.own_s(), 4)
         self._seal(s)
         if plan is not None and plan.healing:

@@ -1,0 +1,86 @@
+"""A replica group whose rank reports an error in the middle of one step (``report_error``).
+
+Usage: ``python tests/reported_error_train.py STEPS MODE FAIL_STEP``. The group named ``g0``
+reports a ``RuntimeError`` once, at step FAIL_STEP:
+
+* ``allreduce``: through the manager's API, before the step's ``allreduce()`` call;
+* ``backward``: before backward through ``DistributedDataParallel``, which still runs;
+* ``skip-backward``: in place of forward and backward (a failed data load), then
+  ``optimizer.step()`` at once.
+
+The other groups run the step as usual. Configured by ``REPLICAFT_*``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+from torch import nn
+
+import replicaft
+from replicaft.data import ExactlyOnceSampler, StepDataLoader
+
+MODES = ("allreduce", "backward", "skip-backward")
+
+
+def train_with_allreduce(manager: replicaft.Manager, steps: int, fail_step: int, fails: bool) -> None:
+    weights = torch.zeros(1000)
+    manager.register_state("weights", lambda: {"weights": weights}, lambda s: weights.copy_(s["weights"]))
+    while manager.current_step() < steps:
+        step = manager.current_step()
+        manager.start_quorum()
+        if fails and step == fail_step:
+            fails = False
+            manager.report_error(RuntimeError(f"injected by the test at step {step}"))
+        update = torch.full((1000,), float(step + 1))
+        work = manager.allreduce(update)
+        work.wait()
+        if manager.should_commit():
+            weights.add_(update)
+
+
+def train_with_ddp(manager: replicaft.Manager, steps: int, fail_step: int, fails: bool, skip_backward: bool) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Linear(32, 4))
+    ddp = replicaft.DistributedDataParallel(manager, model, bucket_cap_mb=1e-3)  # several buckets
+    optimizer = replicaft.Optimizer(manager, torch.optim.SGD(model.parameters(), lr=0.1))
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(torch.randn(512, 16, generator=generator), torch.randn(512, 4, generator=generator))
+    # The deterministic mode takes one backward per virtual shard the group owns (micro-batches).
+    policy = "global" if manager.options.deterministic else "per_group"
+    loader = StepDataLoader(ExactlyOnceSampler(manager, len(data), 16, policy=policy), data,
+                            micro_batch_size=None if manager.options.deterministic else 8)
+    while manager.current_step() < steps:
+        step = manager.current_step()
+        optimizer.zero_grad()
+        batches = loader.micro_batches() or [(data[:16], 1.0)]  # a healer's batch: any
+        if fails and step == fail_step:
+            fails = False
+            manager.report_error(RuntimeError(f"injected by the test at step {step}"))
+            if skip_backward:
+                optimizer.step()
+                continue
+        for i, ((x, y), weight) in enumerate(batches):
+            with contextlib.nullcontext() if i == len(batches) - 1 else ddp.no_sync():
+                (nn.functional.mse_loss(ddp(x), y) * weight).backward()
+        optimizer.step()
+
+
+def main() -> int:
+    steps, mode, fail_step = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    if mode not in MODES:
+        raise SystemExit(f"mode {mode!r}; expected one of {MODES}")
+    options = replicaft.ManagerOptions.from_env()
+    fails = options.replica_id == "g0"
+    with replicaft.Manager(options) as manager:
+        if mode == "allreduce":
+            train_with_allreduce(manager, steps, fail_step, fails)
+        else:
+            train_with_ddp(manager, steps, fail_step, fails, skip_backward=mode == "skip-backward")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
