@@ -110,6 +110,21 @@ class ShardGradients:
             self._active = False
             self._reduce(buckets)
 
+    def before_vote(self, buckets: Sequence[Bucket]) -> None:
+        """A step whose backward ran fewer times than the shards this group owns (it skipped
+        backward after an error, or the loop did not take every micro-batch) fails, and reduces
+        what it has: the other groups run the step's collectives, and a rank that skipped them
+        would meet theirs with its "ok" flag."""
+        if not self._active:
+            return
+        self._active = False
+        if self._manager.errored() is None:
+            expected = max(len(self.owned()), 1)
+            self._manager.report_error(GroupError(
+                f"backward ran {self._done} of the {expected} times this step takes in the deterministic mode (one per "
+                "virtual shard this group owns, as StepDataLoader.micro_batches() hands them out)"))
+        self._reduce(buckets)
+
     def _reduce(self, buckets: Sequence[Bucket]) -> None:
         parts: list[list[torch.Tensor]] = [[g[i] for g in self._grads] for i in range(len(buckets))]
         likes = [b.buffer for b in buckets]

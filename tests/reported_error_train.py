@@ -6,7 +6,9 @@ reports a ``RuntimeError`` once, at step FAIL_STEP:
 * ``allreduce``: through the manager's API, before the step's ``allreduce()`` call;
 * ``backward``: before backward through ``DistributedDataParallel``, which still runs;
 * ``skip-backward``: in place of forward and backward (a failed data load), then
-  ``optimizer.step()`` at once.
+  ``optimizer.step()`` at once;
+* ``short-backward``: no error reported, but only the step's first micro-batch goes through
+  backward (the deterministic mode takes one per virtual shard the group owns).
 
 The other groups run the step as usual. Configured by ``REPLICAFT_*``.
 """
@@ -22,7 +24,7 @@ from torch import nn
 import replicaft
 from replicaft.data import ExactlyOnceSampler, StepDataLoader
 
-MODES = ("allreduce", "backward", "skip-backward")
+MODES = ("allreduce", "backward", "skip-backward", "short-backward")
 
 
 def train_with_allreduce(manager: replicaft.Manager, steps: int, fail_step: int, fails: bool) -> None:
@@ -41,7 +43,7 @@ def train_with_allreduce(manager: replicaft.Manager, steps: int, fail_step: int,
             weights.add_(update)
 
 
-def train_with_ddp(manager: replicaft.Manager, steps: int, fail_step: int, fails: bool, skip_backward: bool) -> None:
+def train_with_ddp(manager: replicaft.Manager, steps: int, fail_step: int, fails: bool, mode: str) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Linear(32, 4))
     ddp = replicaft.DistributedDataParallel(manager, model, bucket_cap_mb=1e-3)  # several buckets
@@ -58,8 +60,11 @@ def train_with_ddp(manager: replicaft.Manager, steps: int, fail_step: int, fails
         batches = loader.micro_batches() or [(data[:16], 1.0)]  # a healer's batch: any
         if fails and step == fail_step:
             fails = False
-            manager.report_error(RuntimeError(f"injected by the test at step {step}"))
-            if skip_backward:
+            if mode == "short-backward":
+                batches = batches[:1]
+            else:
+                manager.report_error(RuntimeError(f"injected by the test at step {step}"))
+            if mode == "skip-backward":
                 optimizer.step()
                 continue
         for i, ((x, y), weight) in enumerate(batches):
@@ -78,7 +83,7 @@ def main() -> int:
         if mode == "allreduce":
             train_with_allreduce(manager, steps, fail_step, fails)
         else:
-            train_with_ddp(manager, steps, fail_step, fails, skip_backward=mode == "skip-backward")
+            train_with_ddp(manager, steps, fail_step, fails, mode)
     return 0
 
 

@@ -3,7 +3,9 @@
 Before, such a rank skipped the step's remaining all-reduces while the other groups ran them;
 its next operation, the "ok" flag, met one of theirs, and Gloo aborted its process on the
 size mismatch ("Received data size doesn't match expected size"). Now it runs them with zeros
-and the step is not committed anywhere; the next step commits with the same quorum.
+and the step is not committed anywhere; the next step commits with the same quorum. The
+same holds for a deterministic-mode step whose backward ran for fewer shards than the group
+owns: it fails with a message that says so.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ FAIL_STEP = 5
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("mode", "deterministic"), [("allreduce", "0"), ("backward", "0"), ("skip-backward", "0"), ("backward", "1")])
+@pytest.mark.parametrize(("mode", "deterministic"), [("allreduce", "0"), ("backward", "0"), ("skip-backward", "0"), ("backward", "1"), ("skip-backward", "1"),
+                                                      ("short-backward", "1")])
 def test_a_reported_error_fails_the_step_everywhere_and_no_process_dies(tmp_path, mode: str, deterministic: str) -> None:
     lh = start_lighthouse("--min-replicas", "2", status=False)
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "12", mode, str(FAIL_STEP), script=SCRIPT,
@@ -31,7 +34,8 @@ def test_a_reported_error_fails_the_step_everywhere_and_no_process_dies(tmp_path
     at_fail = [e for e in events if e["event"] == "commit" and e["step"] == FAIL_STEP]
     failed = [e for e in at_fail if not e["committed"]]
     assert {e["replica_id"] for e in failed} == {"g0", "g1"}, f"the step with the error committed somewhere: {at_fail}"
-    assert "injected by the test" in next(e["reason"] for e in failed if e["replica_id"] == "g0")
+    reason = next(e["reason"] for e in failed if e["replica_id"] == "g0")
+    assert ("backward ran 1 of the" if mode == "short-backward" else "injected by the test") in reason, reason
     retried = [e for e in at_fail if e["committed"]]
     assert {e["replica_id"] for e in retried} == {"g0", "g1"}, at_fail
     assert len({e["quorum_id"] for e in at_fail}) == 1, f"the failed step cost a new quorum: {at_fail}"
