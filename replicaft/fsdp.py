@@ -138,6 +138,8 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         self._next_launch = 0
         """Index of the first bucket not launched yet in this backward (buckets.py)."""
         self._in_step = False
+        self._reduced = False
+        """This step's buckets were all-reduced (``before_vote``)."""
         self._replay_saved: list[torch.Tensor] | None = None
         """This step's own gradient shards while a healer replays earlier steps into the buckets."""
         self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
@@ -226,6 +228,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         for bucket in self._buckets:
             bucket.ready.clear()
         self._next_launch = 0
+        self._reduced = True
 
     def _write_grads(self) -> None:
         """Copy the buckets into the gradient shards (creating a gradient where there is none)."""
@@ -240,6 +243,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
 
     def on_step_start(self) -> None:
         self._in_step = True
+        self._reduced = False
         self._callback_queued = False  # a backward that raised may have left it set
         self._next_launch = 0
         if self._generation != self._manager.abandon_generation:
@@ -249,6 +253,14 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
             bucket.ready.clear()
             bucket.work = None
         self._buffer_sync.step_start()
+
+    def before_vote(self) -> None:
+        """As ``DistributedDataParallel.before_vote``: a step that failed before its backward
+        reduced still runs the all-reduces across groups, with zeros. (FSDP's own collectives
+        inside a group of several ranks are torch's: a rank that skips backward there leaves the
+        group's other ranks waiting in them.)"""
+        if self._in_step and not self._reduced and self._manager.errored() is not None:
+            self._finish_backward()
 
     def on_commit(self) -> None:
         self._in_step = False

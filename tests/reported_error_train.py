@@ -1,7 +1,7 @@
 """A replica group whose rank reports an error in the middle of one step (``report_error``).
 
-Usage: ``python tests/reported_error_train.py STEPS MODE FAIL_STEP``. The group named ``g0``
-reports a ``RuntimeError`` once, at step FAIL_STEP:
+Usage: ``python tests/reported_error_train.py STEPS MODE FAIL_STEP [ddp|fsdp]``. The group named
+``g0`` reports a ``RuntimeError`` once, at step FAIL_STEP:
 
 * ``allreduce``: through the manager's API, before the step's ``allreduce()`` call;
 * ``backward``: before backward through ``DistributedDataParallel``, which still runs;
@@ -10,7 +10,9 @@ reports a ``RuntimeError`` once, at step FAIL_STEP:
 * ``short-backward``: no error reported, but only the step's first micro-batch goes through
   backward (the deterministic mode takes one per virtual shard the group owns).
 
-The other groups run the step as usual. Configured by ``REPLICAFT_*``.
+With ``fsdp`` the model is FSDP2 over a group of one rank under ``FaultTolerantFSDP`` instead
+of ``DistributedDataParallel``. The other groups run the step as usual. Configured by
+``REPLICAFT_*``.
 """
 
 from __future__ import annotations
@@ -19,10 +21,14 @@ import contextlib
 import sys
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 import replicaft
 from replicaft.data import ExactlyOnceSampler, StepDataLoader
+from replicaft.fsdp import FaultTolerantFSDP, shard_optimizer_state
 
 MODES = ("allreduce", "backward", "skip-backward", "short-backward")
 
@@ -43,11 +49,23 @@ def train_with_allreduce(manager: replicaft.Manager, steps: int, fail_step: int,
             weights.add_(update)
 
 
-def train_with_ddp(manager: replicaft.Manager, steps: int, fail_step: int, fails: bool, mode: str) -> None:
+def train_with_wrapper(manager: replicaft.Manager, steps: int, fail_step: int, fails: bool, mode: str, fsdp: bool) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Linear(32, 4))
-    ddp = replicaft.DistributedDataParallel(manager, model, bucket_cap_mb=1e-3)  # several buckets
-    optimizer = replicaft.Optimizer(manager, torch.optim.SGD(model.parameters(), lr=0.1))
+    ddp: nn.Module
+    if fsdp:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        mesh = init_device_mesh("cpu", (1,))
+        for layer in model:
+            if any(True for _ in layer.parameters()):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        ddp = FaultTolerantFSDP(manager, model)
+        inner = shard_optimizer_state(torch.optim.SGD(ddp.parameters(), lr=0.1))
+    else:
+        ddp = replicaft.DistributedDataParallel(manager, model, bucket_cap_mb=1e-3)  # several buckets
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = replicaft.Optimizer(manager, inner)
     generator = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(512, 16, generator=generator), torch.randn(512, 4, generator=generator))
     # The deterministic mode takes one backward per virtual shard the group owns (micro-batches).
@@ -75,6 +93,7 @@ def train_with_ddp(manager: replicaft.Manager, steps: int, fail_step: int, fails
 
 def main() -> int:
     steps, mode, fail_step = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    fsdp = sys.argv[4:] == ["fsdp"]  # else ddp
     if mode not in MODES:
         raise SystemExit(f"mode {mode!r}; expected one of {MODES}")
     options = replicaft.ManagerOptions.from_env()
@@ -83,7 +102,7 @@ def main() -> int:
         if mode == "allreduce":
             train_with_allreduce(manager, steps, fail_step, fails)
         else:
-            train_with_ddp(manager, steps, fail_step, fails, mode)
+            train_with_wrapper(manager, steps, fail_step, fails, mode, fsdp)
     return 0
 
 

@@ -22,11 +22,15 @@ FAIL_STEP = 5
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("mode", "deterministic"), [("allreduce", "0"), ("backward", "0"), ("skip-backward", "0"), ("backward", "1"), ("skip-backward", "1"),
-                                                      ("short-backward", "1")])
-def test_a_reported_error_fails_the_step_everywhere_and_no_process_dies(tmp_path, mode: str, deterministic: str) -> None:
+@pytest.mark.parametrize(("mode", "deterministic", "wrapper"), [
+    ("allreduce", "0", "ddp"), ("backward", "0", "ddp"), ("skip-backward", "0", "ddp"),
+    ("backward", "1", "ddp"), ("skip-backward", "1", "ddp"), ("short-backward", "1", "ddp"),
+    ("backward", "0", "fsdp"), ("skip-backward", "0", "fsdp"),
+])
+def test_a_reported_error_fails_the_step_everywhere_and_no_process_dies(tmp_path, mode: str, deterministic: str,
+                                                                        wrapper: str) -> None:
     lh = start_lighthouse("--min-replicas", "2", status=False)
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "12", mode, str(FAIL_STEP), script=SCRIPT,
+    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "12", mode, str(FAIL_STEP), wrapper, script=SCRIPT,
                                REPLICAFT_DETERMINISTIC=deterministic) for rid in ("g0", "g1")}
     for rid, g in groups.items():
         assert g.wait_exit(90) == 0, f"{rid}\n{g.output_tail()}"
