@@ -17,8 +17,7 @@ import torch
 from conftest import start_lighthouse
 from test_checkpointing import INTERVAL, committed_digest
 from test_checkpointing import start_group as start_checkpointing_group
-from test_training import commits, start_group
-from training_events import assert_digests_agree, read_events, wait_for_event
+from training_events import assert_digests_agree, commits, read_events, start_group, wait_for_event
 
 from replicaft.checkpoint import CheckpointReader
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import start_lighthouse
-from test_training import start_group
-from training_events import assert_digests_agree, read_events, wait_for_event
+from training_events import assert_digests_agree, read_events, start_group, wait_for_event
 
 pytestmark = pytest.mark.slow
 

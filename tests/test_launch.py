@@ -15,13 +15,12 @@ import math
 import os
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python
-from training_events import EventTail, read_events
+from training_events import read_events, wait_for_event
 
 from replicaft.console import Console, label_torchrun_line
 from replicaft.errors import OptionsError
@@ -263,20 +262,6 @@ def test_descendants_walks_the_whole_tree_and_nothing_else() -> None:
 
 
 # -- real processes ---------------------------------------------------------------------------
-
-
-def wait_for_event(
-    directory: Path, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str, launcher: ManagedProcess
-) -> dict[str, Any]:
-    """The first event satisfying ``predicate``, polling the logs until the deadline."""
-    deadline = time.monotonic() + timeout_s
-    tail = EventTail(directory)
-    while time.monotonic() < deadline and launcher.popen.poll() is None:
-        for event in tail.new_events():
-            if predicate(event):
-                return event
-        time.sleep(0.05)
-    raise AssertionError(f"no event {what} within {timeout_s:g}s\n{launcher.output_tail()}")
 
 
 def start_launcher(*args: str) -> ManagedProcess:

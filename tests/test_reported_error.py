@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import pytest
 from conftest import REPO_ROOT, start_lighthouse
-from test_training import start_group
-from training_events import assert_digests_agree, read_events
+from training_events import assert_digests_agree, read_events, start_group
 
 pytestmark = pytest.mark.slow
 

@@ -25,8 +25,13 @@ from typing import Any
 
 import pytest
 from conftest import ManagedProcess, start_lighthouse
-from test_training import start_group
-from training_events import assert_digests_agree, final_history, read_events, wait_for_event
+from training_events import (
+    assert_digests_agree,
+    final_history,
+    read_events,
+    start_group,
+    wait_for_event,
+)
 
 pytestmark = pytest.mark.slow
 

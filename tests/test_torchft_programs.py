@@ -30,8 +30,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import PYTHON, REPO_ROOT, ManagedProcess, spawn, start_lighthouse, stop_gracefully
-from test_launch import wait_for_event
-from training_events import assert_digests_agree, read_events
+from training_events import assert_digests_agree, read_events, wait_for_event
 
 from benchmarks.torchft_examples import (
     OFFLINE_DATA_DIR,

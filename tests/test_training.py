@@ -12,7 +12,6 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import REPO_ROOT, ManagedProcess, spawn_python, start_lighthouse
@@ -20,35 +19,15 @@ from training_events import (
     EXAMPLE,
     assert_digests_agree,
     assert_samples_exactly_once,
+    commits,
     read_events,
+    start_group,
     wait_for_event,
 )
 
 pytestmark = pytest.mark.slow
 
 ROUTED = str(REPO_ROOT / "tests" / "routed_train.py")
-
-
-def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None,
-                script: str = EXAMPLE, **options: str) -> ManagedProcess:
-    """``options``: more ``REPLICAFT_*`` variables, e.g. ``REPLICAFT_HEAL_REPLAY_STEPS="1"``."""
-    env = dict(os.environ)
-    env.update(
-        REPLICAFT_LIGHTHOUSE=lighthouse,
-        REPLICAFT_REPLICA_ID=replica_id,
-        REPLICAFT_EVENTS_DIR=str(events),
-        REPLICAFT_COLLECTIVE_TIMEOUT_S="10",
-        **options,
-    )
-    if fault_points:
-        env["REPLICAFT_FAULT_POINTS"] = fault_points
-    else:
-        env.pop("REPLICAFT_FAULT_POINTS", None)
-    return spawn_python(script, *args, name=replica_id, env=env)
-
-
-def commits(events: Path, replica_id: str) -> list[dict[str, Any]]:
-    return [e for e in read_events(events) if e["event"] == "commit" and e["replica_id"] == replica_id and e["committed"]]
 
 
 @pytest.mark.timeout(180)

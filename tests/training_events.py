@@ -1,22 +1,43 @@
-"""What tests of real training read off the structured event logs: events, digests, samples.
+"""Tests of real training: starting a replica group, and what they read off its structured
+event logs (events, digests, samples).
 
 Shared by every test that runs real replica groups (test_training.py, test_checkpointing.py,
-test_hsdp.py, test_multihost.py, test_launch.py). Reading polls the logs under a deadline;
-nothing here sleeps to synchronise.
+test_hsdp.py, test_multihost.py, test_launch.py, ...). Reading polls the logs under a
+deadline; nothing here sleeps to synchronise.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, ManagedProcess, spawn_python
 
 EXAMPLE = str(REPO_ROOT / "examples" / "train_ddp.py")
+
+
+def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None,
+                script: str = EXAMPLE, **options: str) -> ManagedProcess:
+    """One replica group of ``script`` (one rank); ``options``: more ``REPLICAFT_*`` variables,
+    e.g. ``REPLICAFT_HEAL_REPLAY_STEPS="1"``."""
+    env = dict(os.environ)
+    env.update(
+        REPLICAFT_LIGHTHOUSE=lighthouse,
+        REPLICAFT_REPLICA_ID=replica_id,
+        REPLICAFT_EVENTS_DIR=str(events),
+        REPLICAFT_COLLECTIVE_TIMEOUT_S="10",
+        **options,
+    )
+    if fault_points:
+        env["REPLICAFT_FAULT_POINTS"] = fault_points
+    else:
+        env.pop("REPLICAFT_FAULT_POINTS", None)
+    return spawn_python(script, *args, name=replica_id, env=env)
 
 
 def read_events(directory: Path) -> list[dict[str, Any]]:
@@ -59,17 +80,24 @@ class EventTail:
 
 
 def wait_for_event(
-    directory: Path, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+    directory: Path, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str,
+    process: ManagedProcess | None = None,
 ) -> dict[str, Any]:
-    """The first event satisfying ``predicate``; polls the logs until the deadline."""
+    """The first event satisfying ``predicate``; polls the logs until the deadline, or until
+    ``process`` (the launcher that writes them, say) exits, and then shows its output."""
     deadline = time.monotonic() + timeout_s
     tail = EventTail(directory)
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (process is None or process.popen.poll() is None):
         for e in tail.new_events():
             if predicate(e):
                 return e
         time.sleep(0.05)
-    raise AssertionError(f"no event {what} within {timeout_s:g}s")
+    raise AssertionError(f"no event {what} within {timeout_s:g}s" + (f"\n{process.output_tail()}" if process else ""))
+
+
+def commits(events: Path, replica_id: str) -> list[dict[str, Any]]:
+    """``replica_id``'s committed steps' commit events."""
+    return [e for e in read_events(events) if e["event"] == "commit" and e["replica_id"] == replica_id and e["committed"]]
 
 
 def final_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
