@@ -26,7 +26,7 @@ from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
 from replicaft.metrics import MetricsServer, ProcessMetrics
 from replicaft.notices import StepNotices
-from replicaft.options import ManagerOptions
+from replicaft.options import ManagerOptions, check_option_number
 from replicaft.persistence import STATE_NAME as CHECKPOINT_STATE
 from replicaft.persistence import Persistence
 from replicaft.plan_applier import PlanApplier
@@ -202,9 +202,12 @@ class Manager:
 
     # -- the step (step.py) --------------------------------------------------------------------
 
-    def start_quorum(self) -> None:
-        """Begin a step: the quorum is asked for in the background. Training thread."""
-        self._driver.start_quorum()
+    def start_quorum(self, timeout_s: float | None = None) -> None:
+        """Begin a step: the quorum is asked for in the background, within ``timeout_s`` for
+        this step (default: ``quorum_timeout_s``). Training thread."""
+        if timeout_s is not None:
+            check_option_number("quorum_timeout_s", timeout_s, "start_quorum(timeout_s)")
+        self._driver.start_quorum(timeout_s)
 
     def wait_quorum(self) -> StepPlan | None:
         """The plan of this step, applied; None if the quorum failed (the step will not commit)."""
@@ -231,11 +234,14 @@ class Manager:
         calls."""
         self._driver.report_error(error)
 
-    def should_commit(self) -> bool:
+    def should_commit(self, timeout_s: float | None = None) -> bool:
         """End the step: True if every rank of every participating group may apply it. Every
         rank of the group calls it once per step; it blocks for a healer's fetch (bounded), the
-        "ok" flag all-reduce and the group's vote, each under its own deadline."""
-        return self._driver.should_commit()
+        "ok" flag all-reduce and the group's vote, each under its own deadline (the vote's:
+        ``timeout_s`` for this step, default ``collective_timeout_s``)."""
+        if timeout_s is not None:
+            check_option_number("collective_timeout_s", timeout_s, "should_commit(timeout_s)")
+        return self._driver.should_commit(timeout_s)
 
     # -- queries -------------------------------------------------------------------------------
 

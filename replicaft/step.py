@@ -119,8 +119,9 @@ class StepDriver:
 
     # -- 1. start ------------------------------------------------------------------------------
 
-    def start_quorum(self) -> None:
-        """Begin a step: close the last one's boundary, then ask for this step's quorum."""
+    def start_quorum(self, timeout_s: float | None = None) -> None:
+        """Begin a step: close the last one's boundary, then ask for this step's quorum (within
+        ``timeout_s``, or the manager's ``quorum_timeout_s``)."""
         closing = time.monotonic()
         self._boundary.close(self.current.plan)
         boundary_s = time.monotonic() - closing
@@ -139,7 +140,8 @@ class StepDriver:
         rank_data: dict[str, Any] = {**self._services.rank_addresses, **self._healer.rank_data(), **self._donor.rank_data()}
         if self._last_own_s is not None:
             rank_data["own_step_s"] = self._last_own_s
-        s.quorum = self._services.channel.ask_quorum(self.step, self.options.quorum_timeout_s,
+        s.quorum_timeout_s = self.options.quorum_timeout_s if timeout_s is None else timeout_s
+        s.quorum = self._services.channel.ask_quorum(self.step, s.quorum_timeout_s,
                                                      commit_failures=self._commit_failures, rank_data=rank_data)
 
     # -- 2. the plan ---------------------------------------------------------------------------
@@ -153,7 +155,7 @@ class StepDriver:
         try:
             o = self.options
             with s.timed("quorum"):
-                answer = _wait_for_answer(s.quorum, o.quorum_timeout_s + o.connect_timeout_s + QUORUM_WAIT_GRACE_S,
+                answer = _wait_for_answer(s.quorum, s.quorum_timeout_s + o.connect_timeout_s + QUORUM_WAIT_GRACE_S,
                                           self._still_waiting)
             if isinstance(answer, str):
                 self.report_error(GroupError(answer))
@@ -233,8 +235,9 @@ class StepDriver:
 
     # -- 4. commit -----------------------------------------------------------------------------
 
-    def should_commit(self) -> bool:
-        """End the step: True if every rank of every participating group may apply it.
+    def should_commit(self, timeout_s: float | None = None) -> bool:
+        """End the step: True if every rank of every participating group may apply it; the
+        group's vote within ``timeout_s`` (or the manager's ``collective_timeout_s``).
 
         Every rank of the group calls it once per step. Blocks for a healer's fetch (bounded),
         the "ok" flag all-reduce and the group's vote, each under its own deadline.
@@ -262,7 +265,7 @@ class StepDriver:
         self._healer.start_deferred()
         vote = rank_vote(inputs, verdict, flag, None if s.error is None else str(s.error))
         with s.timed("vote", blocked=False):
-            decision = self._vote(plan, vote.ok, vote.reason)
+            decision = self._vote(plan, vote.ok, vote.reason, timeout_s)
         self._leaving = decision.leave
         outcome = step_outcome(inputs.healing, verdict, flag, decision.commit)
         # A checkpoint copy may still be running behind this step: it must end before anything
@@ -301,14 +304,15 @@ class StepDriver:
             self.report_error(GroupError(f"{reading.failures} participant rank(s) of this column reported a failed step"))
         return reading
 
-    def _vote(self, plan: StepPlan | None, ok: bool, reason: str) -> VoteResponse:
+    def _vote(self, plan: StepPlan | None, ok: bool, reason: str, timeout_s: float | None) -> VoteResponse:
         """The group's decision on this step; a rank that cannot reach it leaves on its own if
         it was asked to (SIGTERM)."""
         leaving = self._persistence.preempted.is_set()
         assert self._services.channel is not None
         try:
             return self._services.channel.vote(self.step, plan.quorum_id if plan is not None else 0, ok, reason,
-                                               self.options.collective_timeout_s, leaving=leaving)
+                                               self.options.collective_timeout_s if timeout_s is None else timeout_s,
+                                               leaving=leaving)
         except GroupError as e:
             return VoteResponse(False, f"vote failed: {e}", leaving)
 

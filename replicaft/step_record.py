@@ -25,6 +25,8 @@ class StepRecord:
         self.number = number
         self.started = time.monotonic()
         self.quorum: concurrent.futures.Future[QuorumAnswer] | None = None
+        self.quorum_timeout_s = 0.0
+        """The deadline the quorum was asked with (``start_quorum``'s, or the manager's)."""
         self.plan: StepPlan | None = None
         self.error: Exception | None = None
         self.blocked_s = 0.0

@@ -163,13 +163,35 @@ def _unstarted_manager(monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> tor
     return torchft.Manager(**args)
 
 
-@pytest.mark.parametrize("call", ["start_quorum", "should_commit"])
-def test_a_per_call_timeout_other_than_the_managers_is_refused_naming_both(call: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.timeout(60)
+def test_a_per_call_deadline_that_runs_out_raises_timeout_error_within_it() -> None:
+    """torchft's start_quorum(timeout=) and should_commit(timeout=) are that call's deadline:
+    here a group of two ranks whose second never starts, so neither the group's quorum nor its
+    vote can complete. Each call raises TimeoutError (torchft's message) soon after its 0.2 s,
+    not after the manager's 10 s deadlines."""
     import datetime
+    import time
 
-    manager = _unstarted_manager(monkeypatch, timeout=datetime.timedelta(seconds=10))
-    with pytest.raises(OptionsError, match=rf"{call}\(timeout=0.01s\).*this manager's is \d+s"):
-        getattr(manager, call)(timeout=datetime.timedelta(seconds=0.01))
+    import torch.distributed as dist
+
+    from replicaft.compat.torchft.coordination import LighthouseServer
+
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    store = dist.TCPStore(host_name="127.0.0.1", port=0, is_master=True, wait_for_workers=False)
+    manager = torchft.Manager(pg=torchft.ProcessGroupGloo(), min_replica_size=1, load_state_dict=lambda s: None,
+                              state_dict=lambda: {}, replica_id="alone", lighthouse_addr=lighthouse.address(),
+                              store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=2,
+                              timeout=datetime.timedelta(seconds=5), quorum_timeout=datetime.timedelta(seconds=10),
+                              use_async_quorum=False)
+    try:
+        for call in (manager.start_quorum, manager.should_commit):
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match="status: Cancelled, message: Timeout expired"):
+                call(timeout=datetime.timedelta(seconds=0.2))
+            assert 0.2 <= time.monotonic() - started < 2.0, call
+    finally:
+        manager.shutdown(wait=False)
+        lighthouse.shutdown()
 
 
 def test_user_state_is_neither_served_nor_loaded_once_kept_per_group(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -29,8 +29,9 @@ from replicaft.options import ManagerOptions
 logger = logging.getLogger(__name__)
 
 QUORUM_GRACE_S = 1.0
-"""A rank's wait for its quorum round outlasts the quorum's own deadline by this much, so the
-lighthouse's reason for a failed quorum reaches the rank before this side's timeout."""
+"""A rank's wait for its quorum round outlasts the quorum's own deadline by this much (or by
+the deadline itself, when shorter: a caller's 10 ms deadline is not stretched to a second), so
+the lighthouse's reason for a failed quorum reaches the rank before this side's timeout."""
 
 
 class GroupRefused(GroupError):
@@ -99,7 +100,7 @@ class GroupCoordinator:
         if join.complete:
             asyncio.create_task(self._ask_lighthouse(join.round, answer, ask.timeout_s))
         try:
-            return await asyncio.wait_for(asyncio.shield(answer), ask.timeout_s + QUORUM_GRACE_S)
+            return await asyncio.wait_for(asyncio.shield(answer), ask.timeout_s + min(QUORUM_GRACE_S, ask.timeout_s))
         except TimeoutError:
             raise refusal_error(self.rounds.quorum_expired(join.round)) from None
 

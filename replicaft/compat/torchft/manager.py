@@ -21,9 +21,10 @@ a restarted group is recognised; a failed quorum or collective never raises into
 ``checkpoint_transport`` is accepted and not used (replicaft's striped, verified transfer
 moves the state; a log line says so). Not supported (a clear error says so):
 ``world_size_mode=FIXED_WITH_SPARES``, ``allreduce(should_quantize=True)``,
-``start_quorum(allow_heal=False / shrink_only=True)``, and a ``timeout`` passed to
-``start_quorum`` or ``should_commit`` other than the manager's own deadline (replicaft has no
-per-call deadline, and a quorum or vote that runs out fails the step instead of raising).
+``start_quorum(allow_heal=False / shrink_only=True)``. A ``timeout`` passed to
+``start_quorum`` or ``should_commit`` is that call's deadline, as in torchft, and its running
+out raises ``TimeoutError`` (a synchronous ``start_quorum`` without a quorum, a
+``should_commit`` without a decision); without one, nothing raises.
 
 Also different: ``should_commit`` right after another ``should_commit`` asks for the new
 step's quorum first (torchft commits it on the last quorum); an error injected through
@@ -40,6 +41,7 @@ from __future__ import annotations
 import datetime
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -47,10 +49,11 @@ from typing import Any
 import torch
 
 import replicaft
+from lighthouse.errors import QuorumTimeout
 from replicaft.compat.torchft.aliasing import resolve_aliased, strip_aliased, tensor_keys
 from replicaft.compat.torchft.checkpointing.transport import CheckpointTransport
 from replicaft.compat.torchft.process_group import FakeProcessGroupWrapper, ProcessGroup
-from replicaft.errors import OptionsError
+from replicaft.errors import GroupError, OptionsError
 from replicaft.process_group import ManagedWork
 from replicaft.registry import StepHooks
 
@@ -252,24 +255,19 @@ class Manager:
     def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: datetime.timedelta | None = None) -> None:
         if not allow_heal or shrink_only:
             raise OptionsError("start_quorum(allow_heal=False / shrink_only=True) is not supported by replicaft")
-        self._check_call_timeout("start_quorum", timeout, "Manager(quorum_timeout=...), at least twice Manager(timeout=...)",
-                                 self._manager.options.quorum_timeout_s)
-        self._manager.start_quorum()
-        if not self._use_async_quorum:
-            self._manager.wait_quorum()
-
-    def _check_call_timeout(self, call: str, timeout: datetime.timedelta | None, source: str, configured_s: float) -> None:
-        """torchft lets one call shorten or lengthen its own deadline and raises TimeoutError
-        when it passes; replicaft's deadlines are the manager's, and a quorum or vote that runs
-        out fails the step instead of raising. A per-call value other than the manager's
-        cannot be honoured, so it is refused rather than ignored."""
-        if timeout is None or _seconds(timeout) == configured_s:
+        deadline_s = None if timeout is None else _seconds(timeout)
+        self._manager.start_quorum(deadline_s)
+        if self._use_async_quorum:
             return
-        raise OptionsError(
-            f"{call}(timeout={_seconds(timeout):g}s): replicaft has no per-call deadline; this manager's is "
-            f"{configured_s:g}s, set by {source}. Drop the argument or pass that value; a quorum or "
-            "vote that runs out fails the step (should_commit() returns False) rather than raising TimeoutError"
-        )
+        try:
+            formed = self._manager.wait_quorum() is not None
+        except (QuorumTimeout, GroupError):  # the quorum failed max_quorum_failures times in a row
+            if deadline_s is None:
+                raise
+            formed = False
+        if not formed and deadline_s is not None:
+            raise TimeoutError(f"status: Cancelled, message: Timeout expired: no quorum within start_quorum(timeout="
+                               f"{deadline_s:g}s): {self._manager.errored()}")
 
     def wait_quorum(self) -> None:
         self._manager.wait_quorum()
@@ -281,11 +279,15 @@ class Manager:
         return self._manager.allreduce(tensor)
 
     def should_commit(self, timeout: datetime.timedelta | None = None) -> bool:
-        self._check_call_timeout("should_commit", timeout, "Manager(timeout=...)", self._manager.options.collective_timeout_s)
         if not self._step_watch.open:
             self.start_quorum()
-        committed = self._manager.should_commit()
+        deadline_s = None if timeout is None else _seconds(timeout)
+        started = time.monotonic()
+        committed = self._manager.should_commit(deadline_s)
         self._failed_commits = 0 if committed else self._failed_commits + 1
+        if not committed and deadline_s is not None and time.monotonic() - started >= deadline_s:
+            raise TimeoutError(f"status: Cancelled, message: Timeout expired: should_commit(timeout={deadline_s:g}s) "
+                               "ran out without the group's decision; the step is not committed")
         if self._max_retries is not None and self._failed_commits > self._max_retries:
             raise RuntimeError(f"{self._failed_commits} consecutive steps failed to commit (max_retries={self._max_retries})")
         return committed
