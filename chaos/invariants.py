@@ -82,6 +82,8 @@ class CheckOptions:
     """The final loss is the median over this many last committed steps (see ``final_loss``)."""
     epoch_starts: tuple[float, ...] = ()
     """Sorted times every group was killed at once (see the module docstring)."""
+    deadline_exceeded: bool = False
+    """The run's deadline passed before every group had ended (runner.py)."""
 
 
 def epoch_starts(faults: Sequence[InjectedFault]) -> tuple[float, ...]:
@@ -334,7 +336,8 @@ def check_no_hang(events: Sequence[Event], faults: Sequence[InjectedFault], opti
     group was killed, any commit is new (every process committing it was started afterwards).
 
     Also a hang: the job ending below ``target_steps`` (the run was cut off by its deadline,
-    or every group gave up).
+    or every group gave up), and the run's deadline passing before every group had ended, even
+    after the target step (a group that would not finish its last steps or exit).
     """
     all_commits = commits(events)
     violations = []
@@ -350,6 +353,9 @@ def check_no_hang(events: Sequence[Event], faults: Sequence[InjectedFault], opti
     if options.target_steps is not None and final < options.target_steps:
         violations.append(Violation(NO_HANG, final, None,
                                     f"the job stopped at step {final} of {options.target_steps}"))
+    elif options.deadline_exceeded:
+        violations.append(Violation(NO_HANG, final, None,
+                                    f"the run's deadline passed at step {final} before every group had ended"))
     return verdict(NO_HANG, violations, f"{len(faults)} faults, bound {options.hang_bound_s:g}s")
 
 

@@ -83,6 +83,7 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
         loss_tolerance=s.loss_tolerance,
         loss_window=s.loss_window,
         epoch_starts=starts,
+        deadline_exceeded=record.deadline_exceeded,
     )
     outcome_options = OutcomeOptions(
         hang_bound_s=s.hang_bound_s,

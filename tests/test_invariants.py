@@ -7,6 +7,7 @@ three groups committing the same steps with the same digest and contiguous sampl
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -193,6 +194,14 @@ def test_no_hang(log: list[Event], faults: list[InjectedFault], expected: list[t
     verdict = check_no_hang(log, faults, OPTIONS)
     assert offences(verdict) == expected
     assert all(v.invariant == NO_HANG for v in verdict.violations)
+
+
+def test_a_run_whose_deadline_passed_in_the_wind_down_hung_even_past_its_target_step() -> None:
+    """The job reached its steps, but a group had not ended when the run's deadline passed: the
+    run used to exit 0 with no hang reported."""
+    verdict = check_no_hang(healthy(), [], dataclasses.replace(OPTIONS, deadline_exceeded=True))
+    assert offences(verdict) == [(5, None)]
+    assert "deadline passed at step 5 before every group had ended" in verdict.violations[0].detail
 
 
 # -- invariant 5: final loss -----------------------------------------------------------------------
