@@ -61,6 +61,7 @@ def status_snapshot(m: Membership, metrics: Metrics) -> dict[str, Any]:
                 "step": s.step,
                 "world_size": s.world_size,
                 "state": "waiting" if s.replica_id in waiting else ("in quorum" if in_quorum else "registered"),
+                "healing": s.healing,
                 "last_heartbeat_s_ago": round(now - s.last_heartbeat, 3),
                 "last_progress_s_ago": round(now - s.last_progress, 3),
                 "quorum_id": s.quorum_id,
@@ -106,7 +107,7 @@ def render_html(snap: dict[str, Any]) -> str:
     q = snap["current_quorum"]
     rows = "".join(
         f"<tr class='{e(m['state'].replace(' ', '-'))}'><td>{e(m['replica_id'])}</td><td>{m['step']}</td>"
-        f"<td>{e(m['state'])}</td><td>{m['last_heartbeat_s_ago']:.2f}s ago</td>"
+        f"<td>{e(m['state'])}{', healing' if m['healing'] else ''}</td><td>{m['last_heartbeat_s_ago']:.2f}s ago</td>"
         f"<td>{m['last_progress_s_ago']:.2f}s ago</td><td>{e(m['address'])}</td><td>{m['world_size']}</td></tr>"
         for m in snap["members"]
     )

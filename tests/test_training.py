@@ -8,9 +8,11 @@ parameters, buffers and optimizer state.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -237,7 +239,7 @@ def test_healer_stalled_past_its_adaptive_limit_is_not_fenced_mid_heal(tmp_path:
     # of its restarts (README, train_ddp.py). Here the restarted g1 is SIGSTOPped for 1 s in its
     # (slowed) heal: past its adaptive limit (~0.3 s), under the 2 s heartbeat timeout that a
     # declared healer is held to.
-    lh = start_lighthouse("--min-replicas", "2", "--heartbeat-timeout", "2", status=False)
+    lh = start_lighthouse("--min-replicas", "2", "--heartbeat-timeout", "2")
     args = ("--steps", "60", "--width", "1024", "--step-delay", "0.05")
     faults = {"g0": "slow_serve@10", "g1": "allreduce@15"}
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid]) for rid in ("g0", "g1")}
@@ -246,6 +248,10 @@ def test_healer_stalled_past_its_adaptive_limit_is_not_fenced_mid_heal(tmp_path:
     groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args)
     declared = lh.process.wait_for_line(lambda t: "replica g1 is healing" in t, 60, stream="stderr", after=restarted,
                                         what="the restarted g1's heartbeat declaring its heal")
+    assert lh.status_url is not None
+    with urllib.request.urlopen(lh.status_url + "status.json", timeout=10) as reply:
+        shown = {m["replica_id"]: m["healing"] for m in json.load(reply)["members"]}
+    assert shown == {"g0": False, "g1": True}, shown
     groups["g1"].send_signal(signal.SIGSTOP)
     try:
         time.sleep(1.0)  # the stall itself, not a wait for anything
