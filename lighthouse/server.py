@@ -197,20 +197,14 @@ class LighthouseServer:
                 if not self._join_on_session(session, message):
                     return None
             elif message.leaving:
-                self._handle_lost(
-                    self.membership.close_session(
-                        session.replica_id, session.serial, "left cleanly after its last step", graceful=True
-                    )
-                )
+                self._handle_lost(self.membership.close_session(session.replica_id, session.serial,
+                                                                "left cleanly after its last step", graceful=True))
                 self._decide()
                 return None
-            elif not self.membership.heartbeat(session.replica_id, session.serial, message, time.monotonic()):
+            elif self.membership.heartbeat(session.replica_id, session.serial, message, time.monotonic()):
+                session.heard_healing(message.healing, message.step)
+            else:
                 return None
-            elif message.healing != session.healing:
-                session.healing = message.healing
-                logger.info("replica %s %s healing at step %d: its silence limit is %s", session.replica_id,
-                            "is" if message.healing else "is done", message.step,
-                            "the heartbeat timeout" if message.healing else "adaptive again")
 
     def _join_on_session(self, session: Session, req: QuorumRequest) -> bool:
         """A quorum request on a session stream; False when the session was superseded."""
