@@ -210,10 +210,12 @@ class DistributedDataParallel(nn.Module, StepHooks):
         skipped backward, or backward raised) still runs the buckets' and buffers' all-reduces,
         with zeros (step.py): the other groups run them, and the column's next operation, the
         "ok" flag, would meet one of theirs."""
-        if self._in_step and self._shards is not None:
+        if not self._in_step:
+            return
+        if self._shards is not None:
             self._shards.before_vote(self._buckets)
             return
-        if not self._in_step or not self._sync or self._reduced or self._manager.errored() is None:
+        if not self._sync or self._reduced or self._manager.errored() is None:
             return
         if self._generation != self._manager.abandon_generation:
             self._allocate_buckets()  # forward did not run: a parked collective may still hold the old ones
