@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.local_sgd:
             algo: DiLoCo = LocalSGD(manager, model, inner, args.sync_every, wire=args.wire, **data)
         else:
-            outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum, nesterov=True)
+            outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                                    nesterov=args.outer_momentum > 0)
             algo = DiLoCo(manager, fragments_of(model, args.fragments), inner, outer, args.sync_every,
                           fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha, wire=args.wire, **data)
         with algo:
