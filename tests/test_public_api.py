@@ -63,6 +63,15 @@ def test_a_training_process_loads_no_lighthouse_server() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_loading_the_training_side_leaves_the_garbage_collector_as_the_script_set_it() -> None:
+    # The lazy import pauses the collector (replicaft/__init__.py); on, or off, it is put back.
+    code = ("import gc, sys, replicaft; gc.disable() if sys.argv[1] == 'off' else None; replicaft.Manager; "
+            "replicaft.DistributedDataParallel; print(gc.isenabled())")
+    for state, expected in (("on", "True"), ("off", "False")):
+        out = subprocess.run([sys.executable, "-c", code, state], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+        assert out.stdout.strip() == expected, state
+
+
 def test_lighthouse_exports_resolve() -> None:
     for name in lighthouse.__all__:
         assert getattr(lighthouse, name) is not None, name
