@@ -27,6 +27,7 @@ sys.path[0:1] = [str(Path(__file__).resolve().parent.parent / "examples"), str(P
 from torchft import Manager, ProcessGroupGloo  # noqa: E402
 from torchft.checkpointing.pg_transport import PGTransport  # noqa: E402
 from torchft.local_sgd import DiLoCo  # noqa: E402
+from train_diloco import OUTER_LR, OUTER_MOMENTUM  # noqa: E402
 from train_gpt import (  # noqa: E402
     GPT,
     HOLDOUT_FRACTION,
@@ -54,6 +55,8 @@ def main() -> int:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--outer-lr", type=float, default=OUTER_LR, help="as examples/train_diloco.py's")
+    p.add_argument("--outer-momentum", type=float, default=OUTER_MOMENTUM)
     p.add_argument("--eval-windows", type=int, default=32)
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -63,7 +66,8 @@ def main() -> int:
     torch.manual_seed(0)
     model = GPT(GPTConfig(args.layers, args.heads, args.d_model, args.context))
     inner = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.95))
-    outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+    outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
+                            nesterov=args.outer_momentum > 0)
     store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
     pg = ProcessGroupGloo(timeout=timedelta(seconds=60))
     # torchft's default HTTP transport advertises socket.gethostname(), which inside a network
