@@ -69,12 +69,12 @@ def _import_collector_paused(module: str) -> ModuleType:
     Manager and the wrappers with the collector on, 0.12 s with it paused; nothing an import
     makes is garbage, so pausing it loses nothing. A restarted group's time to its first
     commit (benchmarks/recovery.py) is the figure this serves."""
-    paused = gc.isenabled()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         return importlib.import_module(module)
     finally:
-        if paused:
+        if was_enabled:
             gc.enable()
 
 
