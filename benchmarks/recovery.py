@@ -22,8 +22,9 @@ donor's core and the donor's step time measures the co-location, not the serving
   heal buffer are fresh memory (replicaft/reserve.py): ``restart_to_commit_s_<size>_vs_no_reserve``
   is what the standby's memory reserve saves.
 * ``cold_restart_to_commit_s_<size>``: a restart by any other orchestrator, which starts a fresh
-  interpreter (the project byte-compiled first, as an installed package is: ``compile_project``). Once the donor has committed ``WARM_STEPS`` steps alone, the second group starts
-  as a fresh process; timed from just before its spawn to its first committed step. Interpreter
+  interpreter (the project byte-compiled first, as an installed package is: ``compile_project``).
+  Once the donor has committed ``WARM_STEPS`` steps alone, the second group starts as a fresh
+  process; timed from just before its spawn to its first committed step. Interpreter
   and torch start-up are in it (``import torch`` takes 1.1-1.6 s here, and the optimizer's
   first use imports ``torch._dynamo``, ~1.1 s); ``params["cold_breakdown_<size>"]`` splits it as above.
 * ``donor_step_ratio_during_heal``: the donor's median step time over the steps that ended
