@@ -6,11 +6,14 @@ session, cadence and budget share; a member lost; a quorum formed (the status pa
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
 from lighthouse.errors import DuplicateReplica
 from lighthouse.liveness import GAP_WINDOW, LivenessRules, Silence, beyond_limit, silence_limit
+
+logger = logging.getLogger(__name__)
 
 ENTRY_OVERHEAD_BYTES = 24
 """A member's entry in an encoded quorum beyond its id, address and data: msgpack headers,
@@ -61,8 +64,13 @@ class MemberState:
         return beyond_limit(silent_s, self.limit[1], allowance_s)
 
     def heard_heartbeat(self, step: int, progress: int, healing: bool, now: float) -> None:
+        """A heartbeat: heard, at this step and progress; a change of its healing declaration
+        is logged (liveness.py)."""
         self.heard(now)
-        self.healing = healing
+        if healing != self.healing:
+            self.healing = healing
+            logger.info("replica %s %s healing at step %d: its silence limit is %s", self.replica_id,
+                        "is" if healing else "is done", step, "the heartbeat timeout" if healing else "adaptive again")
         if (step, progress) != (self.step, self.progress):
             self.step, self.progress, self.last_progress = step, progress, now
 

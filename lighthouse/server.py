@@ -201,9 +201,7 @@ class LighthouseServer:
                                                                 "left cleanly after its last step", graceful=True))
                 self._decide()
                 return None
-            elif self.membership.heartbeat(session.replica_id, session.serial, message, time.monotonic()):
-                session.heard_healing(message.healing, message.step)
-            else:
+            elif not self.membership.heartbeat(session.replica_id, session.serial, message, time.monotonic()):
                 return None
 
     def _join_on_session(self, session: Session, req: QuorumRequest) -> bool:

@@ -9,7 +9,6 @@ that write them to gRPC.
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,8 +19,6 @@ from lighthouse import envelope
 from lighthouse.errors import ProtocolError
 from lighthouse.protocol import Quorum, QuorumRequest
 from lighthouse.replies import FailureCode, QuorumAnswer, QuorumFailed, QuorumUpdate
-
-logger = logging.getLogger(__name__)
 
 REGISTER_TIMEOUT_S = 10.0
 """A session must send its Register message within this time of opening the stream."""
@@ -46,20 +43,11 @@ class Session:
         self.ended: str | None = None
         """Why the lighthouse ended the session (it stopped reading), if it did."""
         self.task: asyncio.Task[object] | None = None
-        self.healing = False
-        """What the member's last heartbeat declared (logged when it changes)."""
         self.roster_version = 0
         """The roster of the last quorum sent on this session (0: none yet): a quorum on the
         same roster goes as a QuorumUpdate (replies.py)."""
         self._max_messages = max_messages
         self._max_bytes = max_bytes
-
-    def heard_healing(self, healing: bool, step: int) -> None:
-        """The member's heartbeat said whether it heals: logged when that changes (liveness.py)."""
-        if healing != self.healing:
-            self.healing = healing
-            logger.info("replica %s %s healing at step %d: its silence limit is %s", self.replica_id,
-                        "is" if healing else "is done", step, "the heartbeat timeout" if healing else "adaptive again")
 
     def send(self, message: bytes) -> None:
         if self.ended is not None:
