@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
+import pytest
 import torch
 
 from lighthouse.plan import StepPlan, plan_step
 from lighthouse.protocol import Member, Quorum
 from replicaft.errors import HealError
 from replicaft.heal.catchup import CatchUp
-from replicaft.heal.healer import Healer, donors_own_step_s
+from replicaft.heal.healer import ETA_SLACK, Healer, donors_own_step_s, fetch_wait_s
 from replicaft.options import ManagerOptions
 from replicaft.registry import StateRegistry, StepHooks
 from replicaft.transfer.client import HealResult
+from replicaft.transfer.progress import FetchProgress
 
 
 def test_a_tensor_written_while_it_was_received_in_place_is_named() -> None:
@@ -123,3 +126,28 @@ def test_without_such_a_hook_the_fetch_starts_with_the_plan() -> None:
     finally:
         healer.close()
 
+
+
+def test_a_fetch_about_to_arrive_is_waited_for_beyond_the_donors_own_time() -> None:
+    """healer.fetch_wait_s: the donors' own time bounds the wait, unless the fetch is expected
+    within the healer's own time; then up to ETA_SLACK times its estimate, never past own."""
+    own, donors = 0.30, 0.05
+    assert fetch_wait_s(own, donors, None) == donors  # no estimate yet
+    assert fetch_wait_s(own, None, None) == own  # no donor published its time
+    assert fetch_wait_s(own, donors, 0.01) == donors  # twice the estimate is within the bound anyway
+    assert fetch_wait_s(own, donors, 0.08) == ETA_SLACK * 0.08
+    assert fetch_wait_s(own, donors, 0.25) == own  # the slack is cut at the healer's own time
+    assert fetch_wait_s(own, donors, 0.31) == donors  # not about to arrive: the donors' bound
+    assert fetch_wait_s(own, 1.0, 0.5) == own  # faster donors never lengthen it past own
+
+
+def test_fetch_progress_estimates_the_rest_at_the_rate_so_far() -> None:
+    progress = FetchProgress()
+    assert progress.eta_s() is None  # not begun
+    progress.begin(1000)
+    assert progress.eta_s() is None  # no chunk yet: no rate
+    began = time.monotonic()
+    progress.add(250)
+    assert progress.eta_s(began + 1.0) == pytest.approx(3.0, rel=0.01)  # 750 bytes at ~250 B/s
+    progress.add(750)
+    assert progress.eta_s(began + 1.0) == 0.0

@@ -32,6 +32,7 @@ from replicaft.transfer.donors import Donor, streams_by_donor
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec, chunk_stripes
 from replicaft.transfer.placement import Placement
+from replicaft.transfer.progress import FetchProgress
 from replicaft.transfer.server import NotServed, RangeHook, Served, StateServer
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 from replicaft.transfer.spare import SpareBuffer
@@ -207,11 +208,14 @@ def test_fetch_with_missing_or_wrong_token_fails_with_heal_error(token: str | No
 def test_byte_flipped_by_one_donor_is_detected_and_refetched_from_the_other() -> None:
     snapshot = sample_snapshot()
     _, hook_of = connection_counter(2)
+    progress = FetchProgress()
     with donors(("good", snapshot, hook_of("good")), ("flipper", snapshot, hook_of("flipper", flip_one_byte))) as ds:
-        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
+        result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, progress=progress)
     assert_same_state(result, snapshot)
     assert result.refetched_stripes > 0
     assert result.bytes_by_donor == {"good": snapshot.manifest.total_bytes}
+    # The flipper's chunks verified before its bad one are taken back: the refetch counts them.
+    assert progress.received_bytes == snapshot.manifest.total_bytes and progress.eta_s() == 0.0
 
 
 def test_fetch_into_own_tensors_receives_in_place_and_new_memory_for_the_rest() -> None:

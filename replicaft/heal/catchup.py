@@ -43,6 +43,7 @@ from typing import Any, Literal
 import torch
 
 from replicaft.transfer.client import HealResult
+from replicaft.transfer.progress import FetchProgress
 
 Recorded = Literal["recorded", "does not follow", "full"]
 
@@ -65,6 +66,8 @@ class CatchUp:
     restart forever."""
     hold: bool = False
     """The donors are held (every step vetoed) until the fetch has arrived: nothing is recorded."""
+    progress: FetchProgress = field(default_factory=FetchProgress)
+    """The fetch's verified bytes so far: whether it is about to arrive (healer.py's ``wait``)."""
 
     def written_meanwhile(self, in_place: frozenset[str]) -> list[str]:
         """Tensors received in place that the healer's own steps wrote while the fetch ran:

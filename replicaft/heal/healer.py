@@ -7,7 +7,7 @@ A group behind the quorum's ``max_step`` is a healer (lighthouse/plan.py). The s
    thread, unless one is running whose base the donors still serve; or, when a hook asks for
    it (``StepHooks.fetch_beside_collectives``), defer the start to ``start_deferred`` (the
    step's end, once its collectives, the "ok" flag included, are over);
-2. ``wait`` (the step's end): give a fetch about to arrive a bounded wait (``HEAL_WAIT_FRACTION``);
+2. ``wait`` (the step's end): give a fetch about to arrive a bounded wait (``fetch_wait_s``);
 3. ``ready`` (before the vote): has the fetch arrived, verified, and do base + records reach
    the donors' step? A fetch that failed, or was overtaken by this group's own writes into
    tensors it received in place, is dropped here and started again at the next quorum;
@@ -40,9 +40,14 @@ from replicaft.registry import StateRegistry
 from replicaft.state import SMALL_TENSOR_BYTES, unflatten
 from replicaft.transfer.client import HealResult, fetch_state
 from replicaft.transfer.donors import Donor
+from replicaft.transfer.progress import FetchProgress
 
 logger = logging.getLogger(__name__)
 
+ETA_SLACK = 2.0
+"""A fetch expected to arrive within the healer's own step time is waited for up to this
+multiple of its estimate (``fetch_wait_s``): the estimate is the rate so far, and the rest may
+come slower (a donor's step ends and it copies what it has not sent yet, transfer/live.py)."""
 HEAL_SIZE_FACTOR = 4
 HEAL_SIZE_SLACK_BYTES = 256 * 1024 * 1024
 """A donor's state may be larger than the healer's own (an optimizer that creates its state at
@@ -116,8 +121,10 @@ class Healer:
                                 hold=self._hold_next, max_records=self._options.heal_replay_steps,
                                 max_record_bytes=self._options.heal_replay_bytes)
 
+        progress = self._catchup.progress
+
         def start() -> None:
-            fetch = self._pool.submit(self._fetch, plan, targets, expected, max_bytes)
+            fetch = self._pool.submit(self._fetch, plan, targets, expected, max_bytes, progress)
             fetch.add_done_callback(lambda done: _settle(future, done))
 
         if deferred:
@@ -148,15 +155,15 @@ class Healer:
         self._catchup = None
 
     def wait(self, plan: StepPlan, own_s: float) -> None:
-        """At the step's end, give a fetch in flight a bounded wait to arrive (``HEAL_WAIT_FRACTION``
-        of this step's own time ``own_s``, and of its donors'). A holding one needs none: its
-        donors abort their steps until it has arrived."""
+        """At the step's end, give a fetch in flight a bounded wait to arrive (``fetch_wait_s``,
+        from this step's own time ``own_s``, its donors' and the fetch's progress). A holding
+        one needs none: its donors abort their steps until it has arrived."""
         cu = self._catchup
         if cu is None or cu.hold or cu.fetched or (self._deferred is not None and self._deferred[0] is cu):
             return  # a deferred fetch has not started: it cannot be about to arrive
         donors_s = donors_own_step_s(plan, self._options.group_rank)
         try:
-            cu.future.exception(HEAL_WAIT_FRACTION * (own_s if donors_s is None else min(own_s, donors_s)))
+            cu.future.exception(fetch_wait_s(own_s, donors_s, cu.progress.eta_s()))
         except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             pass
 
@@ -224,8 +231,8 @@ class Healer:
             if name not in self._not_in_place and t.numel() * t.element_size() >= SMALL_TENSOR_BYTES
         }
 
-    def _fetch(self, plan: StepPlan, targets: dict[str, torch.Tensor],
-               expected: dict[str, tuple[str, tuple[int, ...]]], max_bytes: int) -> HealResult:
+    def _fetch(self, plan: StepPlan, targets: dict[str, torch.Tensor], expected: dict[str, tuple[str, tuple[int, ...]]],
+               max_bytes: int, progress: FetchProgress) -> HealResult:
         """On the heal thread: pull and verify the donors' snapshot of ``plan.max_step``."""
         r = self._options.group_rank
         donors = []
@@ -248,6 +255,7 @@ class Healer:
             tls=tls.client_context() if tls else None,
             expected=expected,
             max_bytes=max_bytes,
+            progress=progress,
         )
 
 
@@ -259,6 +267,22 @@ def _settle(future: concurrent.futures.Future[HealResult], done: concurrent.futu
         future.set_exception(error)
     else:
         future.set_result(done.result())
+
+
+def fetch_wait_s(own_s: float, donors_s: float | None, eta_s: float | None) -> float:
+    """How long a healer waits for its fetch at the end of a step whose own time was ``own_s``,
+    its donors' last ``donors_s`` (None: none published), the fetch expected in ``eta_s`` (None:
+    no estimate yet). The wait holds the donors (in the "ok" flag all-reduce), so it is bounded
+    by their own time as well as the healer's (``HEAL_WAIT_FRACTION``); but missing a fetch
+    that is about to arrive costs more than that: the healer takes another step of zeros, and
+    the step it recorded is replayed at the next one while the donors wait in its all-reduce.
+    A fetch expected within the healer's own time is therefore waited for, up to ``ETA_SLACK``
+    times its estimate and at most that own time (the wait ends as soon as it arrives)."""
+    own = HEAL_WAIT_FRACTION * own_s
+    bounded = own if donors_s is None else min(own, HEAL_WAIT_FRACTION * donors_s)
+    if eta_s is None or eta_s > own:
+        return bounded
+    return max(bounded, min(own, ETA_SLACK * eta_s))
 
 
 def donors_own_step_s(plan: StepPlan, group_rank: int) -> float | None:

@@ -58,6 +58,7 @@ from replicaft.transfer.manifest import (
     chunk_stripes,
 )
 from replicaft.transfer.placement import Placement
+from replicaft.transfer.progress import FetchProgress
 from replicaft.transfer.server import NOT_SERVED, NotServed
 from replicaft.transfer.wire import WIRE_VERSION, recv_exact_into, recv_frame, send_frame
 
@@ -170,7 +171,7 @@ def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float,
 
 
 def _receive_verified(sock: socket.socket, placement: Placement, start: int, stop: int, donor: str,
-                      deadline: float) -> None:
+                      deadline: float, progress: FetchProgress) -> None:
     """Receive [start, stop) chunk by chunk, checking each chunk's digest as soon as it is in.
 
     Raises ProtocolError at the first bad chunk, without reading the rest of the stripe: the
@@ -184,23 +185,28 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
     """
     manifest = placement.manifest
     c = manifest.chunk_bytes
-    for chunk_start in range(start, stop, c):
-        chunk_stop = min(chunk_start + c, stop)
-        landing = placement.receive(chunk_start, chunk_stop, deadline)
-        try:
-            for piece in landing.pieces:
-                recv_exact_into(sock, piece)
-            if not chunk_ok(landing.pieces, manifest.checksums[chunk_start // c]):
-                raise ProtocolError(
-                    f"chunk {chunk_start // c} (bytes {chunk_start}..{chunk_stop}) from donor {donor} fails its checksum"
-                )
-            landing.land()  # staged bytes go on to the device while the next chunk is received
-        finally:
-            landing.drop()
+    chunk_start = start
+    try:
+        for chunk_start in range(start, stop, c):
+            chunk_stop = min(chunk_start + c, stop)
+            landing = placement.receive(chunk_start, chunk_stop, deadline)
+            try:
+                for piece in landing.pieces:
+                    recv_exact_into(sock, piece)
+                if not chunk_ok(landing.pieces, manifest.checksums[chunk_start // c]):
+                    raise ProtocolError(f"chunk {chunk_start // c} (bytes {chunk_start}..{chunk_stop}) from donor "
+                                        f"{donor} fails its checksum")
+                landing.land()  # staged bytes go on to the device while the next chunk is received
+                progress.add(chunk_stop - chunk_start)
+            finally:
+                landing.drop()
+    except BaseException:
+        progress.add(start - chunk_start)  # the stripe is fetched again whole: its chunks count then
+        raise
 
 
 def _pull(donor: Donor, board: StripeBoard, placement: Placement, step: int, token: str | None, deadline: float,
-          reader: str | None, tls: ssl.SSLContext | None) -> int:
+          reader: str | None, tls: ssl.SSLContext | None, progress: FetchProgress) -> int:
     """Fetch stripes from ``donor`` over one connection until the board has none for it
     (each of a donor's connections runs one of these).
 
@@ -231,7 +237,7 @@ def _pull(donor: Donor, board: StripeBoard, placement: Placement, step: int, tok
             n = _read_reply(sock, f"range from {rid}")
             if n != s.stop - s.start:
                 raise ProtocolError(f"donor {rid} announced {n} bytes for a {s.stop - s.start}-byte range")
-            _receive_verified(sock, placement, s.start, s.stop, rid, deadline)
+            _receive_verified(sock, placement, s.start, s.stop, rid, deadline, progress)
             board.finish(requested.popleft(), True, rid)
             received += s.stop - s.start
     except (OSError, ProtocolError, CopyTimeout) as e:
@@ -273,6 +279,7 @@ def fetch_state(
     stream: CopyStream | None = None,
     expected: Mapping[str, tuple[str, tuple[int, ...]]] | None = None,
     max_bytes: int | None = None,
+    progress: FetchProgress | None = None,
 ) -> HealResult:
     """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
 
@@ -286,7 +293,8 @@ def fetch_state(
     received through (placement.py; default: the process's stream for their device).
     ``expected``: the dtype and shape of each tensor the healer has, by manifest name, and
     ``max_bytes``: the most state it will take; a manifest at odds with either is refused
-    before anything is allocated (``check_against_own``).
+    before anything is allocated (``check_against_own``). ``progress``: counts the verified
+    bytes as they arrive (progress.py).
     """
     if connections < 1:
         raise ValueError(f"connections={connections}; it must be at least 1")
@@ -294,6 +302,7 @@ def fetch_state(
         raise HealError(f"no donor to heal step {step} from")
     started = time.monotonic()
     deadline = started + timeout_s
+    progress = FetchProgress() if progress is None else progress
     by_id = {d.replica_id: d for d in donors}
     with ThreadPoolExecutor(max_workers=len(donors) + connections, thread_name_prefix="replicaft-heal") as pool:
         enough = threading.Event()
@@ -332,12 +341,13 @@ def fetch_state(
         readers = [rid for rid in usable if rid in streams]
         spares = deque(rid for rid in usable if rid not in streams)
         board = StripeBoard(chunk_stripes(manifest, readers, healer_index, max(streams.values())), usable)
+        progress.begin(manifest.total_bytes)
         if reader is not None and spares:
             threading.Thread(target=_tell_done, args=([by_id[rid] for rid in spares], step, token, reader, tls),
                              name="replicaft-heal-spares", daemon=True).start()
 
         def pull(rid: str) -> Future[int]:
-            return pool.submit(_pull, by_id[rid], board, placement, step, token, deadline, reader, tls)
+            return pool.submit(_pull, by_id[rid], board, placement, step, token, deadline, reader, tls, progress)
 
         running = {pull(rid): rid for rid in readers for _ in range(streams[rid])}
         received: dict[str, int] = {}
