@@ -22,8 +22,8 @@ from lighthouse.errors import QuorumTimeout as QuorumTimeout
 from lighthouse.errors import QuorumTooLarge as QuorumTooLarge
 from lighthouse.errors import Unauthenticated as Unauthenticated
 from lighthouse.errors import VersionMismatch as VersionMismatch
-from lighthouse.membership import MembershipOptions as MembershipOptions
 from lighthouse.options import LighthouseOptions as LighthouseOptions
+from lighthouse.options import MembershipOptions as MembershipOptions
 from lighthouse.plan import StepPlan as StepPlan
 from lighthouse.plan import plan_step as plan_step
 from lighthouse.protocol import Member as Member

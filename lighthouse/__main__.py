@@ -16,8 +16,7 @@ from lighthouse.announce import grpc_line
 from lighthouse.binding import raise_open_file_limit
 from lighthouse.collector import tune_for_server
 from lighthouse.errors import OptionsError
-from lighthouse.membership import MembershipOptions
-from lighthouse.options import TOKEN_ENV, LighthouseOptions
+from lighthouse.options import TOKEN_ENV, LighthouseOptions, MembershipOptions
 from lighthouse.replicated import ReplicatedLighthouse, ReplicationOptions
 from lighthouse.server import LighthouseServer
 from lighthouse.tls import CA_ENV, CERT_ENV, KEY_ENV, TlsFiles
@@ -45,6 +44,10 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: %(default)s)")
     p.add_argument("--hung-min", type=float, default=d.hung_min_s, metavar="SECONDS",
                    help="no group is declared hung on a shorter silence (default: %(default)s)")
+    p.add_argument("--max-commit-lease", type=float, default=d.max_commit_lease_s, metavar="SECONDS",
+                   help="the longest a group may commit a step without asking whether its quorum is still current; "
+                        "a lost group's survivors wait at most this long more for their next quorum; 0: always ask "
+                        "(default: %(default)s)")
     p.add_argument("--progress-timeout", type=float, default=d.progress_timeout_s, metavar="SECONDS",
                    help="time without training progress after which a group is lost (default: %(default)s)")
     p.add_argument("--max-connections", type=int, default=None, metavar="N",
@@ -81,6 +84,7 @@ def options_from_args(args: argparse.Namespace) -> LighthouseOptions:
             progress_timeout_s=args.progress_timeout,
             hung_factor=args.hung_factor,
             hung_min_s=args.hung_min,
+            max_commit_lease_s=args.max_commit_lease,
         ),
         max_connections=args.max_connections,
         handshake_timeout_s=args.handshake_timeout,

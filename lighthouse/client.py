@@ -27,6 +27,7 @@ import grpc
 from lighthouse import envelope, protocol
 from lighthouse.asks import SessionAsks
 from lighthouse.channels import CHANNEL_OPTIONS, FATAL, Targets, parse_addresses, translate
+from lighthouse.commit_lease import LEASE_STEPS, MAX_COMMIT_LEASE_S, CommitLease
 from lighthouse.errors import (
     DuplicateReplica,
     LighthouseUnavailable,
@@ -89,6 +90,9 @@ class AsyncLighthouseClient:
         self.session_epoch = 0
         """Counts sessions registered so far; a change means the lighthouse saw us anew."""
         self.last_quorum_id = -1
+        self.commit_lease: CommitLease | None = None
+        """The commit lease of the last quorum answered (commit_lease.py); None: ask the fence."""
+        self._last_asked_at: float | None = None
         self.instance = secrets.token_hex(8)
         """Names this client object to the lighthouse: a reconnect keeps it, another process has another."""
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
@@ -163,7 +167,12 @@ class AsyncLighthouseClient:
         Unauthenticated / VersionMismatch / ProtocolError when retrying cannot help.
         """
         self.progress.record(step)
-        deadline = time.monotonic() + timeout_s
+        self.commit_lease = None  # the last step's lease ends with its step
+        asked_at = time.monotonic()
+        lease_s = 0.0 if self._last_asked_at is None else min(LEASE_STEPS * (asked_at - self._last_asked_at),
+                                                               MAX_COMMIT_LEASE_S)
+        self._last_asked_at = asked_at
+        deadline = asked_at + timeout_s
         last = "no answer yet"
         while True:
             remaining = deadline - time.monotonic()
@@ -184,7 +193,9 @@ class AsyncLighthouseClient:
                 commit_failures=commit_failures,
                 data=data or {},
                 ask=self._asks.num_asks + 1,
+                commit_lease_s=lease_s,
             )
+            sent_at = time.monotonic()
             try:
                 quorum = await self._ask(request, remaining + DEADLINE_GRACE_S)
             except LighthouseUnavailable as e:
@@ -192,6 +203,9 @@ class AsyncLighthouseClient:
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
             self.last_quorum_id = max(self.last_quorum_id, quorum.quorum_id)
+            granted = min(lease_s, quorum.max_commit_lease_s)
+            if granted > 0:  # counted from the request's sending: it ends here first
+                self.commit_lease = CommitLease(quorum.quorum_id, step, sent_at + granted)
             return quorum
 
     async def _ask(self, request: QuorumRequest, timeout_s: float) -> Quorum:
@@ -225,8 +239,11 @@ class AsyncLighthouseClient:
         """Ask whether this group may commit ``step`` of ``quorum_id``; never raises for I/O.
 
         An unreachable lighthouse answers "no": not committing is always safe, committing
-        a step of a quorum the lighthouse has replaced is not.
+        a step of a quorum the lighthouse has replaced is not. Within the quorum's commit
+        lease the answer is known without asking (commit_lease.py).
         """
+        if self.commit_lease_covers(quorum_id, step):
+            return FenceResponse(True)
         try:
             raw = await self._unary(
                 protocol.FENCE_METHOD,
@@ -236,6 +253,11 @@ class AsyncLighthouseClient:
             return FenceResponse.decode(raw)
         except grpc.aio.AioRpcError as e:
             return FenceResponse(False, f"lighthouse did not confirm the quorum: {translate(e, self.address)}")
+
+    def commit_lease_covers(self, quorum_id: int, step: int) -> bool:
+        """Whether this member's commit lease covers ``step`` of ``quorum_id`` now. Any thread."""
+        lease = self.commit_lease
+        return lease is not None and lease.covers(quorum_id, step, time.monotonic())
 
     @property
     def address(self) -> str:

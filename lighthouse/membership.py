@@ -37,11 +37,12 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from lighthouse.commit_lease import CommitLeases
 from lighthouse.envelope import MAX_MESSAGE_BYTES
-from lighthouse.errors import OptionsError, QuorumTooLarge
+from lighthouse.errors import QuorumTooLarge
 from lighthouse.liveness import LivenessRules, heartbeat_floor_s, paced_interval
 from lighthouse.members import Lost, MemberState, QuorumRecord, duplicate_refusal, entry_bytes
-from lighthouse.option_checks import check_number, check_seconds
+from lighthouse.options import MembershipOptions
 from lighthouse.protocol import (
     FenceRequest,
     FenceResponse,
@@ -54,49 +55,9 @@ from lighthouse.protocol import (
 from lighthouse.quorum import QuorumDecision, QuorumRules, QuorumView, Waiting, decide_quorum
 
 HISTORY_LENGTH = 64
-MAX_MEMBERS = 65536
 QUORUM_BUDGET_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 """What the members' entries of one quorum may add up to, encoded: a gRPC message less room
 for the envelopes around it (the answer on a session, the group server's forwarding)."""
-
-
-@dataclass(frozen=True, slots=True)
-class MembershipOptions:
-    min_replicas: int = 1
-    join_timeout_s: float = 2.0
-    heartbeat_timeout_s: float = 2.0
-    """The longest silence any member may keep; liveness.py adapts a shorter one per member."""
-    progress_timeout_s: float = 10.0
-    hung_factor: float = 3.0
-    """A member silent for its longest recent gap between messages plus ``hung_factor - 1``
-    of its heartbeat intervals (at least ``hung_factor`` intervals) is hung (liveness.py)."""
-    hung_min_s: float = 0.25
-    """No member is declared hung on a silence shorter than this."""
-
-    def __post_init__(self) -> None:
-        check_number("min_replicas", self.min_replicas, 1, MAX_MEMBERS, integer=True,
-                     fix="the fewest groups a quorum may have, e.g. 1")
-        for name in ("join_timeout_s", "heartbeat_timeout_s", "progress_timeout_s"):
-            check_seconds(name, getattr(self, name))
-        check_number("hung_factor", self.hung_factor, 1.5, 100.0,
-                     fix="how many times its longest gap a member may stay silent, e.g. 3")
-        check_seconds("hung_min_s", self.hung_min_s, 0.05)
-        if self.hung_min_s > self.heartbeat_timeout_s:
-            raise OptionsError(
-                f"hung_min_s={self.hung_min_s} is above heartbeat_timeout_s={self.heartbeat_timeout_s}: "
-                f"the floor of the silence limit must not exceed its ceiling; set --hung-min at most "
-                f"{self.heartbeat_timeout_s:g}"
-            )
-        if self.progress_timeout_s <= self.heartbeat_timeout_s:
-            raise OptionsError(
-                f"progress_timeout_s={self.progress_timeout_s} is not above heartbeat_timeout_s="
-                f"{self.heartbeat_timeout_s}: progress is only seen through heartbeats; set "
-                f"--progress-timeout above {self.heartbeat_timeout_s}"
-            )
-
-    @property
-    def liveness(self) -> LivenessRules:
-        return LivenessRules(self.heartbeat_timeout_s, self.hung_factor, self.hung_min_s)
 
 
 @dataclass(slots=True)
@@ -130,9 +91,11 @@ class Membership:
     _restored_at: float = 0.0
     _liveness: LivenessRules = field(init=False)
     """``options.liveness``, built once: members cache their silence limit per rules object."""
+    _commit_leases: CommitLeases = field(init=False)
 
     def __post_init__(self) -> None:
         self._liveness = self.options.liveness
+        self._commit_leases = CommitLeases(self.options.max_commit_lease_s)
 
     @property
     def rules(self) -> QuorumRules:
@@ -312,11 +275,14 @@ class Membership:
                           f"{self.options.join_timeout_s:g}s for the members of the last quorum to reconnect "
                           "before forming the first one")
             decision = QuorumDecision(None, reason)
+        sessions = frozenset((rid, self.members[rid].session) for rid in decision.participants or ())
+        if decision.participants is not None and (held := self._commit_leases.holding_out(sessions, now)) is not None:
+            decision = QuorumDecision(None, f"waiting {held[1]:.3f}s for the commit lease of {held[0]!r} to run out: "
+                                            "it may still commit its step of the current quorum (commit_lease.py)")
         self.last_decision = decision
         if decision.participants is None:
             return None
         joins = [self._joins.pop(rid) for rid in decision.participants]
-        sessions = frozenset((rid, self.members[rid].session) for rid in decision.participants)
         failures = any(j.request.commit_failures > 0 for j in joins)
         if self.current is None or sessions != self._current_sessions or failures:
             quorum_id = self._next_quorum_id
@@ -331,7 +297,10 @@ class Membership:
                 Member(j.request.replica_id, j.request.address, j.request.step, j.request.world_size, j.request.data)
                 for j in joins
             ),
+            max_commit_lease_s=self._commit_leases.max_s,
         )
+        self._commit_leases.grant({j.request.replica_id: (self.members[j.request.replica_id].session, j.request.commit_lease_s)
+                            for j in joins}, now)
         for rid in decision.participants:  # the floor is announced with the quorum; intervals only grow
             m = self.members[rid]
             m.heartbeat_interval_s = paced_interval(m.heartbeat_interval_s, len(self.members))
@@ -359,9 +328,11 @@ class Membership:
         """
         if self.current is not None:
             return False
+        # Never shorter than a commit lease the last incarnation granted (commit_lease.py).
+        grace_s = max(self.options.join_timeout_s, self.options.max_commit_lease_s)
         if self._restored is not None:
-            return not self._restored <= self.members.keys() and now - self._restored_at < self.options.join_timeout_s
-        return self._reconnecting_since is not None and now - self._reconnecting_since < self.options.join_timeout_s
+            return not self._restored <= self.members.keys() and now - self._restored_at < grace_s
+        return self._reconnecting_since is not None and now - self._reconnecting_since < grace_s
 
     def fence(self, req: FenceRequest) -> FenceResponse:
         """A group may commit only while its quorum is the current one and it is in it."""

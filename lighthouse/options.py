@@ -7,16 +7,19 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from lighthouse.commit_lease import MAX_COMMIT_LEASE_S
 from lighthouse.envelope import MAX_MESSAGE_BYTES
 from lighthouse.errors import OptionsError
-from lighthouse.membership import MembershipOptions
-from lighthouse.option_checks import check_number
+from lighthouse.liveness import LivenessRules
+from lighthouse.option_checks import check_number, check_seconds
 from lighthouse.tls import TlsFiles
 
 TOKEN_ENV = "REPLICAFT_TOKEN"
 """The shared secret; the only environment variable the lighthouse reads (in ``from_env``)."""
 
 TOKEN_METADATA_KEY = "x-replicaft-token"
+
+MAX_MEMBERS = 65536
 
 
 def token_problem(metadata: Sequence[tuple[str, str | bytes]] | None, token: str | None) -> str | None:
@@ -33,6 +36,49 @@ def token_problem(metadata: Sequence[tuple[str, str | bytes]] | None, token: str
     if not hmac.compare_digest(str(given).encode(), token.encode()):
         return "wrong"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipOptions:
+    min_replicas: int = 1
+    join_timeout_s: float = 2.0
+    heartbeat_timeout_s: float = 2.0
+    """The longest silence any member may keep; liveness.py adapts a shorter one per member."""
+    progress_timeout_s: float = 10.0
+    hung_factor: float = 3.0
+    """A member silent for its longest recent gap between messages plus ``hung_factor - 1``
+    of its heartbeat intervals (at least ``hung_factor`` intervals) is hung (liveness.py)."""
+    hung_min_s: float = 0.25
+    """No member is declared hung on a silence shorter than this."""
+    max_commit_lease_s: float = 0.1
+    """The longest commit lease a member is granted with a quorum (commit_lease.py); 0: none."""
+
+    def __post_init__(self) -> None:
+        check_number("min_replicas", self.min_replicas, 1, MAX_MEMBERS, integer=True,
+                     fix="the fewest groups a quorum may have, e.g. 1")
+        for name in ("join_timeout_s", "heartbeat_timeout_s", "progress_timeout_s"):
+            check_seconds(name, getattr(self, name))
+        check_number("hung_factor", self.hung_factor, 1.5, 100.0,
+                     fix="how many times its longest gap a member may stay silent, e.g. 3")
+        check_seconds("hung_min_s", self.hung_min_s, 0.05)
+        if self.hung_min_s > self.heartbeat_timeout_s:
+            raise OptionsError(
+                f"hung_min_s={self.hung_min_s} is above heartbeat_timeout_s={self.heartbeat_timeout_s}: "
+                f"the floor of the silence limit must not exceed its ceiling; set --hung-min at most "
+                f"{self.heartbeat_timeout_s:g}"
+            )
+        check_number("max_commit_lease_s", self.max_commit_lease_s, 0.0, MAX_COMMIT_LEASE_S,
+                     fix="how long a member may commit without asking the fence, e.g. 0.1, or 0 for never")
+        if self.progress_timeout_s <= self.heartbeat_timeout_s:
+            raise OptionsError(
+                f"progress_timeout_s={self.progress_timeout_s} is not above heartbeat_timeout_s="
+                f"{self.heartbeat_timeout_s}: progress is only seen through heartbeats; set "
+                f"--progress-timeout above {self.heartbeat_timeout_s}"
+            )
+
+    @property
+    def liveness(self) -> LivenessRules:
+        return LivenessRules(self.heartbeat_timeout_s, self.hung_factor, self.hung_min_s)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

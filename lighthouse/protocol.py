@@ -187,6 +187,8 @@ class QuorumRequest:
     ask: int = 0
     """Numbers the member's requests on its session stream (from 1), so a late answer to an
     earlier request is never taken for this one's. 0 on the unary RPC, where the call does it."""
+    commit_lease_s: float = 0.0
+    """The commit lease the member asks for with this quorum (commit_lease.py); 0: none."""
 
     @classmethod
     def decode(cls, raw: bytes) -> QuorumRequest:
@@ -205,6 +207,7 @@ class QuorumRequest:
             commit_failures=check_int(m, "commit_failures", o.get("commit_failures", 0), 0),
             data=check_data(m, "data", o.get("data", {})),
             ask=check_int(m, "ask", o.get("ask", 0), 0),
+            commit_lease_s=check_float(m, "commit_lease_s", o.get("commit_lease_s", 0.0), 0.0, MAX_TIMEOUT_S),
         )
 
 
@@ -242,9 +245,13 @@ class Quorum:
     world_sizes: tuple[int, ...]
     data: tuple[bytes, ...]
     """Each member's ``data`` map, msgpack-encoded."""
+    max_commit_lease_s: float = 0.0
+    """The longest commit lease granted with this quorum: each participant holds the one it
+    asked for, up to this (commit_lease.py); 0: none."""
 
     @classmethod
-    def of(cls, quorum_id: int, incarnation: int, created_unix_s: float, participants: Iterable[Member]) -> Quorum:
+    def of(cls, quorum_id: int, incarnation: int, created_unix_s: float, participants: Iterable[Member], *,
+           max_commit_lease_s: float = 0.0) -> Quorum:
         members = tuple(participants)
         return cls(
             quorum_id=quorum_id,
@@ -255,6 +262,7 @@ class Quorum:
             steps=tuple(p.step for p in members),
             world_sizes=tuple(p.world_size for p in members),
             data=tuple(msgpack.packb(p.data, use_bin_type=True) for p in members),
+            max_commit_lease_s=max_commit_lease_s,
         )
 
     @property
@@ -291,6 +299,7 @@ class Quorum:
             steps=check_int_column(m, "steps", require(o, m, "steps"), n, 0),
             world_sizes=check_int_column(m, "world_sizes", require(o, m, "world_sizes"), n, 1, MAX_WORLD_SIZE),
             data=check_bytes_column(m, "data", require(o, m, "data"), n, MAX_DATA_BYTES),
+            max_commit_lease_s=check_float(m, "max_commit_lease_s", o.get("max_commit_lease_s", 0.0), 0.0, MAX_TIMEOUT_S),
         )
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from lighthouse.envelope import MAX_WORLD_SIZE
-from lighthouse.membership import MAX_MEMBERS
 from lighthouse.option_checks import MAX_SECONDS
+from lighthouse.options import MAX_MEMBERS
 from replicaft.checkpoint.options import MAX_COMPRESSION_LEVEL, MAX_STEPS
 from replicaft.checkpoint.options import MAX_SECONDS as CHECKPOINT_MAX_SECONDS
 

@@ -21,8 +21,7 @@ from benchmarks.lighthouse_workers import (
 )
 from benchmarks.raw_streams import RawStream, StreamFailed
 from lighthouse.envelope import encode
-from lighthouse.membership import MembershipOptions
-from lighthouse.options import LighthouseOptions
+from lighthouse.options import LighthouseOptions, MembershipOptions
 from lighthouse.protocol import SESSION_METHOD, Quorum, QuorumRequest, Register
 from lighthouse.replies import QuorumAnswer, QuorumUpdate
 from lighthouse.server import LighthouseServer

@@ -8,6 +8,7 @@ closed fence all answer "no" with the reason.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 
@@ -22,7 +23,8 @@ TIMEOUT_S = 10.0
 
 
 def _fence(address: str, replica_id: str = "g0", *, token: str | None = TOKEN, wait_for_ready: bool = True) -> BlockingFence:
-    return BlockingFence(replica_id, lambda: address, token=token, tls=None, wait_for_ready=wait_for_ready)
+    return BlockingFence(replica_id, lambda: address, lambda quorum_id, step: False, token=token, tls=None,
+                         wait_for_ready=wait_for_ready)
 
 
 def test_member_of_the_current_quorum_may_commit_and_agrees_with_the_loops_fence() -> None:
@@ -41,6 +43,56 @@ def test_member_of_the_current_quorum_may_commit_and_agrees_with_the_loops_fence
         assert stale == loop.call(client.fence(quorum.quorum_id + 1, 0, TIMEOUT_S), TIMEOUT_S + 1)
         assert not stale.ok and "not current" in stale.reason, stale
     finally:
+        fence.close()
+        loop.call(client.close(), TIMEOUT_S)
+        loop.stop()
+
+
+def _step_lasts(seconds: float) -> None:
+    """The caller's step takes ``seconds`` (what a member's lease is measured against)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse() -> None:
+    """lighthouse/commit_lease.py: from its second quorum (a step interval known) a member holds a
+    lease of two intervals; within it both fences answer "yes" without a round trip, even with
+    the lighthouse stopped; for another step, or once it ran out, they ask, and a stopped
+    lighthouse cannot say "yes"."""
+    lighthouse = start_lighthouse("--min-replicas", "1", "--join-timeout", "0.1", "--max-commit-lease", "5",
+                                  "--token", TOKEN, status=False)
+    loop = LoopThread("fence-test")
+    loop.start()
+    client = AsyncLighthouseClient(lighthouse.grpc_address, "g0", token=TOKEN)
+    fence = BlockingFence("g0", lambda: lighthouse.grpc_address, client.commit_lease_covers, token=TOKEN, tls=None,
+                          wait_for_ready=True)
+    stopped = False
+    try:
+        loop.call(client.start(), TIMEOUT_S)
+        loop.call(client.quorum(0, TIMEOUT_S), TIMEOUT_S + 1)
+        assert client.commit_lease is None  # no step interval yet: nothing asked for
+        _step_lasts(0.5)
+        asked = time.monotonic()
+        quorum = loop.call(client.quorum(1, TIMEOUT_S), TIMEOUT_S + 1)
+        lease = client.commit_lease
+        assert lease is not None and (lease.quorum_id, lease.step) == (quorum.quorum_id, 1)
+        assert 0.95 <= lease.until - asked <= 5.0, lease  # two intervals of at least 0.5 s, counted from the ask
+        lighthouse.process.send_signal(signal.SIGSTOP)
+        stopped = True
+        assert fence.fence(quorum.quorum_id, 1, 0.2).ok
+        assert loop.call(client.fence(quorum.quorum_id, 1, 0.2), TIMEOUT_S).ok
+        other_step = fence.fence(quorum.quorum_id, 2, 0.2)
+        assert not other_step.ok and "did not confirm" in other_step.reason, other_step
+        deadline = time.monotonic() + TIMEOUT_S
+        while client.commit_lease_covers(quorum.quorum_id, 1):
+            assert time.monotonic() < deadline, "the lease never ran out"
+            time.sleep(0.01)
+        expired = fence.fence(quorum.quorum_id, 1, 0.2)
+        assert not expired.ok and "did not confirm" in expired.reason, expired
+    finally:
+        if stopped:
+            lighthouse.process.send_signal(signal.SIGCONT)
         fence.close()
         loop.call(client.close(), TIMEOUT_S)
         loop.stop()

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from lighthouse.envelope import MAX_DATA_BYTES, MAX_MESSAGE_BYTES, encode
 from lighthouse.errors import DuplicateReplica, OptionsError, QuorumTooLarge
-from lighthouse.membership import QUORUM_BUDGET_BYTES, Membership, MembershipOptions
+from lighthouse.membership import QUORUM_BUDGET_BYTES, Membership
+from lighthouse.options import MembershipOptions
 from lighthouse.protocol import FenceRequest, Heartbeat, QuorumRequest, Register
 from lighthouse.quorum import decide_quorum
 
@@ -40,6 +41,7 @@ def request(
     world_size: int = 1,
     commit_failures: int = 0,
     data: dict[str, Any] | None = None,
+    lease_s: float = 0.0,
 ) -> QuorumRequest:
     return QuorumRequest(
         rid,
@@ -49,6 +51,7 @@ def request(
         timeout_s=10.0,
         commit_failures=commit_failures,
         data=data or {},
+        commit_lease_s=lease_s,
     )
 
 
@@ -439,6 +442,70 @@ class TestFence:
         register(m, "a")
         verdict = m.fence(FenceRequest("a", 1, 0))
         assert not verdict.ok and verdict.reason == "quorum 1 is not current (current: None)"
+
+
+class TestCommitLease:
+    """commit_lease.py: no quorum forms without a member whose commit lease still runs."""
+
+    def setup_method(self) -> None:
+        self.m = new_membership(MembershipOptions(join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0,
+                                                  max_commit_lease_s=0.1))
+        self.sessions = {rid: register(self.m, rid) for rid in "ab"}
+        for rid, lease_s in (("a", 0.04), ("b", 0.5)):  # b asks for more than the lighthouse grants
+            assert self.m.join(request(rid, lease_s=lease_s), 1.0)
+        quorum = self.m.decide(1.0)
+        assert quorum is not None and quorum.max_commit_lease_s == 0.1
+        self.quorum_id = quorum.quorum_id
+
+    def test_a_lost_members_lease_holds_the_survivors_next_quorum_until_it_runs_out(self) -> None:
+        self.m.close_session("b", self.sessions["b"], "SIGKILL")  # b may still be committing: its lease runs
+        assert self.m.join(request("a", 1), 1.05)
+        assert self.m.decide(1.05) is None
+        assert self.m.last_decision is not None
+        assert self.m.last_decision.reason.startswith("waiting 0.050s for the commit lease of 'b' to run out")
+        assert self.m.decide(1.0999) is None
+        assert self.m.decide(1.1) is not None  # granted 0.1 s, not the 0.5 it asked for
+
+    def test_a_restarted_members_old_session_holds_too(self) -> None:
+        new, _ = self.m.register(Register("b", "host-b", 1, 0), 1.01)
+        for rid in "ab":
+            assert self.m.join(request(rid, 1), 1.02)
+        assert self.m.decide(1.02) is None  # the old process of b may still commit under its lease
+        quorum = self.m.decide(1.1)
+        assert quorum is not None and quorum.quorum_id != self.quorum_id
+
+    def test_members_that_ask_again_have_ended_their_step_and_form_at_once(self) -> None:
+        for rid in "ab":
+            assert self.m.join(request(rid, 1), 1.01)
+        quorum = self.m.decide(1.01)
+        assert quorum is not None and quorum.quorum_id == self.quorum_id
+
+    def test_a_member_that_asked_for_none_holds_nothing(self) -> None:
+        assert self.m.join(request("a", 1), 1.01) and self.m.join(request("b", 1, lease_s=0.0), 1.01)
+        assert self.m.decide(1.01) is not None
+        self.m.close_session("b", self.sessions["b"], "SIGKILL")
+        assert self.m.join(request("a", 2), 1.02)
+        assert self.m.decide(1.02) is not None
+
+    def test_a_lighthouse_that_grants_none_says_so_with_the_quorum(self) -> None:
+        m = new_membership(MembershipOptions(join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0,
+                                             max_commit_lease_s=0.0))
+        session = register(m, "a")
+        register(m, "b")
+        for rid in "ab":
+            assert m.join(request(rid, lease_s=0.05), 1.0)
+        quorum = m.decide(1.0)
+        assert quorum is not None and quorum.max_commit_lease_s == 0.0
+        m.close_session("a", session, "SIGKILL")
+        assert m.join(request("b", 1), 1.0) and m.decide(1.0) is not None
+
+    def test_a_restarted_lighthouse_waits_out_a_lease_longer_than_its_join_timeout(self) -> None:
+        m = new_membership(MembershipOptions(join_timeout_s=0.05, heartbeat_timeout_s=1.0, progress_timeout_s=5.0,
+                                             max_commit_lease_s=0.2))
+        register(m, "a", now=0.0, last_quorum_id=40)
+        assert m.join(request("a"), 0.0)
+        assert m.decide(0.1) is None  # past join_timeout, within a lease the last incarnation granted
+        assert m.decide(0.2) is not None
 
 
 @settings(max_examples=300, deadline=None)

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lighthouse.membership import Membership, MembershipOptions
+from lighthouse.membership import Membership
+from lighthouse.options import MembershipOptions
 from lighthouse.plan import assign_stripes
 from lighthouse.protocol import Heartbeat, QuorumRequest, Register
 from lighthouse.quorum import QuorumRules, QuorumView, Waiting, decide_quorum

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 
-from lighthouse.membership import Membership, MembershipOptions
+from lighthouse.membership import Membership
 from lighthouse.metrics import Metrics
+from lighthouse.options import MembershipOptions
 from lighthouse.protocol import QuorumRequest, Register
 from lighthouse.status import render_html, status_snapshot
 

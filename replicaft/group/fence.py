@@ -33,10 +33,12 @@ from lighthouse.tls import TlsFiles, grpc_channel
 class BlockingFence:
     """Asks the lighthouse whether ``replica_id`` may commit a step; one owner, any one thread."""
 
-    def __init__(self, replica_id: str, current_address: Callable[[], str], *, token: str | None,
-                 tls: TlsFiles | None, wait_for_ready: bool) -> None:
+    def __init__(self, replica_id: str, current_address: Callable[[], str], commit_lease_covers: Callable[[int, int], bool], *,
+                 token: str | None, tls: TlsFiles | None, wait_for_ready: bool) -> None:
         self.replica_id = replica_id
         self._current_address = current_address
+        self._lease_covers = commit_lease_covers
+        """The session's commit lease (lighthouse/commit_lease.py): within it, no question to ask."""
         """The lighthouse the session talks to now (read on the caller's thread: a str swap)."""
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
         self._tls = tls
@@ -49,6 +51,8 @@ class BlockingFence:
     def fence(self, quorum_id: int, step: int, timeout_s: float) -> FenceResponse:
         """May this group commit ``step`` of ``quorum_id``? Blocks at most ``timeout_s``; never
         raises for I/O (an unreachable or refusing lighthouse answers "no")."""
+        if self._lease_covers(quorum_id, step):
+            return FenceResponse(True)
         address = self._current_address()
         with self._lock:
             if self._closed:

@@ -9,9 +9,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
-from lighthouse.membership import MAX_MEMBERS
 from lighthouse.option_checks import MAX_SECONDS, check_number
-from lighthouse.options import TOKEN_ENV
+from lighthouse.options import MAX_MEMBERS, TOKEN_ENV
 from lighthouse.replica_id import check_replica_id
 from replicaft.errors import OptionsError
 

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lighthouse.blocking_client import LighthouseClient as _BlockingLighthouseClient
-from lighthouse.membership import MembershipOptions
-from lighthouse.options import LighthouseOptions
+from lighthouse.options import LighthouseOptions, MembershipOptions
 from lighthouse.plan import plan_step
 from lighthouse.progress import Progress
 from lighthouse.protocol import Quorum as _Quorum
