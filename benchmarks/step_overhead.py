@@ -17,8 +17,9 @@ phases are named (``params.phases_ms_<size>mb``, from ``Manager.step_phases``, m
 ``boundary`` (closing the last step, in ``zero_grad``), ``quorum`` (the wait for the quorum
 left after forward, which it overlaps), ``plan`` (applying it, at the first bucket),
 ``allreduce`` (waits on gradient buckets at the end of backward; DDP waits too, so only its
-excess is overhead), ``flag`` (the "ok" flag all-reduce) and ``vote`` (the lighthouse's fence;
-a group of one asks it from the training thread) in ``step``. ``events`` is the price of the
+excess is overhead), ``flag`` (the "ok" flag all-reduce) and ``vote`` (the group's decision:
+within the commit lease its quorum granted, no question to the lighthouse; past it, the
+lighthouse's fence, which a group of one asks from the training thread) in ``step``. ``events`` is the price of the
 event log with a state digest every step: a third run with both on
 (``step_time_events_<size>mb``) against the run with both off.
 """
@@ -135,5 +136,5 @@ def _explain(gap: dict[str, float], phases: dict[str, float]) -> str:
             f"zero_grad {gap['zero_grad']:+.2f} (boundary {phases['boundary']:.2f}, asking the quorum) "
             f"+ forward {gap['forward']:+.2f} (the quorum forms meanwhile; wait left {phases['quorum']:.2f}) "
             f"+ backward {gap['backward']:+.2f} (plan {phases['plan']:.2f}; bucket waits {phases['allreduce']:.2f}) "
-            f"+ step {gap['step']:+.2f} (flag {phases['flag']:.2f}, vote/fence {phases['vote']:.2f}, "
+            f"+ step {gap['step']:+.2f} (flag {phases['flag']:.2f}, vote {phases['vote']:.2f}, "
             f"rest {step_rest:+.2f}); events and digest {phases['events']:+.2f}")
