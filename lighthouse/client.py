@@ -27,7 +27,7 @@ import grpc
 from lighthouse import envelope, protocol
 from lighthouse.asks import SessionAsks
 from lighthouse.channels import CHANNEL_OPTIONS, FATAL, Targets, parse_addresses, translate
-from lighthouse.commit_lease import LEASE_STEPS, MAX_COMMIT_LEASE_S, CommitLease
+from lighthouse.commit_lease import LEASE_STEPS, MAX_COMMIT_LEASE_S, WITHIN_LEASE, CommitLease
 from lighthouse.errors import (
     DuplicateReplica,
     LighthouseUnavailable,
@@ -243,7 +243,7 @@ class AsyncLighthouseClient:
         lease the answer is known without asking (commit_lease.py).
         """
         if self.commit_lease_covers(quorum_id, step):
-            return FenceResponse(True)
+            return FenceResponse(True, WITHIN_LEASE)
         try:
             raw = await self._unary(
                 protocol.FENCE_METHOD,

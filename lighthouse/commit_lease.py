@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 MAX_COMMIT_LEASE_S = 10.0
 """The longest lease a lighthouse may be configured to grant, and a member asks for."""
+WITHIN_LEASE = "within the commit lease"
+"""The fence's answer when the lease gave it (the "commit" event's reason says so)."""
 LEASE_STEPS = 2.0
 """A member asks for a lease of this many of its step intervals (the time between its last
 two quorum requests): its commit comes about one interval after its request."""

@@ -69,7 +69,7 @@ def decide_commit(local: CommitDecision, fence_ok: bool, fence_reason: str) -> C
         return local
     if not fence_ok:
         return CommitDecision(False, f"fenced: {fence_reason}")
-    return CommitDecision(True, "every rank voted ok and the quorum is current")
+    return CommitDecision(True, "every rank voted ok and the quorum is current" + (f" ({fence_reason})" if fence_reason else ""))
 
 
 HOLD_FLAG = 1.0 / 1024

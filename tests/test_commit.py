@@ -68,6 +68,11 @@ def test_group_commits_only_when_every_rank_votes_ok_on_the_same_step(votes: lis
             id="ok_and_current_commits",
         ),
         pytest.param(
+            CommitDecision(True, "every rank voted ok"), True, "within the commit lease",
+            CommitDecision(True, "every rank voted ok and the quorum is current (within the commit lease)"),
+            id="ok_within_the_commit_lease_says_so",
+        ),
+        pytest.param(
             CommitDecision(True, "every rank voted ok"), False, "quorum 3 superseded by 4",
             CommitDecision(False, "fenced: quorum 3 superseded by 4"),
             id="ok_but_fenced_does_not_commit",

@@ -15,6 +15,8 @@ import time
 from conftest import start_lighthouse
 
 from lighthouse.client import AsyncLighthouseClient
+from lighthouse.commit_lease import WITHIN_LEASE
+from lighthouse.protocol import FenceResponse
 from replicaft.group.fence import BlockingFence
 from replicaft.threads import LoopThread
 
@@ -80,8 +82,8 @@ def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse(
         assert 0.95 <= lease.until - asked <= 5.0, lease  # two intervals of at least 0.5 s, counted from the ask
         lighthouse.process.send_signal(signal.SIGSTOP)
         stopped = True
-        assert fence.fence(quorum.quorum_id, 1, 0.2).ok
-        assert loop.call(client.fence(quorum.quorum_id, 1, 0.2), TIMEOUT_S).ok
+        assert fence.fence(quorum.quorum_id, 1, 0.2) == FenceResponse(True, WITHIN_LEASE)
+        assert loop.call(client.fence(quorum.quorum_id, 1, 0.2), TIMEOUT_S) == FenceResponse(True, WITHIN_LEASE)
         other_step = fence.fence(quorum.quorum_id, 2, 0.2)
         assert not other_step.ok and "did not confirm" in other_step.reason, other_step
         deadline = time.monotonic() + TIMEOUT_S

@@ -27,6 +27,7 @@ import grpc
 
 from lighthouse import envelope, protocol
 from lighthouse.channels import CHANNEL_OPTIONS, translate
+from lighthouse.commit_lease import WITHIN_LEASE
 from lighthouse.options import TOKEN_METADATA_KEY
 from lighthouse.protocol import FenceRequest, FenceResponse
 from lighthouse.tls import TlsFiles, grpc_channel
@@ -54,7 +55,7 @@ class BlockingFence:
         """May this group commit ``step`` of ``quorum_id``? Blocks at most ``timeout_s``; never
         raises for I/O (an unreachable or refusing lighthouse answers "no")."""
         if self._lease_covers(quorum_id, step):
-            return FenceResponse(True)
+            return FenceResponse(True, WITHIN_LEASE)
         address = self._current_address()
         with self._lock:
             if self._closed:
