@@ -27,7 +27,7 @@ import grpc
 from lighthouse import envelope, protocol
 from lighthouse.asks import SessionAsks
 from lighthouse.channels import CHANNEL_OPTIONS, FATAL, Targets, parse_addresses, translate
-from lighthouse.commit_lease import LEASE_STEPS, MAX_COMMIT_LEASE_S, WITHIN_LEASE, CommitLease
+from lighthouse.commit_lease import WITHIN_LEASE, MemberLease
 from lighthouse.errors import (
     DuplicateReplica,
     LighthouseUnavailable,
@@ -90,9 +90,8 @@ class AsyncLighthouseClient:
         self.session_epoch = 0
         """Counts sessions registered so far; a change means the lighthouse saw us anew."""
         self.last_quorum_id = -1
-        self.commit_lease: CommitLease | None = None
-        """The commit lease of the last quorum answered (commit_lease.py); None: ask the fence."""
-        self._last_asked_at: float | None = None
+        self.commit_lease = MemberLease()
+        """The commit lease of the last quorum answered (commit_lease.py)."""
         self.instance = secrets.token_hex(8)
         """Names this client object to the lighthouse: a reconnect keeps it, another process has another."""
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
@@ -167,11 +166,8 @@ class AsyncLighthouseClient:
         Unauthenticated / VersionMismatch / ProtocolError when retrying cannot help.
         """
         self.progress.record(step)
-        self.commit_lease = None  # the last step's lease ends with its step
         asked_at = time.monotonic()
-        lease_s = 0.0 if self._last_asked_at is None else min(LEASE_STEPS * (asked_at - self._last_asked_at),
-                                                               MAX_COMMIT_LEASE_S)
-        self._last_asked_at = asked_at
+        lease_s = self.commit_lease.ask(asked_at)
         deadline = asked_at + timeout_s
         last = "no answer yet"
         while True:
@@ -203,9 +199,7 @@ class AsyncLighthouseClient:
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
             self.last_quorum_id = max(self.last_quorum_id, quorum.quorum_id)
-            granted = min(lease_s, quorum.max_commit_lease_s)
-            if granted > 0:  # counted from the request's sending: it ends here first
-                self.commit_lease = CommitLease(quorum.quorum_id, step, sent_at + granted)
+            self.commit_lease.granted(quorum.quorum_id, step, min(lease_s, quorum.max_commit_lease_s), sent_at)
             return quorum
 
     async def _ask(self, request: QuorumRequest, timeout_s: float) -> Quorum:
@@ -242,7 +236,7 @@ class AsyncLighthouseClient:
         a step of a quorum the lighthouse has replaced is not. Within the quorum's commit
         lease the answer is known without asking (commit_lease.py).
         """
-        if self.commit_lease_covers(quorum_id, step):
+        if self.commit_lease.covers(quorum_id, step):
             return FenceResponse(True, WITHIN_LEASE)
         try:
             raw = await self._unary(
@@ -253,11 +247,6 @@ class AsyncLighthouseClient:
             return FenceResponse.decode(raw)
         except grpc.aio.AioRpcError as e:
             return FenceResponse(False, f"lighthouse did not confirm the quorum: {translate(e, self.address)}")
-
-    def commit_lease_covers(self, quorum_id: int, step: int) -> bool:
-        """Whether this member's commit lease covers ``step`` of ``quorum_id`` now. Any thread."""
-        lease = self.commit_lease
-        return lease is not None and lease.covers(quorum_id, step, time.monotonic())
 
     @property
     def address(self) -> str:
@@ -338,7 +327,8 @@ class AsyncLighthouseClient:
             self._pace(first)
             self.session_epoch += 1
             self._registered.set()
-            heartbeats = asyncio.create_task(self._heartbeat(call))
+            heartbeats = asyncio.create_task(self._writer.fill_silences(
+                call, self.progress, lambda: self.heartbeat_interval_s, lambda: self._closing))
             while True:
                 raw = await call.read()
                 if raw is grpc.aio.EOF:
@@ -365,18 +355,3 @@ class AsyncLighthouseClient:
     def _pace(self, notice: Notice) -> None:
         """Heartbeat no more often than the lighthouse's budget allows (it only ever grows)."""
         self.heartbeat_interval_s = max(self.heartbeat_interval_s, notice.heartbeat_interval_s)
-
-    async def _heartbeat(self, call: grpc.aio.StreamStreamCall) -> None:
-        """Heartbeat when the stream has been quiet for an interval: a quorum request tells the
-        lighthouse as much as a heartbeat (alive, at this step), so a group that asks at every
-        step of a fast loop sends no heartbeats at all (at 256 members these were more than
-        half of the lighthouse's reads). A change of ``progress.healing`` is sent at once (within
-        an interval), quiet or not: the lighthouse's silence limit depends on it."""
-        healing = False
-        while not self._closing:
-            quiet_s = time.monotonic() - self._writer.last_write
-            if quiet_s >= self.heartbeat_interval_s or self.progress.healing != healing:
-                healing = self.progress.healing
-                await self._writer.write(call, Heartbeat(self.progress.step, self.progress.count, healing=healing))
-                quiet_s = 0.0
-            await asyncio.sleep(self.heartbeat_interval_s - quiet_s)

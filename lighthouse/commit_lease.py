@@ -24,6 +24,7 @@ knows no leases, so its first quorum waits at least ``max_commit_lease_s`` (memb
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -67,12 +68,37 @@ class CommitLeases:
 
 @dataclass(frozen=True, slots=True)
 class CommitLease:
-    """A member's own lease, on the member: the quorum and step it covers, until when."""
+    """A member's lease: the quorum and step it covers, until when (this host's monotonic time)."""
 
     quorum_id: int
     step: int
     until: float
-    """This host's monotonic time."""
 
     def covers(self, quorum_id: int, step: int, now: float) -> bool:
         return quorum_id == self.quorum_id and step == self.step and now < self.until
+
+
+class MemberLease:
+    """The member's side (lighthouse/client.py): what to ask for with each quorum request, and
+    the lease its answer granted. Set on the client's loop, read on any thread (one reference)."""
+
+    def __init__(self) -> None:
+        self.held: CommitLease | None = None
+        self._last_asked_at: float | None = None
+
+    def ask(self, now: float) -> float:
+        """The seconds to ask for with a quorum request made at ``now``: ``LEASE_STEPS`` step
+        intervals (none before a first interval). The last step's lease ends here."""
+        self.held = None
+        last, self._last_asked_at = self._last_asked_at, now
+        return 0.0 if last is None else min(LEASE_STEPS * (now - last), MAX_COMMIT_LEASE_S)
+
+    def granted(self, quorum_id: int, step: int, seconds: float, sent_at: float) -> None:
+        """The answer to a request sent at ``sent_at`` granted ``seconds``; counted from the
+        sending, the lease ends on this host before it does on the lighthouse."""
+        self.held = CommitLease(quorum_id, step, sent_at + seconds) if seconds > 0 else None
+
+    def covers(self, quorum_id: int, step: int) -> bool:
+        """Whether the lease held now covers ``step`` of ``quorum_id``: the fence would say yes."""
+        held = self.held
+        return held is not None and held.covers(quorum_id, step, time.monotonic())

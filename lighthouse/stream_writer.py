@@ -1,15 +1,19 @@
-"""Writes on a client's session stream: one at a time, remembering when the last one went."""
+"""Writes on a client's session stream: one at a time, remembering when the last one went, and
+heartbeats in its silences."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import grpc
 
 from lighthouse import envelope
 from lighthouse.errors import LighthouseUnavailable
+from lighthouse.progress import Progress
+from lighthouse.protocol import Heartbeat
 
 
 class StreamWriter:
@@ -37,3 +41,20 @@ class StreamWriter:
                     raise
                 raise LighthouseUnavailable("the session with the lighthouse ended while a message was being sent") from None
             self.last_write = time.monotonic()
+
+    async def fill_silences(self, call: grpc.aio.StreamStreamCall, progress: Progress, interval_s: Callable[[], float],
+                            closing: Callable[[], bool]) -> None:
+        """Heartbeat when the stream has been quiet for an interval (``interval_s()``, which the
+        lighthouse may raise), until ``closing()``: a quorum request tells the lighthouse as much
+        as a heartbeat (alive, at this step), so a group that asks at every step of a fast loop
+        sends no heartbeats at all (at 256 members these were more than half of the
+        lighthouse's reads). A change of ``progress.healing`` is sent at once (within an
+        interval), quiet or not: the lighthouse's silence limit depends on it."""
+        healing = False
+        while not closing():
+            quiet_s = time.monotonic() - self.last_write
+            if quiet_s >= interval_s() or progress.healing != healing:
+                healing = progress.healing
+                await self.write(call, Heartbeat(progress.step, progress.count, healing=healing))
+                quiet_s = 0.0
+            await asyncio.sleep(interval_s() - quiet_s)

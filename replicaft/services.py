@@ -87,7 +87,7 @@ class RankServices:
         if o.group_world_size == 1:
             lighthouse = self._coordinator.lighthouse
             assert lighthouse is not None
-            fence = BlockingFence(o.replica_id, lambda: lighthouse.targets.current, lighthouse.commit_lease_covers,
+            fence = BlockingFence(o.replica_id, lambda: lighthouse.targets.current, lighthouse.commit_lease.covers,
                                   token=o.token, tls=self.tls,
                                   wait_for_ready=not lighthouse.targets.replicated and self.tls is None)
             self.channel = LocalGroupChannel(self._coordinator, self._loop, fence)

@@ -67,17 +67,17 @@ def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse(
     loop = LoopThread("fence-test")
     loop.start()
     client = AsyncLighthouseClient(lighthouse.grpc_address, "g0", token=TOKEN)
-    fence = BlockingFence("g0", lambda: lighthouse.grpc_address, client.commit_lease_covers, token=TOKEN, tls=None,
+    fence = BlockingFence("g0", lambda: lighthouse.grpc_address, client.commit_lease.covers, token=TOKEN, tls=None,
                           wait_for_ready=True)
     stopped = False
     try:
         loop.call(client.start(), TIMEOUT_S)
         loop.call(client.quorum(0, TIMEOUT_S), TIMEOUT_S + 1)
-        assert client.commit_lease is None  # no step interval yet: nothing asked for
+        assert client.commit_lease.held is None  # no step interval yet: nothing asked for
         _step_lasts(0.5)
         asked = time.monotonic()
         quorum = loop.call(client.quorum(1, TIMEOUT_S), TIMEOUT_S + 1)
-        lease = client.commit_lease
+        lease = client.commit_lease.held
         assert lease is not None and (lease.quorum_id, lease.step) == (quorum.quorum_id, 1)
         assert 0.95 <= lease.until - asked <= 5.0, lease  # two intervals of at least 0.5 s, counted from the ask
         lighthouse.process.send_signal(signal.SIGSTOP)
@@ -87,7 +87,7 @@ def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse(
         other_step = fence.fence(quorum.quorum_id, 2, 0.2)
         assert not other_step.ok and "did not confirm" in other_step.reason, other_step
         deadline = time.monotonic() + TIMEOUT_S
-        while client.commit_lease_covers(quorum.quorum_id, 1):
+        while client.commit_lease.covers(quorum.quorum_id, 1):
             assert time.monotonic() < deadline, "the lease never ran out"
             time.sleep(0.01)
         expired = fence.fence(quorum.quorum_id, 1, 0.2)

@@ -36,13 +36,14 @@ from lighthouse.tls import TlsFiles, grpc_channel
 class BlockingFence:
     """Asks the lighthouse whether ``replica_id`` may commit a step; one owner, any one thread."""
 
-    def __init__(self, replica_id: str, current_address: Callable[[], str], commit_lease_covers: Callable[[int, int], bool], *,
-                 token: str | None, tls: TlsFiles | None, wait_for_ready: bool) -> None:
+    def __init__(self, replica_id: str, current_address: Callable[[], str],
+                 commit_lease_covers: Callable[[int, int], bool], *, token: str | None, tls: TlsFiles | None,
+                 wait_for_ready: bool) -> None:
         self.replica_id = replica_id
         self._current_address = current_address
+        """The lighthouse the session talks to now (read on the caller's thread: a str swap)."""
         self._lease_covers = commit_lease_covers
         """The session's commit lease (lighthouse/commit_lease.py): within it, no question to ask."""
-        """The lighthouse the session talks to now (read on the caller's thread: a str swap)."""
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
         self._tls = tls
         self._wait_for_ready = wait_for_ready
