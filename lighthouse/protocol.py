@@ -247,7 +247,8 @@ class Quorum:
     """Each member's ``data`` map, msgpack-encoded."""
     max_commit_lease_s: float = 0.0
     """The longest commit lease granted with this quorum: each participant holds the one it
-    asked for, up to this (commit_lease.py); 0: none."""
+    asked for, up to this (commit_lease.py); 0: none. A lighthouse's option, the same for every
+    quorum it forms, so an update on an unchanged roster keeps it (replies.py)."""
 
     @classmethod
     def of(cls, quorum_id: int, incarnation: int, created_unix_s: float, participants: Iterable[Member], *,
