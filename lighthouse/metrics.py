@@ -29,6 +29,8 @@ _COUNTERS = (
      "Sessions refused because another live process holds the replica id."),
     ("sessions_ended_not_reading", "sessions_ended_not_reading",
      "Sessions ended because the member did not read its stream."),
+    ("fences_answered", "fences_answered",
+     "Fence questions answered: commits of steps that outlasted their commit lease, or asked for none."),
 )
 """(metric name without ``replicaft_lighthouse_`` and ``_total``, field, help)."""
 
@@ -42,6 +44,7 @@ class Metrics:
     rejected_requests: int = 0
     duplicate_replicas_refused: int = 0
     sessions_ended_not_reading: int = 0
+    fences_answered: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry, repr=False, compare=False)
     quorum_latency_s: Histogram = field(init=False, repr=False, compare=False)
     """From the first join of a round to the quorum forming."""

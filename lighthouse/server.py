@@ -241,6 +241,7 @@ class LighthouseServer:
             req = FenceRequest.decode(raw)
         except ProtocolError as e:
             await reject(context, self._refused, e)
+        self.metrics.fences_answered += 1
         return envelope.encode(self.membership.fence(req))
 
     # -- state-machine plumbing -------------------------------------------------------------

@@ -8,11 +8,13 @@ closed fence all answer "no" with the reason.
 
 from __future__ import annotations
 
+import re
 import signal
 import socket
 import time
+import urllib.request
 
-from conftest import start_lighthouse
+from conftest import LighthouseProcess, start_lighthouse
 
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.commit_lease import WITHIN_LEASE
@@ -57,13 +59,22 @@ def _step_lasts(seconds: float) -> None:
         time.sleep(0.01)
 
 
+def _fences_answered(lighthouse: LighthouseProcess) -> float:
+    assert lighthouse.status_url is not None
+    with urllib.request.urlopen(lighthouse.status_url + "metrics", timeout=TIMEOUT_S) as response:
+        metrics = response.read().decode()
+    found = re.search(r"^replicaft_lighthouse_fences_answered_total ([\d.]+)$", metrics, re.M)
+    assert found is not None, metrics
+    return float(found.group(1))
+
+
 def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse() -> None:
     """lighthouse/commit_lease.py: from its second quorum (a step interval known) a member holds a
     lease of two intervals; within it both fences answer "yes" without a round trip, even with
     the lighthouse stopped; for another step, or once it ran out, they ask, and a stopped
     lighthouse cannot say "yes"."""
     lighthouse = start_lighthouse("--min-replicas", "1", "--join-timeout", "0.1", "--max-commit-lease", "5",
-                                  "--token", TOKEN, status=False)
+                                  "--token", TOKEN)
     loop = LoopThread("fence-test")
     loop.start()
     client = AsyncLighthouseClient(lighthouse.grpc_address, "g0", token=TOKEN)
@@ -80,6 +91,10 @@ def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse(
         lease = client.commit_lease.held
         assert lease is not None and (lease.quorum_id, lease.step) == (quorum.quorum_id, 1)
         assert 0.95 <= lease.until - asked <= 5.0, lease  # two intervals of at least 0.5 s, counted from the ask
+        assert fence.fence(quorum.quorum_id, 1, TIMEOUT_S) == FenceResponse(True, WITHIN_LEASE)
+        assert _fences_answered(lighthouse) == 0  # nobody asked it
+        assert fence.fence(quorum.quorum_id + 1, 1, TIMEOUT_S).ok is False  # another quorum: asked
+        assert _fences_answered(lighthouse) == 1
         lighthouse.process.send_signal(signal.SIGSTOP)
         stopped = True
         assert fence.fence(quorum.quorum_id, 1, 0.2) == FenceResponse(True, WITHIN_LEASE)

@@ -54,7 +54,7 @@ def test_every_metric_has_help_and_type_and_the_names_tests_rely_on() -> None:
     assert {"replicaft_lighthouse_quorums_formed", "replicaft_lighthouse_quorum_ids", "replicaft_lighthouse_members_lost",
             "replicaft_lighthouse_rejected_requests", "replicaft_lighthouse_duplicate_replicas_refused",
             "replicaft_lighthouse_sessions_ended_not_reading", "replicaft_lighthouse_sessions_open",
-            "replicaft_lighthouse_quorum_latency_seconds"} <= families.keys()
+            "replicaft_lighthouse_fences_answered", "replicaft_lighthouse_quorum_latency_seconds"} <= families.keys()
 
 
 def test_two_lighthouses_in_one_process_keep_their_own_figures() -> None:
