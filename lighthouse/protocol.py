@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Literal
 
 import msgpack
 
+from lighthouse.commit_lease import MAX_COMMIT_LEASE_S
 from lighthouse.envelope import (
     MAX_ADDRESS_CHARS,
     MAX_DATA_BYTES,
@@ -207,7 +208,7 @@ class QuorumRequest:
             commit_failures=check_int(m, "commit_failures", o.get("commit_failures", 0), 0),
             data=check_data(m, "data", o.get("data", {})),
             ask=check_int(m, "ask", o.get("ask", 0), 0),
-            commit_lease_s=check_float(m, "commit_lease_s", o.get("commit_lease_s", 0.0), 0.0, MAX_TIMEOUT_S),
+            commit_lease_s=check_float(m, "commit_lease_s", o.get("commit_lease_s", 0.0), 0.0, MAX_COMMIT_LEASE_S),
         )
 
 
@@ -300,7 +301,8 @@ class Quorum:
             steps=check_int_column(m, "steps", require(o, m, "steps"), n, 0),
             world_sizes=check_int_column(m, "world_sizes", require(o, m, "world_sizes"), n, 1, MAX_WORLD_SIZE),
             data=check_bytes_column(m, "data", require(o, m, "data"), n, MAX_DATA_BYTES),
-            max_commit_lease_s=check_float(m, "max_commit_lease_s", o.get("max_commit_lease_s", 0.0), 0.0, MAX_TIMEOUT_S),
+            max_commit_lease_s=check_float(m, "max_commit_lease_s", o.get("max_commit_lease_s", 0.0), 0.0,
+                                           MAX_COMMIT_LEASE_S),
         )
 
 
