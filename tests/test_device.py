@@ -24,7 +24,14 @@ from test_transfer import (
     sample_state,
 )
 
-from replicaft.device import CopyTimeout, HostCopyStream, StagedWriter, StagingPool, raw_bytes
+from replicaft.device import (
+    STAGING_BUFFERS,
+    CopyTimeout,
+    HostCopyStream,
+    StagedWriter,
+    StagingPool,
+    raw_bytes,
+)
 from replicaft.state import flatten
 from replicaft.transfer.client import fetch_state
 from replicaft.transfer.placement import Placement
@@ -115,9 +122,12 @@ def test_a_writer_waiting_for_a_buffer_takes_one_landed_by_a_writer_that_has_fin
     assert got and got[0] is first and int(target[0]) == 7
 
 
-def test_fetch_through_staging_receives_in_place_and_a_second_heal_allocates_nothing() -> None:
+def test_fetch_through_staging_receives_in_place_and_a_second_heal_allocates_within_the_bound() -> None:
     """The healer's staged path end to end over real sockets: chunks received into staging
-    buffers, verified there, copied into the healer's own tensors on the copy stream."""
+    buffers, verified there, copied into the healer's own tensors on the copy stream. The pool
+    reuses its buffers: two heals of 19 chunks each allocate at most ``STAGING_BUFFERS``. (How
+    many of those the first heal reaches depends on how its connections interleave, so the
+    second may add one up to the bound: asserting it adds none raced that interleaving.)"""
     snapshot = sample_snapshot()
     stream = HostCopyStream()
     for heal in range(2):
@@ -130,9 +140,10 @@ def test_fetch_through_staging_receives_in_place_and_a_second_heal_allocates_not
         assert_same_state(result, snapshot)
         assert "state.model.w" in result.in_place and all(into[n]._version == versions[n] for n in into)
         placement = Placement(snapshot.manifest, into, stream)
-        if heal == 0:
-            allocated = placement._writer.pool.allocated
-        assert placement._writer.pool.allocated == allocated <= 4
+        pool = placement._writer.pool
+        assert len(snapshot.manifest.checksums) > pool.max_buffers == STAGING_BUFFERS
+        assert 1 <= pool.allocated <= pool.max_buffers
+        assert len(pool._free) == pool.allocated  # every buffer back: none held past the heal
 
 
 def test_placement_drops_an_unverified_chunk_and_its_buffer_goes_back() -> None:

@@ -197,9 +197,9 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
                     raise ProtocolError(f"chunk {chunk_start // c} (bytes {chunk_start}..{chunk_stop}) from donor "
                                         f"{donor} fails its checksum")
                 landing.land()  # staged bytes go on to the device while the next chunk is received
-                progress.add(chunk_stop - chunk_start)
             finally:
                 landing.drop()
+            progress.add(chunk_stop - chunk_start)
     except BaseException:
         progress.add(start - chunk_start)  # the stripe is fetched again whole: its chunks count then
         raise
