@@ -8,7 +8,8 @@ on the next one. Quorums are asked for on the session stream rather than by a un
 per step because a stream message costs grpc.aio a fraction of a new call (server.py).
 Every call takes a deadline; nothing here blocks without one.
 
-Notices (member lost, quorum formed, fenced) are delivered to ``on_notice``, called on the
+Notices (member lost or left, quorum formed, fenced, standing ended, and ``registered`` when a
+session after the first registers) are delivered to ``on_notice``, called on the
 client's event loop: keep it short and thread-safe (set an event, enqueue).
 """
 
@@ -167,7 +168,7 @@ class AsyncLighthouseClient:
         """
         self.progress.record(step)
         asked_at = time.monotonic()
-        lease_s = self.commit_lease.ask(asked_at)
+        lease_s = self.commit_lease.ask(asked_at, step)
         deadline = asked_at + timeout_s
         last = "no answer yet"
         while True:
@@ -199,7 +200,8 @@ class AsyncLighthouseClient:
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
             self.last_quorum_id = max(self.last_quorum_id, quorum.quorum_id)
-            self.commit_lease.granted(quorum.quorum_id, step, min(lease_s, quorum.max_commit_lease_s), sent_at)
+            self.commit_lease.granted(quorum.quorum_id, step, lease_s, quorum.standing_steps, quorum.max_commit_lease_s,
+                                      sent_at)
             return quorum
 
     async def _ask(self, request: QuorumRequest, timeout_s: float) -> Quorum:
@@ -299,6 +301,13 @@ class AsyncLighthouseClient:
                 self._registered.clear()
             await asyncio.sleep(pause * (1 + random.random() / 2))
 
+    def _notify(self, notice: Notice) -> None:
+        if self.on_notice is not None:
+            try:
+                self.on_notice(notice)
+            except Exception:
+                logger.exception("on_notice callback failed for %s", notice)
+
     def _refuse(self, error: Exception) -> None:
         """Retrying cannot help: every waiting and later call raises ``error``."""
         logger.error("lighthouse refused the session of %s: %s", self.replica_id, error)
@@ -327,6 +336,8 @@ class AsyncLighthouseClient:
             self._pace(first)
             self.session_epoch += 1
             self._registered.set()
+            if self.session_epoch > 1 and self.on_notice is not None:
+                self._notify(first)  # a new session: the step in flight was on the last one
             heartbeats = asyncio.create_task(self._writer.fill_silences(
                 call, self.progress, lambda: self.heartbeat_interval_s, lambda: self._closing))
             while True:
@@ -338,11 +349,7 @@ class AsyncLighthouseClient:
                     self._asks.settle(reply)
                     continue
                 self._pace(reply)
-                if self.on_notice is not None:
-                    try:
-                        self.on_notice(reply)
-                    except Exception:
-                        logger.exception("on_notice callback failed for %s", reply)
+                self._notify(reply)
                 if reply.kind == "fenced":
                     return True
         finally:

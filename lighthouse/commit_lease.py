@@ -14,7 +14,9 @@ The member counts its lease from when it *sent* the request, before the lighthou
 it, so the lease ends on the member's clock no later than on the lighthouse's (both
 monotonic; their rates differ by parts per million). A step that outlasts its lease (a slow
 step, a SIGSTOP) asks the fence as before, and a group declared lost meanwhile is refused
-there. Members ask for ``LEASE_STEPS`` of their step intervals (lighthouse/client.py).
+there. Members ask for ``LEASE_STEPS`` of their step intervals (lighthouse/client.py); a
+quorum granted standing steps (standing.py) stretches each lease by as many intervals, and the
+lease covers those steps too.
 
 The price: once a group is lost, the survivors' next quorum waits until its commit lease
 has run out, at most two of its step intervals and ``max_commit_lease_s`` after its last
@@ -37,6 +39,12 @@ LEASE_STEPS = 2.0
 two quorum requests): its commit comes about one interval after its request."""
 
 
+def lease_s(asked_s: float, standing_steps: int, max_s: float) -> float:
+    """The lease granted for ``asked_s`` (``LEASE_STEPS`` intervals) with ``standing_steps``
+    more steps to cover: on the lighthouse and on the member alike."""
+    return min(asked_s * (LEASE_STEPS + standing_steps) / LEASE_STEPS, max_s)
+
+
 @dataclass(frozen=True, slots=True)
 class GrantedLease:
     session: int
@@ -51,10 +59,11 @@ class CommitLeases:
         self.max_s = max_s
         self._held: dict[str, GrantedLease] = {}
 
-    def grant(self, asked: Mapping[str, tuple[int, float]], now: float) -> None:
-        """A quorum formed: each participant's (session, seconds asked for). Replaces the leases
-        of the last quorum: a quorum forms only once no lease outside it still runs."""
-        self._held = {rid: GrantedLease(session, now + min(seconds, self.max_s))
+    def grant(self, asked: Mapping[str, tuple[int, float]], now: float, standing_steps: int = 0) -> None:
+        """A quorum formed: each participant's (session, seconds asked for), and the standing
+        steps it was granted. Replaces the leases of the last quorum: a quorum forms only once
+        no lease outside it still runs."""
+        self._held = {rid: GrantedLease(session, now + lease_s(seconds, standing_steps, self.max_s))
                       for rid, (session, seconds) in asked.items() if seconds > 0 and self.max_s > 0}
 
     def holding_out(self, sessions: frozenset[tuple[str, int]], now: float) -> tuple[str, float] | None:
@@ -68,14 +77,16 @@ class CommitLeases:
 
 @dataclass(frozen=True, slots=True)
 class CommitLease:
-    """A member's lease: the quorum and step it covers, until when (this host's monotonic time)."""
+    """A member's lease: the quorum and steps it covers, until when (this host's monotonic time)."""
 
     quorum_id: int
     step: int
+    last_step: int
+    """``step`` and its standing steps (standing.py)."""
     until: float
 
     def covers(self, quorum_id: int, step: int, now: float) -> bool:
-        return quorum_id == self.quorum_id and step == self.step and now < self.until
+        return quorum_id == self.quorum_id and self.step <= step <= self.last_step and now < self.until
 
 
 class MemberLease:
@@ -84,19 +95,28 @@ class MemberLease:
 
     def __init__(self) -> None:
         self.held: CommitLease | None = None
-        self._last_asked_at: float | None = None
+        self._last_ask: tuple[float, int] | None = None
+        """(when, for which step) the last request was made."""
 
-    def ask(self, now: float) -> float:
-        """The seconds to ask for with a quorum request made at ``now``: ``LEASE_STEPS`` step
-        intervals (none before a first interval). The last step's lease ends here."""
+    def ask(self, now: float, step: int) -> float:
+        """The seconds to ask for with a request made at ``now`` for ``step``: ``LEASE_STEPS``
+        step intervals (none before a first interval; an interval is the time since the last
+        request over the steps since, which standing steps make several). The last lease ends
+        here."""
         self.held = None
-        last, self._last_asked_at = self._last_asked_at, now
-        return 0.0 if last is None else min(LEASE_STEPS * (now - last), MAX_COMMIT_LEASE_S)
+        last, self._last_ask = self._last_ask, (now, step)
+        if last is None:
+            return 0.0
+        interval_s = (now - last[0]) / max(1, step - last[1])
+        return min(LEASE_STEPS * interval_s, MAX_COMMIT_LEASE_S)
 
-    def granted(self, quorum_id: int, step: int, seconds: float, sent_at: float) -> None:
-        """The answer to a request sent at ``sent_at`` granted ``seconds``; counted from the
+    def granted(self, quorum_id: int, step: int, asked_s: float, standing_steps: int, max_s: float,
+                sent_at: float) -> None:
+        """The answer to a request for ``step`` sent at ``sent_at``, asking ``asked_s``, granted
+        ``standing_steps`` under a lighthouse granting at most ``max_s``; counted from the
         sending, the lease ends on this host before it does on the lighthouse."""
-        self.held = CommitLease(quorum_id, step, sent_at + seconds) if seconds > 0 else None
+        seconds = lease_s(asked_s, standing_steps, max_s)
+        self.held = CommitLease(quorum_id, step, step + standing_steps, sent_at + seconds) if seconds > 0 else None
 
     def covers(self, quorum_id: int, step: int) -> bool:
         """Whether the lease held now covers ``step`` of ``quorum_id``: the fence would say yes."""

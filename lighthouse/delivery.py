@@ -16,7 +16,7 @@ from lighthouse import envelope
 from lighthouse.members import Lost
 from lighthouse.membership import QUORUM_BUDGET_BYTES
 from lighthouse.metrics import Metrics
-from lighthouse.protocol import Notice, Quorum
+from lighthouse.protocol import Notice, Quorum, QuorumRequest
 from lighthouse.replies import QuorumUpdate
 from lighthouse.session import SentQuorum, Session, Waiter
 
@@ -57,6 +57,18 @@ class Delivery:
         for rid in quorum.replica_ids:
             session = self._sessions.get(rid)
             if session is not None:
+                session.send(notice)
+
+    def send_standing_ended(self, quorum: Quorum, req: QuorumRequest, incarnation: int) -> None:
+        """``req``'s member asked while ``quorum`` stood (standing.py): its other participants
+        abandon their step on it."""
+        self._metrics.standing_ended += 1
+        reason = f"{req.replica_id!r} asked for a quorum at step {req.step} while quorum {quorum.quorum_id} stood"
+        logger.info("standing of quorum %d ended: %s", quorum.quorum_id, reason)
+        notice = envelope.encode(Notice("standing_ended", quorum.quorum_id, req.replica_id, reason, incarnation))
+        for rid in quorum.replica_ids:
+            session = self._sessions.get(rid)
+            if rid != req.replica_id and session is not None:
                 session.send(notice)
 
     def send_lost(self, m: Lost, incarnation: int) -> None:

@@ -29,10 +29,12 @@ import msgpack
 from lighthouse.errors import ProtocolError, VersionMismatch, shown
 from lighthouse.replica_id import MAX_REPLICA_ID_CHARS
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 """Bumped on any incompatible change; both sides refuse a peer speaking another version.
 Version 2: quorums travel on the session stream, and a quorum is encoded by column.
-Version 3: a quorum on an unchanged roster travels as a QuorumUpdate (lighthouse/replies.py)."""
+Version 3: a quorum on an unchanged roster travels as a QuorumUpdate (lighthouse/replies.py).
+Version 4: a quorum may stand for further steps, and a member that asks before they ran out
+ends the standing for the others with a ``standing_ended`` notice (lighthouse/standing.py)."""
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 """gRPC receive limit; a quorum of 1024 members with small ``data`` maps fits comfortably."""

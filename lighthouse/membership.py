@@ -53,6 +53,7 @@ from lighthouse.protocol import (
     Register,
 )
 from lighthouse.quorum import QuorumDecision, QuorumRules, QuorumView, Waiting, decide_quorum
+from lighthouse.standing import standing_steps
 
 HISTORY_LENGTH = 64
 QUORUM_BUDGET_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
@@ -92,6 +93,11 @@ class Membership:
     _liveness: LivenessRules = field(init=False)
     """``options.liveness``, built once: members cache their silence limit per rules object."""
     _commit_leases: CommitLeases = field(init=False)
+    _standing_through: int | None = None
+    """The last standing step of ``current`` (standing.py); None: it does not stand."""
+    _standing_ended: bool = False
+    """A member ended ``current``'s standing: the next quorum gets a new id, so that the
+    ``standing_ended`` notice, which names ``current``, cannot abort a step of it."""
 
     def __post_init__(self) -> None:
         self._liveness = self.options.liveness
@@ -227,6 +233,16 @@ class Membership:
         self._joins[req.replica_id] = _Join(req, Waiting(now, req.shrink_only))
         return True
 
+    def end_standing(self, req: QuorumRequest) -> bool:
+        """Whether ``req`` ends the current quorum's standing: its member asks for a step the
+        quorum stands for, so the others must be told (``standing_ended``)."""
+        if (self._standing_through is None or self.current is None or req.step > self._standing_through
+                or req.replica_id not in self.current.replica_ids):
+            return False
+        self._standing_through = None
+        self._standing_ended = True
+        return True
+
     def leave(self, replica_id: str, now: float) -> None:
         """The long poll ended without a quorum (deadline or client gone)."""
         if self._joins.pop(replica_id, None) is not None:
@@ -284,11 +300,16 @@ class Membership:
             return None
         joins = [self._joins.pop(rid) for rid in decision.participants]
         failures = any(j.request.commit_failures > 0 for j in joins)
-        if self.current is None or sessions != self._current_sessions or failures:
+        if self.current is None or sessions != self._current_sessions or failures or self._standing_ended:
             quorum_id = self._next_quorum_id
             self._next_quorum_id += 1
+            standing = 0
         else:
             quorum_id = self.current.quorum_id
+            # Standing only on a roster that held for a round already, with every member in it
+            # and nobody healing (standing.py).
+            steady = len(joins) == len(self.members) and len({j.request.step for j in joins}) == 1
+            standing = standing_steps((j.request.commit_lease_s for j in joins), self._commit_leases.max_s) if steady else 0
         quorum = Quorum.of(
             quorum_id,
             self.incarnation,
@@ -298,9 +319,12 @@ class Membership:
                 for j in joins
             ),
             max_commit_lease_s=self._commit_leases.max_s,
+            standing_steps=standing,
         )
         self._commit_leases.grant({j.request.replica_id: (self.members[j.request.replica_id].session, j.request.commit_lease_s)
-                            for j in joins}, now)
+                                   for j in joins}, now, standing)
+        self._standing_through = joins[0].request.step + standing if standing else None
+        self._standing_ended = False
         for rid in decision.participants:  # the floor is announced with the quorum; intervals only grow
             m = self.members[rid]
             m.heartbeat_interval_s = paced_interval(m.heartbeat_interval_s, len(self.members))
@@ -362,6 +386,7 @@ class Membership:
 
     def _remove(self, m: MemberState, reason: str, *, graceful: bool = False) -> list[Lost]:
         del self.members[m.replica_id]
+        self._standing_through = None  # the survivors' aborted step asks again anyway
         self._entry_bytes -= m.entry_bytes
         self._survivors = None
         self._joins.pop(m.replica_id, None)

@@ -31,6 +31,8 @@ _COUNTERS = (
      "Sessions ended because the member did not read its stream."),
     ("fences_answered", "fences_answered",
      "Fence questions answered: commits of steps that outlasted their commit lease, or asked for none."),
+    ("quorums_standing", "quorums_standing", "Quorums formed standing for further steps (standing.py)."),
+    ("standing_ended", "standing_ended", "Standing quorums ended early by a member asking again."),
 )
 """(metric name without ``replicaft_lighthouse_`` and ``_total``, field, help)."""
 
@@ -45,6 +47,8 @@ class Metrics:
     duplicate_replicas_refused: int = 0
     sessions_ended_not_reading: int = 0
     fences_answered: int = 0
+    quorums_standing: int = 0
+    standing_ended: int = 0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry, repr=False, compare=False)
     quorum_latency_s: Histogram = field(init=False, repr=False, compare=False)
     """From the first join of a round to the quorum forming."""

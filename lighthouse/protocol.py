@@ -42,6 +42,7 @@ from lighthouse.envelope import (
 )
 from lighthouse.errors import ProtocolError, shown
 from lighthouse.replica_id import check_replica_id, check_replica_id_column
+from lighthouse.standing import MAX_STANDING_STEPS
 
 SERVICE = "replicaft.Lighthouse"
 SESSION_METHOD = f"/{SERVICE}/Session"
@@ -49,9 +50,12 @@ QUORUM_METHOD = f"/{SERVICE}/Quorum"
 FENCE_METHOD = f"/{SERVICE}/Fence"
 
 NoticeKind = Literal["registered", "member_lost", "member_left", "quorum_formed", "fenced"]
-NOTICE_KINDS: frozenset[str] = frozenset({"registered", "member_lost", "member_left", "quorum_formed", "fenced"})
+NOTICE_KINDS: frozenset[str] = frozenset(
+    {"registered", "member_lost", "member_left", "quorum_formed", "fenced", "standing_ended"})
 """``member_lost``: a member failed (survivors abandon in-flight collectives with it);
-``member_left``: a member shut down cleanly after finishing its step (nothing to abandon)."""
+``member_left``: a member shut down cleanly after finishing its step (nothing to abandon);
+``standing_ended``: a member asked for a new quorum while its quorum stood (standing.py): the
+others abandon their step on that quorum, which could not complete without it."""
 
 
 def _check_address(msg: str, name: str, value: Any) -> str:
@@ -251,9 +255,13 @@ class Quorum:
     asked for, up to this (commit_lease.py); 0: none. A lighthouse's option, the same for every
     quorum it forms, so an update on an unchanged roster keeps it (replies.py)."""
 
+    standing_steps: int = 0
+    """The steps after this one its participants run on it without asking (standing.py); 0:
+    ask at the next step."""
+
     @classmethod
     def of(cls, quorum_id: int, incarnation: int, created_unix_s: float, participants: Iterable[Member], *,
-           max_commit_lease_s: float = 0.0) -> Quorum:
+           max_commit_lease_s: float = 0.0, standing_steps: int = 0) -> Quorum:
         members = tuple(participants)
         return cls(
             quorum_id=quorum_id,
@@ -265,6 +273,7 @@ class Quorum:
             world_sizes=tuple(p.world_size for p in members),
             data=tuple(msgpack.packb(p.data, use_bin_type=True) for p in members),
             max_commit_lease_s=max_commit_lease_s,
+            standing_steps=standing_steps,
         )
 
     @property
@@ -303,6 +312,7 @@ class Quorum:
             data=check_bytes_column(m, "data", require(o, m, "data"), n, MAX_DATA_BYTES),
             max_commit_lease_s=check_float(m, "max_commit_lease_s", o.get("max_commit_lease_s", 0.0), 0.0,
                                            MAX_COMMIT_LEASE_S),
+            standing_steps=check_int(m, "standing_steps", o.get("standing_steps", 0), 0, MAX_STANDING_STEPS),
         )
 
 

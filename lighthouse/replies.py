@@ -30,6 +30,7 @@ from lighthouse.envelope import (
 )
 from lighthouse.errors import ProtocolError, shown
 from lighthouse.protocol import Notice, Quorum, decode_tagged
+from lighthouse.standing import MAX_STANDING_STEPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +96,7 @@ class QuorumUpdate:
     incarnation: int
     created_unix_s: float
     steps: bytes
+    standing_steps: int = 0
 
     @staticmethod
     def encode_steps(steps: tuple[int, ...]) -> bytes:
@@ -118,6 +120,7 @@ class QuorumUpdate:
             incarnation=check_int(m, "incarnation", require(o, m, "incarnation"), 0),
             created_unix_s=check_float(m, "created_unix_s", require(o, m, "created_unix_s"), 0.0, 1e12),
             steps=steps,
+            standing_steps=check_int(m, "standing_steps", o.get("standing_steps", 0), 0, MAX_STANDING_STEPS),
         )
 
     def apply(self, last: Quorum) -> Quorum:
@@ -140,7 +143,8 @@ class QuorumUpdate:
             raise ProtocolError(f"QuorumUpdate.steps covers {len(steps)} members; the roster it updates has "
                                 f"{len(last.replica_ids)}")
         return dataclasses.replace(last, quorum_id=self.quorum_id, incarnation=self.incarnation,
-                                   created_unix_s=self.created_unix_s, steps=tuple(steps))
+                                   created_unix_s=self.created_unix_s, steps=tuple(steps),
+                                   standing_steps=self.standing_steps)
 
 
 def decode_session_reply(raw: bytes) -> Notice | QuorumAnswer | QuorumUpdate | QuorumFailed:

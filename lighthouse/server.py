@@ -250,6 +250,8 @@ class LighthouseServer:
         """Make ``waiter`` the replica's one wait for a quorum, until ``req.timeout_s``;
         False when the replica has no live session."""
         now = time.monotonic()
+        if self.membership.end_standing(req) and self.membership.current is not None:
+            self._delivery.send_standing_ended(self.membership.current, req, self.incarnation)
         try:
             if not self.membership.join(req, now):
                 return False
@@ -281,6 +283,7 @@ class LighthouseServer:
         if quorum is None:
             return
         self.metrics.quorums_formed += 1
+        self.metrics.quorums_standing += quorum.standing_steps > 0
         waiters, took = self._waits.take(quorum.replica_ids, now)
         if took is not None:
             self.metrics.quorum_latency_s.observe(took)

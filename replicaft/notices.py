@@ -21,6 +21,11 @@ from collections.abc import Callable
 from lighthouse.plan import StepPlan
 from lighthouse.protocol import Notice
 
+ABANDONING = frozenset({"member_lost", "member_left", "standing_ended"})
+"""Notices that end a participant's part in its quorum: a step of that quorum cannot complete.
+A member that left cleanly finished its last step, but a standing quorum (lighthouse/standing.py)
+would run the next one with it."""
+
 
 class StepNotices:
     """Notices for ``replica_id``'s step in progress; ``abort`` is set when they end it."""
@@ -51,13 +56,21 @@ class StepNotices:
 
     def deliver(self, notice: Notice) -> None:
         """Any thread: a notice from the lighthouse."""
-        if notice.kind == "member_lost":
+        if notice.kind in ABANDONING:
             with self._lock:
                 plan = self._plan
                 if plan is None:
                     self._early.append(notice)
                     return
             if plan.lost_participant(notice):
+                self.abort.set()
+        elif notice.kind == "registered":
+            # This group's session broke and a new one registered: the lighthouse reported the
+            # old one lost to the others, who abandon the step it was in, so this side does
+            # too (a partition healed after its collective's peers had gone on without it).
+            with self._lock:
+                bound = self._plan is not None
+            if bound:
                 self.abort.set()
         elif notice.kind == "fenced" and notice.replica_id == self.replica_id:
             self.abort.set()

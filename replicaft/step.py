@@ -5,6 +5,7 @@
     optimizer.zero_grad() -> start_quorum()   close the last step's boundary (digest,
                                               checkpoint; leave if preempted), then ask the
                                               group for this step's quorum: it forms during forward
+                                              (or the last one stands: lighthouse/standing.py)
     loss.backward()       -> allreduce()      wait_quorum() applies the plan (the column group,
                                               a heal, the snapshot served to healers), then each
                                               bucket is summed across the contributing groups

@@ -70,9 +70,10 @@ def _fences_answered(lighthouse: LighthouseProcess) -> float:
 
 def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse() -> None:
     """lighthouse/commit_lease.py: from its second quorum (a step interval known) a member holds a
-    lease of two intervals; within it both fences answer "yes" without a round trip, even with
-    the lighthouse stopped; for another step, or once it ran out, they ask, and a stopped
-    lighthouse cannot say "yes"."""
+    lease of two intervals, stretched over the steps its quorum stands for (standing.py); within
+    it both fences answer "yes" without a round trip, even with the lighthouse stopped; for a
+    step past the standing, or once it ran out, they ask, and a stopped lighthouse cannot say
+    "yes"."""
     lighthouse = start_lighthouse("--min-replicas", "1", "--join-timeout", "0.1", "--max-commit-lease", "5",
                                   "--token", TOKEN)
     loop = LoopThread("fence-test")
@@ -89,7 +90,9 @@ def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse(
         asked = time.monotonic()
         quorum = loop.call(client.quorum(1, TIMEOUT_S), TIMEOUT_S + 1)
         lease = client.commit_lease.held
-        assert lease is not None and (lease.quorum_id, lease.step) == (quorum.quorum_id, 1)
+        last = 1 + quorum.standing_steps  # 5 s hold at most nine intervals of over 0.5 s: two for the lease
+        assert 1 <= quorum.standing_steps <= 7
+        assert lease is not None and (lease.quorum_id, lease.step, lease.last_step) == (quorum.quorum_id, 1, last)
         assert 0.95 <= lease.until - asked <= 5.0, lease  # two intervals of at least 0.5 s, counted from the ask
         assert fence.fence(quorum.quorum_id, 1, TIMEOUT_S) == FenceResponse(True, WITHIN_LEASE)
         assert _fences_answered(lighthouse) == 0  # nobody asked it
@@ -99,7 +102,8 @@ def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse(
         stopped = True
         assert fence.fence(quorum.quorum_id, 1, 0.2) == FenceResponse(True, WITHIN_LEASE)
         assert loop.call(client.fence(quorum.quorum_id, 1, 0.2), TIMEOUT_S) == FenceResponse(True, WITHIN_LEASE)
-        other_step = fence.fence(quorum.quorum_id, 2, 0.2)
+        assert fence.fence(quorum.quorum_id, last, 0.2) == FenceResponse(True, WITHIN_LEASE)
+        other_step = fence.fence(quorum.quorum_id, last + 1, 0.2)
         assert not other_step.ok and "did not confirm" in other_step.reason, other_step
         deadline = time.monotonic() + TIMEOUT_S
         while client.commit_lease.covers(quorum.quorum_id, 1):

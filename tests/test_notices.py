@@ -68,6 +68,28 @@ def test_fenced_notice_for_this_group_aborts_and_is_reported() -> None:
     assert notices.abort.is_set() and fenced == ["declared lost"]
 
 
+def test_a_new_session_aborts_the_step_whose_plan_came_before_it() -> None:
+    """A partition healed: the lighthouse reported the old session lost to the others, who
+    abandoned the step; the step of a plan not yet bound is asked on the new session."""
+    notices, _ = make()
+    notices.deliver(Notice("registered", incarnation=3))
+    assert not notices.abort.is_set()
+    notices.bind(plan())
+    notices.deliver(Notice("registered", incarnation=3))
+    assert notices.abort.is_set()
+
+
+def test_a_member_that_left_or_asked_again_ends_a_step_of_its_quorum() -> None:
+    """standing.py: a quorum that stands would run its next step with them."""
+    for kind in ("member_left", "standing_ended"):
+        notices, _ = make()
+        notices.bind(plan(quorum_id=5))
+        notices.deliver(Notice(kind, quorum_id=4, replica_id="g1"))
+        assert not notices.abort.is_set()  # about an older quorum
+        notices.deliver(Notice(kind, quorum_id=5, replica_id="g1"))
+        assert notices.abort.is_set()
+
+
 class _SlowList(list):
     """Holds an ``append`` until ``bound`` is set (at most 0.5 s): the notice thread paused
     between reading "no plan yet" and keeping the notice, the race's window held open."""

@@ -154,6 +154,8 @@ FIELD_ERRORS = [
     (QuorumRequest, "commit_lease_s", 11.0, "is 11.0; expected 0.0 <= commit_lease_s <= 10.0"),
     (QuorumRequest, "commit_lease_s", math.nan, "is nan; expected 0.0 <= commit_lease_s"),
     (Quorum, "max_commit_lease_s", -0.1, "is -0.1; expected 0.0 <= max_commit_lease_s <= 10.0"),
+    (Quorum, "standing_steps", 9, "is 9; expected 0 <= standing_steps <= 8"),
+    (Quorum, "standing_steps", -1, "is -1; expected 0 <= standing_steps <= 8"),
     (FenceRequest, "quorum_id", "1", "is str '1'; expected an integer"),
     (FenceRequest, "replica_id", None, "is missing"),
     (FenceResponse, "ok", 1, "is int 1; expected a boolean"),
@@ -223,6 +225,8 @@ SESSION_REPLIES = [
     QuorumAnswer(4, encode(Quorum.of(3, 9, 1.0, (Member("a", "h:1", 5, 2),)))),
     QuorumFailed(5, "timeout", "no quorum within 1s"),
     QuorumUpdate(6, 7, 9, 2.0, QuorumUpdate.encode_steps((5, 5, 4))),
+    QuorumUpdate(6, 7, 9, 2.0, QuorumUpdate.encode_steps((5, 5)), standing_steps=3),
+    Notice("standing_ended", 3, "g1", "'g1' asked for a quorum at step 5 while quorum 3 stood", 9),
 ]
 
 
@@ -340,8 +344,9 @@ class TestQuorumUpdate:
     LAST = Quorum.of(3, 9, 1.0, (Member("a", "h:1", 5, 1, {"r": 1}), Member("b", "h:2", 5, 1), Member("c", "", 4, 2)))
 
     def test_update_applied_to_the_last_quorum_is_the_new_quorum(self) -> None:
-        new = Quorum.of(4, 9, 2.0, (Member("a", "h:1", 6, 1, {"r": 1}), Member("b", "h:2", 6, 1), Member("c", "", 6, 2)))
-        update = QuorumUpdate(1, 4, 9, 2.0, QuorumUpdate.encode_steps(new.steps))
+        new = Quorum.of(4, 9, 2.0, (Member("a", "h:1", 6, 1, {"r": 1}), Member("b", "h:2", 6, 1), Member("c", "", 6, 2)),
+                        standing_steps=2)
+        update = QuorumUpdate(1, 4, 9, 2.0, QuorumUpdate.encode_steps(new.steps), standing_steps=2)
         assert update.apply(self.LAST) == new
         assert len(encode(update)) < 100  # every member at one step: one run, whatever the roster
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 
 from lighthouse.client import AsyncLighthouseClient
 from lighthouse.progress import Progress
 from lighthouse.protocol import Notice, Quorum
+from lighthouse.standing import StandingQuorum
 from replicaft.commit import CommitDecision, decide_commit
 from replicaft.errors import GroupBroken, GroupError, StepMismatch
 from replicaft.group.protocol import GroupQuorumRequest, VoteRequest, VoteResponse
@@ -63,6 +65,10 @@ class GroupCoordinator:
         self._quorum_answers: dict[QuorumRound, asyncio.Future[Quorum]] = {}
         self._vote_answers: dict[VoteRound, asyncio.Future[CommitDecision]] = {}
         self._watchers: dict[int, asyncio.Queue[Notice | None]] = {}
+        self._standing: StandingQuorum | None = None
+        """The quorum answering the next rounds without asking the lighthouse (standing.py)."""
+        self._standing_lock = threading.Lock()
+        """A group of one rank takes its standing answers on the training thread."""
         self._stopping = False
 
     async def start(self) -> None:
@@ -98,17 +104,42 @@ class GroupCoordinator:
             raise refusal_error(join.refusal)
         answer = self._quorum_answers.setdefault(join.round, _answer_future())
         if join.complete:
-            asyncio.create_task(self._ask_lighthouse(join.round, answer, ask.timeout_s))
+            if (standing := self._standing_answer(join.round)) is None:
+                asyncio.create_task(self._ask_lighthouse(join.round, answer, ask.timeout_s))
+            else:
+                self._quorum_answers.pop(join.round, None)
+                self._settle(answer, result=standing)
+                return standing
         try:
             return await asyncio.wait_for(asyncio.shield(answer), ask.timeout_s + min(QUORUM_GRACE_S, ask.timeout_s))
         except TimeoutError:
             raise refusal_error(self.rounds.quorum_expired(join.round)) from None
+
+    def _standing_answer(self, r: QuorumRound) -> Quorum | None:
+        failures, _ = r.lighthouse_request(self.options.group_world_size)
+        return self.standing_answer(r.step, failures)
+
+    def standing_answer(self, step: int, commit_failures: int) -> Quorum | None:
+        """The quorum of ``step`` from the standing one, if it covers the step (standing.py);
+        else the standing ends and the lighthouse must be asked. The loop's, or for a group of
+        one rank the training thread's (client.py): a notice that ends the standing meanwhile
+        reaches the step's plan too (notices.py), and aborts it."""
+        with self._standing_lock:
+            standing, self._standing = self._standing, None
+            if standing is None:
+                return None
+            quorum = standing.answer(step, commit_failures)
+            if quorum is not None:
+                self._standing = standing
+            return quorum
 
     async def _ask_lighthouse(self, r: QuorumRound, answer: asyncio.Future[Quorum], timeout_s: float) -> None:
         assert self.lighthouse is not None
         failures, data = r.lighthouse_request(self.options.group_world_size)
         try:
             quorum = await self.lighthouse.quorum(r.step, timeout_s, commit_failures=failures, data=data)
+            with self._standing_lock:
+                self._standing = StandingQuorum.granted(quorum, r.step)
             self._settle(answer, result=quorum)
         except Exception as e:
             self._settle(answer, exception=e)
@@ -173,6 +204,9 @@ class GroupCoordinator:
             self._settle(vote_answer, result=CommitDecision(False, broken))
 
     def _notice(self, notice: Notice) -> None:
+        if notice.kind != "quorum_formed":
+            with self._standing_lock:
+                self._standing = None  # a member lost, left or asking again; or a new session
         self._on_notice(notice)
         for outbox in self._watchers.values():
             outbox.put_nowait(notice)
