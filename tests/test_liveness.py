@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from lighthouse.liveness import (
@@ -73,3 +75,16 @@ def test_loop_lag_remembers_the_latest_tick_of_its_window() -> None:
     assert lag.allowance_s() == pytest.approx(0.5)
     lag.observe(11.0 + LAG_WINDOW_S + 0.1, 11.0 + LAG_WINDOW_S + 0.1)
     assert lag.allowance_s() == pytest.approx(0.04)
+
+
+def test_loop_lag_is_the_plain_maximum_of_its_window_over_any_ticks() -> None:
+    rng = random.Random(7)
+    lag, seen = LoopLag(), []
+    now = 0.0
+    for _ in range(2000):
+        now += rng.uniform(0.0, 0.05)
+        late = rng.choice([0.0, rng.uniform(0.0, 0.3)])
+        lag.observe(now, now - late)
+        seen.append((now, late))
+        window = [x for t, x in seen if t >= now - LAG_WINDOW_S and x > 0]
+        assert lag.allowance_s() == pytest.approx(2 * max(window, default=0.0))
