@@ -1,12 +1,15 @@
-"""Gradient buckets are all-reduced in index order whatever order backward fills them in.
+"""Gradient buckets are all-reduced in index order whatever order backward fills them in, and
+their gradients enter them already divided by the contributing groups.
 
 The manager here only records the all-reduces the wrapper issues: what is under test is the
-order the wrapper issues them in, which must be the same on every group (buckets.py).
+order the wrapper issues them in, which must be the same on every group (buckets.py), and
+what they hold.
 The end-to-end path (real groups, real collectives) is covered by test_training.py.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -30,8 +33,12 @@ class RecordingManager:
     abandon_generation = 0
     options = ManagerOptions(lighthouse="127.0.0.1:29510", replica_id="g0")
 
-    def __init__(self) -> None:
+    def __init__(self, contributors: int = 1) -> None:
         self.reduced: list[torch.Tensor] = []
+        self.sent: list[torch.Tensor] = []
+        """What each all-reduce was given, as it was then."""
+        self.averaged: list[bool] = []
+        self._plan = SimpleNamespace(num_contributors=contributors)
 
     def register_state(self, *args: Any) -> None:
         pass
@@ -39,13 +46,18 @@ class RecordingManager:
     def register_hooks(self, hooks: Any) -> None:
         pass
 
-    def allreduce(self, tensor: torch.Tensor) -> _Done:
+    def wait_quorum(self) -> SimpleNamespace:
+        return self._plan
+
+    def allreduce(self, tensor: torch.Tensor, *, average: bool = True) -> _Done:
         self.reduced.append(tensor)
+        self.sent.append(tensor.clone())
+        self.averaged.append(average)
         return _Done()
 
 
-def wrapped() -> tuple[DistributedDataParallel, RecordingManager]:
-    manager = RecordingManager()
+def wrapped(contributors: int = 1) -> tuple[DistributedDataParallel, RecordingManager]:
+    manager = RecordingManager(contributors)
     ddp = DistributedDataParallel(manager, Routed(), bucket_cap_mb=1e-6)  # type: ignore[arg-type]
     return ddp, manager
 
@@ -63,6 +75,29 @@ def test_buckets_are_reduced_in_index_order_whichever_parameters_the_batch_used(
     # launched as they filled, this group would reduce 2, 3, 0, 1 and a group whose batch
     # used b would reduce 0, 1, 2, 3, pairing different buckets.
     assert bucket_indices(ddp, manager.reduced) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("keep_grads", [False, True], ids=["grads-set-to-none", "grads-zeroed-in-place"])
+def test_gradients_enter_their_buckets_divided_by_the_contributing_groups(keep_grads: bool) -> None:
+    """The buckets are SUMmed, not averaged after: the division rides on the copy into the
+    bucket (or, for a gradient already in its slot, one in-place pass)."""
+    ddp, manager = wrapped(contributors=4)
+    x = torch.randn(2, 8)
+    reference = Routed()
+    reference.load_state_dict(ddp.module.state_dict())
+    reference(x, True).sum().backward()
+    reference_grads = {n: p.grad for n, p in reference.named_parameters()}
+    name_of = {id(p): n for n, p in ddp.module.named_parameters()}
+    for _ in range(2):  # the second step finds each gradient already in its slot when kept
+        manager.sent.clear()
+        manager.averaged.clear()
+        ddp.on_step_start()
+        ddp.module.zero_grad(set_to_none=not keep_grads)
+        ddp(x, True).sum().backward()
+        assert manager.averaged == [False] * 4
+        for bucket, sent in zip(ddp._buckets, manager.sent, strict=True):
+            want = torch.cat([reference_grads[name_of[id(p)]].reshape(-1) / 4 for p in bucket.params])
+            assert torch.allclose(sent, want)
 
 
 def test_a_second_backward_in_one_step_is_refused_by_name() -> None:
