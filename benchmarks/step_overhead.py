@@ -8,7 +8,9 @@ is two replica groups of one rank each (``replicaft.DistributedDataParallel`` +
 ``replicaft.Optimizer``) plus a lighthouse process, state digests off. A step is timed from
 ``zero_grad`` to the end of ``step`` (so replicaft's quorum, vote and fence are inside it);
 the figure is the median over timed steps of the slower of the two trainers. DDP and
-replicaft runs alternate, twice each per size, and the medians of those runs are compared.
+replicaft runs alternate, three times each per size, 100 timed steps a run, and the medians of
+those runs are compared. (Two runs of 25 steps moved the 10 MB ratio between 1.09x and 1.31x
+from one invocation to the next on this shared machine; the gap being measured is ~2 ms.)
 
 Where the gap goes (``params.gap_ms_<size>mb``). Both sides time the same four calls of every
 step (``zero_grad``, ``forward``, ``backward``, ``step``), so the gap of the mean step splits
@@ -81,8 +83,8 @@ async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | N
 
 
 def run(*, quick: bool) -> BenchmarkResult:
-    steps = 8 if quick else 25
-    repeats = 1 if quick else 2
+    steps = 8 if quick else 100
+    repeats = 1 if quick else 3
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
     compared: dict[str, str] = {}

@@ -336,7 +336,7 @@ class AsyncLighthouseClient:
             self._pace(first)
             self.session_epoch += 1
             self._registered.set()
-            if self.session_epoch > 1 and self.on_notice is not None:
+            if self.session_epoch > 1:
                 self._notify(first)  # a new session: the step in flight was on the last one
             heartbeats = asyncio.create_task(self._writer.fill_silences(
                 call, self.progress, lambda: self.heartbeat_interval_s, lambda: self._closing))

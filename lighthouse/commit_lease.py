@@ -15,12 +15,12 @@ it, so the lease ends on the member's clock no later than on the lighthouse's (b
 monotonic; their rates differ by parts per million). A step that outlasts its lease (a slow
 step, a SIGSTOP) asks the fence as before, and a group declared lost meanwhile is refused
 there. Members ask for ``LEASE_STEPS`` of their step intervals (lighthouse/client.py); a
-quorum granted standing steps (standing.py) stretches each lease by as many intervals, and the
-lease covers those steps too.
+quorum granted standing steps (standing.py) grants the longest lease, ``max_commit_lease_s``,
+which covers those steps too.
 
 The price: once a group is lost, the survivors' next quorum waits until its commit lease
-has run out, at most two of its step intervals and ``max_commit_lease_s`` after its last
-quorum formed, less the time the survivors took to notice the loss. A restarted lighthouse
+has run out, at most two of its step intervals after its last quorum formed
+(``max_commit_lease_s`` if that quorum stood), less the time the survivors took to notice the loss. A restarted lighthouse
 knows no leases, so its first quorum waits at least ``max_commit_lease_s`` (membership.py).
 """
 
@@ -40,9 +40,12 @@ two quorum requests): its commit comes about one interval after its request."""
 
 
 def lease_s(asked_s: float, standing_steps: int, max_s: float) -> float:
-    """The lease granted for ``asked_s`` (``LEASE_STEPS`` intervals) with ``standing_steps``
-    more steps to cover: on the lighthouse and on the member alike."""
-    return min(asked_s * (LEASE_STEPS + standing_steps) / LEASE_STEPS, max_s)
+    """The lease granted for ``asked_s`` (``LEASE_STEPS`` intervals), on the lighthouse and on
+    the member alike. A quorum that stands gets the longest: its standing steps were counted to
+    fit in it with at least an interval to spare (standing.py), the slack of its last commit.
+    Stretched by just one interval per standing step, a last step a little slower than the
+    others outlasted it and asked the fence (1.4 ms)."""
+    return max_s if standing_steps > 0 else min(asked_s, max_s)
 
 
 @dataclass(frozen=True, slots=True)

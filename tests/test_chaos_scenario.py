@@ -115,7 +115,7 @@ def test_every_kind_is_documented_in_the_module_docstring() -> None:
 
 
 @pytest.mark.parametrize("name", ["every_fault", "every_fault_w2", "catastrophe", "partition", "soak", "gpt",
-                                  "lighthouse_ha", "cold_start", "lifecycle", "commit_lease", "commit_lease_w2"])
+                                  "lighthouse_ha", "cold_start", "lifecycle", "commit_lease", "commit_lease_w2", "standing"])
 def test_shipped_scenarios_state_their_shape(name: str) -> None:
     s = load_scenario(name)
     assert s.description and s.groups >= 2 and s.hang_bound_s > 0 and s.loss_tolerance > 0

@@ -46,10 +46,10 @@ def test_a_lighthouse_granting_no_lease_grants_no_standing() -> None:
     assert standing_steps([1e-6], 10.0) == MAX_STANDING_STEPS
 
 
-def test_the_lease_stretches_by_one_interval_per_standing_step_up_to_the_longest() -> None:
+def test_a_standing_quorum_gets_the_longest_lease_and_a_quorum_round_what_it_asked() -> None:
     assert lease_s(0.02, 0, LEASE_MAX_S) == 0.02
-    assert lease_s(0.02, 4, LEASE_MAX_S) == pytest.approx(0.06)
-    assert lease_s(0.02, 8, LEASE_MAX_S) == LEASE_MAX_S
+    assert lease_s(0.5, 0, LEASE_MAX_S) == LEASE_MAX_S
+    assert lease_s(0.02, 1, LEASE_MAX_S) == LEASE_MAX_S
 
 
 def quorum(step: int, standing: int, ids: tuple[str, ...] = ("a", "b")) -> Quorum:
@@ -93,6 +93,8 @@ def test_a_member_measures_its_interval_per_step_across_standing_steps() -> None
     assert lease.ask(1.15, 5) == pytest.approx(0.10)  # the step asked again: 50 ms since
     lease.granted(5, 5, 0.04, 3, LEASE_MAX_S, sent_at=1.15)
     assert lease.held == CommitLease(5, 5, 8, pytest.approx(1.25))
+    lease.granted(6, 9, 0.04, 0, LEASE_MAX_S, sent_at=1.3)
+    assert lease.held == CommitLease(6, 9, 9, pytest.approx(1.34))
 
 
 OPTIONS = MembershipOptions(min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0,
@@ -155,7 +157,7 @@ class TestMembershipStanding:
 
     def test_the_leases_of_a_standing_quorum_hold_its_members_for_the_standing_steps(self) -> None:
         self.round(0, 1.0)
-        self.round(1, 1.02)  # each granted two 20 ms intervals and three standing ones: 0.1 s
+        self.round(1, 1.02)  # standing: each granted the longest lease, 0.1 s
         self.m.close_session("b", self.sessions["b"], "SIGKILL")
         assert self.m.join(ask("a", 2, failures=1), 1.03)
         assert self.m.decide(1.1199) is None
