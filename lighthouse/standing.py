@@ -21,7 +21,8 @@ A standing quorum ends early when a step of it does not commit (each participant
 once), on any notice about its quorum, and when one participant asks before its standing ran
 out: the lighthouse then tells the others (``standing_ended``), whose step on the old quorum
 could never complete without it. The price: a lost group's lease is longer, so the survivors'
-next quorum may wait up to one lease (chaos ``standing``: a SIGKILL cost the survivors 0.12 s).
+next quorum may wait up to one lease (chaos ``standing``: a SIGKILL cost the survivors
+0.07-0.12 s).
 """
 
 from __future__ import annotations
