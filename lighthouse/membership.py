@@ -233,15 +233,15 @@ class Membership:
         self._joins[req.replica_id] = _Join(req, Waiting(now, req.shrink_only))
         return True
 
-    def end_standing(self, req: QuorumRequest) -> bool:
-        """Whether ``req`` ends the current quorum's standing: its member asks for a step the
-        quorum stands for, so the others must be told (``standing_ended``)."""
+    def end_standing(self, req: QuorumRequest) -> Quorum | None:
+        """The current quorum if ``req`` ends its standing (its member asks for a step the
+        quorum stands for), so that its others are told (``standing_ended``); else None."""
         if (self._standing_through is None or self.current is None or req.step > self._standing_through
                 or req.replica_id not in self.current.replica_ids):
-            return False
+            return None
         self._standing_through = None
         self._standing_ended = True
-        return True
+        return self.current
 
     def leave(self, replica_id: str, now: float) -> None:
         """The long poll ended without a quorum (deadline or client gone)."""

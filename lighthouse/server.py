@@ -250,8 +250,8 @@ class LighthouseServer:
         """Make ``waiter`` the replica's one wait for a quorum, until ``req.timeout_s``;
         False when the replica has no live session."""
         now = time.monotonic()
-        if self.membership.end_standing(req) and self.membership.current is not None:
-            self._delivery.send_standing_ended(self.membership.current, req, self.incarnation)
+        if (stood := self.membership.end_standing(req)) is not None:
+            self._delivery.send_standing_ended(stood, req, self.incarnation)
         try:
             if not self.membership.join(req, now):
                 return False

@@ -159,7 +159,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
         """What this step's gradients are multiplied by as they enter their buckets: one over
         the contributing groups, so the buckets' SUM is the average. Folded into the copy into
         the bucket as torch's DDP does, it saves the pass over the gradients that dividing the
-        sum would take (~0.4 ms a step at 10 MB). None: nothing to divide by."""
+        sum would take (an in-place divide of 4 MB took 98 µs; the copy with the multiply 85 µs
+        against 80 µs for a plain copy). None: nothing to divide by."""
         if not self._scale_known:
             plan = self._manager.wait_quorum()
             self._scale = 1.0 / plan.num_contributors if plan is not None and plan.num_contributors > 1 else None

@@ -83,8 +83,8 @@ class CollectiveHandle:
     ``Work.wait(slice)`` blocks in C++ with the GIL released: the training thread wakes straight
     from Gloo's signal. A Python done-callback there would have to take the GIL on Gloo's
     thread, and when the training thread let go of it to issue the next bucket it got it back
-    only after the callback: measured 0.9 ms a step of a 10 MB model
-    (benchmarks/step_overhead.py). An NCCL ``Work.wait`` does not block the CPU (it orders the
+    only after the callback: 0.3-0.6 ms a step of a 10 MB model, toggled every 10 steps in the
+    same processes of benchmarks/step_overhead.py. An NCCL ``Work.wait`` does not block the CPU (it orders the
     stream), so there the future's done-callback sets an event that the wait polls.
     """
 

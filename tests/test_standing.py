@@ -122,16 +122,16 @@ class TestMembershipStanding:
         assert first.standing_steps == 0  # a new quorum id: nothing known to hold yet
         second = self.round(1, 1.02)
         assert (second.quorum_id, second.standing_steps) == (first.quorum_id, 3)  # 0.1 s fit 5 of 20 ms, less 2
-        assert not self.m.end_standing(ask("a", 5))  # the step after the standing: an ordinary round
+        assert self.m.end_standing(ask("a", 5)) is None  # the step after the standing: an ordinary round
         third = self.round(5, 1.10)
         assert third.standing_steps == 3
 
     def test_a_member_asking_within_the_standing_ends_it_once(self) -> None:
         self.round(0, 1.0)
         self.round(1, 1.02)
-        assert self.m.end_standing(ask("a", 3))
-        assert not self.m.end_standing(ask("b", 3))  # told once
-        assert not self.m.end_standing(ask("c", 2))  # not a member of the quorum
+        assert self.m.end_standing(ask("a", 3)) is self.m.current
+        assert self.m.end_standing(ask("b", 3)) is None  # told once
+        assert self.m.end_standing(ask("c", 2)) is None  # not a member of the quorum
         before = self.m.current
         assert before is not None
         after = self.round(3, 1.04)
@@ -153,7 +153,7 @@ class TestMembershipStanding:
         self.round(0, 1.0)
         self.round(1, 1.02)
         self.m.close_session("b", self.sessions["b"], "SIGKILL")
-        assert not self.m.end_standing(ask("a", 2))  # the survivors were told it was lost
+        assert self.m.end_standing(ask("a", 2)) is None  # the survivors were told it was lost
 
     def test_the_leases_of_a_standing_quorum_hold_its_members_for_the_standing_steps(self) -> None:
         self.round(0, 1.0)
