@@ -20,7 +20,7 @@ phases are named (``params.phases_ms_<size>mb``, from ``Manager.step_phases``, m
 left after forward, which it overlaps; within a standing quorum, most steps ask nothing:
 lighthouse/standing.py), ``plan`` (applying it, at the first bucket),
 ``allreduce`` (waits on gradient buckets at the end of backward; DDP waits too, so only its
-excess is overhead), ``flag`` (the "ok" flag all-reduce) and ``vote`` (the group's decision:
+excess is overhead), ``flag`` (the "ok" flag's exchange) and ``vote`` (the group's decision:
 within the commit lease its quorum granted, no question to the lighthouse; past it, the
 lighthouse's fence, which a group of one asks from the training thread) in ``step``. ``events`` is the price of the
 event log with a state digest every step: a third run with both on

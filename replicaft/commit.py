@@ -2,8 +2,8 @@
 
 All ranks of a group commit or none: the group's manager server collects one vote per rank
 and answers every rank with the same decision. A rank votes "ok" only if every collective of
-its step succeeded, including the all-reduce of the cross-group "ok" flag, so where that
-flag's collective succeeds every group decides alike.
+its step succeeded, including the exchange of the cross-group "ok" flag (column_flag.py),
+so where that exchange succeeds every group decides alike.
 
 The fence closes the remaining gap: a group that the lighthouse declared lost (hung, then
 resumed; partitioned) must not commit the step it was in, even if its collectives later
@@ -73,7 +73,7 @@ def decide_commit(local: CommitDecision, fence_ok: bool, fence_reason: str) -> C
 
 
 HOLD_FLAG = 1.0 / 1024
-"""A holding healer's share of the "ok" flag sum: exact in float32 and, for fewer than 1024
+"""A holding healer's share of the "ok" flag sum: exact in binary floating point and, for fewer than 1024
 holding ranks, summing to less than one failure (``read_flag``)."""
 
 

@@ -231,8 +231,8 @@ class DistributedDataParallel(nn.Module, StepHooks):
     def before_vote(self) -> None:
         """A step that failed before its backward reduced (the user reported an error and
         skipped backward, or backward raised) still runs the buckets' and buffers' all-reduces,
-        with zeros (step.py): the other groups run them, and the column's next operation, the
-        "ok" flag, would meet one of theirs."""
+        with zeros (step.py): the other groups run them, and the column's next operation (the
+        next step's first bucket) would meet one of theirs."""
         if not self._in_step:
             return
         if self._shards is not None:

@@ -237,7 +237,7 @@ class Manager:
     def should_commit(self, timeout_s: float | None = None) -> bool:
         """End the step: True if every rank of every participating group may apply it. Every
         rank of the group calls it once per step; it blocks for a healer's fetch (bounded), the
-        "ok" flag all-reduce and the group's vote, each under its own deadline (the vote's:
+        "ok" flag's exchange and the group's vote, each under its own deadline (the vote's:
         ``timeout_s`` for this step, default ``collective_timeout_s``)."""
         if timeout_s is not None:
             check_option_number("collective_timeout_s", timeout_s, "should_commit(timeout_s)")

@@ -3,6 +3,8 @@
 Rank ``r`` of every participating group forms one "column" process group. It is rebuilt
 whenever the quorum id changes, under a store prefix that is unique forever
 (``StepPlan.store_prefix``), on a rendezvous store hosted by an up-to-date participant.
+The column's "ok" flag is not one of the group's collectives: it goes over a mesh of sockets
+built beside the group, on the same store (column_flag.py says why).
 
 Why abandon instead of abort. Measured on torch 2.13 (CPU): ``ProcessGroupGloo.abort()``
 returns at once but does not unblock an in-flight all-reduce; a crashed peer gives an
@@ -39,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from lighthouse.plan import StepPlan
+from replicaft.column_flag import FlagError, FlagMesh
 from replicaft.errors import GroupError
 
 logger = logging.getLogger(__name__)
@@ -177,6 +180,7 @@ class FaultTolerantProcessGroup:
         self._pg: dist.ProcessGroup | None = None
         self._pending: list[dist.Work] = []
         self._parked: list[tuple[dist.ProcessGroup, list[dist.Work]]] = []
+        self._flags: FlagMesh | None = None
 
     @property
     def device(self) -> torch.device:
@@ -202,7 +206,15 @@ class FaultTolerantProcessGroup:
                 wait_for_workers=False,
             )
             prefixed = dist.PrefixStore(spec.prefix, store)
+            if self._flags is None:
+                self._flags = FlagMesh(self.host)
+            self._flags.publish(prefixed, spec.rank)
             self._pg = self._create(prefixed, spec.rank, spec.world_size)
+            try:
+                self._flags.connect(prefixed, spec.quorum_id, spec.rank, spec.world_size,
+                                    time.monotonic() + self.connect_timeout_s)
+            except FlagError as e:
+                raise CollectiveError(str(e)) from None
         self.spec = spec
 
     def _create(self, store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
@@ -243,6 +255,24 @@ class FaultTolerantProcessGroup:
         self._pending.append(work)
         return CollectiveHandle(self, work, op)
 
+    def reduce_flag(self, value: float, step: int, deadline: float, abort: threading.Event,
+                    tick: Callable[[], None] | None = None) -> float:
+        """The column's "ok" flag: the sum of every rank's ``value`` for ``step``, exchanged
+        over the column's flag mesh (column_flag.py), not this group; raises CollectiveError
+        (and breaks the group) if it fails."""
+        if self.spec is None:
+            raise CollectiveError("ok flag: the column group is not configured for this quorum")
+        if self.broken is not None:
+            raise CollectiveError(f"ok flag: the column group is broken ({self.broken})")
+        if self._pg is None:
+            return value
+        assert self._flags is not None
+        try:
+            return self._flags.reduce(value, step, deadline, abort, tick)
+        except FlagError as e:
+            self.mark_broken(str(e))
+            raise CollectiveError(str(e)) from None
+
     def mark_broken(self, reason: str) -> None:
         if self.broken is None:
             self.broken = reason
@@ -257,8 +287,13 @@ class FaultTolerantProcessGroup:
     def shutdown(self) -> None:
         self._retire()
         self.spec = None
+        if self._flags is not None:
+            self._flags.close()
+            self._flags = None
 
     def _retire(self) -> None:
+        if self._flags is not None:
+            self._flags.close_peers()
         if self._pg is not None:
             pending = [w for w in self._pending if not w.is_completed()]
             if pending:

@@ -114,7 +114,7 @@ class ShardGradients:
         """A step whose backward ran fewer times than the shards this group owns (it skipped
         backward after an error, or the loop did not take every micro-batch) fails, and reduces
         what it has: the other groups run the step's collectives, and a rank that skipped them
-        would meet theirs with its "ok" flag."""
+        would leave theirs waiting and meet them with its next step's."""
         if not self._active:
             return
         self._active = False

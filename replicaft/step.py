@@ -201,7 +201,7 @@ class StepDriver:
             return ManagedWork(tensor, lambda: s.error is None)
         # A step that already failed (report_error, a fetch that failed) still runs the
         # collectives its peers run, with zeros: a rank that skipped one would meet their next
-        # operation with its own (the "ok" flag), and Gloo aborts the process on the mismatch.
+        # operation with its own (its next step's), and Gloo aborts the process on a mismatch.
         # A broken column refuses the operation at once (CollectiveError below).
         failed = s.error is not None
         if plan.healing or failed:
@@ -241,7 +241,7 @@ class StepDriver:
         group's vote within ``timeout_s`` (or the manager's ``collective_timeout_s``).
 
         Every rank of the group calls it once per step. Blocks for a healer's fetch (bounded),
-        the "ok" flag all-reduce and the group's vote, each under its own deadline.
+        the "ok" flag's exchange and the group's vote, each under its own deadline.
         """
         s = self.current
         plan = self.wait_quorum()
@@ -292,15 +292,14 @@ class StepDriver:
         """The column's "ok" flag (commit.py); None when it cannot be reduced."""
         if plan is None or self._column.broken is not None:
             return None
-        flag = torch.tensor([value], device=self._column.device)
         try:
-            handle = self._column.allreduce(flag, op="ok-flag allreduce")
+            with self.current.timed("flag"):
+                total = self._column.reduce_flag(value, plan.max_step, time.monotonic() + self.options.collective_timeout_s,
+                                                 self._notices.abort, lambda: self._progress.record(self.step))
         except CollectiveError as e:
             self.report_error(e)
             return None
-        if not self._wait_collective(self.current, handle, "flag"):
-            return None
-        reading = read_flag(flag.item())
+        reading = read_flag(total)
         if reading.failures:
             self.report_error(GroupError(f"{reading.failures} participant rank(s) of this column reported a failed step"))
         return reading

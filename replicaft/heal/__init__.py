@@ -15,7 +15,7 @@ donor at most as long again as its own forward and backward. Not the step's whol
 that waited long for its quorum (a peer restarting) or for a slow peer's all-reduce would wait
 as long again.
 
-A healer's wait holds its donors too (in the step's "ok" flag all-reduce), so it is bounded by
+A healer's wait holds its donors too (in the step's "ok" flag exchange), so it is bounded by
 the donors' own time as well: each publishes its last step's own time with its quorum request
 (``own_step_s``), and the healer waits at most the shortest of those and its own. A restarted
 healer's first step runs cold (first touch of its gradient buckets beside the receive): in one

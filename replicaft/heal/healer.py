@@ -272,7 +272,7 @@ def _settle(future: concurrent.futures.Future[HealResult], done: concurrent.futu
 def fetch_wait_s(own_s: float, donors_s: float | None, eta_s: float | None) -> float:
     """How long a healer waits for its fetch at the end of a step whose own time was ``own_s``,
     its donors' last ``donors_s`` (None: none published), the fetch expected in ``eta_s`` (None:
-    no estimate yet). The wait holds the donors (in the "ok" flag all-reduce), so it is bounded
+    no estimate yet). The wait holds the donors (in the "ok" flag exchange), so it is bounded
     by their own time as well as the healer's (``HEAL_WAIT_FRACTION``); but missing a fetch
     that is about to arrive costs more than that: the healer takes another step of zeros, and
     the step it recorded is replayed at the next one while the donors wait in its all-reduce.
