@@ -8,9 +8,12 @@ is two replica groups of one rank each (``replicaft.DistributedDataParallel`` +
 ``replicaft.Optimizer``) plus a lighthouse process, state digests off. A step is timed from
 ``zero_grad`` to the end of ``step`` (so replicaft's quorum, vote and fence are inside it);
 the figure is the median over timed steps of the slower of the two trainers. DDP and
-replicaft runs alternate, three times each per size, 100 timed steps a run, and the medians of
-those runs are compared. (Two runs of 25 steps moved the 10 MB ratio between 1.09x and 1.31x
-from one invocation to the next on this shared machine; the gap being measured is ~2 ms.)
+replicaft runs alternate (``RUNS``: five of 200 timed steps a side at 10 MB, three of 100 at
+100 MB; which side goes first alternates too), and the medians of those runs are compared;
+``params.runs_ms_<size>mb`` keeps every pair, so the spread is in the results. (Two runs of
+25 steps moved the 10 MB ratio between 1.09x and 1.31x from one invocation to the next on
+this shared machine, and three of 100 between 1.18x and 1.21x; the gap being measured is
+1-2 ms of a ~14 ms step, and single pairs of 300 steps ranged 1.03x-1.17x.)
 
 Where the gap goes (``params.gap_ms_<size>mb``). Both sides time the same four calls of every
 step (``zero_grad``, ``forward``, ``backward``, ``step``), so the gap of the mean step splits
@@ -38,7 +41,8 @@ import time
 from benchmarks.processes import ChildProcesses
 from benchmarks.results import BenchmarkResult
 
-SIZES_MB = (10, 100)
+RUNS = {10: (5, 200), 100: (3, 100)}
+"""Per model size in MB: alternating runs a side, and timed steps a run."""
 SEGMENTS = ("zero_grad", "forward", "backward", "step")
 PHASES = ("quorum", "plan", "flag", "vote", "boundary", "allreduce", "total")
 RUN_TIMEOUT_S = 300.0
@@ -83,20 +87,20 @@ async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | N
 
 
 def run(*, quick: bool) -> BenchmarkResult:
-    steps = 8 if quick else 100
-    repeats = 1 if quick else 3
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
     compared: dict[str, str] = {}
-    params: dict[str, object] = {"steps": steps, "repeats": repeats, "sizes_mb": list(SIZES_MB)}
+    runs = {size: (1, 8) if quick else counts for size, counts in RUNS.items()}
+    params: dict[str, object] = {"runs_and_steps": {f"{size}mb": list(counts) for size, counts in runs.items()}}
     notes = ["milliseconds per step, median; 2 trainer processes on both sides; replicaft adds a lighthouse process"]
-    for size in SIZES_MB:
+    for size, (repeats, steps) in runs.items():
         ours, theirs, logged = [], [], []
-        for _ in range(repeats):
-            theirs.append(asyncio.run(_one_run("ddp", size, steps)))
-            ours.append(asyncio.run(_one_run("replicaft", size, steps)))
+        for repeat in range(repeats):
+            for mode in ("ddp", "replicaft") if repeat % 2 == 0 else ("replicaft", "ddp"):
+                (theirs if mode == "ddp" else ours).append(asyncio.run(_one_run(mode, size, steps)))
             with tempfile.TemporaryDirectory(prefix="step-overhead-events-") as events_dir:
                 logged.append(asyncio.run(_one_run("replicaft", size, steps, events_dir=events_dir)))
+        params[f"runs_ms_{size}mb"] = [[round(d * 1000, 3), round(o * 1000, 3)] for (d, _), (o, _) in zip(theirs, ours, strict=True)]
         ours_ms = statistics.median(t for t, _ in ours) * 1000
         figures[f"step_time_{size}mb"] = ours_ms
         figures[f"step_time_events_{size}mb"] = statistics.median(t for t, _ in logged) * 1000

@@ -10,8 +10,9 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from lighthouse.errors import DuplicateReplica
+from lighthouse.errors import DuplicateReplica, QuorumTooLarge
 from lighthouse.liveness import GAP_WINDOW, LivenessRules, Silence, beyond_limit, silence_limit
+from lighthouse.protocol import FenceRequest, FenceResponse
 
 logger = logging.getLogger(__name__)
 
@@ -112,3 +113,26 @@ def duplicate_refusal(old: MemberState, replica_id: str, instance: str, now: flo
         f"{instance!r}{', from ' + peer if peer else ''}) is refused. Two processes are using one replica id: give "
         "each replica group its own REPLICAFT_REPLICA_ID, or stop the other process"
     )
+
+
+def budget_refusal(replica_id: str, address: str, entry: int, total: int, members: int, budget: int) -> QuorumTooLarge:
+    """The error for a join whose quorum entry of ``entry`` bytes would take the ``members``'
+    total to ``total``, past the ``budget`` of one gRPC message."""
+    return QuorumTooLarge(
+        f"replica {replica_id!r} asks to join with a {entry}-byte quorum entry (data of "
+        f"{entry - entry_bytes(replica_id, address, b'')} bytes), which would make a quorum of "
+        f"the {members} members {total} bytes, over the {budget}-byte budget "
+        f"that one gRPC message allows; send less data per member (on average "
+        f"{budget // max(members, 1)} bytes an entry fit) or run fewer groups"
+    )
+
+
+def fence_answer(member: MemberState | None, current_quorum_id: int | None, req: FenceRequest) -> FenceResponse:
+    """A group may commit only while its quorum is the current one and it is in it."""
+    if member is None:
+        return FenceResponse(False, f"replica {req.replica_id!r} has no live session (declared lost)")
+    if current_quorum_id != req.quorum_id:
+        return FenceResponse(False, f"quorum {req.quorum_id} is not current (current: {current_quorum_id})")
+    if member.quorum_id != req.quorum_id:
+        return FenceResponse(False, f"replica {req.replica_id!r} is not a member of quorum {req.quorum_id}")
+    return FenceResponse(True)

@@ -39,9 +39,16 @@ import msgpack
 
 from lighthouse.commit_lease import CommitLeases
 from lighthouse.envelope import MAX_MESSAGE_BYTES
-from lighthouse.errors import QuorumTooLarge
 from lighthouse.liveness import LivenessRules, heartbeat_floor_s, paced_interval
-from lighthouse.members import Lost, MemberState, QuorumRecord, duplicate_refusal, entry_bytes
+from lighthouse.members import (
+    Lost,
+    MemberState,
+    QuorumRecord,
+    budget_refusal,
+    duplicate_refusal,
+    entry_bytes,
+    fence_answer,
+)
 from lighthouse.options import MembershipOptions
 from lighthouse.protocol import (
     FenceRequest,
@@ -53,7 +60,7 @@ from lighthouse.protocol import (
     Register,
 )
 from lighthouse.quorum import QuorumDecision, QuorumRules, QuorumView, Waiting, decide_quorum
-from lighthouse.standing import standing_steps
+from lighthouse.standing import StandingTerm, standing_steps
 
 HISTORY_LENGTH = 64
 QUORUM_BUDGET_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
@@ -93,11 +100,7 @@ class Membership:
     _liveness: LivenessRules = field(init=False)
     """``options.liveness``, built once: members cache their silence limit per rules object."""
     _commit_leases: CommitLeases = field(init=False)
-    _standing_through: int | None = None
-    """The last standing step of ``current`` (standing.py); None: it does not stand."""
-    _standing_ended: bool = False
-    """A member ended ``current``'s standing: the next quorum gets a new id, so that the
-    ``standing_ended`` notice, which names ``current``, cannot abort a step of it."""
+    _standing: StandingTerm = field(default_factory=StandingTerm)
 
     def __post_init__(self) -> None:
         self._liveness = self.options.liveness
@@ -219,13 +222,7 @@ class Membership:
         entry = entry_bytes(req.replica_id, req.address, msgpack.packb(req.data, use_bin_type=True) if req.data else b"")
         total = self._entry_bytes - m.entry_bytes + entry
         if total > QUORUM_BUDGET_BYTES:
-            raise QuorumTooLarge(
-                f"replica {req.replica_id!r} asks to join with a {entry}-byte quorum entry (data of "
-                f"{entry - entry_bytes(req.replica_id, req.address, b'')} bytes), which would make a quorum of "
-                f"the {len(self.members)} members {total} bytes, over the {QUORUM_BUDGET_BYTES}-byte budget "
-                f"that one gRPC message allows; send less data per member (on average "
-                f"{QUORUM_BUDGET_BYTES // max(len(self.members), 1)} bytes an entry fit) or run fewer groups"
-            )
+            raise budget_refusal(req.replica_id, req.address, entry, total, len(self.members), QUORUM_BUDGET_BYTES)
         self._set_entry_bytes(m, entry)
         m.heard(now)
         m.last_progress = now
@@ -234,14 +231,8 @@ class Membership:
         return True
 
     def end_standing(self, req: QuorumRequest) -> Quorum | None:
-        """The current quorum if ``req`` ends its standing (its member asks for a step the
-        quorum stands for), so that its others are told (``standing_ended``); else None."""
-        if (self._standing_through is None or self.current is None or req.step > self._standing_through
-                or req.replica_id not in self.current.replica_ids):
-            return None
-        self._standing_through = None
-        self._standing_ended = True
-        return self.current
+        """The current quorum if ``req`` ends its standing (standing.py); else None."""
+        return self._standing.end(req, self.current)
 
     def leave(self, replica_id: str, now: float) -> None:
         """The long poll ended without a quorum (deadline or client gone)."""
@@ -300,7 +291,7 @@ class Membership:
             return None
         joins = [self._joins.pop(rid) for rid in decision.participants]
         failures = any(j.request.commit_failures > 0 for j in joins)
-        if self.current is None or sessions != self._current_sessions or failures or self._standing_ended:
+        if self.current is None or sessions != self._current_sessions or failures or self._standing.ended:
             quorum_id = self._next_quorum_id
             self._next_quorum_id += 1
             standing = 0
@@ -323,8 +314,7 @@ class Membership:
         )
         self._commit_leases.grant({j.request.replica_id: (self.members[j.request.replica_id].session, j.request.commit_lease_s)
                                    for j in joins}, now, standing)
-        self._standing_through = joins[0].request.step + standing if standing else None
-        self._standing_ended = False
+        self._standing.grant(joins[0].request.step, standing)
         for rid in decision.participants:  # the floor is announced with the quorum; intervals only grow
             m = self.members[rid]
             m.heartbeat_interval_s = paced_interval(m.heartbeat_interval_s, len(self.members))
@@ -360,17 +350,7 @@ class Membership:
 
     def fence(self, req: FenceRequest) -> FenceResponse:
         """A group may commit only while its quorum is the current one and it is in it."""
-        m = self.members.get(req.replica_id)
-        if m is None:
-            return FenceResponse(False, f"replica {req.replica_id!r} has no live session (declared lost)")
-        if self.current is None or self.current.quorum_id != req.quorum_id:
-            current = None if self.current is None else self.current.quorum_id
-            return FenceResponse(False, f"quorum {req.quorum_id} is not current (current: {current})")
-        if m.quorum_id != req.quorum_id:
-            return FenceResponse(
-                False, f"replica {req.replica_id!r} is not a member of quorum {req.quorum_id}"
-            )
-        return FenceResponse(True)
+        return fence_answer(self.members.get(req.replica_id), None if self.current is None else self.current.quorum_id, req)
 
     def _resume_progress_clock(self, replica_id: str, now: float) -> None:
         # Time spent waiting for a quorum is not time without progress: restart the progress
@@ -386,7 +366,7 @@ class Membership:
 
     def _remove(self, m: MemberState, reason: str, *, graceful: bool = False) -> list[Lost]:
         del self.members[m.replica_id]
-        self._standing_through = None  # the survivors' aborted step asks again anyway
+        self._standing.through = None  # the survivors' aborted step asks again anyway
         self._entry_bytes -= m.entry_bytes
         self._survivors = None
         self._joins.pop(m.replica_id, None)

@@ -220,11 +220,8 @@ class LighthouseServer:
         result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         waiter = Waiter.on_future(req, result)
         if not self._join(req, waiter):
-            await context.abort(
-                grpc.StatusCode.NOT_FOUND,
-                f"replica {req.replica_id!r} has no open session; open a Session before "
-                "asking for a quorum",
-            )
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"replica {req.replica_id!r} has no open session; open a Session before asking for a quorum")
         try:
             return await result
         except WaitFailed as e:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from lighthouse.commit_lease import LEASE_STEPS
 
 if TYPE_CHECKING:  # protocol.py imports the bound below
-    from lighthouse.protocol import Quorum
+    from lighthouse.protocol import Quorum, QuorumRequest
 
 MAX_STANDING_STEPS = 8
 """At most this many standing steps follow a round, however fast the steps."""
@@ -74,3 +74,29 @@ class StandingQuorum:
             return None
         self.next_step += 1
         return dataclasses.replace(self.quorum, steps=(step,) * len(self.quorum.steps), standing_steps=0)
+
+
+@dataclass(slots=True)
+class StandingTerm:
+    """The lighthouse's record of how far the current quorum stands (Membership's)."""
+
+    through: int | None = None
+    """The last standing step; None: the current quorum does not stand."""
+    ended: bool = False
+    """A member ended the standing early: the next quorum gets a new id, so that the
+    ``standing_ended`` notice, which names the current one, cannot abort a step of it."""
+
+    def grant(self, step: int, standing: int) -> None:
+        """A quorum formed for ``step`` with ``standing`` steps to follow."""
+        self.through = step + standing if standing else None
+        self.ended = False
+
+    def end(self, req: QuorumRequest, current: Quorum | None) -> Quorum | None:
+        """``current`` if ``req`` ends its standing (its member asks for a step the quorum
+        stands for), so that its others are told (``standing_ended``); else None."""
+        if (self.through is None or current is None or req.step > self.through
+                or req.replica_id not in current.replica_ids):
+            return None
+        self.through = None
+        self.ended = True
+        return current
