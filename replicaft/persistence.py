@@ -78,6 +78,28 @@ SAVE_TIMEOUT_S = 600.0
 long at most for the previous one (every rank must save the same steps)."""
 
 
+class PreemptionFlag:
+    """Raised once, by the SIGTERM handler or a preemption notice's thread; read by the step.
+
+    Raising it takes no lock. A ``threading.Event`` did (its ``set()`` holds a lock), and a
+    second SIGTERM delivered while the first one's handler was inside ``set()`` (the sender's
+    and torchrun's forwarded one arrive together) ran the handler again on the same thread,
+    which then waited for that lock forever: in chaos ``every_fault_w2`` one rank of a group
+    never left, and py-spy showed ``_on_sigterm`` inside ``_on_sigterm``, both in ``Event.set``.
+    """
+
+    __slots__ = ("_raised",)
+
+    def __init__(self) -> None:
+        self._raised = False
+
+    def set(self) -> None:
+        self._raised = True
+
+    def is_set(self) -> bool:
+        return self._raised
+
+
 class Persistence:
     def __init__(self, options: ManagerOptions, emit: Callable[..., None], spare: SpareBuffer) -> None:
         self.options = options
@@ -86,7 +108,7 @@ class Persistence:
         """Shared with the donor's live snapshots (snapshot.py)."""
         self._writer: CheckpointWriter | None = None
         self._reader: CheckpointReader | None = None
-        self.preempted = threading.Event()
+        self.preempted = PreemptionFlag()
         self.preemption_reason = "SIGTERM"
         """What raised ``preempted`` first: SIGTERM, or a notice naming its source."""
         self._noticed_at: float | None = None
