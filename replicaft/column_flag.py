@@ -71,6 +71,17 @@ class FlagMesh:
         peer waits for it)."""
         store.set(f"flag/{rank}", self.address)
 
+    def await_peers(self, store: dist.Store, world_size: int, deadline: float, abort: threading.Event) -> None:
+        """Return once every rank of the column has published (``publish``); raises FlagError
+        when ``abort`` is set or at ``deadline``, naming the ranks that have not."""
+        keys = [f"flag/{rank}" for rank in range(world_size)]
+        # Polled: a TCPStore wait that times out logs two warnings, every slice.
+        while not store.check(keys):
+            if abort.wait(WAIT_POLL_S) or time.monotonic() >= deadline:
+                missing = [rank for rank, key in enumerate(keys) if not store.check([key])]
+                why = "a member of the quorum was lost" if abort.is_set() else "the deadline passed"
+                raise FlagError(f"column rendezvous abandoned ({why}): rank(s) {missing} never published")
+
     def connect(self, store: dist.Store, quorum_id: int, rank: int, world_size: int, deadline: float) -> None:
         """Open the quorum's mesh, closing the last one's: every rank of the column calls it;
         returns once every peer is connected, or raises FlagError at ``deadline``."""

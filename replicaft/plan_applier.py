@@ -74,7 +74,7 @@ class PlanApplier:
         column = self._column
         reconfigured = column.spec is None or column.spec.quorum_id != plan.quorum_id or column.broken is not None
         if reconfigured:
-            column.configure(ColumnSpec.for_plan(plan, self._options.group_rank))
+            column.configure(ColumnSpec.for_plan(plan, self._options.group_rank), self._notices.abort)
         self._emit("quorum", quorum_id=plan.quorum_id, latency_s=answer.latency_s, num_replicas=plan.num_replicas,
                    replica_rank=plan.replica_rank, max_step=plan.max_step, healing=plan.healing,
                    participants=[m.replica_id for m in plan.participants], reconfigured=reconfigured)

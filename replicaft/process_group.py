@@ -191,8 +191,14 @@ class FaultTolerantProcessGroup:
     def size(self) -> int:
         return 0 if self.spec is None else self.spec.world_size
 
-    def configure(self, spec: ColumnSpec) -> None:
-        """Build the group for a new quorum (blocks for the rendezvous, bounded by connect_timeout_s)."""
+    def configure(self, spec: ColumnSpec, abort: threading.Event | None = None) -> None:
+        """Build the group for a new quorum (blocks for the rendezvous, bounded by connect_timeout_s).
+
+        Every rank first waits, abortably, until all have published their flag addresses:
+        Gloo's rendezvous, which follows, cannot be interrupted, and a member that died after
+        the quorum formed never joins it, so entering it waited out the whole connect timeout
+        (chaos ``every_fault``: a donor killed as it began serving a heal cost the others
+        10 s). Set, ``abort`` (a member of the quorum was lost) ends that wait at once."""
         self._retire()
         self.spec = None
         self.broken = None
@@ -209,10 +215,14 @@ class FaultTolerantProcessGroup:
             if self._flags is None:
                 self._flags = FlagMesh(self.host)
             self._flags.publish(prefixed, spec.rank)
+            deadline = time.monotonic() + self.connect_timeout_s
+            try:
+                self._flags.await_peers(prefixed, spec.world_size, deadline, abort or threading.Event())
+            except FlagError as e:
+                raise CollectiveError(str(e)) from None
             self._pg = self._create(prefixed, spec.rank, spec.world_size)
             try:
-                self._flags.connect(prefixed, spec.quorum_id, spec.rank, spec.world_size,
-                                    time.monotonic() + self.connect_timeout_s)
+                self._flags.connect(prefixed, spec.quorum_id, spec.rank, spec.world_size, deadline)
             except FlagError as e:
                 raise CollectiveError(str(e)) from None
         self.spec = spec

@@ -176,3 +176,26 @@ def test_a_sigkilled_column_peer_fails_the_column_groups_flag_at_once(store: dis
     with pytest.raises(CollectiveError, match="the column group is broken"):
         rank0.reduce_flag(0.0, 1, started + DEADLINE_S, threading.Event())
     rank0.shutdown()
+
+
+@pytest.mark.parametrize("ending", ["abort", "deadline"])
+def test_a_member_that_never_joins_ends_the_rendezvous_at_the_abort_or_the_deadline(store: dist.TCPStore,
+                                                                                    ending: str) -> None:
+    """A member that died after its quorum formed never publishes; Gloo's rendezvous could not
+    be interrupted, so the wait before it is where a lost member's notice ends it."""
+    address = f"127.0.0.1:{store.port}"
+    rank0 = FaultTolerantProcessGroup("gloo", collective_timeout_s=DEADLINE_S,
+                                      connect_timeout_s=DEADLINE_S if ending == "abort" else 0.3)
+    abort = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        configured = pool.submit(rank0.configure, ColumnSpec(address, "never-joins", 0, 2, quorum_id=3), abort)
+        if ending == "abort":
+            store.wait(["never-joins/flag/0"])  # rank 0 is waiting for rank 1 now
+            abort.set()
+        started = time.monotonic()
+        why = "a member of the quorum was lost" if ending == "abort" else "the deadline passed"
+        with pytest.raises(CollectiveError, match=rf"column rendezvous abandoned \({why}\): rank\(s\) \[1\] never published"):
+            configured.result(timeout=DEADLINE_S)
+    assert time.monotonic() - started < DEADLINE_S / 2
+    assert rank0.spec is None  # the next quorum configures afresh
+    rank0.shutdown()
