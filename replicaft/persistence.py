@@ -59,7 +59,7 @@ from replicaft.checkpoint.telemetry import CheckpointTelemetry
 from replicaft.content import BufferHashes
 from replicaft.errors import OptionsError
 from replicaft.options import ManagerOptions
-from replicaft.preemption import PreemptionWatcher, parse_notice_source
+from replicaft.preemption import PreemptionFlag, PreemptionWatcher, parse_notice_source
 from replicaft.state import flatten
 from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
 from replicaft.transfer.spare import SpareBuffer
@@ -76,28 +76,6 @@ STATE_NAME = "checkpoint"
 SAVE_TIMEOUT_S = 600.0
 """W > 1: the writer group's collectives time out after this long, and a due save waits this
 long at most for the previous one (every rank must save the same steps)."""
-
-
-class PreemptionFlag:
-    """Raised once, by the SIGTERM handler or a preemption notice's thread; read by the step.
-
-    Raising it takes no lock. A ``threading.Event`` did (its ``set()`` holds a lock), and a
-    second SIGTERM delivered while the first one's handler was inside ``set()`` (the sender's
-    and torchrun's forwarded one arrive together) ran the handler again on the same thread,
-    which then waited for that lock forever: in chaos ``every_fault_w2`` one rank of a group
-    never left, and py-spy showed ``_on_sigterm`` inside ``_on_sigterm``, both in ``Event.set``.
-    """
-
-    __slots__ = ("_raised",)
-
-    def __init__(self) -> None:
-        self._raised = False
-
-    def set(self) -> None:
-        self._raised = True
-
-    def is_set(self) -> bool:
-        return self._raised
 
 
 class Persistence:

@@ -263,3 +263,25 @@ class PreemptionWatcher:
 def _text(response: Any) -> str:
     body: bytes = response.read(MAX_BODY_BYTES)
     return body.decode("utf-8", errors="replace")
+
+
+class PreemptionFlag:
+    """Raised once, by the SIGTERM handler or a preemption notice's thread; read by the step.
+
+    Raising it takes no lock. A ``threading.Event`` did (its ``set()`` holds a lock), and a
+    second SIGTERM delivered while the first one's handler was inside ``set()`` (the sender's
+    and torchrun's forwarded one arrive together) ran the handler again on the same thread,
+    which then waited for that lock forever: in chaos ``every_fault_w2`` one rank of a group
+    never left, and py-spy showed ``_on_sigterm`` inside ``_on_sigterm``, both in ``Event.set``.
+    """
+
+    __slots__ = ("_raised",)
+
+    def __init__(self) -> None:
+        self._raised = False
+
+    def set(self) -> None:
+        self._raised = True
+
+    def is_set(self) -> bool:
+        return self._raised
