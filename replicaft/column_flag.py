@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from replicaft.commit import HOLD_FLAG
 from replicaft.transfer.donors import host_port
+from replicaft.transfer.wire import recv_exact_into
 
 logger = logging.getLogger(__name__)
 
@@ -108,13 +109,14 @@ class FlagMesh:
             self._by_fd[sock.fileno()] = peer
 
     def _admit(self, sock: socket.socket, quorum_id: int, rank: int, world_size: int, deadline: float) -> None:
+        hello = bytearray(HELLO.size)
         try:
-            sock.settimeout(_left(deadline))
-            magic, quorum, peer = HELLO.unpack(_recv_exact(sock, HELLO.size))
-        except (OSError, EOFError) as e:
+            recv_exact_into(sock, memoryview(hello), deadline)
+        except OSError as e:
             logger.warning("ok-flag mesh of quorum %d: dropped a connection that sent no hello (%s)", quorum_id, e)
             sock.close()
             return
+        magic, quorum, peer = HELLO.unpack(hello)
         if magic != MAGIC or quorum != quorum_id or not rank < peer < world_size or peer in self._peers:
             logger.warning("ok-flag mesh of quorum %d: dropped a hello for quorum %d from rank %d (magic %r)",
                            quorum_id, quorum, peer, magic)
@@ -198,13 +200,3 @@ def _left(deadline: float) -> float:
     if left <= 0:
         raise TimeoutError("the deadline passed")
     return left
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise EOFError(f"the connection closed after {len(data)} of {n} bytes")
-        data += chunk
-    return data
