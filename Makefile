@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test lint bench clean
+.PHONY: venv demo test lint bench docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,5 +26,16 @@ test: venv
 bench: venv
 	$(PY) -m benchmarks all --quick
 
+# The docs site (docs/, Sphinx + MyST): warnings are errors, then every internal link and
+# anchor of the built pages is checked (docs/check_links.py). Open docs/_build/html/index.html.
+$(VENV)/.docs-installed: $(VENV)/.installed
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[docs]'
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	rm -rf docs/_build
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
+	$(PY) docs/check_links.py docs/_build/html
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache docs/_build

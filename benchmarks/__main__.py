@@ -1,7 +1,7 @@
 """``python -m benchmarks {<name>,all,list,summary} [--quick]``: run and record benchmarks.
 
 The registry maps each benchmark's name to its module, imported only when that benchmark
-runs, so listing benchmarks or rebuilding the summary never imports grpc or torch.
+runs, so listing benchmarks or printing the summary never imports grpc or torch.
 ``--quick`` trades samples for time (each benchmark under a minute) and is recorded in the
 result's params, since it writes the same results file as a full run.
 """
@@ -9,40 +9,23 @@ result's params, since it writes the same results file as a full run.
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib
-import importlib.util
 import sys
 import textwrap
 import traceback
 from pathlib import Path
 
+from benchmarks.registry import BENCHMARKS, describe
 from benchmarks.results import (
     RESULTS_DIR,
     BenchmarkUnavailable,
     format_table,
     machine_info,
     now_utc,
+    read_records,
+    summary_table,
     write_result,
-    write_summary,
 )
-
-BENCHMARKS: dict[str, str] = {
-    "failover": "benchmarks.failover",
-    "checkpoint": "benchmarks.checkpoint",
-    "checkpoint_storage": "benchmarks.checkpoint_storage",
-    "deterministic": "benchmarks.deterministic",
-    "diloco": "benchmarks.diloco",
-    "diloco_wire": "benchmarks.diloco_wire",
-    "gpu": "benchmarks.gpu",
-    "heal": "benchmarks.heal",
-    "lighthouse": "benchmarks.lighthouse",
-    "lighthouse_ha": "benchmarks.lighthouse_ha",
-    "recovery": "benchmarks.recovery",
-    "step_overhead": "benchmarks.step_overhead",
-    "torchft_suite": "benchmarks.torchft_suite",
-}
-"""name -> module exposing ``run(*, quick: bool) -> BenchmarkResult``."""
 
 COMMANDS = ("all", "list", "summary")
 
@@ -62,28 +45,19 @@ def run_one(name: str, *, quick: bool, results_dir: Path) -> Path:
     return path
 
 
-def _describe(name: str) -> str:
-    """The first docstring line of a benchmark module, without importing it (grpc, torch)."""
-    spec = importlib.util.find_spec(BENCHMARKS[name])
-    if spec is None or spec.origin is None:
-        return ""
-    doc = ast.get_docstring(ast.parse(Path(spec.origin).read_text())) or ""
-    return doc.splitlines()[0] if doc else ""
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     p.add_argument("target", choices=[*BENCHMARKS, *COMMANDS],
-                   help="a benchmark name, 'all', 'list', or 'summary' (rebuild SUMMARY.md only)")
+                   help="a benchmark name, 'all', 'list', or 'summary' (print every recorded figure)")
     p.add_argument("--quick", action="store_true", help="fewer samples; each benchmark under a minute")
     p.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
-                   help="where <name>.json and SUMMARY.md go (default: %(default)s)")
+                   help="where <name>.json goes (default: %(default)s)")
     args = p.parse_args(argv)
 
     if args.target == "list":
         width = max(map(len, BENCHMARKS))
         for name in BENCHMARKS:
-            print(f"{name:{width}}  {_describe(name)}")
+            print(f"{name:{width}}  {textwrap.shorten(describe(name), 110)}")
         return 0
     failed, unavailable = [], []
     if args.target != "summary":
@@ -97,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
                 print(f"benchmark {name!r} failed; its results file was not updated", file=sys.stderr)
                 failed.append(name)
-    print(f"summary: {write_summary(args.results_dir)}")
+    if args.target == "summary":
+        print("\n".join(summary_table(read_records(args.results_dir))))
     # ``all`` on a machine without a GPU is a success; asking for the one benchmark it cannot run is not.
     return 1 if failed or (unavailable and args.target != "all") else 0
 

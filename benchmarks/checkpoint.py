@@ -38,9 +38,9 @@ from torch import nn
 
 from benchmarks.results import BenchmarkResult
 from replicaft.checkpoint import CheckpointReader
-from replicaft.options import ManagerOptions
-from replicaft.persistence import Persistence
-from replicaft.state import flatten
+from replicaft.config.options import ManagerOptions
+from replicaft.persistence.duties import Persistence
+from replicaft.state.flat import flatten
 from replicaft.transfer.client import fetch_state
 from replicaft.transfer.donors import Donor
 from replicaft.transfer.server import StateServer
@@ -56,7 +56,7 @@ class Trainer:
     """A model, AdamW and the manager's step order around ``Persistence``.
 
     On ``device="cuda"`` (``python -m benchmarks gpu``) the state lives in GPU memory, the save
-    captures it through the copy stream (replicaft/device.py), and every step ends with
+    captures it through the copy stream (replicaft/transfer/device.py), and every step ends with
     ``torch.cuda.synchronize()``, so that its time is its kernels', not their launch."""
 
     def __init__(self, width: int, layers: int, directory: Path, device: str = "cpu") -> None:

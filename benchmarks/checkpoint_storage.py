@@ -70,10 +70,10 @@ from replicaft.checkpoint import CheckpointWriter, SaveResult
 from replicaft.checkpoint.chunks import ChunkCodec
 from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.objectstore import ObjectStore
-from replicaft.content import CHUNK_BYTES
-from replicaft.options import ManagerOptions
-from replicaft.persistence import Persistence
-from replicaft.state import flatten
+from replicaft.config.options import ManagerOptions
+from replicaft.persistence.duties import Persistence
+from replicaft.state.content import CHUNK_BYTES
+from replicaft.state.flat import flatten
 from replicaft.transfer.snapshot import Snapshot
 from replicaft.transfer.spare import SpareBuffer
 
@@ -226,7 +226,7 @@ def measure_increments(run: GPTRun, root: Path, repeats: int) -> dict[str, list[
     """Full and incremental saves of the same states: bytes and seconds of each, the changed bytes,
     and each writer's capture seconds. Each writer captures into the buffer of its own previous
     snapshot, as Persistence does, so a piece that did not change is neither copied nor hashed
-    again (replicaft/content.py); the capture's compare is counted in its capture seconds."""
+    again (replicaft/state/content.py); the capture's compare is counted in its capture seconds."""
     out: dict[str, list[float]] = {"full_bytes": [], "full_s": [], "incr_bytes": [], "incr_s": [], "changed": [],
                                    "full_capture_s": [], "incr_capture_s": []}
     with (CheckpointWriter(root / "full", chain_length=1, keep_last=2) as full,

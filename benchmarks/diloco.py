@@ -45,7 +45,7 @@ from benchmarks.results import (
     write_result,
 )
 from chaos.network import NetworkLab
-from replicaft.events import read_events_dir
+from replicaft.telemetry.events import read_events_dir
 
 REPO = Path(__file__).resolve().parent.parent
 GROUPS = ("g0", "g1", "g2")

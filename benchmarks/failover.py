@@ -34,7 +34,7 @@ cost the survivors 2.64 s in the demo), and the SIGKILL figure of the same run i
 beside it (``hung_lost_s_vs_sigkill``), since a SIGKILL is detected at once and so is the
 floor for any failure. The stopped process is SIGKILLed when its run ends. The hung runs
 warm up for 40 steps, not 10: the lighthouse's limit for a member is its longest recent gap
-between messages plus two heartbeat intervals (lighthouse/liveness.py), and the window of
+between messages plus two heartbeat intervals (lighthouse/rules/liveness.py), and the window of
 gaps should hold steady training; right after start-up it still holds start-up's scheduling
 delays on this loaded machine, and a SIGSTOP there cost survivors ~0.5 s in trial runs.
 """

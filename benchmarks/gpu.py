@@ -14,7 +14,7 @@ Without CUDA (``torch.cuda.is_available()`` false) ``run`` measures nothing: it 
 ``BenchmarkUnavailable`` ("needs CUDA ..."), the runner says so, exits 1 and writes no
 ``gpu.json``, so a result from a GPU machine is never overwritten by a figure-less one (and
 ``python -m benchmarks all`` goes on with the others). Every measuring function takes a
-``device``: tests/test_benchmark_gpu.py drives the same code on ``"cpu"`` with tiny sizes, so
+``device``: tests/benchmarks/test_benchmark_gpu.py drives the same code on ``"cpu"`` with tiny sizes, so
 the CPU-only machines this project is built on check it end to end; only the numbers need a GPU.
 
 **Figures** (each beside its baseline from the same run; the ratio is what the target is about):
@@ -23,7 +23,7 @@ the CPU-only machines this project is built on check it end to end; only the num
   moments, ``GPU.heal_model``: 1 GB) that lives in GPU memory (copied out through the copy
   stream into pinned host memory, as a donor's manager does for device state); the real heal
   client (``fetch_state``) lands it into the healer's own device tensors in place, through
-  pinned staging buffers and the copy stream (replicaft/device.py: ``CudaCopyStream``,
+  pinned staging buffers and the copy stream (replicaft/transfer/device.py: ``CudaCopyStream``,
   ``StagingPool``, ``StagedWriter``), every chunk checked against the manifest's digest. Timed in
   the healer from the call to the bytes being in device memory, the donor idle; median over
   repeats after a warm-up heal, whose healed state's digest must equal the donor's.
@@ -83,7 +83,7 @@ from benchmarks import checkpoint, step_overhead
 from benchmarks.processes import REPO_ROOT, Child, ChildProcesses
 from benchmarks.recovery import _wait_for
 from benchmarks.results import BenchmarkResult, BenchmarkUnavailable
-from replicaft.events import EventTail
+from replicaft.telemetry.events import EventTail
 
 NEEDS_CUDA = ("needs CUDA (torch.cuda.is_available() is false): run `python -m benchmarks gpu` on a machine "
               "with an NVIDIA GPU and a CUDA build of torch")

@@ -9,7 +9,7 @@ state differs until it heals. Commands are JSON lines on stdin; answers are JSON
 
 * ``donor``: a real ``StateServer`` on 127.0.0.1. ``{"op": "serve", "digest": bool}``: at
   the next step boundary, copy the state out of device memory (``Snapshot.capture``: on CUDA
-  through the copy stream into pinned host memory, replicaft/device.py, as a donor's manager
+  through the copy stream into pinned host memory, replicaft/transfer/device.py, as a donor's manager
   does for device state; the host buffer is reused from serve to serve), publish it (the
   previous one retired) and answer ``serving`` (address, step, bytes, the capture's start and
   seconds, and the state's digest when asked: hashing is slow, so only the idle heals ask).
@@ -37,9 +37,9 @@ import torch
 from torch import nn
 
 from benchmarks.heal_worker import commands, emit
-from replicaft.device import HostCopyStream
-from replicaft.state import digest, flatten
+from replicaft.state.flat import digest, flatten
 from replicaft.transfer.client import fetch_state
+from replicaft.transfer.device import HostCopyStream
 from replicaft.transfer.donors import Donor
 from replicaft.transfer.server import StateServer
 from replicaft.transfer.snapshot import Snapshot

@@ -34,7 +34,7 @@ the healer's link is not shaped. The healer fetches the same state from 1, 2 and
 link is measured in the same run as the per-link reference. Namespaces are deleted in
 ``finally``; where they cannot be created, this part is skipped and the notes say why.
 
-**TLS.** The same run measures the heal over TLS (lighthouse/tls.py: mutual, the throw-away
+**TLS.** The same run measures the heal over TLS (lighthouse/tls/files.py: mutual, the throw-away
 CA's ECDSA P-256 certificate, whatever cipher OpenSSL negotiates, AES-GCM with AES-NI here):
 each donor also serves its live state on a TLS listener, and ``replicaft_1_tls`` heals from one
 donor over it as ``replicaft_1`` does in plaintext; ``raw_tls`` is the raw receiver over TLS
@@ -65,8 +65,8 @@ from typing import Any
 
 from benchmarks.processes import Child, ChildProcesses
 from benchmarks.results import BenchmarkResult
-from lighthouse.throwaway_ca import make_throwaway_ca
-from replicaft.options import HEAL_CONNECTIONS
+from lighthouse.tls.throwaway_ca import make_throwaway_ca
+from replicaft.config.options import HEAL_CONNECTIONS
 
 MIB = 1 << 20
 LOOPBACK_SIZES = {"100mb": 100 * MIB, "1gb": 1024 * MIB}

@@ -74,10 +74,10 @@ def commands() -> Any:
 
 
 def tls_files(args: argparse.Namespace) -> Any:
-    """The benchmark's TLS files (lighthouse.tls.TlsFiles), or None without ``--tls-dir``."""
+    """The benchmark's TLS files (lighthouse.tls.files.TlsFiles), or None without ``--tls-dir``."""
     if not args.tls_dir:
         return None
-    from lighthouse.tls import TlsFiles
+    from lighthouse.tls.files import TlsFiles
 
     d = args.tls_dir
     return TlsFiles(cert=os.path.join(d, "cert.pem"), key=os.path.join(d, "key.pem"), ca=os.path.join(d, "ca.pem"))
@@ -135,7 +135,7 @@ def state_bytes(state: Any) -> int:
 
 
 def donor(args: argparse.Namespace) -> None:
-    from replicaft.state import flatten
+    from replicaft.state.flat import flatten
     from replicaft.transfer.live import LiveSnapshot
     from replicaft.transfer.server import StateServer
 
@@ -194,7 +194,7 @@ def healer(args: argparse.Namespace) -> None:
         return place(*a, **k)
 
     client.Placement = placement
-    from replicaft.state import flatten
+    from replicaft.state.flat import flatten
 
     tls = tls_files(args)
     emit("ready")

@@ -20,7 +20,7 @@ connection the way a crashed group does.
 At 1,024 members (2,048 sessions, 1,024 barrier streams and 1,024 unary channels, in two
 client processes beside the lighthouse on this 2-core machine) the members must cost little,
 or the figure measures them. Since protocol 3 a steady round's reply is a QuorumUpdate of a
-few dozen bytes (lighthouse/replies.py): a client-mode member applies it to its last quorum
+few dozen bytes (lighthouse/wire/replies.py): a client-mode member applies it to its last quorum
 (copying the steps column, ~5 µs at 1,024) instead of decoding 1,024 entries. The wire and
 barrier members go further: they are not gRPC clients at all but HTTP/2 frames written and
 read on a socket per member (benchmarks/raw_streams.py): a round is one ``send()`` per member

@@ -46,7 +46,7 @@ from benchmarks.processes import Child, ChildFailed, ChildProcesses
 from benchmarks.results import BenchmarkResult
 from chaos.etcd_cluster import EtcdCluster
 from chaos.invariants import check_identical_digests, check_monotonic_steps
-from replicaft.events import read_events_dir
+from replicaft.telemetry.events import read_events_dir
 
 GROUPS = 3
 STEP_SLEEP_S = 0.08

@@ -3,7 +3,7 @@
 ``python -m benchmarks.lighthouse_workers ROLE ...`` where ROLE is one of
 
 * ``echo-server``: a trivial grpc.aio server with generic methods and no other work (its
-  garbage collector tuned as the lighthouse's is, lighthouse/collector.py).
+  garbage collector tuned as the lighthouse's is, lighthouse/server/collector.py).
   ``Echo`` (unary) returns the request: one gRPC round trip through the same library, loop
   and loopback as a lighthouse call. ``Barrier`` (stream) holds each message until N
   messages (N is the body) have arrived on any of its streams, then answers each on its
@@ -43,10 +43,10 @@ import grpc
 
 from benchmarks.raw_streams import RawStream, Round
 from lighthouse import AsyncLighthouseClient, Quorum
-from lighthouse.collector import tune_for_server
-from lighthouse.envelope import encode
-from lighthouse.protocol import SESSION_METHOD, Notice, QuorumRequest, Register
-from lighthouse.replies import QuorumAnswer, QuorumFailed, QuorumUpdate, decode_session_reply
+from lighthouse.server.collector import tune_for_server
+from lighthouse.wire.envelope import encode
+from lighthouse.wire.protocol import SESSION_METHOD, Notice, QuorumRequest, Register
+from lighthouse.wire.replies import QuorumAnswer, QuorumFailed, QuorumUpdate, decode_session_reply
 
 ECHO_METHOD = "/bench.Echo/Echo"
 BARRIER_METHOD = "/bench.Echo/Barrier"

@@ -7,8 +7,8 @@ donor's core and the donor's step time measures the co-location, not the serving
 
 * ``restart_to_commit_s_<size>``: the product's restart. ``replicaft-launch`` runs both groups
   (``--restart-delay 0``); once both have committed ``WARM_STEPS`` steps and the launcher's warm
-  standby is ready (``replicaft/standby.py``: torch and replicaft imported, and its memory
-  reserve the size of the state faulted in, ``replicaft/reserve.py``), g1 is SIGKILLed. The
+  standby is ready (``replicaft/launch/standby.py``: torch and replicaft imported, and its memory
+  reserve the size of the state faulted in, ``replicaft/process/reserve.py``), g1 is SIGKILLed. The
   launcher sees the exit, activates the standby as g1, which builds the model, joins the quorum,
   heals the whole state from g0 (non-blocking: it takes part in the steps with zero gradients
   meanwhile) and commits. Timed from the SIGKILL to g1's first committed step (its own ``commit``
@@ -19,7 +19,7 @@ donor's core and the donor's step time measures the co-location, not the serving
   is what the standby saves.
 * ``no_reserve_restart_to_commit_s_<size>`` (baseline, same run): the same restart in a warm
   standby launched with ``--no-standby-reserve``, so the restarted group's gradient buckets and
-  heal buffer are fresh memory (replicaft/reserve.py): ``restart_to_commit_s_<size>_vs_no_reserve``
+  heal buffer are fresh memory (replicaft/process/reserve.py): ``restart_to_commit_s_<size>_vs_no_reserve``
   is what the standby's memory reserve saves.
 * ``cold_restart_to_commit_s_<size>``: a restart by any other orchestrator, which starts a fresh
   interpreter (the project byte-compiled first, as an installed package is: ``compile_project``).
@@ -76,7 +76,7 @@ from typing import Any
 
 from benchmarks.processes import REPO_ROOT, Child, ChildFailed, ChildProcesses
 from benchmarks.results import BenchmarkResult
-from replicaft.events import EventTail
+from replicaft.telemetry.events import EventTail
 
 MODELS = {"100mb": (2560, 4), "500mb": (4096, 8)}
 """label -> (width, layers) of recovery_worker.py: width² × layers float32 parameters."""
@@ -186,7 +186,7 @@ async def one_restart_launched(model: tuple[int, int], *, standby: bool = True, 
     (``--restart-delay 0``), in the launcher's warm standby or, without ``standby``, cold
     (``--standbys 0``); figures in seconds from the kill. With a standby, g1 is killed once the
     standby is ready and, unless not ``reserve`` (``--no-standby-reserve``), has faulted in its
-    memory reserve (replicaft/reserve.py)."""
+    memory reserve (replicaft/process/reserve.py)."""
     width, layers = model
     with tempfile.TemporaryDirectory(prefix="replicaft-bench-launched-") as tmp:
         events = Path(tmp) / "events"

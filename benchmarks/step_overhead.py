@@ -21,7 +21,7 @@ exactly into the four segments' gaps, which add up to it. Inside them, the runti
 phases are named (``params.phases_ms_<size>mb``, from ``Manager.step_phases``, medians):
 ``boundary`` (closing the last step, in ``zero_grad``), ``quorum`` (the wait for the quorum
 left after forward, which it overlaps; within a standing quorum, most steps ask nothing:
-lighthouse/standing.py), ``plan`` (applying it, at the first bucket),
+lighthouse/rules/standing.py), ``plan`` (applying it, at the first bucket),
 ``allreduce`` (waits on gradient buckets at the end of backward; DDP waits too, so only its
 excess is overhead), ``flag`` (the "ok" flag's exchange) and ``vote`` (the group's decision:
 within the commit lease its quorum granted, no question to the lighthouse; past it, the

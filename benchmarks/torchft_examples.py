@@ -3,7 +3,7 @@
 They are not in torchft's wheel, only in its source distribution on PyPI. The project keeps
 no copy of another project's code, so this module downloads that sdist once (its sha256 is
 pinned: a changed file is refused, never run), takes the two programs out of it and keeps them
-under the git-ignored ``.cache/torchft-0.2.0/``. ``tests/test_torchft_programs.py`` runs them
+under the git-ignored ``.cache/torchft-0.2.0/``. ``tests/replicaft/compat/test_torchft_programs.py`` runs them
 unchanged under ``replicaft-launch --torchft``, and so can anyone:
 
     python -m benchmarks.torchft_examples             # prints the two paths

@@ -6,7 +6,7 @@ Each suite runs in its own pytest process, once with ``import torchft`` resolved
 ``replicaft.compat.torchft`` (benchmarks/torchft_suite_plugin.py, the alias folder of
 ``replicaft-launch --torchft``) and once against torchft itself, the baseline from the same
 run. Every test's outcome and, when it does not pass, the first lines of its failure are kept
-in ``params.tests``; the README's list of reasons is written from them. A test that fails
+in ``params.tests``; the guide's list of reasons (docs/guide/torchft.md) is written from them. A test that fails
 on its own deadline often failed earlier inside replicaft (a heal refused, a step not
 committed): the first such cause replicaft logged is added to the reason, since the
 exception alone names only the symptom.

@@ -1,7 +1,7 @@
 """Invariant ``bitwise_equal_to_reference``: a deterministic run ends bit for bit where its fault-free run ends. Pure.
 
 A scenario with ``deterministic = true`` runs replicaft's deterministic mode
-(replicaft/deterministic.py), in which a step's committed update depends only on the step's
+(replicaft/deterministic/rules.py), in which a step's committed update depends only on the step's
 global batch, never on which groups took part. Faults then change when steps commit and who
 computes them, but not what any step commits: after every step the job's state digest must be
 the digest the fault-free reference run (``--reference``) reported after that step.

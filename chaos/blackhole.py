@@ -9,7 +9,7 @@ heals it: later bytes flow again (what was dropped stays lost, as a real partiti
 be retransmitted by TCP; connections whose peers timed out meanwhile are theirs to redo).
 
 Used to cut one replicated lighthouse off from etcd while it keeps running and keeps its
-members' sessions (chaos's ``partition_lighthouse_leader``, tests/test_replicated_lighthouse.py):
+members' sessions (chaos's ``partition_lighthouse_leader``, tests/lighthouse/test_replicated_lighthouse.py):
 the lighthouse is given its etcd endpoints through one relay per etcd member.
 """
 

@@ -1,6 +1,6 @@
 """What a run's checkpoints did, for ``summary.json`` and the report: the cadence chosen, the saves' figures. Pure.
 
-Read from the groups' events (replicaft/events.py): ``checkpoint_cadence`` (each interval
+Read from the groups' events (replicaft/telemetry/events.py): ``checkpoint_cadence`` (each interval
 ``checkpoint_interval="auto"`` chose, and why), ``checkpoint`` (each save's outcome and the
 figures of checkpoint/telemetry.py) and ``checkpoint_anomaly`` (a save that was slow, a disk
 filling up). A run without them gets zero counts and ``None`` figures, never a missing key.

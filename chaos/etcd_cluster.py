@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from replicaft.process_tree import die_with_parent
+from replicaft.process.process_tree import die_with_parent
 
 HEARTBEAT_MS = 25
 ELECTION_MS = 250

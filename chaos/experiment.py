@@ -19,7 +19,7 @@ from chaos.runner import Progress, Runner
 from chaos.scenario import Scenario
 from chaos.summary import Reference, build_summary, reference_from
 from chaos.timeline import commits
-from replicaft.events import read_events_dir
+from replicaft.telemetry.events import read_events_dir
 
 logger = logging.getLogger(__name__)
 

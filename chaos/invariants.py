@@ -1,6 +1,6 @@
 """The invariants of DESIGN.md, checked over a run's event logs: pure functions, no I/O.
 
-Each check takes the groups' events (``replicaft/events.py`` schema, each rank's events in
+Each check takes the groups' events (``replicaft/telemetry/events.py`` schema, each rank's events in
 the order it wrote them) and what the harness recorded (faults injected, process exits), and
 returns a :class:`Verdict`: ``held``, ``violated`` (with one :class:`Violation` per offence,
 so a report can point at the step and group), or ``not_checked`` with the reason. A check

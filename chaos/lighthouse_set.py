@@ -33,7 +33,7 @@ from pathlib import Path
 
 from chaos.etcd_cluster import EtcdCluster
 from chaos.processes import Child
-from lighthouse.announce import GRPC_LINE
+from lighthouse.server.announce import GRPC_LINE
 
 logger = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ RESUME_FROM_DISK = "resume_from_disk"
 DISK_FULL_REFUSED = "disk_full_refused"
 
 PREEMPTED_EXIT_CODE = 143
-"""``replicaft.persistence.PREEMPTED_EXIT_CODE`` (repeated: importing replicaft imports torch)."""
+"""``replicaft.persistence.duties.PREEMPTED_EXIT_CODE`` (repeated: importing replicaft imports torch)."""
 _DISK_FULL_WORDS = ("space", "enospc", "full")
 
 

@@ -33,7 +33,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from replicaft.process_tree import die_with_parent
+from replicaft.process.process_tree import die_with_parent
 
 logger = logging.getLogger(__name__)
 

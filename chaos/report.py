@@ -215,7 +215,7 @@ def render_report(summary: dict[str, Any], all_commits: Sequence[Commit], faults
         body += ["<h2>Resumes from disk</h2>",
                  _table(resume_rows, ["group", "at s", "checkpoint step", "loss verdict", "deviation", "allowed", "why"]),
                  '<p class="muted">each resume\'s first steps\' mean loss against the losses before its checkpoint '
-                 "(replicaft/resume_check.py); diverged: the resumed run does not train like the one that saved it.</p>"]
+                 "(replicaft/persistence/resume_check.py); diverged: the resumed run does not train like the one that saved it.</p>"]
     body += _checkpoint_section(summary)
     if violation_rows:
         body += ["<h2>Violations</h2>", _table(violation_rows, ["invariant", "step", "group", "detail"])]

@@ -63,12 +63,12 @@ from chaos.outcomes import PREEMPTED_EXIT_CODE
 from chaos.processes import Child, log_tail, python_env
 from chaos.record import ALL_GROUPS, LIGHTHOUSE, ProcessExit, RunRecord
 from chaos.scenario import Scenario
-from lighthouse.announce import GRPC_LINE
-from replicaft.events import EventTail
+from lighthouse.server.announce import GRPC_LINE
 from replicaft.launch.children import SpawnSettings
 from replicaft.launch.groups import Group, GroupSupervisor
 from replicaft.launch.reaper import Reaper
-from replicaft.restart_policy import RestartDecision
+from replicaft.launch.restart_policy import RestartDecision
+from replicaft.telemetry.events import EventTail
 
 logger = logging.getLogger(__name__)
 

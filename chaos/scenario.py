@@ -61,7 +61,7 @@ Fault kinds (``kind``), what the harness does, and the outcome it then checks:
 ``slow_link``            Shape group ``target``'s link for ``duration_s``: ``rate_mbit``
                          (tc tbf) and/or ``delay_ms`` (tc netem); training continues.
 ``fault_point``          The group kills itself at ``point`` of step ``at_step`` of its own
-                         loop (``replicaft/faults.py``); armed when the target first starts,
+                         loop (``replicaft/process/faults.py``); armed when the target first starts,
                          so it takes ``at_step`` only. W = 1 only.
 ``kill_lighthouse_leader``  (``lighthouse_replicas = 3``, chaos/lighthouse_set.py) SIGKILL
                          the leading lighthouse; a follower leads; it restarts as a follower.
@@ -108,7 +108,7 @@ FaultKind = Literal[
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 FAULT_POINTS = ("allreduce", "heal", "serve", "commit")
-"""Mirrors ``replicaft.faults.POINTS``; kept here so loading a scenario does not import torch."""
+"""Mirrors ``replicaft.process.faults.POINTS``; kept here so loading a scenario does not import torch."""
 
 REPLICATED_LIGHTHOUSE_KINDS = frozenset({"kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member",
                                         "lose_etcd_quorum"})
@@ -275,7 +275,7 @@ class Scenario:
     """How long the supervisor waits before restarting a dead group or lighthouse, as an
     orchestrator would (Kubernetes' back-off, Slurm's requeue)."""
     warm_standby: bool = False
-    """Keep a warm standby (``replicaft.standby``, as ``replicaft-launch`` does) and restart a
+    """Keep a warm standby (``replicaft.launch.standby``, as ``replicaft-launch`` does) and restart a
     group in it when one is ready, its memory reserve sized by the groups' state; a fault that
     restarts a group (sigkill, sigterm, preemption_notice, the healer of kill_donor_mid_heal)
     then waits until the standby is ready, so that it is the restart under test. W = 1 only,

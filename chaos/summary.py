@@ -54,7 +54,7 @@ def _reference_note(reference: Reference | None, target_steps: int) -> str:
 
 
 def resume_verdicts(events: Sequence[Event], started_ts: float) -> list[dict[str, Any]]:
-    """One row per ``resume_verdict`` event (replicaft/resume_check.py), in time order: did each
+    """One row per ``resume_verdict`` event (replicaft/persistence/resume_check.py), in time order: did each
     resume from disk train on like the run that wrote its checkpoint? A resume whose run ended
     before its verdict has no row (the ``resume`` events say it happened)."""
     rows = [{

@@ -2,7 +2,7 @@
 
 Every check and figure of the harness is a question about when which group committed which
 step; this module answers "what are the commits" once, so the invariants, the figures and the
-report read the same list. Pure: it takes event dicts (``replicaft/events.py`` schema) in the
+report read the same list. Pure: it takes event dicts (``replicaft/telemetry/events.py`` schema) in the
 order each rank wrote them, and does no I/O.
 
 An *incarnation* is one process lifetime of a rank: a ``start`` event opens a new one. A

@@ -13,7 +13,7 @@ Data: a fixed synthetic regression dataset read in exactly-once order: the
 travels with heals, so across any failures every sample trains in exactly one committed step.
 With ``REPLICAFT_DETERMINISTIC=1`` the batch policy is ``global`` (``--batch-size`` is then the
 step's global batch, cut into ``REPLICAFT_VIRTUAL_SHARDS`` shards) and the run ends bit for bit
-where the same run with any other membership, or any failures, ends (replicaft/deterministic.py).
+where the same run with any other membership, or any failures, ends (replicaft/deterministic/rules.py).
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from torch import nn
 
 import replicaft
 from replicaft.data import ExactlyOnceSampler, StepDataLoader
-from replicaft.grad_scaler import GradScalerState
-from replicaft.resume_check import ResumeDiverged
+from replicaft.persistence.resume_check import ResumeDiverged
+from replicaft.state.grad_scaler import GradScalerState
 
 
 def build_model(width: int, dropout: float = 0.0) -> nn.Module:
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda or cuda:N")
     p.add_argument("--loss-scale", type=float, default=1.0,
                    help="multiply the loss by this: a changed loss normalisation, which the verification of a resume "
-                        "from disk reports (replicaft/resume_check.py)")
+                        "from disk reports (replicaft/persistence/resume_check.py)")
     p.add_argument("--dropout", type=float, default=0.0,
                    help="dropout probability: draws from torch's global generator, which heals and checkpoints carry")
     p.add_argument("--grad-scaler", action="store_true",

@@ -10,7 +10,7 @@ or let the launcher do it: ``replicaft-launch --groups 2 --ranks-per-group 2 exa
 
 Inside a group the script initialises torch.distributed (Gloo on CPU; torchrun's RANK,
 WORLD_SIZE, MASTER_ADDR and MASTER_PORT) and shards every layer over its W ranks with
-``fully_shard``. Across groups nothing is a fixed process group: ``replicaft.fsdp.FaultTolerantFSDP``
+``fully_shard``. Across groups nothing is a fixed process group: ``replicaft.wrappers.fsdp.FaultTolerantFSDP``
 averages rank r's gradient shards over rank r of every group through the manager, so a group
 that dies only costs the others an uncommitted step, and when it comes back each of its ranks
 heals its own shards (parameters, AdamW moments) from the same rank of a healthy group.
@@ -35,7 +35,7 @@ from torch.distributed.fsdp import fully_shard
 
 import replicaft
 from replicaft.data import ExactlyOnceSampler
-from replicaft.fsdp import FaultTolerantFSDP, shard_optimizer_state
+from replicaft.wrappers.fsdp import FaultTolerantFSDP, shard_optimizer_state
 
 
 def build_model(width: int, norm: str) -> nn.Sequential:

@@ -8,9 +8,10 @@ about a tenth of a second before its first step.
 
 from typing import TYPE_CHECKING, Any
 
-from lighthouse.blocking_client import LighthouseClient as LighthouseClient
-from lighthouse.client import AsyncLighthouseClient as AsyncLighthouseClient
-from lighthouse.envelope import PROTOCOL_VERSION as PROTOCOL_VERSION
+from lighthouse.client.async_client import AsyncLighthouseClient as AsyncLighthouseClient
+from lighthouse.client.blocking_client import LighthouseClient as LighthouseClient
+from lighthouse.config.options import LighthouseOptions as LighthouseOptions
+from lighthouse.config.options import MembershipOptions as MembershipOptions
 from lighthouse.errors import DuplicateReplica as DuplicateReplica
 from lighthouse.errors import EtcdUnavailable as EtcdUnavailable
 from lighthouse.errors import LighthouseError as LighthouseError
@@ -22,21 +23,20 @@ from lighthouse.errors import QuorumTimeout as QuorumTimeout
 from lighthouse.errors import QuorumTooLarge as QuorumTooLarge
 from lighthouse.errors import Unauthenticated as Unauthenticated
 from lighthouse.errors import VersionMismatch as VersionMismatch
-from lighthouse.options import LighthouseOptions as LighthouseOptions
-from lighthouse.options import MembershipOptions as MembershipOptions
-from lighthouse.plan import StepPlan as StepPlan
-from lighthouse.plan import plan_step as plan_step
-from lighthouse.protocol import Member as Member
-from lighthouse.protocol import Quorum as Quorum
-from lighthouse.replica_id import check_replica_id as check_replica_id
+from lighthouse.rules.plan import StepPlan as StepPlan
+from lighthouse.rules.plan import plan_step as plan_step
+from lighthouse.wire.envelope import PROTOCOL_VERSION as PROTOCOL_VERSION
+from lighthouse.wire.protocol import Member as Member
+from lighthouse.wire.protocol import Quorum as Quorum
+from lighthouse.wire.replica_id import check_replica_id as check_replica_id
 
 if TYPE_CHECKING:
-    from lighthouse.replicated import ReplicatedLighthouse as ReplicatedLighthouse
-    from lighthouse.replicated import ReplicationOptions as ReplicationOptions
-    from lighthouse.server import LighthouseServer as LighthouseServer
+    from lighthouse.replicated.server import ReplicatedLighthouse as ReplicatedLighthouse
+    from lighthouse.replicated.server import ReplicationOptions as ReplicationOptions
+    from lighthouse.server.grpc_server import LighthouseServer as LighthouseServer
 
-_SERVERS = {"LighthouseServer": "lighthouse.server", "ReplicatedLighthouse": "lighthouse.replicated",
-            "ReplicationOptions": "lighthouse.replicated"}
+_SERVERS = {"LighthouseServer": "lighthouse.server.grpc_server", "ReplicatedLighthouse": "lighthouse.replicated.server",
+            "ReplicationOptions": "lighthouse.replicated.server"}
 
 
 def __getattr__(name: str) -> Any:

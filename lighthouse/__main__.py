@@ -12,14 +12,14 @@ import logging
 import signal
 import sys
 
-from lighthouse.announce import grpc_line
-from lighthouse.binding import raise_open_file_limit
-from lighthouse.collector import tune_for_server
+from lighthouse.config.options import TOKEN_ENV, LighthouseOptions, MembershipOptions
 from lighthouse.errors import OptionsError
-from lighthouse.options import TOKEN_ENV, LighthouseOptions, MembershipOptions
-from lighthouse.replicated import ReplicatedLighthouse, ReplicationOptions
-from lighthouse.server import LighthouseServer
-from lighthouse.tls import CA_ENV, CERT_ENV, KEY_ENV, TlsFiles
+from lighthouse.replicated.server import ReplicatedLighthouse, ReplicationOptions
+from lighthouse.server.announce import grpc_line
+from lighthouse.server.binding import raise_open_file_limit
+from lighthouse.server.collector import tune_for_server
+from lighthouse.server.grpc_server import LighthouseServer
+from lighthouse.tls.files import CA_ENV, CERT_ENV, KEY_ENV, TlsFiles
 
 
 def _parser() -> argparse.ArgumentParser:

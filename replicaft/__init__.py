@@ -12,6 +12,7 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from replicaft.config.options import ManagerOptions as ManagerOptions
 from replicaft.errors import CheckpointCorrupt as CheckpointCorrupt
 from replicaft.errors import GroupBroken as GroupBroken
 from replicaft.errors import GroupError as GroupError
@@ -20,33 +21,32 @@ from replicaft.errors import OptionsError as OptionsError
 from replicaft.errors import ReplicaftError as ReplicaftError
 from replicaft.errors import StateError as StateError
 from replicaft.errors import StepMismatch as StepMismatch
-from replicaft.options import ManagerOptions as ManagerOptions
 
 if TYPE_CHECKING:
+    from replicaft.column.process_group import ManagedWork as ManagedWork
     from replicaft.data import ExactlyOnceSampler as ExactlyOnceSampler
     from replicaft.data import StepDataLoader as StepDataLoader
-    from replicaft.ddp import DistributedDataParallel as DistributedDataParallel
-    from replicaft.fsdp import FaultTolerantFSDP as FaultTolerantFSDP
-    from replicaft.fsdp import shard_optimizer_state as shard_optimizer_state
     from replicaft.local_sgd import DiLoCo as DiLoCo
     from replicaft.local_sgd import LocalSGD as LocalSGD
     from replicaft.manager import Manager as Manager
-    from replicaft.optim import Optimizer as Optimizer
-    from replicaft.process_group import ManagedWork as ManagedWork
-    from replicaft.registry import StepHooks as StepHooks
+    from replicaft.state.registry import StepHooks as StepHooks
+    from replicaft.wrappers.ddp import DistributedDataParallel as DistributedDataParallel
+    from replicaft.wrappers.fsdp import FaultTolerantFSDP as FaultTolerantFSDP
+    from replicaft.wrappers.fsdp import shard_optimizer_state as shard_optimizer_state
+    from replicaft.wrappers.optim import Optimizer as Optimizer
 
 _NEEDS_TORCH = {
     "DiLoCo": "replicaft.local_sgd",
-    "DistributedDataParallel": "replicaft.ddp",
+    "DistributedDataParallel": "replicaft.wrappers.ddp",
     "ExactlyOnceSampler": "replicaft.data",
-    "FaultTolerantFSDP": "replicaft.fsdp",
+    "FaultTolerantFSDP": "replicaft.wrappers.fsdp",
     "LocalSGD": "replicaft.local_sgd",
-    "ManagedWork": "replicaft.process_group",
+    "ManagedWork": "replicaft.column.process_group",
     "Manager": "replicaft.manager",
-    "Optimizer": "replicaft.optim",
+    "Optimizer": "replicaft.wrappers.optim",
     "StepDataLoader": "replicaft.data",
-    "StepHooks": "replicaft.registry",
-    "shard_optimizer_state": "replicaft.fsdp",
+    "StepHooks": "replicaft.state.registry",
+    "shard_optimizer_state": "replicaft.wrappers.fsdp",
 }
 """Where each name that needs torch lives; imported on first use."""
 

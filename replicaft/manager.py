@@ -2,7 +2,7 @@
 
 It wires one rank's parts together and exposes them: the servers it runs (services.py), what
 is registered for heals and checkpoints (registry.py), and the step, which ``start_quorum``,
-``allreduce`` and ``should_commit`` forward to the step driver unchanged (step.py: read it for
+``allreduce`` and ``should_commit`` forward to the step driver unchanged (replicaft/step/driver.py: read it for
 the step, top-down). The constructor only builds; ``start()`` opens servers and connections.
 """
 
@@ -15,29 +15,29 @@ from typing import Any
 
 import torch
 
-from lighthouse.plan import StepPlan
-from lighthouse.progress import Progress
-from lighthouse.protocol import Notice
-from replicaft.boundary import StepBoundary
-from replicaft.cadence import STATE_NAME as CADENCE_STATE
-from replicaft.events import EventLog
-from replicaft.faults import parse_fault_points
+from lighthouse.rules.plan import StepPlan
+from lighthouse.wire.progress import Progress
+from lighthouse.wire.protocol import Notice
+from replicaft.column.process_group import FaultTolerantProcessGroup, ManagedWork, Reduce
+from replicaft.config.options import ManagerOptions, check_option_number
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
-from replicaft.metrics import MetricsServer, ProcessMetrics
-from replicaft.notices import StepNotices
-from replicaft.options import ManagerOptions, check_option_number
-from replicaft.persistence import STATE_NAME as CHECKPOINT_STATE
-from replicaft.persistence import Persistence
-from replicaft.plan_applier import PlanApplier
-from replicaft.process_group import FaultTolerantProcessGroup, ManagedWork, Reduce
-from replicaft.registry import LoadStateDictFn, StateDictFn, StateRegistry, StepHooks
-from replicaft.resume_check import STATE_NAME as TRAJECTORY_STATE
-from replicaft.resume_check import ResumeCheck
-from replicaft.rng_state import STATE_NAME as RNG_STATE
-from replicaft.rng_state import RngState, available_sources
-from replicaft.services import RankServices
-from replicaft.step import StepDriver, step_seed
+from replicaft.persistence.cadence import STATE_NAME as CADENCE_STATE
+from replicaft.persistence.duties import STATE_NAME as CHECKPOINT_STATE
+from replicaft.persistence.duties import Persistence
+from replicaft.persistence.resume_check import STATE_NAME as TRAJECTORY_STATE
+from replicaft.persistence.resume_check import ResumeCheck
+from replicaft.process.faults import parse_fault_points
+from replicaft.process.services import RankServices
+from replicaft.state.registry import LoadStateDictFn, StateDictFn, StateRegistry, StepHooks
+from replicaft.state.rng_state import STATE_NAME as RNG_STATE
+from replicaft.state.rng_state import RngState, available_sources
+from replicaft.step.boundary import StepBoundary
+from replicaft.step.driver import StepDriver, step_seed
+from replicaft.step.notices import StepNotices
+from replicaft.step.plan_applier import PlanApplier
+from replicaft.telemetry.events import EventLog
+from replicaft.telemetry.metrics import MetricsServer, ProcessMetrics
 from replicaft.transfer.spare import SpareBuffer
 
 logger = logging.getLogger(__name__)
@@ -200,7 +200,7 @@ class Manager:
     def _load_own_state(self, state: dict[str, Any]) -> None:
         self._driver.step = int(state["step"])
 
-    # -- the step (step.py) --------------------------------------------------------------------
+    # -- the step (replicaft/step/driver.py) --------------------------------------------------------------------
 
     def start_quorum(self, timeout_s: float | None = None) -> None:
         """Begin a step: the quorum is asked for in the background, within ``timeout_s`` for

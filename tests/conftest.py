@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 import pytest
 
-from lighthouse.announce import GRPC_LINE
+from lighthouse.server.announce import GRPC_LINE
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYTHON = sys.executable

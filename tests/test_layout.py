@@ -1,7 +1,8 @@
-"""The house rules of issue 20, checked over the source: no module of ``replicaft/`` or
+"""The house rules of issues 20 and 38, checked over the source: no module of ``replicaft/`` or
 ``lighthouse/`` over 400 lines, no class over 300, and no import circle among their modules
 (module-level imports; one of a package's submodules, ``from pkg import mod``, counts as an
-import of that submodule, not of the package)."""
+import of that submodule, not of the package), and nothing at the top of either package but
+its public surface."""
 
 from __future__ import annotations
 
@@ -81,3 +82,20 @@ def test_the_checks_find_what_they_look_for() -> None:
     assert imports(ast.parse("from a import thing\n"), known) == {"a"}
     assert find_circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+PUBLIC_TOP_LEVEL = {
+    "replicaft": {"__init__", "manager", "errors"},
+    "lighthouse": {"__init__", "__main__", "errors"},
+}
+"""The modules at the top of each package: its surface (``__init__``), the object a script holds
+(``Manager``), the errors a caller catches, and the lighthouse's command line. Everything else
+belongs to the subpackage of its concept (issue 38)."""
+
+
+def test_only_the_public_surface_sits_at_the_top_of_each_package() -> None:
+    stray = {
+        package: sorted(p.stem for p in (REPO_ROOT / package).glob("*.py")) for package in PACKAGES
+    }
+    extra = {package: sorted(set(names) - PUBLIC_TOP_LEVEL[package]) for package, names in stray.items()}
+    assert not any(extra.values()), f"modules outside a subpackage of their concept: {extra}"

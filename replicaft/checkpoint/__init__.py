@@ -42,7 +42,7 @@ Wiring into the manager (``manager.state_dict()`` / ``load_state_dict`` and
 :class:`replicaft.transfer.snapshot.Snapshot` are the only contact points)::
 
     from replicaft.checkpoint import CheckpointReader, CheckpointWriter
-    from replicaft.state import flatten
+    from replicaft.state.flat import flatten
     from replicaft.transfer.snapshot import Snapshot
 
     # Startup, every rank, only when the quorum shows no peer ahead to heal from:

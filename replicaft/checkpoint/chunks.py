@@ -19,7 +19,7 @@ checkpoint rather than of a tier. A chunk of 4 MiB is large enough that zstd and
 full speed and the per-chunk overhead (29 bytes, one index entry) is negligible, and small
 enough that a change to part of a large tensor (an embedding row) rewrites only its chunk.
 
-A save hashes the state once (``replicaft/content.py``): the chunk ids of an unencrypted
+A save hashes the state once (``replicaft/state/content.py``): the chunk ids of an unencrypted
 checkpoint are the state's content hashes, which the manifest's state digest is built from,
 so neither the chunk ids nor the digest read the state a second time. An encrypted
 checkpoint's ids are keyed, so its writer hashes the chunks once more under the key.

@@ -5,7 +5,7 @@ asked for: ``model`` always (its tensor names are exactly ``module.state_dict()`
 ``model.load_state_dict(safetensors.torch.load_file("model.safetensors"))`` works, as does
 any tool that reads safetensors), ``optimizer`` with ``--optimizer`` (names such as
 ``state[0].exp_avg``; ``param_groups`` as JSON in the file's metadata, for people). Each file's
-metadata also carries the step and, under ``replicaft.skeleton`` and ``replicaft.names``, the
+metadata also carries the step and, under ``replicaft.state.skeleton`` and ``replicaft.names``, the
 entry's non-tensor structure (msgpack, base64) and its tensors' order, so that an import
 restores the entry exactly, tuples and all.
 
@@ -37,14 +37,14 @@ import torch
 from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.reader import LoadedCheckpoint
 from replicaft.errors import CheckpointCorrupt, StateError
-from replicaft.state import flatten, unflatten
+from replicaft.state.flat import flatten, unflatten
 
 logger = logging.getLogger(__name__)
 
-SKELETON_KEY = "replicaft.skeleton"
+SKELETON_KEY = "replicaft.state.skeleton"
 NAMES_KEY = "replicaft.names"
 ENTRY_KEY = "replicaft.entry"
-STEP_KEY = "replicaft.step"
+STEP_KEY = "replicaft.step.driver"
 IMPORTED = "imported"
 """Manifest metadata key marking a checkpoint made by :func:`import_safetensors`."""
 

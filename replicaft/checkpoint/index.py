@@ -35,9 +35,9 @@ from torch.distributed.checkpoint.metadata import (
 from lighthouse.errors import shown
 from replicaft.checkpoint.chunks import ID_BYTES
 from replicaft.checkpoint.layout import parse_dirname
-from replicaft.content import CHUNK_BYTES
 from replicaft.errors import CheckpointCorrupt
-from replicaft.state import DTYPES
+from replicaft.state.content import CHUNK_BYTES
+from replicaft.state.flat import DTYPES
 
 INDEX_VERSION = 1
 MAX_RANKS = 1 << 20

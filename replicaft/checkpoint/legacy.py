@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from replicaft.checkpoint.entries import read_small
 from replicaft.checkpoint.layout import DCP_METADATA_FILE
 from replicaft.errors import CheckpointCorrupt
-from replicaft.state import DTYPES
+from replicaft.state.flat import DTYPES
 
 _ALLOWED: dict[tuple[str, str], Any] = {
     ("torch.distributed.checkpoint.metadata", "Metadata"): dcp_metadata.Metadata,

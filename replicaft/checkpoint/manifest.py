@@ -9,7 +9,7 @@ the state digest that ``committed`` events report).
 
 ``state.msgpack`` holds what DCP should not: the non-tensor part of the state (step counters,
 scheduler fields, the data cursor, user extras) as the msgpack skeleton of
-:func:`replicaft.state.flatten`, plus the name, dtype and shape of every tensor. DCP would
+:func:`replicaft.state.flat.flatten`, plus the name, dtype and shape of every tensor. DCP would
 pickle plain Python values (and unpickle them with ``torch.load`` on load); keeping them in
 msgpack means loading a checkpoint never runs pickle, and lets the reader allocate tensors a
 template lacks (a fresh optimizer has no ``exp_avg`` yet).
@@ -31,8 +31,8 @@ import msgpack
 from lighthouse.errors import shown
 from replicaft.checkpoint.layout import LEGACY_LINEAGE, is_lineage, parse_dirname
 from replicaft.errors import CheckpointCorrupt
-from replicaft.skeleton import SkeletonError, check_skeleton
-from replicaft.state import DTYPES
+from replicaft.state.flat import DTYPES
+from replicaft.state.skeleton import SkeletonError, check_skeleton
 
 FORMAT = "replicaft-checkpoint"
 FORMAT_VERSION = 3
@@ -175,7 +175,7 @@ class CheckpointManifest:
 @dataclass(frozen=True, slots=True)
 class SavedTensor:
     name: str
-    """The tensor's dotted path from :func:`replicaft.state.flatten`; also its DCP key."""
+    """The tensor's dotted path from :func:`replicaft.state.flat.flatten`; also its DCP key."""
     dtype: str
     shape: tuple[int, ...]
     """The global shape (a sharded tensor's, not one rank's shard)."""

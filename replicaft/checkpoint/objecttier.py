@@ -42,7 +42,7 @@ from replicaft.checkpoint.options import RetentionPolicy
 from replicaft.checkpoint.reader import check, read_manifest, scan_checkpoints
 from replicaft.checkpoint.retention import CheckpointFacts, decide_retention
 from replicaft.errors import CheckpointCorrupt, ObjectStoreError
-from replicaft.threads import lower_thread_priority
+from replicaft.process.threads import lower_thread_priority
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Every setting a checkpoint writer or reader takes is validated here, at start, w
 value and the fix in the message: a value that would be accepted and fail later (a negative
 ``keep_last`` deleting everything on the first publish, a NaN interval under which no save
 is ever due and the job exits 0 without one) must not get past construction.
-``replicaft.options.ManagerOptions`` calls :func:`check_checkpoint_options` with its
+``replicaft.config.options.ManagerOptions`` calls :func:`check_checkpoint_options` with its
 ``checkpoint_*`` fields; the writer checks its own arguments with the same functions.
 
 Torch-free, like ``layout.py``, so the manager's options can import it without pulling in

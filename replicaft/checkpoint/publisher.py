@@ -58,7 +58,7 @@ from replicaft.checkpoint.policy import enough_space
 from replicaft.checkpoint.reader import check, scan_checkpoints
 from replicaft.checkpoint.results import SaveResult
 from replicaft.errors import CheckpointCorrupt
-from replicaft.state import DIGEST_SCHEME, Flat, digest
+from replicaft.state.flat import DIGEST_SCHEME, Flat, digest
 from replicaft.transfer.snapshot import Snapshot
 
 logger = logging.getLogger(__name__)
@@ -163,7 +163,7 @@ class Publisher:
                 hashes: Sequence[Sequence[bytes]], prepared: Prepared, started: float) -> SaveResult:
         """After every rank's ``dcp.save`` returned: seal, verify, rename, then tier 2 and retention.
 
-        ``hashes`` are ``tensors``' content hashes (replicaft/content.py), for the digest.
+        ``hashes`` are ``tensors``' content hashes (replicaft/state/content.py), for the digest.
 
         Raises OSError or CheckpointCorrupt (the index lacks a tensor) before the rename;
         the caller turns that into :meth:`fail`.

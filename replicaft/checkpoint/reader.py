@@ -51,7 +51,7 @@ from replicaft.checkpoint.legacy import SafeFileSystemReader
 from replicaft.checkpoint.manifest import CheckpointManifest, StateLayout
 from replicaft.checkpoint.storage import ChunkStorageReader
 from replicaft.errors import CheckpointCorrupt, CheckpointKeyError, StateError
-from replicaft.state import DTYPES, Sharding, flatten, unflatten
+from replicaft.state.flat import DTYPES, Sharding, flatten, unflatten
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from replicaft.checkpoint.manifest import SavedTensor, StateLayout
 from replicaft.checkpoint.policy import estimate_checkpoint_bytes
-from replicaft.state import Sharding
+from replicaft.state.flat import Sharding
 from replicaft.transfer.snapshot import Snapshot
 
 

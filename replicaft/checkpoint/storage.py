@@ -50,9 +50,9 @@ from replicaft.checkpoint.chunks import ChunkCodec
 from replicaft.checkpoint.entries import open_regular, read_small
 from replicaft.checkpoint.index import ChunkRef, StoredPiece, decode_index, dtype_name, encode_index
 from replicaft.checkpoint.layout import TENSORS_FILE, pack_name
-from replicaft.content import CHUNK_BYTES
 from replicaft.errors import CheckpointCorrupt
-from replicaft.state import DTYPES, tensor_bytes
+from replicaft.state.content import CHUNK_BYTES
+from replicaft.state.flat import DTYPES, tensor_bytes
 
 
 def piece_bytes(tensor: torch.Tensor) -> memoryview:
@@ -67,7 +67,7 @@ class ChunkStorageWriter(StorageWriter):
     ``known`` maps chunk ids to where the parent checkpoint's chain holds them (empty for a
     base); ``location`` is the final name of the checkpoint being written, which its own
     chunk references carry. ``content`` pairs the snapshot's tensors with their content hashes
-    (replicaft/content.py): without encryption those are the chunk ids, so a tensor DCP hands
+    (replicaft/state/content.py): without encryption those are the chunk ids, so a tensor DCP hands
     over as that same memory, found by its address ``(data_ptr, nbytes)``, is not hashed
     again. The address is a sound key only while those tensors live and do not change, which a
     snapshot being saved guarantees; any other tensor (a copy, a narrowed shard) is hashed here.

@@ -72,9 +72,9 @@ from replicaft.checkpoint.publisher import Publisher, SaveRequest, disk_free_byt
 from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
 from replicaft.checkpoint.saveplan import plan_save
 from replicaft.checkpoint.storage import ChunkStorageWriter
-from replicaft.content import buffer_hashes
 from replicaft.errors import OptionsError
-from replicaft.threads import lower_thread_priority
+from replicaft.process.threads import lower_thread_priority
+from replicaft.state.content import buffer_hashes
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 
 DEFAULT_CHAIN_LENGTH = 10

@@ -27,17 +27,17 @@ from typing import Protocol
 import grpc
 import torch.distributed as dist
 
-from lighthouse import envelope
-from lighthouse.options import TOKEN_METADATA_KEY
-from lighthouse.protocol import Notice, Quorum
-from lighthouse.tls import TlsFiles, grpc_channel, tls_refusal
-from replicaft.commit import Vote, check_votes, decide_commit
+from lighthouse.config.options import TOKEN_METADATA_KEY
+from lighthouse.tls.files import TlsFiles, grpc_channel, tls_refusal
+from lighthouse.wire import envelope
+from lighthouse.wire.protocol import Notice, Quorum
 from replicaft.errors import GroupBroken, GroupError, StepMismatch
 from replicaft.group import protocol as gp
 from replicaft.group.coordinator import GroupCoordinator
 from replicaft.group.fence import BlockingFence
 from replicaft.group.server import CHANNEL_OPTIONS
-from replicaft.threads import LoopThread
+from replicaft.process.threads import LoopThread
+from replicaft.step.commit import Vote, check_votes, decide_commit
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +132,7 @@ class RemoteGroupChannel:
         self._channel = grpc_channel(address, tls, CHANNEL_OPTIONS)
         self._wait_for_ready = tls is None
         """Over TLS a call fails fast: one that waits for a ready channel never hears of a
-        failed handshake, only of its deadline (lighthouse/tls.py). Rank 0's server is up
+        failed handshake, only of its deadline (lighthouse/tls/files.py). Rank 0's server is up
         before its address is published, so nothing is lost by not waiting for it."""
         self._watch_thread: threading.Thread | None = None
 

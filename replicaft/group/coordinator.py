@@ -18,15 +18,15 @@ import logging
 import threading
 from collections.abc import Callable
 
-from lighthouse.client import AsyncLighthouseClient
-from lighthouse.progress import Progress
-from lighthouse.protocol import Notice, Quorum
-from lighthouse.standing import StandingQuorum
-from replicaft.commit import CommitDecision, decide_commit
+from lighthouse.client.async_client import AsyncLighthouseClient
+from lighthouse.rules.standing import StandingQuorum
+from lighthouse.wire.progress import Progress
+from lighthouse.wire.protocol import Notice, Quorum
+from replicaft.config.options import ManagerOptions
 from replicaft.errors import GroupBroken, GroupError, StepMismatch
 from replicaft.group.protocol import GroupQuorumRequest, VoteRequest, VoteResponse
 from replicaft.group.rounds import GroupRounds, QuorumRound, Refusal, VoteRound
-from replicaft.options import ManagerOptions
+from replicaft.step.commit import CommitDecision, decide_commit
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ The call goes to the lighthouse the session currently talks to (``Targets.curren
 moves to the leader of a replicated set), with the job's token and TLS. Like the loop's
 fence it never raises for I/O: a lighthouse that cannot be reached, or that refuses, means
 "no", and the step is retried. Most steps never get here with a question: within the commit
-lease the step's quorum granted (lighthouse/commit_lease.py), the answer is known, and the
+lease the step's quorum granted (lighthouse/rules/commit_lease.py), the answer is known, and the
 vote took 0.04 ms instead of 1.2-1.4 ms in the same benchmark.
 """
 
@@ -25,12 +25,12 @@ from collections.abc import Callable
 
 import grpc
 
-from lighthouse import envelope, protocol
-from lighthouse.channels import CHANNEL_OPTIONS, translate
-from lighthouse.commit_lease import WITHIN_LEASE
-from lighthouse.options import TOKEN_METADATA_KEY
-from lighthouse.protocol import FenceRequest, FenceResponse
-from lighthouse.tls import TlsFiles, grpc_channel
+from lighthouse.client.channels import CHANNEL_OPTIONS, translate
+from lighthouse.config.options import TOKEN_METADATA_KEY
+from lighthouse.rules.commit_lease import WITHIN_LEASE
+from lighthouse.tls.files import TlsFiles, grpc_channel
+from lighthouse.wire import envelope, protocol
+from lighthouse.wire.protocol import FenceRequest, FenceResponse
 
 
 class BlockingFence:
@@ -43,7 +43,7 @@ class BlockingFence:
         self._current_address = current_address
         """The lighthouse the session talks to now (read on the caller's thread: a str swap)."""
         self._lease_covers = commit_lease_covers
-        """The session's commit lease (lighthouse/commit_lease.py): within it, no question to ask."""
+        """The session's commit lease (lighthouse/rules/commit_lease.py): within it, no question to ask."""
         self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
         self._tls = tls
         self._wait_for_ready = wait_for_ready

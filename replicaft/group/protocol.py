@@ -1,8 +1,8 @@
 """Messages between a group's ranks and the group's manager server (hosted by group rank 0).
 
-Same plumbing as the lighthouse (gRPC generic handlers, lighthouse/envelope.py's msgpack
+Same plumbing as the lighthouse (gRPC generic handlers, lighthouse/wire/envelope.py's msgpack
 envelope and field checks); the answers to ``Quorum`` and the pushed notices reuse the lighthouse's
-own :class:`~lighthouse.protocol.Quorum` and :class:`~lighthouse.protocol.Notice` encodings.
+own :class:`~lighthouse.wire.protocol.Quorum` and :class:`~lighthouse.wire.protocol.Notice` encodings.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lighthouse.envelope import (
+from lighthouse.wire.envelope import (
     MAX_TIMEOUT_S,
     check_bool,
     check_data,

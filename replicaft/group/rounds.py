@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from replicaft.commit import CommitDecision, Vote, check_votes
 from replicaft.group.protocol import GroupQuorumRequest, VoteRequest
+from replicaft.step.commit import CommitDecision, Vote, check_votes
 
 RefusalCode = Literal["invalid", "mismatch", "broken", "expired"]
 

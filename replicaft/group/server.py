@@ -25,14 +25,14 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from lighthouse import envelope
 from lighthouse.errors import LighthouseError, ProtocolError
-from lighthouse.guards import require_token
-from lighthouse.tls import HANDSHAKE_TIMEOUT_S, TlsFiles, add_port
+from lighthouse.server.guards import require_token
+from lighthouse.tls.files import HANDSHAKE_TIMEOUT_S, TlsFiles, add_port
+from lighthouse.wire import envelope
 from replicaft.errors import GroupBroken, StepMismatch
 from replicaft.group import protocol as gp
 from replicaft.group.coordinator import GroupCoordinator, GroupRefused
-from replicaft.threads import LoopThread
+from replicaft.process.threads import LoopThread
 
 logger = logging.getLogger(__name__)
 

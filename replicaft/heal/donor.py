@@ -1,7 +1,7 @@
 """The donor side of a heal: serve this rank's state to the healers of the quorum, live.
 
 A group at the quorum's ``max_step`` with healers in the quorum is a donor. The step driver
-(step.py) calls this module twice a step, on the training thread:
+(replicaft/step/driver.py) calls this module twice a step, on the training thread:
 
 1. ``serve`` (the plan is applied): publish the snapshot the healers need on this rank's state
    server, served from the live tensors (transfer/live.py: no copy first), and keep serving
@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import torch
 
-from lighthouse.plan import StepPlan
-from replicaft.faults import reached, write_served_due
+from lighthouse.rules.plan import StepPlan
 from replicaft.heal import HEAL_WAIT_FRACTION
-from replicaft.registry import StateRegistry
-from replicaft.state import Flat
+from replicaft.process.faults import reached, write_served_due
+from replicaft.state.flat import Flat
+from replicaft.state.registry import StateRegistry
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.server import StateServer
 from replicaft.transfer.spare import SpareBuffer

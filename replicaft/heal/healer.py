@@ -1,7 +1,7 @@
 """The healer side of a heal: fetch a donor snapshot in the background, record, then apply.
 
-A group behind the quorum's ``max_step`` is a healer (lighthouse/plan.py). The step driver
-(step.py) calls this module at four points of each healing step, all on the training thread:
+A group behind the quorum's ``max_step`` is a healer (lighthouse/rules/plan.py). The step driver
+(replicaft/step/driver.py) calls this module at four points of each healing step, all on the training thread:
 
 1. ``begin`` (the plan is applied): start the fetch of the donors' snapshot on the heal
    thread, unless one is running whose base the donors still serve; or, when a hook asks for
@@ -29,15 +29,15 @@ from typing import Any
 
 import torch
 
-from lighthouse.envelope import check_float
 from lighthouse.errors import ProtocolError
-from lighthouse.plan import StepPlan
+from lighthouse.rules.plan import StepPlan
+from lighthouse.wire.envelope import check_float
+from replicaft.config.options import ManagerOptions
 from replicaft.errors import GroupBroken, HealError
 from replicaft.heal import HEAL_WAIT_FRACTION
 from replicaft.heal.catchup import CatchUp
-from replicaft.options import ManagerOptions
-from replicaft.registry import StateRegistry
-from replicaft.state import SMALL_TENSOR_BYTES, unflatten
+from replicaft.state.flat import SMALL_TENSOR_BYTES, unflatten
+from replicaft.state.registry import StateRegistry
 from replicaft.transfer.client import HealResult, fetch_state
 from replicaft.transfer.donors import Donor
 from replicaft.transfer.progress import FetchProgress
@@ -87,7 +87,7 @@ class Healer:
     @property
     def healing(self) -> bool:
         """A catch-up is under way, from its fetch's start until it is applied or dropped: the
-        heartbeats say so (lighthouse/liveness.py: loading its state may stall this process)."""
+        heartbeats say so (lighthouse/rules/liveness.py: loading its state may stall this process)."""
         return self._catchup is not None
 
     @property

@@ -39,7 +39,7 @@ And why it is built so:
   SIGKILL cannot clean up after itself, and the launcher runs on Linux only.
 * The status line reads the structured event logs (STYLE §9), never the children's log text,
   so the launcher always sets ``REPLICAFT_EVENTS_DIR`` (a temporary directory by default).
-* A restart runs in a warm standby when one is ready (``replicaft.standby``: an interpreter
+* A restart runs in a warm standby when one is ready (``replicaft.launch.standby``: an interpreter
   that has already imported torch and replicaft, which takes ~2.5 s here): the launcher writes
   the group's variables to its stdin and it becomes the group. With W = 1 the launcher keeps
   ``--standbys`` of them (default 1). It starts them only while no group is in its start-up
@@ -48,7 +48,7 @@ And why it is built so:
   exits before it is used turns standbys off for the run, with a message, and restarts go cold.
   Once the groups have reported the size of their state, each standby is asked to fault in that
   much memory (``--no-standby-reserve`` not to), for the restarted group's buckets and heal
-  (``replicaft.reserve``). With W > 1 torchrun starts the ranks, so restarts are always cold.
+  (``replicaft.process.reserve``). With W > 1 torchrun starts the ranks, so restarts are always cold.
 * Every server of the job is authenticated: when the launcher starts the lighthouse and
   ``REPLICAFT_TOKEN`` is unset, it makes a secret for this job and hands it to the lighthouse,
   every group and every standby (in their environment, never on a command line, which any

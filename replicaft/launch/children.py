@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from replicaft.process_tree import die_with_parent
+from replicaft.process.process_tree import die_with_parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -30,12 +30,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from replicaft.job_status import GroupState
 from replicaft.launch.children import DEFAULT_SPAWN, Child, SpawnSettings
+from replicaft.launch.job_status import GroupState
 from replicaft.launch.reaper import Reaper
+from replicaft.launch.restart_policy import RestartDecision
 from replicaft.launch.standby_pool import StandbyPool
-from replicaft.process_tree import read_process_table, running_below, send_signal
-from replicaft.restart_policy import RestartDecision
+from replicaft.process.process_tree import read_process_table, running_below, send_signal
 
 logger = logging.getLogger(__name__)
 

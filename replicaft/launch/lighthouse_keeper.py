@@ -9,10 +9,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from lighthouse.announce import grpc_address
+from lighthouse.server.announce import grpc_address
 from replicaft.launch.children import Child
 from replicaft.launch.options import LaunchOptions
-from replicaft.restart_policy import decide_restart, describe_exit
+from replicaft.launch.restart_policy import decide_restart, describe_exit
 
 logger = logging.getLogger(__name__)
 

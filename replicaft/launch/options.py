@@ -9,9 +9,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import NoReturn
 
-from lighthouse.option_checks import MAX_SECONDS, check_number
-from lighthouse.options import MAX_MEMBERS, TOKEN_ENV
-from lighthouse.replica_id import check_replica_id
+from lighthouse.config.option_checks import MAX_SECONDS, check_number
+from lighthouse.config.options import MAX_MEMBERS, TOKEN_ENV
+from lighthouse.wire.replica_id import check_replica_id
 from replicaft.errors import OptionsError
 
 PROG = "replicaft-launch"
@@ -94,7 +94,7 @@ class LaunchOptions:
             raise OptionsError(f"torchft={self.torchft!r}; give True or False (--torchft)")
         if not isinstance(self.replica_prefix, str):
             raise OptionsError(f"--replica-prefix {self.replica_prefix!r}; give a string such as 'g'")
-        # The one rule for replica ids (lighthouse/replica_id.py); the last id is the longest.
+        # The one rule for replica ids (lighthouse/wire/replica_id.py); the last id is the longest.
         check_replica_id(f"{self.replica_prefix}{self.num_groups - 1}", error=OptionsError,
                          where=f"--replica-prefix {self.replica_prefix!r}: the replica id")
 

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from replicaft.launch.children import Child
-from replicaft.process_tree import read_process_table, running_below, send_signal
+from replicaft.process.process_tree import read_process_table, running_below, send_signal
 
 logger = logging.getLogger(__name__)
 

@@ -16,23 +16,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replicaft.compat import TORCHFT_ALIAS_DIR
-from replicaft.console import (
+from replicaft.errors import OptionsError
+from replicaft.launch.children import Child, free_port
+from replicaft.launch.console import (
     TORCHRUN_ROLE,
     Console,
     ConsoleLogHandler,
     label_single_rank_line,
     label_torchrun_line,
 )
-from replicaft.errors import OptionsError
-from replicaft.events import EventTail
-from replicaft.job_status import EventProgress, GroupStatus, render_status
-from replicaft.launch.children import Child, free_port
 from replicaft.launch.groups import Group, GroupSupervisor
+from replicaft.launch.job_status import EventProgress, GroupStatus, render_status
 from replicaft.launch.lighthouse_keeper import LighthouseKeeper
 from replicaft.launch.options import PROG, LaunchOptions, job_secret, parse_args
 from replicaft.launch.reaper import Reaper
-from replicaft.process_tree import become_subreaper
-from replicaft.restart_policy import RestartDecision, decide_restart
+from replicaft.launch.restart_policy import RestartDecision, decide_restart
+from replicaft.process.process_tree import become_subreaper
+from replicaft.telemetry.events import EventTail
 
 logger = logging.getLogger(__name__)
 

@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from lighthouse.plan import StepPlan
-from replicaft.data import sample_ids
+from lighthouse.rules.plan import StepPlan
+from replicaft.data.sampler import sample_ids
 from replicaft.errors import GroupError, OptionsError, StateError
 from replicaft.local_sgd import leases as lease_rules
 from replicaft.local_sgd.fragment import Fragment
@@ -57,8 +57,8 @@ from replicaft.local_sgd.reduce import PendingReduce, finish_reduce, start_reduc
 from replicaft.local_sgd.schedule import SyncSchedule
 from replicaft.local_sgd.wire import Wire, check_wire
 from replicaft.manager import Manager
-from replicaft.registry import StepHooks
-from replicaft.state import digest, flatten
+from replicaft.state.flat import digest, flatten
+from replicaft.state.registry import StepHooks
 
 logger = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from lighthouse.plan import StepPlan
+from lighthouse.rules.plan import StepPlan
+from replicaft.column.process_group import ManagedWork
 from replicaft.local_sgd import wire
 from replicaft.local_sgd.wire import Wire
 from replicaft.manager import Manager
-from replicaft.process_group import ManagedWork
 
 
 @dataclass

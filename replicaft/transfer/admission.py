@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from lighthouse.tls import HANDSHAKE_TIMEOUT_S
-from replicaft.options import HEAL_CONNECTIONS
+from lighthouse.tls.files import HANDSHAKE_TIMEOUT_S
+from replicaft.config.options import HEAL_CONNECTIONS
 
 IDLE_TIMEOUT_S = 30.0
 """A connection idle this long between requests is closed, so a stalled healer cannot pin a

@@ -40,10 +40,10 @@ from dataclasses import dataclass
 import torch
 
 from lighthouse.errors import ProtocolError, TlsRefused
-from replicaft.device import CopyStream, CopyTimeout
+from replicaft.config.options import HEAL_CONNECTIONS
 from replicaft.errors import HealError, StateError
-from replicaft.options import HEAL_CONNECTIONS
 from replicaft.transfer.board import StripeBoard, StripeTask
+from replicaft.transfer.device import CopyStream, CopyTimeout
 from replicaft.transfer.donors import (
     Donor,
     agreed_donors,
@@ -288,7 +288,7 @@ def fetch_state(
     ``reader``: the healer's replica id, sent with each range request: a donor serving its
     live state (live.py) keeps a copy of only what its expected healers were not sent.
     ``connections``: how many connections pull at once, in all, at least one per donor host
-    (``streams_by_donor``). ``tls``: a client context (lighthouse.tls.TlsFiles.client_context)
+    (``streams_by_donor``). ``tls``: a client context (lighthouse.tls.files.TlsFiles.client_context)
     when the donors serve over TLS. ``stream``: the copy stream ``into``'s device tensors are
     received through (placement.py; default: the process's stream for their device).
     ``expected``: the dtype and shape of each tensor the healer has, by manifest name, and

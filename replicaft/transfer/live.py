@@ -28,7 +28,7 @@ like every small tensor). So:
 
 Device (CUDA) tensors cannot be sent from where they live: they are copied at the quorum into
 the host buffer (pinned, on the copy stream's side stream, in pieces: snapshot.CopyPlan and
-replicaft/device.py), checksummed there and served from that copy. The manifest carries every
+replicaft/transfer/device.py), checksummed there and served from that copy. The manifest carries every
 chunk's digest, so that copy ends before the snapshot is served; it runs at the device's
 pinned copy rate (tens of GB/s), well above a socket's.
 
@@ -46,7 +46,7 @@ import time
 
 import torch
 
-from replicaft.state import SMALL_TENSOR_BYTES, Flat
+from replicaft.state.flat import SMALL_TENSOR_BYTES, Flat
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest
 from replicaft.transfer.server import NotServed
 from replicaft.transfer.snapshot import CopyPlan, deferrable, version_counter

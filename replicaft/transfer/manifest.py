@@ -23,10 +23,10 @@ from typing import Any
 
 import msgpack
 
-from lighthouse.envelope import MAX_ID_CHARS, check_int, check_str, require
 from lighthouse.errors import ProtocolError, shown
-from lighthouse.plan import STRIPES_PER_DONOR, assign_stripes
-from replicaft.skeleton import SkeletonError, check_skeleton
+from lighthouse.rules.plan import STRIPES_PER_DONOR, assign_stripes
+from lighthouse.wire.envelope import MAX_ID_CHARS, check_int, check_str, require
+from replicaft.state.skeleton import SkeletonError, check_skeleton
 from replicaft.transfer.checksum import ALGORITHM as CHECKSUM_ALGORITHM
 from replicaft.transfer.checksum import DIGEST_BYTES, digest
 
@@ -197,7 +197,7 @@ class ByteStripe:
 def chunk_stripes(
     manifest: Manifest, donors: Sequence[str], healer_index: int = 0, streams_per_donor: int = 1
 ) -> list[ByteStripe]:
-    """Chunk-aligned stripes of the snapshot dealt across donors (lighthouse.plan.assign_stripes),
+    """Chunk-aligned stripes of the snapshot dealt across donors (lighthouse.rules.plan.assign_stripes),
     ``STRIPES_PER_DONOR`` for each of a donor's streams, so that a stream that finishes early
     takes a stripe its sibling has not started."""
     c = manifest.chunk_bytes

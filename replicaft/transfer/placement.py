@@ -31,8 +31,15 @@ from collections.abc import Mapping
 
 import torch
 
-from replicaft import reserve
-from replicaft.device import CopyStream, StagedWriter, device_of, pool_for, raw_bytes, stream_for
+from replicaft.process import reserve
+from replicaft.transfer.device import (
+    CopyStream,
+    StagedWriter,
+    device_of,
+    pool_for,
+    raw_bytes,
+    stream_for,
+)
 from replicaft.transfer.manifest import Manifest
 from replicaft.transfer.snapshot import spec_dtype
 

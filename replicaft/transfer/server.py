@@ -27,8 +27,8 @@ from typing import Protocol
 
 import torch
 
-from lighthouse.envelope import MAX_ID_CHARS, check_int, check_str, require
 from lighthouse.errors import ProtocolError
+from lighthouse.wire.envelope import MAX_ID_CHARS, check_int, check_str, require
 from replicaft.transfer.admission import Admission, ServerLimits, ServerStatistics, admit
 from replicaft.transfer.manifest import Manifest
 from replicaft.transfer.wire import (
@@ -92,7 +92,7 @@ def _cut(text: str) -> str:
 class StateServer:
     def __init__(self, host: str, token: str | None = None, *, fault_hook: RangeHook | None = None,
                  tls: ssl.SSLContext | None = None, limits: ServerLimits | None = None) -> None:
-        """``tls``: a server context (lighthouse.tls.TlsFiles.server_context); every connection
+        """``tls``: a server context (lighthouse.tls.files.TlsFiles.server_context); every connection
         is then TLS, its handshake done on the connection's own thread within the handshake
         deadline. ``limits``: the bounds on what peers may hold (defaults: ``ServerLimits()``)."""
         self._host = host

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from replicaft.content import BufferHashes, copy_changed
-from replicaft.device import CopyEvent, CopyStream, device_of, raw_bytes, stream_for
 from replicaft.errors import StateError
-from replicaft.state import DTYPES, SMALL_TENSOR_BYTES, Flat, Sharding, tensor_bytes
-from replicaft.threads import lower_thread_priority
+from replicaft.process.threads import lower_thread_priority
+from replicaft.state.content import BufferHashes, copy_changed
+from replicaft.state.flat import DTYPES, SMALL_TENSOR_BYTES, Flat, Sharding, tensor_bytes
 from replicaft.transfer.checksum import digest
+from replicaft.transfer.device import CopyEvent, CopyStream, device_of, raw_bytes, stream_for
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
 from replicaft.transfer.wire import SEND_PIECE_BYTES
 
@@ -41,7 +41,7 @@ class Snapshot:
     shardings: tuple[Sharding | None, ...] | None = None
     """From :attr:`Flat.shardings`: for a checkpoint writer, never served."""
     content: BufferHashes | None = None
-    """What is known of the buffer's content hashes (replicaft/content.py): the pieces a
+    """What is known of the buffer's content hashes (replicaft/state/content.py): the pieces a
     capture found unchanged in a reused buffer; the checkpoint writer adds the rest."""
 
     @classmethod
@@ -112,7 +112,7 @@ class BackgroundCapture:
     6-180 ms slower than a plain one over two benchmark runs (a synchronous DCP save: 2.5 s).
 
     Device tensors (CUDA) are copied the same way, piece by piece, but by the copy stream
-    (replicaft/device.py): the thread only queues device-to-host copies on a side stream, into
+    (replicaft/transfer/device.py): the thread only queues device-to-host copies on a side stream, into
     the (pinned, reused) host buffer, ordered after the step's queued work; :meth:`finish` waits
     for their events, never for the compute stream.
     """

@@ -6,14 +6,14 @@ import threading
 
 import torch
 
-from replicaft.content import BufferHashes
+from replicaft.state.content import BufferHashes
 
 
 class SpareBuffer:
     """The host buffer a rank's next copy of its state reuses, once nothing reads it.
 
     A rank copies its state into host memory for two things in turn: a persistent
-    checkpoint's snapshot (persistence.py) and the chunks a donor's live snapshot keeps for
+    checkpoint's snapshot (replicaft/persistence/duties.py) and the chunks a donor's live snapshot keeps for
     its healers (live.py). A fresh buffer costs a page fault per 4 KiB, about as much as the
     copy itself (measured), so both take the one spare buffer held here and give it back
     when they are done with it. The price: host memory of up to one copy of the state stays
@@ -31,7 +31,7 @@ class SpareBuffer:
         return self.take_with_content()[0]
 
     def take_with_content(self) -> tuple[torch.Tensor | None, BufferHashes | None]:
-        """The spare buffer and the content hashes of what it holds (replicaft/content.py),
+        """The spare buffer and the content hashes of what it holds (replicaft/state/content.py),
         for a caller that writes it only through ``CopyPlan`` (a checkpoint capture)."""
         with self._lock:
             taken = self._buffer, self._content

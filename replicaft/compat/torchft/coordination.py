@@ -1,11 +1,11 @@
 """torchft's low-level coordination API, backed by replicaft's lighthouse and group server.
 
-``LighthouseServer`` runs replicaft's lighthouse (lighthouse/server.py) on a loop thread of
+``LighthouseServer`` runs replicaft's lighthouse (lighthouse/server/grpc_server.py) on a loop thread of
 this process, as torchft runs its Rust one in-process. ``LighthouseClient.quorum`` joins a
 quorum through a lighthouse session per replica id (replicaft's sessions heartbeat on their
 own; ``heartbeat`` opens one if needed). ``ManagerServer`` is a group's manager server
 (replicaft/group/server.py over a coordinator) and ``ManagerClient`` a rank's client of it: ``_quorum`` returns
-torchft's ``QuorumResult`` fields computed by replicaft's step plan (lighthouse/plan.py),
+torchft's ``QuorumResult`` fields computed by replicaft's step plan (lighthouse/rules/plan.py),
 ``should_commit`` is the group's vote.
 
 Deliberate differences: a server asked to bind a wildcard address (``[::]``, ``0.0.0.0``)
@@ -29,18 +29,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from lighthouse.blocking_client import LighthouseClient as _BlockingLighthouseClient
-from lighthouse.options import LighthouseOptions, MembershipOptions
-from lighthouse.plan import plan_step
-from lighthouse.progress import Progress
-from lighthouse.protocol import Quorum as _Quorum
-from lighthouse.server import LighthouseServer as _LighthouseServer
+from lighthouse.client.blocking_client import LighthouseClient as _BlockingLighthouseClient
+from lighthouse.config.options import LighthouseOptions, MembershipOptions
+from lighthouse.rules.plan import plan_step
+from lighthouse.server.grpc_server import LighthouseServer as _LighthouseServer
+from lighthouse.wire.progress import Progress
+from lighthouse.wire.protocol import Quorum as _Quorum
+from replicaft.config.options import ManagerOptions
 from replicaft.errors import OptionsError
 from replicaft.group.client import RPC_GRACE_S, RemoteGroupChannel
 from replicaft.group.coordinator import GroupCoordinator
 from replicaft.group.server import GroupServer
-from replicaft.options import ManagerOptions
-from replicaft.threads import LoopThread
+from replicaft.process.threads import LoopThread
 
 __all__ = ["LighthouseClient", "LighthouseServer", "ManagerClient", "ManagerServer", "Quorum", "QuorumMember"]
 

@@ -7,7 +7,7 @@ from typing import Any
 from torch import nn
 
 from replicaft.compat.torchft.manager import Manager
-from replicaft.ddp import DistributedDataParallel as _DistributedDataParallel
+from replicaft.wrappers.ddp import DistributedDataParallel as _DistributedDataParallel
 
 __all__ = ["DistributedDataParallel"]
 

@@ -50,12 +50,12 @@ import torch
 
 import replicaft
 from lighthouse.errors import QuorumTimeout
+from replicaft.column.process_group import ManagedWork
 from replicaft.compat.torchft.aliasing import resolve_aliased, strip_aliased, tensor_keys
 from replicaft.compat.torchft.checkpointing.transport import CheckpointTransport
 from replicaft.compat.torchft.process_group import FakeProcessGroupWrapper, ProcessGroup
 from replicaft.errors import GroupError, OptionsError
-from replicaft.process_group import ManagedWork
-from replicaft.registry import StepHooks
+from replicaft.state.registry import StepHooks
 
 __all__ = ["Manager", "WorldSizeMode"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from replicaft.compat.torchft.manager import Manager
-from replicaft.optim import Optimizer as _Optimizer
+from replicaft.wrappers.optim import Optimizer as _Optimizer
 
 __all__ = ["OptimizerWrapper"]
 

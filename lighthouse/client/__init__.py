@@ -1,0 +1,6 @@
+"""The lighthouse's client, as a replica group's manager holds it.
+
+``async_client.py`` (``AsyncLighthouseClient``, on asyncio) and ``blocking_client.py`` (its
+facade for threads), with ``asks.py`` (the one quorum request in flight), ``channels.py`` (which
+lighthouse to talk to next) and ``stream_writer.py`` (writes and heartbeats on a session).
+"""

@@ -1,0 +1,113 @@
+"""The lighthouse benchmark's simulated members (benchmarks/raw_streams.py): gRPC streams in
+hand-built HTTP/2 frames must meet a real grpc.aio server exactly as grpc.aio clients do, or
+the 1,024-member figures would measure a different protocol. Servers run in this process on
+loopback (grpc.aio's own server, and the real LighthouseServer), one event loop, no sleeps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from benchmarks.lighthouse_workers import (
+    BARRIER_METHOD,
+    answer_to,
+    raw_round,
+    registered,
+    same_as,
+    start_echo_server,
+)
+from benchmarks.raw_streams import RawStream, StreamFailed
+from lighthouse.config.options import LighthouseOptions, MembershipOptions
+from lighthouse.server.grpc_server import LighthouseServer
+from lighthouse.wire.envelope import encode
+from lighthouse.wire.protocol import SESSION_METHOD, Quorum, QuorumRequest, Register
+from lighthouse.wire.replies import QuorumAnswer, QuorumUpdate
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def run_with_echo_server(test: Callable[[str], Awaitable[None]]) -> None:
+    async def main() -> None:
+        server, address = await start_echo_server()
+        try:
+            await test(address)
+        finally:
+            await server.stop(0)
+
+    asyncio.run(main())
+
+
+async def opened(address: str, method: str, count: int) -> list[RawStream]:
+    streams = [RawStream(address, method) for _ in range(count)]
+    await asyncio.gather(*(s.open() for s in streams))
+    return streams
+
+
+def test_raw_streams_are_released_together_by_the_barrier() -> None:
+    async def rounds(address: str) -> None:
+        streams = await opened(address, BARRIER_METHOD, 3)
+        try:
+            for _ in range(3):
+                times, answer = await raw_round(streams, [b"3"] * 3, same_as(b"3"))
+                assert answer == b"3"
+                assert all(asked <= answered for asked, answered in times)
+        finally:
+            for s in streams:
+                s.close()
+
+    run_with_echo_server(rounds)
+
+
+def test_raw_stream_honours_the_servers_flow_control_window() -> None:
+    """100 KB through one stream: past HTTP/2's initial 64 KiB window only if the client takes
+    the server's WINDOW_UPDATEs (and answers its SETTINGS and PINGs)."""
+    body = b"1".ljust(1000)  # the barrier reads int(body) = 1: each message releases itself
+
+    async def rounds(address: str) -> None:
+        [stream] = await opened(address, BARRIER_METHOD, 1)
+        try:
+            for _ in range(100):
+                _, answer = await raw_round([stream], [body], same_as(body))
+                assert answer == body
+        finally:
+            stream.close()
+
+    run_with_echo_server(rounds)
+
+
+def test_raw_stream_to_an_unknown_method_fails_its_round() -> None:
+    async def round_(address: str) -> None:
+        streams = await opened(address, "/bench.Echo/NoSuchMethod", 1)
+        with pytest.raises(StreamFailed, match="NoSuchMethod: the server ended the stream"):
+            await raw_round(streams, [b"1"], same_as(b"1"))
+
+    run_with_echo_server(round_)
+
+
+def test_raw_sessions_register_and_get_whole_quorum_then_updates_from_the_lighthouse() -> None:
+    ids = ["m0", "m1", "m2"]
+
+    async def main() -> None:
+        server = LighthouseServer(LighthouseOptions(port=0, membership=MembershipOptions(
+            join_timeout_s=10, heartbeat_timeout_s=10, progress_timeout_s=20)))
+        address = (await server.start()).grpc
+        sessions = await opened(address, SESSION_METHOD, len(ids))
+        try:
+            await raw_round(sessions, [encode(Register(rid, "", 1, 0)) for rid in ids], registered)
+            replies = []
+            for step in (1, 2):
+                bodies = [encode(QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=10,
+                                               ask=step)) for rid in ids]
+                replies.append((await raw_round(sessions, bodies, answer_to(step)))[1])
+            first, second = replies
+            assert isinstance(first, QuorumAnswer) and Quorum.decode(first.quorum).replica_ids == tuple(ids)
+            assert isinstance(second, QuorumUpdate) and second.ask == 2
+        finally:
+            for s in sessions:
+                s.close()
+            await server.stop(0)
+
+    asyncio.run(main())

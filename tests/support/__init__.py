@@ -1,0 +1,1 @@
+"""What the tests share: helper modules, the scripts they run as processes, fixtures."""
