@@ -7,7 +7,7 @@ donor's core and the donor's step time measures the co-location, not the serving
 
 * ``restart_to_commit_s_<size>``: the product's restart. ``replicaft-launch`` runs both groups
   (``--restart-delay 0``); once both have committed ``WARM_STEPS`` steps and the launcher's warm
-  standby is ready (``replicaft/launch/standby.py``: torch and replicaft imported, and its memory
+  standby is ready (``replicaft/process/standby.py``: torch and replicaft imported, and its memory
   reserve the size of the state faulted in, ``replicaft/process/reserve.py``), g1 is SIGKILLed. The
   launcher sees the exit, activates the standby as g1, which builds the model, joins the quorum,
   heals the whole state from g0 (non-blocking: it takes part in the steps with zero gradients

@@ -275,7 +275,7 @@ class Scenario:
     """How long the supervisor waits before restarting a dead group or lighthouse, as an
     orchestrator would (Kubernetes' back-off, Slurm's requeue)."""
     warm_standby: bool = False
-    """Keep a warm standby (``replicaft.launch.standby``, as ``replicaft-launch`` does) and restart a
+    """Keep a warm standby (``replicaft.process.standby``, as ``replicaft-launch`` does) and restart a
     group in it when one is ready, its memory reserve sized by the groups' state; a fault that
     restarts a group (sigkill, sigterm, preemption_notice, the healer of kill_donor_mid_heal)
     then waits until the standby is ready, so that it is the restart under test. W = 1 only,

@@ -39,7 +39,7 @@ And why it is built so:
   SIGKILL cannot clean up after itself, and the launcher runs on Linux only.
 * The status line reads the structured event logs (STYLE §9), never the children's log text,
   so the launcher always sets ``REPLICAFT_EVENTS_DIR`` (a temporary directory by default).
-* A restart runs in a warm standby when one is ready (``replicaft.launch.standby``: an interpreter
+* A restart runs in a warm standby when one is ready (``replicaft.process.standby``: an interpreter
   that has already imported torch and replicaft, which takes ~2.5 s here): the launcher writes
   the group's variables to its stdin and it becomes the group. With W = 1 the launcher keeps
   ``--standbys`` of them (default 1). It starts them only while no group is in its start-up

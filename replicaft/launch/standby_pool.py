@@ -1,5 +1,5 @@
 """Warm standbys: interpreters that have imported torch and replicaft, waiting to become a
-restarted group (``replicaft.launch.standby``), each holding a memory reserve the size of a group's
+restarted group (``replicaft.process.standby``), each holding a memory reserve the size of a group's
 state once the groups have told it.
 
 They start only at quiet times (no group in its start-up), so their imports never compete
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from replicaft.launch.children import DEFAULT_SPAWN, Child, SpawnSettings
 from replicaft.launch.restart_policy import describe_exit
-from replicaft.launch.standby import (
+from replicaft.process.standby import (
     READY_LINE,
     RESERVED_LINE,
     encode_activation,
@@ -97,7 +97,7 @@ class StandbyPool:
         self._ask_reserves()
         if len(self.standbys) >= self._num_standbys:
             return
-        argv = [sys.executable, "-m", "replicaft.launch.standby", *self._script]
+        argv = [sys.executable, "-m", "replicaft.process.standby", *self._script]
         standby = Child(argv, self._env(), self._on_line, stdin_pipe=True, settings=self._settings)
         self.standbys.append(standby)
         logger.info("starting warm standby pid %d", standby.pid)

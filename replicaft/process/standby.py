@@ -8,7 +8,7 @@ training script is slower than the whole rest of its restart (join, heal, first 
 ``replicaft-launch`` keeps a standby warm and, when a group dies, hands it that group's
 identity instead of starting a cold interpreter.
 
-The standby runs ``python -m replicaft.launch.standby SCRIPT ARGS...`` with the environment a group
+The standby runs ``python -m replicaft.process.standby SCRIPT ARGS...`` with the environment a group
 would get, minus the group's own variables. It imports, prints ``READY_LINE`` and its pid, then
 reads JSON lines from its stdin, one object each:
 
@@ -191,7 +191,7 @@ def wait_for_activation(fd: int) -> Activation | None:
         except (OSError, ValueError) as e:
             why = str(e)
         if why is not None:  # the restart still works, on fresh memory
-            print(f"replicaft.launch.standby: no reserve of {message.num_bytes} bytes: {why}", file=sys.stderr, flush=True)
+            print(f"replicaft.process.standby: no reserve of {message.num_bytes} bytes: {why}", file=sys.stderr, flush=True)
             continue
         print(f"{RESERVED_LINE} {message.num_bytes} bytes, pid {os.getpid()}", flush=True)
 
@@ -223,7 +223,7 @@ def _set_oom_score_adj(value: str) -> bool:
 
 def main(argv: Sequence[str]) -> int:
     if not argv:
-        print("usage: python -m replicaft.launch.standby SCRIPT [ARGS...]", file=sys.stderr)
+        print("usage: python -m replicaft.process.standby SCRIPT [ARGS...]", file=sys.stderr)
         return 2
     group_oom_score_adj = _read_text("/proc/self/oom_score_adj").strip()
     _set_oom_score_adj(str(IDLE_OOM_SCORE_ADJ))
@@ -232,12 +232,12 @@ def main(argv: Sequence[str]) -> int:
     try:
         activation = wait_for_activation(0)
     except ValueError as e:
-        print(f"replicaft.launch.standby: {e}", file=sys.stderr)
+        print(f"replicaft.process.standby: {e}", file=sys.stderr)
         return 2
     if activation is None:
         return 0
     if group_oom_score_adj and not _set_oom_score_adj(group_oom_score_adj):
-        print(f"replicaft.launch.standby: could not set oom_score_adj back to {group_oom_score_adj}; this group is the "
+        print(f"replicaft.process.standby: could not set oom_score_adj back to {group_oom_score_adj}; this group is the "
               "OOM killer's first choice", file=sys.stderr, flush=True)
     os.environ.update(activation.env)
     devnull = os.open(os.devnull, os.O_RDONLY)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
-from replicaft.launch import standby
-from replicaft.launch.standby import (
+from replicaft.process import standby
+from replicaft.process.standby import (
     READY_LINE,
     RESERVED_LINE,
     Activation,
@@ -114,13 +114,13 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 class Standby:
-    """``python -m replicaft.launch.standby SCRIPT --steps 3`` started with its whole stdin already
+    """``python -m replicaft.process.standby SCRIPT --steps 3`` started with its whole stdin already
     written and closed, as ``subprocess.run(input=...)`` would give it (``stdin=None``: left
     open, so the standby stays idle); ``result()`` waits for its exit."""
 
     def __init__(self, script: Path, stdin: str | None, **env: str) -> None:
         self.script = script
-        self.args = [sys.executable, "-m", "replicaft.launch.standby", str(script), "--steps", "3"]
+        self.args = [sys.executable, "-m", "replicaft.process.standby", str(script), "--steps", "3"]
         self.popen = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, env=_env(**env), cwd=REPO_ROOT)
         assert self.popen.stdin is not None
@@ -217,7 +217,7 @@ def test_a_malformed_activation_ends_the_standby_with_a_message_and_runs_nothing
         standbys: dict[str, Standby]) -> None:
     warm = standbys["malformed_activation"].result()
     assert warm.returncode == 2
-    assert "replicaft.launch.standby: the activation's 'env' must map names to strings" in warm.stderr
+    assert "replicaft.process.standby: the activation's 'env' must map names to strings" in warm.stderr
     assert len(warm.stdout.splitlines()) == 1
 
 
@@ -250,7 +250,7 @@ def test_a_reserve_larger_than_the_machine_is_reported_and_the_standby_still_run
         standbys: dict[str, Standby]) -> None:
     warm = standbys["reserve_too_large"].result()
     assert warm.returncode == 0, warm.stderr
-    assert f"replicaft.launch.standby: no reserve of {1 << 60} bytes: only " in warm.stderr
+    assert f"replicaft.process.standby: no reserve of {1 << 60} bytes: only " in warm.stderr
     assert warm.stdout.splitlines()[1:] == ["ran"]
 
 
@@ -259,7 +259,7 @@ def test_a_malformed_reserve_ends_the_standby_with_a_message_and_runs_nothing(
         standbys: dict[str, Standby]) -> None:
     warm = standbys["malformed_reserve"].result()
     assert warm.returncode == 2
-    assert "replicaft.launch.standby: the reserve's 'reserve_bytes' must be a positive integer, got -1" in warm.stderr
+    assert "replicaft.process.standby: the reserve's 'reserve_bytes' must be a positive integer, got -1" in warm.stderr
     assert len(warm.stdout.splitlines()) == 1
 
 
@@ -279,4 +279,4 @@ def test_a_reserve_the_kernel_refuses_is_reported_and_the_wait_goes_on(monkeypat
         assert standby.wait_for_activation(read_end) == Activation({"A": "1"})
     finally:
         os.close(read_end)
-    assert "replicaft.launch.standby: no reserve of 4096 bytes: [Errno 12] Cannot allocate memory" in capsys.readouterr().err
+    assert "replicaft.process.standby: no reserve of 4096 bytes: [Errno 12] Cannot allocate memory" in capsys.readouterr().err
