@@ -4,7 +4,7 @@ A message is a msgpack map carrying ``"v": PROTOCOL_VERSION``, sent through gRPC
 handlers as raw bytes (no protoc step, no generated code). This module is that plumbing, and
 nothing else: unpacking with size and version checks, encoding a message dataclass, and the
 field checks that name the message, the field and the value. The lighthouse's messages
-(protocol.py) and the group manager's (replicaft/group_protocol.py) are both built on it, as
+(protocol.py) and the group manager's (replicaft/group/protocol.py) are both built on it, as
 are the heal wire's manifest and requests; none of them touches msgpack or a raw dict for
 anything this module does. Nothing here can execute code from the wire (msgpack, never
 pickle).

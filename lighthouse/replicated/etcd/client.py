@@ -7,7 +7,7 @@ etcd is one more ``await`` among the server's, not a thread. The asyncio etcd cl
 version pins, for the same six RPCs; etcd's JSON gateway needs an HTTP client the standard
 library does not have for asyncio, base64 for every key, and doubles the hops. The wire
 format of those six RPCs is small and fixed (wire.py), so the cost of owning it is ~250
-lines, tested against a real etcd cluster (tests/test_etcd.py).
+lines, tested against a real etcd cluster (tests/lighthouse/test_replicated_lighthouse.py).
 
 Every call takes the lighthouse's deadline. Endpoints are tried in turn: an endpoint that
 is down, or a member cut off from etcd's own quorum (it answers "no leader" / times out), is
