@@ -27,7 +27,6 @@ suppress_warnings = ["myst.header"]
 
 html_theme = "furo"
 html_title = "replicaft"
-html_static_path = ["_static"]
 
 # The API pages document what a script imports. Type hints name torch's and the standard
 # library's types, which this site does not document: they are shown, not linked.
