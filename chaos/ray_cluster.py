@@ -20,13 +20,13 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from replicaft.launch.children import free_ports
 from replicaft.process_tree import die_with_parent
 
 START_TIMEOUT_S = 120.0
@@ -52,17 +52,6 @@ def ray_command() -> str:
     return found
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 class RayCluster:
     """``start()`` runs the head and waits until Ray says it is up; a context manager, so the
     cluster is stopped at the end. ``address`` is what drivers pass to ``ray.init``."""
@@ -74,7 +63,7 @@ class RayCluster:
         # Ray's sockets live in here: a short path (AF_UNIX paths are limited to 107 bytes).
         self.root = Path(tempfile.mkdtemp(prefix="rft-ray-"))
         self.log_path = self.root / "head.log"
-        self.gcs_port, *self._other_ports = _free_ports(6)
+        self.gcs_port, *self._other_ports = free_ports(6)
         self.process: subprocess.Popen[bytes] | None = None
 
     @property

@@ -27,6 +27,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from replicaft.launch.children import free_ports
 from replicaft.process_tree import die_with_parent
 
 PACKAGES = ("slurm-wlm", "munge")
@@ -65,17 +66,6 @@ def _which(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin:/sbin:/bin")
 
 
-def _free_ports(n: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
-
-
 class SlurmCluster:
     """``start()`` brings up munge and Slurm and waits until every node is idle; a context manager."""
 
@@ -92,7 +82,7 @@ class SlurmCluster:
         self.memory_mb = memory_mb
         self.conf = root / "slurm.conf"
         self.munge_socket = root / "munge" / "munge.socket"
-        ports = _free_ports(nodes + 1)
+        ports = free_ports(nodes + 1)
         self.controller_port, self.node_ports = ports[0], ports[1:]
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
 

@@ -113,6 +113,7 @@ def parse_options(argv: list[str]) -> tuple[LighthouseOptions, ReplicationOption
     where the CLI would print it and exit."""
     parser = _parser()
     parser.exit_on_error = False
+    parser.allow_abbrev = False  # flags written in code are written out
     try:
         args, unknown = parser.parse_known_args(argv)
     except argparse.ArgumentError as e:

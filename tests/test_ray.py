@@ -27,8 +27,6 @@ from training_events import assert_digests_agree, read_events, wait_for_event
 from chaos.ray_cluster import RayCluster, RayNotAvailable
 from replicaft.compat import TORCHFT_ALIAS_DIR
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
-
 START_TIMEOUT_S = 150.0
 """Driver start to every group's first commit: 25-40 s here (Ray Train's controller, placement
 group and workers are new processes, two started at a time on 2 cores)."""
@@ -38,6 +36,66 @@ RESTART_TIMEOUT_S = 90.0
 MAX_SURVIVOR_GAP_S = 5.0
 """The longest a surviving group may go without a commit while the victim is down: the loss is
 seen at once (the lighthouse session breaks) and the next quorum forms without it."""
+
+
+# -- the pure parts (no cluster) ---------------------------------------------------------------
+
+
+def _replicaft_ray():  # type: ignore[no-untyped-def]
+    return pytest.importorskip("replicaft.ray", reason="Ray Train is not installed: pip install 'replicaft[ray]'")
+
+
+def test_replicaft_ray_exports_its_three_names() -> None:
+    module = _replicaft_ray()
+    assert sorted(module.__all__) == ["GroupExited", "ReplicaftConfig", "run_script"]
+
+
+def test_workers_get_the_drivers_replicaft_settings_but_not_the_ones_of_its_own_node() -> None:
+    from replicaft.ray.script import worker_env
+
+    env = worker_env({"REPLICAFT_TOKEN": "t", "REPLICAFT_EVENTS_DIR": "/e", "REPLICAFT_HOST": "10.0.0.1",
+                      "REPLICAFT_REPLICA_ID": "g7", "REPLICAFT_LIGHTHOUSE": "h:1", "HOME": "/root"})
+    assert env == {"REPLICAFT_TOKEN": "t", "REPLICAFT_EVENTS_DIR": "/e", "OMP_NUM_THREADS": "1",
+                   "GRPC_ENABLE_FORK_SUPPORT": "0"}
+
+
+def test_a_bad_lighthouse_flag_fails_in_the_driver_and_each_job_gets_a_token_unless_given(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    module = _replicaft_ray()
+    from lighthouse.errors import OptionsError
+
+    with pytest.raises(OptionsError, match="unknown"):
+        module.ReplicaftConfig(lighthouse_args=["--min-replica", "2"])
+    monkeypatch.delenv("REPLICAFT_TOKEN", raising=False)
+    a, b = module.ReplicaftConfig(), module.ReplicaftConfig()
+    assert a.token and b.token and a.token != b.token and a.token not in repr(a)
+    monkeypatch.setenv("REPLICAFT_TOKEN", "shared")
+    assert module.ReplicaftConfig(lighthouse_args=("--min-replicas", 2)).token == "shared"
+
+
+def test_the_interface_of_an_address_is_found_and_an_unknown_address_has_none() -> None:
+    from replicaft.ray.host import interface_of
+
+    assert interface_of("127.0.0.1") == "lo"
+    assert interface_of("192.0.2.254") is None
+
+
+@pytest.mark.parametrize(("code", "fails"), [("0", False), ("None", False), ("3", True)])
+def test_a_groups_script_exit_status_decides_whether_ray_restarts_it(tmp_path: Path, code: str, fails: bool) -> None:
+    _replicaft_ray()
+    from replicaft.ray.script import GroupExited, run_group
+
+    script = tmp_path / "train.py"
+    script.write_text(f"import sys\nassert sys.argv[1:] == ['--steps', '3']\nsys.exit({code})\n")
+    config = {"script": str(script), "args": ["--steps", "3"], "cwd": str(tmp_path)}
+    if fails:
+        with pytest.raises(GroupExited, match="exited with status 3"):
+            run_group(config)
+    else:
+        run_group(config)
+
+
+# -- on a real Ray cluster -----------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +166,8 @@ def finish_and_compare(driver: ManagedProcess, events: Path, restart: Restart, w
           file=sys.stderr)
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_ray_trains_torchfts_own_example_on_the_shim_through_a_sigkilled_group(
         ray_cluster: RayCluster, tmp_path: Path) -> None:
     events = tmp_path / "events"
@@ -126,6 +186,8 @@ def test_ray_trains_torchfts_own_example_on_the_shim_through_a_sigkilled_group(
     assert "Replacing failing replica groups: {1}" in log, "Ray Train must replace the one failed group"
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(420)
 def test_replicaft_ray_runs_a_script_in_three_groups_through_a_sigkilled_group(
         ray_cluster: RayCluster, tmp_path: Path) -> None:
     events = tmp_path / "events"

@@ -18,7 +18,6 @@ import os
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -37,6 +36,7 @@ from training_events import (
 
 from chaos.etcd_cluster import EtcdNotAvailable, etcd_binary
 from chaos.slurm_cluster import SlurmCluster, SlurmNotAvailable
+from replicaft.launch.children import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -66,12 +66,6 @@ def cancel_jobs(slurm: SlurmCluster) -> Iterator[None]:
     """Whatever a test leaves in the queue (it failed half-way) is cancelled before the next."""
     yield
     slurm.cancel_all()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass(frozen=True)
