@@ -101,8 +101,10 @@ def measure_restarts(events: Events, take_down: Callable[[dict[str, Any]], None]
         at = time.time()
         take_down(start)
         new = events.wait(_victims("start", at), RESTART_TIMEOUT_S, f"{VICTIM} started again", alive)
-        heal = events.wait(_victims("heal_end", at), RESTART_TIMEOUT_S, f"{VICTIM} healed", alive)
-        first = events.committed(VICTIM, 0, at, RESTART_TIMEOUT_S, alive)
+        # After the new process's start: a group told to go (Slurm's requeue sends SIGTERM) commits
+        # a step or two more before it leaves.
+        heal = events.wait(_victims("heal_end", new["ts"]), RESTART_TIMEOUT_S, f"{VICTIM} healed", alive)
+        first = events.committed(VICTIM, 0, new["ts"], RESTART_TIMEOUT_S, alive)
         restarts.append(Restart(new["ts"] - at, heal["ts"] - at, first["ts"] - at))
         events.committed(VICTIM, first["step"] + STEPS_BETWEEN_RESTARTS, at, RESTART_TIMEOUT_S, alive)
     return restarts
