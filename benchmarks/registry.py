@@ -17,7 +17,9 @@ BENCHMARKS: dict[str, str] = {
     "heal": "benchmarks.heal",
     "lighthouse": "benchmarks.lighthouse",
     "lighthouse_ha": "benchmarks.lighthouse_ha",
+    "ray_restart": "benchmarks.ray_restart",
     "recovery": "benchmarks.recovery",
+    "slurm_restart": "benchmarks.slurm_restart",
     "step_overhead": "benchmarks.step_overhead",
     "torchft_suite": "benchmarks.torchft_suite",
 }

@@ -107,6 +107,23 @@ def replication_from_args(args: argparse.Namespace, options: LighthouseOptions) 
     )
 
 
+def parse_options(argv: list[str]) -> tuple[LighthouseOptions, ReplicationOptions | None]:
+    """The options this CLI's flags ``argv`` describe, for a lighthouse started from code (the Ray
+    actor, replicaft/ray/lighthouse_actor.py); raises OptionsError naming a bad or unknown flag
+    where the CLI would print it and exit."""
+    parser = _parser()
+    parser.exit_on_error = False
+    parser.allow_abbrev = False  # flags written in code are written out
+    try:
+        args, unknown = parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise OptionsError(f"lighthouse flags {argv}: {e}") from None
+    if unknown:
+        raise OptionsError(f"lighthouse flags {argv}: unknown {unknown} (see replicaft-lighthouse --help)")
+    options = options_from_args(args)
+    return options, replication_from_args(args, options)
+
+
 async def _serve(options: LighthouseOptions, replication: ReplicationOptions | None) -> None:
     # Handlers first: whoever reads the address below may send SIGTERM at once.
     stop = asyncio.Event()

@@ -19,6 +19,19 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free right now (all held open until every one is chosen), for a
+    program that takes several port numbers at once (Ray, Slurm)."""
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind((host, 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SpawnSettings:
     """How every group process and standby of one supervisor is started."""
