@@ -21,6 +21,7 @@ demo: venv
 
 test: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest
 
 bench: venv

@@ -47,11 +47,15 @@ def run_one(name: str, *, quick: bool, results_dir: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    p.add_argument("target", choices=[*BENCHMARKS, *COMMANDS],
-                   help="a benchmark name, 'all', 'list', or 'summary' (print every recorded figure)")
+    p.add_argument(
+        "target",
+        choices=[*BENCHMARKS, *COMMANDS],
+        help="a benchmark name, 'all', 'list', or 'summary' (print every recorded figure)",
+    )
     p.add_argument("--quick", action="store_true", help="fewer samples; each benchmark under a minute")
-    p.add_argument("--results-dir", type=Path, default=RESULTS_DIR,
-                   help="where <name>.json goes (default: %(default)s)")
+    p.add_argument(
+        "--results-dir", type=Path, default=RESULTS_DIR, help="where <name>.json goes (default: %(default)s)"
+    )
     args = p.parse_args(argv)
 
     if args.target == "list":

@@ -65,15 +65,26 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.inputs = torch.randn(BATCH, width, device=device)
         self.step = 0
-        options = ManagerOptions(lighthouse="127.0.0.1:1", replica_id="bench", checkpoint_dir=str(directory),
-                                 checkpoint_interval_steps=1, checkpoint_keep_last=2)
+        options = ManagerOptions(
+            lighthouse="127.0.0.1:1",
+            replica_id="bench",
+            checkpoint_dir=str(directory),
+            checkpoint_interval_steps=1,
+            checkpoint_keep_last=2,
+        )
         self.events: list[tuple[str, dict]] = []
-        self.persistence = Persistence(options, lambda event, **fields: self.events.append((event, fields)), SpareBuffer())
+        self.persistence = Persistence(
+            options, lambda event, **fields: self.events.append((event, fields)), SpareBuffer()
+        )
         self.persistence.start()
         self.train_step(save=False)  # AdamW's moments exist from here on
 
     def state(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "replicaft": {"step": self.step}}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "replicaft": {"step": self.step},
+        }
 
     def train_step(self, *, save: bool) -> float:
         """One step in the manager's order; its seconds. ``save``: a save is due at its boundary."""
@@ -138,7 +149,9 @@ def run(*, quick: bool) -> BenchmarkResult:
             finally:
                 trainer.close()
             state = trainer.state()
-            state_bytes = Snapshot.capture(flatten(state), step=0, quorum_id=1, replica_id="b", with_checksums=False).manifest.total_bytes
+            state_bytes = Snapshot.capture(
+                flatten(state), step=0, quorum_id=1, replica_id="b", with_checksums=False
+            ).manifest.total_bytes
             sync, tsave, load, heal = [], [], [], []
             for r in range(repeats):
                 directory = root / f"{label}-{r}"

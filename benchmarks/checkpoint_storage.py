@@ -117,7 +117,9 @@ TARGETS: dict[str, tuple[Comparison, float]] = {
 """figure -> (comparison, bound) on its ratio to the baseline it is compared to (issue 22)."""
 
 
-def judge_targets(ratios: Mapping[str, float], targets: Mapping[str, tuple[Comparison, float]]) -> dict[str, dict[str, Any]]:
+def judge_targets(
+    ratios: Mapping[str, float], targets: Mapping[str, tuple[Comparison, float]]
+) -> dict[str, dict[str, Any]]:
     """Each target with the ratio measured and whether it was met; a target whose figure was
     not measured is reported as not met, with the reason, rather than left out."""
     judged: dict[str, dict[str, Any]] = {}
@@ -134,8 +136,11 @@ def judge_targets(ratios: Mapping[str, float], targets: Mapping[str, tuple[Compa
 def changed_bytes(before: Mapping[str, torch.Tensor], after: Mapping[str, torch.Tensor]) -> int:
     """Bytes of the tensors of ``after`` that are new or differ from ``before``: what a save
     that skips unchanged tensors must still write."""
-    return sum(t.numel() * t.element_size() for name, t in after.items()
-               if name not in before or before[name].shape != t.shape or not torch.equal(before[name], t))
+    return sum(
+        t.numel() * t.element_size()
+        for name, t in after.items()
+        if name not in before or before[name].shape != t.shape or not torch.equal(before[name], t)
+    )
 
 
 def frozen_fraction(model: torch.nn.Module) -> float:
@@ -199,7 +204,11 @@ class GPTRun:
             self.optimizer_step()
 
     def state(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "replicaft": {"step": self.step}}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "replicaft": {"step": self.step},
+        }
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Copies of the state's tensors by name (to tell later what changed)."""
@@ -208,14 +217,23 @@ class GPTRun:
 
     def snapshot(self, previous: Snapshot | None = None) -> Snapshot:
         """A host snapshot, into ``previous``'s buffer when given (as Persistence reuses its spare one)."""
-        return Snapshot.capture(flatten(self.state()), step=self.step, quorum_id=1, replica_id="bench", with_checksums=False,
-                                out=previous.buffer if previous else None, content=previous.content if previous else None)
+        return Snapshot.capture(
+            flatten(self.state()),
+            step=self.step,
+            quorum_id=1,
+            replica_id="bench",
+            with_checksums=False,
+            out=previous.buffer if previous else None,
+            content=previous.content if previous else None,
+        )
 
 
 def _save(writer: CheckpointWriter, snapshot: Snapshot) -> SaveResult:
     result = writer.save_async(snapshot, snapshot.manifest.step).wait(WAIT_S)
     if not result.ok:
-        raise RuntimeError(f"checkpoint_storage: the save of step {result.step} in {writer.directory} failed: {result.reason}")
+        raise RuntimeError(
+            f"checkpoint_storage: the save of step {result.step} in {writer.directory} failed: {result.reason}"
+        )
     return result
 
 
@@ -227,10 +245,19 @@ def measure_increments(run: GPTRun, root: Path, repeats: int) -> dict[str, list[
     and each writer's capture seconds. Each writer captures into the buffer of its own previous
     snapshot, as Persistence does, so a piece that did not change is neither copied nor hashed
     again (replicaft/state/content.py); the capture's compare is counted in its capture seconds."""
-    out: dict[str, list[float]] = {"full_bytes": [], "full_s": [], "incr_bytes": [], "incr_s": [], "changed": [],
-                                   "full_capture_s": [], "incr_capture_s": []}
-    with (CheckpointWriter(root / "full", chain_length=1, keep_last=2) as full,
-          CheckpointWriter(root / "incr", chain_length=CHAIN_LENGTH, keep_last=2) as incr):
+    out: dict[str, list[float]] = {
+        "full_bytes": [],
+        "full_s": [],
+        "incr_bytes": [],
+        "incr_s": [],
+        "changed": [],
+        "full_capture_s": [],
+        "incr_capture_s": [],
+    }
+    with (
+        CheckpointWriter(root / "full", chain_length=1, keep_last=2) as full,
+        CheckpointWriter(root / "incr", chain_length=CHAIN_LENGTH, keep_last=2) as incr,
+    ):
         last = {"full": run.snapshot(), "incr": run.snapshot()}
         _save(full, last["full"])  # the chains' bases, not counted
         _save(incr, last["incr"])
@@ -280,11 +307,17 @@ class TwoPersistences:
         self.sides: dict[str, Persistence] = {}
         for side, store in (("local", None), ("tier", f"s3://{BUCKET}/{uuid.uuid4().hex}")):
             options = ManagerOptions(
-                lighthouse="127.0.0.1:1", replica_id=f"bench-{side}", checkpoint_dir=str(root / side),
-                checkpoint_interval_steps=1, checkpoint_keep_last=2, checkpoint_object_store=store,
+                lighthouse="127.0.0.1:1",
+                replica_id=f"bench-{side}",
+                checkpoint_dir=str(root / side),
+                checkpoint_interval_steps=1,
+                checkpoint_keep_last=2,
+                checkpoint_object_store=store,
                 checkpoint_object_store_endpoint=endpoint if store else None,
             )
-            self.sides[side] = Persistence(options, lambda event, **fields: self.events.append((event, fields)), SpareBuffer())
+            self.sides[side] = Persistence(
+                options, lambda event, **fields: self.events.append((event, fields)), SpareBuffer()
+            )
         for persistence in self.sides.values():
             persistence.start()
             persistence.after_commit(run.step, is_writer=True, state=run.state, quorum_id=1)  # the interval's start
@@ -343,8 +376,9 @@ def measure_blocked(run: GPTRun, root: Path, endpoint: str, repeats: int) -> dic
                 out[f"{side}_during"].append(sum(during) - len(during) * statistics.median(plain))
     finally:
         both.close()
-    out["upload_mb_s"] = [f["num_bytes"] / f["seconds"] / MB for e, f in both.events
-                          if e == "checkpoint_upload" and f["seconds"] > 0]
+    out["upload_mb_s"] = [
+        f["num_bytes"] / f["seconds"] / MB for e, f in both.events if e == "checkpoint_upload" and f["seconds"] > 0
+    ]
     return out
 
 
@@ -365,7 +399,9 @@ def measure_transfers(server: S3Server, root: Path, num_bytes: int, repeats: int
     def ours() -> None:
         key = store.location.key(f"ours-{uuid.uuid4().hex}")
         out["ours_up"].append(_seconds(lambda: store.upload_file(path, key, num_bytes=num_bytes, sha256=sha256)))
-        out["ours_down"].append(_seconds(lambda: store.download_file(key, root / "ours.out", num_bytes=num_bytes, sha256=sha256)))
+        out["ours_down"].append(
+            _seconds(lambda: store.download_file(key, root / "ours.out", num_bytes=num_bytes, sha256=sha256))
+        )
         store.delete_keys([key])  # moto holds objects in memory
 
     def boto3() -> None:
@@ -397,14 +433,20 @@ def _seconds(f: Callable[[], object]) -> float:
 def state_chunks(snapshot: Snapshot) -> list[memoryview]:
     """The snapshot's tensors cut into chunks as the writer cuts them (per tensor, CHUNK_BYTES)."""
     data = memoryview(snapshot.buffer.numpy()).cast("B")
-    return [data[t.offset + start : t.offset + min(t.num_bytes, start + CHUNK_BYTES)]
-            for t in snapshot.manifest.tensors for start in range(0, t.num_bytes, CHUNK_BYTES)]
+    return [
+        data[t.offset + start : t.offset + min(t.num_bytes, start + CHUNK_BYTES)]
+        for t in snapshot.manifest.tensors
+        for start in range(0, t.num_bytes, CHUNK_BYTES)
+    ]
 
 
 def measure_codecs(chunks: list[memoryview], key: EncryptionKey, repeats: int) -> dict[str, list[float]]:
     """Seconds to encode and decode every chunk, and the bytes stored, per codec."""
-    codecs = {"plain": ChunkCodec(), "aes": ChunkCodec(key=key),
-              **{f"zstd{level}": ChunkCodec(compression_level=level) for level in ZSTD_LEVELS}}
+    codecs = {
+        "plain": ChunkCodec(),
+        "aes": ChunkCodec(key=key),
+        **{f"zstd{level}": ChunkCodec(compression_level=level) for level in ZSTD_LEVELS},
+    }
     out: dict[str, list[float]] = {}
     for r in range(repeats):
         for name, codec in codecs.items() if r % 2 == 0 else reversed(codecs.items()):
@@ -444,8 +486,13 @@ def run(*, quick: bool) -> BenchmarkResult:
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
     compared: dict[str, str] = {}
-    params: dict[str, Any] = {"quick": quick, "repeats": repeats, "steps_between_saves": STEPS_BETWEEN_SAVES,
-                              "chain_length": CHAIN_LENGTH, "transfer_bytes": transfer_bytes}
+    params: dict[str, Any] = {
+        "quick": quick,
+        "repeats": repeats,
+        "steps_between_saves": STEPS_BETWEEN_SAVES,
+        "chain_length": CHAIN_LENGTH,
+        "transfer_bytes": transfer_bytes,
+    }
 
     def pair(figure: str, value: float, baseline: str, reference: float) -> None:
         figures[figure], baselines[baseline] = value, reference
@@ -467,8 +514,18 @@ def run(*, quick: bool) -> BenchmarkResult:
             m = measure_increments(gpt_run, root / label, repeats)
             pair(f"incr_{label}_bytes", med(m["incr_bytes"]), f"full_save_{label}_bytes", med(m["full_bytes"]))
             pair(f"incr_{label}_s", med(m["incr_s"]), f"full_save_{label}_s", med(m["full_s"]))
-            pair(f"incr_{label}_vs_changed_bytes", med(m["incr_bytes"]), f"changed_tensor_bytes_{label}", med(m["changed"]))
-            pair(f"incr_{label}_capture_s", med(m["incr_capture_s"]), f"full_save_{label}_capture_s", med(m["full_capture_s"]))
+            pair(
+                f"incr_{label}_vs_changed_bytes",
+                med(m["incr_bytes"]),
+                f"changed_tensor_bytes_{label}",
+                med(m["changed"]),
+            )
+            pair(
+                f"incr_{label}_capture_s",
+                med(m["incr_capture_s"]),
+                f"full_save_{label}_capture_s",
+                med(m["full_capture_s"]),
+            )
             params[f"state_bytes_{label}"] = gpt_run.snapshot().manifest.total_bytes
         del runs  # the wide embedding's training state: ~0.4 GB
 
@@ -476,15 +533,28 @@ def run(*, quick: bool) -> BenchmarkResult:
         codecs = measure_codecs(state_chunks(snapshot), key, 2 if quick else 3)
         raw = snapshot.manifest.total_bytes
         for name in ("aes", *(f"zstd{level}" for level in ZSTD_LEVELS)):
-            pair(f"{name}_encode_mb_s", raw / med(codecs[f"{name}_encode"]) / MB, "plain_encode_mb_s",
-                 raw / med(codecs["plain_encode"]) / MB)
-            pair(f"{name}_decode_mb_s", raw / med(codecs[f"{name}_decode"]) / MB, "plain_decode_mb_s",
-                 raw / med(codecs["plain_decode"]) / MB)
+            pair(
+                f"{name}_encode_mb_s",
+                raw / med(codecs[f"{name}_encode"]) / MB,
+                "plain_encode_mb_s",
+                raw / med(codecs["plain_encode"]) / MB,
+            )
+            pair(
+                f"{name}_decode_mb_s",
+                raw / med(codecs[f"{name}_decode"]) / MB,
+                "plain_decode_mb_s",
+                raw / med(codecs["plain_decode"]) / MB,
+            )
         for level in ZSTD_LEVELS:
             figures[f"zstd{level}_ratio"] = codecs["plain_stored"][0] / codecs[f"zstd{level}_stored"][0]
         saves = measure_saves(snapshot, root / "saves", key, repeats)
         for name in ("zstd3", "aes"):
-            pair(f"{name}_save_mb_s", raw / med(saves[f"{name}_s"]) / MB, "plain_save_mb_s", raw / med(saves["plain_s"]) / MB)
+            pair(
+                f"{name}_save_mb_s",
+                raw / med(saves[f"{name}_s"]) / MB,
+                "plain_save_mb_s",
+                raw / med(saves["plain_s"]) / MB,
+            )
         pair("zstd3_save_bytes", saves["zstd3_bytes"][0], "plain_save_bytes", saves["plain_bytes"][0])
 
         server = S3Server(buckets=[BUCKET]).start()
@@ -496,10 +566,18 @@ def run(*, quick: bool) -> BenchmarkResult:
             os.setpriority(os.PRIO_PROCESS, server.process.pid, SERVER_NICENESS)
             (root / "transfer").mkdir()
             t = measure_transfers(server, root / "transfer", transfer_bytes, repeats)
-            pair("upload_mb_s", mb_per_s(transfer_bytes, t["ours_up"]), "boto3_upload_file_mb_s",
-                 mb_per_s(transfer_bytes, t["boto3_up"]))
-            pair("download_mb_s", mb_per_s(transfer_bytes, t["ours_down"]), "boto3_download_file_mb_s",
-                 mb_per_s(transfer_bytes, t["boto3_down"]))
+            pair(
+                "upload_mb_s",
+                mb_per_s(transfer_bytes, t["ours_up"]),
+                "boto3_upload_file_mb_s",
+                mb_per_s(transfer_bytes, t["boto3_up"]),
+            )
+            pair(
+                "download_mb_s",
+                mb_per_s(transfer_bytes, t["ours_down"]),
+                "boto3_download_file_mb_s",
+                mb_per_s(transfer_bytes, t["boto3_down"]),
+            )
             # quick: one save each (a background upload competing with training takes 5-20 s)
             b = measure_blocked(training, root / "blocked", server.endpoint, 1 if quick else repeats)
         finally:
@@ -508,11 +586,17 @@ def run(*, quick: bool) -> BenchmarkResult:
     blocked = {side: max(med(b[f"{side}_extra"]), 0.0) * 1000 for side in ("local", "tier")}
     pair("blocked_tier_ms", blocked["tier"], "blocked_local_ms", blocked["local"])
     pair("capture_tier_ms", med(b["tier_capture"]) * 1000, "capture_local_ms", med(b["local_capture"]) * 1000)
-    pair("background_slowdown_tier_ms", med(b["tier_during"]) * 1000, "background_slowdown_local_ms",
-         med(b["local_during"]) * 1000)
+    pair(
+        "background_slowdown_tier_ms",
+        med(b["tier_during"]) * 1000,
+        "background_slowdown_local_ms",
+        med(b["local_during"]) * 1000,
+    )
     figures["background_upload_mb_s"] = med(b["upload_mb_s"])
-    params["blocked_ms_each"] = {key: [round(x * 1000, 1) for x in b[key]] for key in
-                                 ("local_extra", "tier_extra", "local_capture", "tier_capture")}
+    params["blocked_ms_each"] = {
+        key: [round(x * 1000, 1) for x in b[key]]
+        for key in ("local_extra", "tier_extra", "local_capture", "tier_capture")
+    }
     params["targets"] = judge_targets({f: figures[f] / baselines[base] for f, base in compared.items()}, TARGETS)
     missed = sorted(f for f, t in params["targets"].items() if not t["met"])
     return BenchmarkResult(

@@ -49,21 +49,38 @@ async def _one_run(deterministic: bool, groups: int, steps: int) -> dict[str, An
     deadline = time.monotonic() + RUN_TIMEOUT_S
     with tempfile.TemporaryDirectory(prefix="bench-deterministic-") as events:
         async with ChildProcesses() as children:
-            lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0",
-                                                     "--min-replicas", str(groups), "--log-level", "WARNING")
+            lighthouse = await children.start_python(
+                "lighthouse", "-m", "lighthouse", "--port", "0", "--min-replicas", str(groups), "--log-level", "WARNING"
+            )
             address = (await lighthouse.expect_line("lighthouse serving gRPC at ", deadline)).strip()
             workers = [
                 await children.start_python(
-                    f"g{i}", "-m", "benchmarks.deterministic_worker", "--lighthouse", address, "--replica-id", f"g{i}",
-                    "--steps", str(steps), "--shards", str(SHARDS), "--batch", str(BATCH), "--events-dir", events,
+                    f"g{i}",
+                    "-m",
+                    "benchmarks.deterministic_worker",
+                    "--lighthouse",
+                    address,
+                    "--replica-id",
+                    f"g{i}",
+                    "--steps",
+                    str(steps),
+                    "--shards",
+                    str(SHARDS),
+                    "--batch",
+                    str(BATCH),
+                    "--events-dir",
+                    events,
                     *(["--deterministic"] if deterministic else []),
                 )
                 for i in range(groups)
             ]
             reports = [await w.expect_event("done", deadline) for w in workers]
-        bounds = [e["fixed_point_bound"] for path in Path(events).glob("*.jsonl")
-                  for e in map(json.loads, path.read_text().splitlines())
-                  if e["event"] == "commit" and e.get("committed") and "fixed_point_bound" in e]
+        bounds = [
+            e["fixed_point_bound"]
+            for path in Path(events).glob("*.jsonl")
+            for e in map(json.loads, path.read_text().splitlines())
+            if e["event"] == "commit" and e.get("committed") and "fixed_point_bound" in e
+        ]
     return {"reports": reports, "bounds": bounds}
 
 
@@ -89,7 +106,9 @@ def run(*, quick: bool) -> BenchmarkResult:
     figures = {
         "step_time_ms": _slower_median_ms(exact),
         "wire_bytes_per_step": float(statistics.median(exact["reports"][0]["wire_bytes"])),
-        "fixed_point_bound_log2_rel": math.log2(bound / grad_max) if bound and grad_max else -1074.0,  # below any float64
+        "fixed_point_bound_log2_rel": math.log2(bound / grad_max)
+        if bound and grad_max
+        else -1074.0,  # below any float64
         "final_eval_loss": curve[-1],
         "loss_curve_max_abs_diff": max(abs(a - b) for a, b in zip(curve, normal_curve, strict=True)),
         "loss_curve_max_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(curve, normal_curve, strict=True)),
@@ -112,12 +131,20 @@ def run(*, quick: bool) -> BenchmarkResult:
         figures=figures,
         baselines=baselines,
         compared_to=compared,
-        notes=(f"2 replica groups of 1 rank + a lighthouse, {steps} steps, global batch {BATCH}, {SHARDS} virtual "
-               "shards; step time is the slower group's median; wire bytes are the all-reduce payload per rank per "
-               "step; the normal mode's final state between 1 and 2 groups is "
-               f"{'equal' if baselines['normal_final_state_equal_1_vs_2_groups'] else 'not equal'}; the deterministic mode's "
-               f"{'is equal' if figures['final_state_equal_1_vs_2_groups'] else 'is NOT equal'}"),
-        params={"steps": steps, "batch": BATCH, "virtual_shards": SHARDS, "fixed_point_bound_max_abs": bound,
-                "smallest_step_grad_max": grad_max, "eval_loss_deterministic": curve,
-                "eval_loss_normal": normal_curve},
+        notes=(
+            f"2 replica groups of 1 rank + a lighthouse, {steps} steps, global batch {BATCH}, {SHARDS} virtual "
+            "shards; step time is the slower group's median; wire bytes are the all-reduce payload per rank per "
+            "step; the normal mode's final state between 1 and 2 groups is "
+            f"{'equal' if baselines['normal_final_state_equal_1_vs_2_groups'] else 'not equal'}; the deterministic mode's "
+            f"{'is equal' if figures['final_state_equal_1_vs_2_groups'] else 'is NOT equal'}"
+        ),
+        params={
+            "steps": steps,
+            "batch": BATCH,
+            "virtual_shards": SHARDS,
+            "fixed_point_bound_max_abs": bound,
+            "smallest_step_grad_max": grad_max,
+            "eval_loss_deterministic": curve,
+            "eval_loss_normal": normal_curve,
+        },
     )

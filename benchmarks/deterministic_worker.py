@@ -28,8 +28,14 @@ FEATURES = 32
 
 
 def build_model(width: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(FEATURES, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, width),
-                         nn.ReLU(), nn.Linear(width, 1))
+    return nn.Sequential(
+        nn.Linear(FEATURES, width),
+        nn.BatchNorm1d(width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, 1),
+    )
 
 
 def state_digest(model: nn.Module) -> str:
@@ -59,8 +65,14 @@ def main() -> None:
     inputs, held_out = torch.randn(DATASET, FEATURES, generator=g), torch.randn(256, FEATURES, generator=g)
     with torch.no_grad():
         labels, held_out_labels = target(inputs), target(held_out)
-    options = replicaft.ManagerOptions(lighthouse=args.lighthouse, replica_id=args.replica_id, digest_every_steps=0, events_dir=args.events_dir,
-                                       deterministic=args.deterministic, virtual_shards=args.shards)
+    options = replicaft.ManagerOptions(
+        lighthouse=args.lighthouse,
+        replica_id=args.replica_id,
+        digest_every_steps=0,
+        events_dir=args.events_dir,
+        deterministic=args.deterministic,
+        virtual_shards=args.shards,
+    )
     with replicaft.Manager(options) as manager:
         ddp = replicaft.DistributedDataParallel(manager, model)
         optimizer = replicaft.Optimizer(manager, torch.optim.AdamW(model.parameters(), lr=3e-3))

@@ -94,7 +94,9 @@ class Proc:
             if self.popen.poll() is not None:
                 break
             time.sleep(0.05)
-        raise RuntimeError(f"{self.name} printed no line with {pattern!r} within {timeout_s:g}s; last: {self.lines[-3:]}")
+        raise RuntimeError(
+            f"{self.name} printed no line with {pattern!r} within {timeout_s:g}s; last: {self.lines[-3:]}"
+        )
 
 
 def _die_with_parent() -> None:
@@ -103,8 +105,15 @@ def _die_with_parent() -> None:
 
 def start(lab: NetworkLab, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Proc:
     stderr = (log_dir / f"{name}.stderr").open("ab")
-    popen = subprocess.Popen(lab.wrap(name, args), stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
-                             cwd=REPO, preexec_fn=_die_with_parent)
+    popen = subprocess.Popen(
+        lab.wrap(name, args),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        env=env,
+        cwd=REPO,
+        preexec_fn=_die_with_parent,
+    )
     proc = Proc(name, popen)
     threading.Thread(target=proc.read, daemon=True).start()
     return proc
@@ -118,19 +127,52 @@ def stop(procs: list[Proc]) -> None:
         p.popen.wait(10)
 
 
-def run_mode(lab: NetworkLab, mode: str, seconds: float, log_dir: Path, *, kill_mid_round: bool = False) -> dict[str, Any]:
+def run_mode(
+    lab: NetworkLab, mode: str, seconds: float, log_dir: Path, *, kill_mid_round: bool = False
+) -> dict[str, Any]:
     """One mode's run; returns its measurements."""
     lh_addr = f"{lab.address('lh')}:{LIGHTHOUSE_PORT}"
     events = log_dir / f"{mode}-events"
-    env = dict(os.environ, PYTHONPATH=str(REPO), GLOO_SOCKET_IFNAME="eth0", REPLICAFT_LIGHTHOUSE=lh_addr,
-               TORCHFT_LIGHTHOUSE=f"http://{lh_addr}", REPLICAFT_EVENTS_DIR=str(events),
-               REPLICAFT_COLLECTIVE_TIMEOUT_S="60", REPLICAFT_QUORUM_TIMEOUT_S="180", REPLICAFT_HEAL_TIMEOUT_S="120")
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(REPO),
+        GLOO_SOCKET_IFNAME="eth0",
+        REPLICAFT_LIGHTHOUSE=lh_addr,
+        TORCHFT_LIGHTHOUSE=f"http://{lh_addr}",
+        REPLICAFT_EVENTS_DIR=str(events),
+        REPLICAFT_COLLECTIVE_TIMEOUT_S="60",
+        REPLICAFT_QUORUM_TIMEOUT_S="180",
+        REPLICAFT_HEAL_TIMEOUT_S="120",
+    )
     py = sys.executable
     torchft = mode.startswith("torchft")
-    lighthouse = ([str(Path(py).parent / "torchft_lighthouse"), "--bind", f"{lab.address('lh')}:{LIGHTHOUSE_PORT}",
-                   "--min_replicas", "1", "--join_timeout_ms", str(int(JOIN_TIMEOUT_S * 1000))] if torchft else
-                  [py, "-m", "lighthouse", "--host", lab.address("lh"), "--port", str(LIGHTHOUSE_PORT),
-                   "--progress-timeout", "60", "--heartbeat-timeout", "5", "--join-timeout", str(JOIN_TIMEOUT_S)])
+    lighthouse = (
+        [
+            str(Path(py).parent / "torchft_lighthouse"),
+            "--bind",
+            f"{lab.address('lh')}:{LIGHTHOUSE_PORT}",
+            "--min_replicas",
+            "1",
+            "--join_timeout_ms",
+            str(int(JOIN_TIMEOUT_S * 1000)),
+        ]
+        if torchft
+        else [
+            py,
+            "-m",
+            "lighthouse",
+            "--host",
+            lab.address("lh"),
+            "--port",
+            str(LIGHTHOUSE_PORT),
+            "--progress-timeout",
+            "60",
+            "--heartbeat-timeout",
+            "5",
+            "--join-timeout",
+            str(JOIN_TIMEOUT_S),
+        ]
+    )
     procs = [start(lab, "lh", lighthouse, env, log_dir)]
     try:
         if not torchft:
@@ -164,16 +206,44 @@ def _group_args(mode: str, rank: int, seconds: float, host: str) -> list[str]:
     if mode == "ddp":
         return [py, "examples/train_gpt.py", "--steps", "100000", "--eval-every", "10", "--log-every", "10", *MODEL]
     if mode.startswith("torchft"):
-        return [py, "benchmarks/diloco_torchft_worker.py", "--host", host, "--rank", str(rank), "--groups", str(len(GROUPS)),
-                "--seconds", str(seconds), "--sync-every", "20", *MODEL[:-2]]
-    h = {"diloco_h20": ["--sync-every", "20"], "diloco_h100": ["--sync-every", "100"],
-         "streaming": ["--sync-every", "100", "--fragments", "4", "--delay", "5"],
-         "diloco_h20_fault": ["--sync-every", "20"]}[mode]
-    return [py, "examples/train_diloco.py", "--syncs", "100000", "--seconds", str(seconds), "--eval-every", "1", *h, *MODEL]
+        return [
+            py,
+            "benchmarks/diloco_torchft_worker.py",
+            "--host",
+            host,
+            "--rank",
+            str(rank),
+            "--groups",
+            str(len(GROUPS)),
+            "--seconds",
+            str(seconds),
+            "--sync-every",
+            "20",
+            *MODEL[:-2],
+        ]
+    h = {
+        "diloco_h20": ["--sync-every", "20"],
+        "diloco_h100": ["--sync-every", "100"],
+        "streaming": ["--sync-every", "100", "--fragments", "4", "--delay", "5"],
+        "diloco_h20_fault": ["--sync-every", "20"],
+    }[mode]
+    return [
+        py,
+        "examples/train_diloco.py",
+        "--syncs",
+        "100000",
+        "--seconds",
+        str(seconds),
+        "--eval-every",
+        "1",
+        *h,
+        *MODEL,
+    ]
 
 
-def _kill_and_restart(lab: NetworkLab, victim: Proc, mode: str, seconds: float, env: dict[str, str],
-                      log_dir: Path, started: float) -> tuple[float, Proc]:
+def _kill_and_restart(
+    lab: NetworkLab, victim: Proc, mode: str, seconds: float, env: dict[str, str], log_dir: Path, started: float
+) -> tuple[float, Proc]:
     """SIGKILL ``victim`` in the middle of the round after its fourth sync, restart it a second
     later (an orchestrator's delay) to train until the others stop; returns the time of the
     kill and the new process."""
@@ -183,9 +253,17 @@ def _kill_and_restart(lab: NetworkLab, victim: Proc, mode: str, seconds: float, 
     victim.popen.kill()
     killed_at = time.monotonic()
     time.sleep(1.0)
-    genv = dict(env, REPLICAFT_REPLICA_ID=victim.name, REPLICA_GROUP_ID=victim.name, REPLICAFT_HOST=lab.address(victim.name))
+    genv = dict(
+        env, REPLICAFT_REPLICA_ID=victim.name, REPLICA_GROUP_ID=victim.name, REPLICAFT_HOST=lab.address(victim.name)
+    )
     remaining = max(seconds - (time.monotonic() - started), 1.0)
-    return killed_at, start(lab, victim.name, _group_args(mode, GROUPS.index(victim.name), remaining, lab.address(victim.name)), genv, log_dir)
+    return killed_at, start(
+        lab,
+        victim.name,
+        _group_args(mode, GROUPS.index(victim.name), remaining, lab.address(victim.name)),
+        genv,
+        log_dir,
+    )
 
 
 def _ddp_figures(groups: dict[str, Proc], events_dir: Path, seconds: float) -> dict[str, Any]:
@@ -200,8 +278,12 @@ def _ddp_figures(groups: dict[str, Proc], events_dir: Path, seconds: float) -> d
     inside = [n for ts, n in commits.values() if ts <= t0 + seconds]
     last = max(ts for ts, _ in commits.values() if ts <= t0 + seconds)
     evals = [float(m.group(1)) for _, line in groups["g0"].lines if (m := _EVAL_LINE.search(line))]
-    return {"tokens": sum(inside), "tokens_per_s": sum(inside) / max(last - t0, 1e-9), "steps": len(inside),
-            "held_out_loss": evals[-1] if evals else None}
+    return {
+        "tokens": sum(inside),
+        "tokens_per_s": sum(inside) / max(last - t0, 1e-9),
+        "steps": len(inside),
+        "held_out_loss": evals[-1] if evals else None,
+    }
 
 
 def _diloco_figures(groups: dict[str, Proc], killed_at: float | None) -> dict[str, Any]:
@@ -220,9 +302,14 @@ def _diloco_figures(groups: dict[str, Proc], killed_at: float | None) -> dict[st
         if losses:
             curve.append((sum(o["tokens"] for o in upto if o), statistics.mean(losses)))
     last = [g[-1] for g in lines.values() if g]
-    out: dict[str, Any] = {"tokens": sum(o["tokens"] for o in last), "tokens_per_s": rate, "syncs": len(steps),
-                           "held_out_loss": statistics.mean(o["held_out_loss"] for o in last if "held_out_loss" in o),
-                           "curve": curve, "retried_syncs": max(o.get("retried", 0) for o in last)}
+    out: dict[str, Any] = {
+        "tokens": sum(o["tokens"] for o in last),
+        "tokens_per_s": rate,
+        "syncs": len(steps),
+        "held_out_loss": statistics.mean(o["held_out_loss"] for o in last if "held_out_loss" in o),
+        "curve": curve,
+        "retried_syncs": max(o.get("retried", 0) for o in last),
+    }
     if killed_at is not None:
         costs = [_fault_costs(groups[g], killed_at) for g in ("g0", "g1")]
         out["fault_round_excess_inner_steps"] = max(c[0] for c in costs)
@@ -275,7 +362,9 @@ def run_modes(modes: Sequence[str], seconds: float, log_dir: Path) -> dict[str, 
                 if not mode.startswith("torchft"):
                     raise
                 results[mode] = {"error": str(e)}
-            print(f"diloco benchmark: {mode}: {({k: v for k, v in results[mode].items() if k != 'curve'})}", flush=True)
+            print(
+                f"diloco benchmark: {mode}: { ({k: v for k, v in results[mode].items() if k != 'curve'}) }", flush=True
+            )
     finally:
         lab.close()
     return results
@@ -303,35 +392,53 @@ def _result(r: dict[str, dict[str, Any]], seconds: float) -> BenchmarkResult:
         if name in fault:  # the split came after the first recorded fault runs
             figures[name] = fault[name]
     figures["fault_run_tokens_per_s"] = fault["tokens_per_s"]
-    baselines = {"ddp_tokens_per_s": ddp["tokens_per_s"], "ddp_held_out_loss": ddp["held_out_loss"] or 0.0,
-                 "fault_free_h20_tokens_per_s": r["diloco_h20"]["tokens_per_s"]}
+    baselines = {
+        "ddp_tokens_per_s": ddp["tokens_per_s"],
+        "ddp_held_out_loss": ddp["held_out_loss"] or 0.0,
+        "fault_free_h20_tokens_per_s": r["diloco_h20"]["tokens_per_s"],
+    }
     torchft = r["torchft_diloco"]
     if "error" not in torchft:
         baselines["torchft_diloco_h20_tokens_per_s"] = torchft["tokens_per_s"]
         baselines["torchft_diloco_h20_held_out_loss"] = torchft["held_out_loss"]
     compared = {f"{m}_tokens_per_s": "ddp_tokens_per_s" for m in ("diloco_h20", "diloco_h100", "streaming")}
-    compared.update({f"{m}_held_out_loss_at_ddp_tokens": "ddp_held_out_loss" for m in ("diloco_h20", "diloco_h100", "streaming")
-                     if f"{m}_held_out_loss_at_ddp_tokens" in figures and baselines["ddp_held_out_loss"] > 0})
+    compared.update(
+        {
+            f"{m}_held_out_loss_at_ddp_tokens": "ddp_held_out_loss"
+            for m in ("diloco_h20", "diloco_h100", "streaming")
+            if f"{m}_held_out_loss_at_ddp_tokens" in figures and baselines["ddp_held_out_loss"] > 0
+        }
+    )
     if "error" not in torchft:
         compared["diloco_h20_vs_torchft_tokens_per_s"] = "torchft_diloco_h20_tokens_per_s"
     compared["fault_run_tokens_per_s"] = "fault_free_h20_tokens_per_s"
     return BenchmarkResult(
-        name="diloco", figures=figures, baselines=baselines, compared_to=compared,
-        notes=(f"3 groups of the GPT example (4 layers, d_model 256, context 64, 4 windows per step, 1 thread each), "
-               f"each group's link shaped to {RATE_MBIT:g} Mbit/s (tc tbf) in its own network namespace; every mode runs "
-               f"{seconds:g} s from its first commit. tokens/s counts committed steps or syncs of all groups; losses are "
-               "held-out (32 windows). A group is SIGKILLed in the middle of a round of the fault run and restarted 1 s later: "
-               "fault_cost_inner_steps is a survivor's longest round among the three after the kill, less its median round, "
-               "in inner steps (the worse survivor); fault_round_excess_inner_steps is the first of those rounds (ends at the "
-               "first sync after the kill), rejoin_round_excess_inner_steps the longer of the next two (the join and heal); "
-               "rounds vary by several inner steps here without faults. After a partial rerun (python -m benchmarks.diloco "
-               "--modes ... --update), params.modes_run says when each mode last ran."),
-        params={"seconds": seconds, "rate_mbit": RATE_MBIT, "runs": {m: {k: v for k, v in x.items() if k != "curve"} for m, x in r.items()}},
+        name="diloco",
+        figures=figures,
+        baselines=baselines,
+        compared_to=compared,
+        notes=(
+            f"3 groups of the GPT example (4 layers, d_model 256, context 64, 4 windows per step, 1 thread each), "
+            f"each group's link shaped to {RATE_MBIT:g} Mbit/s (tc tbf) in its own network namespace; every mode runs "
+            f"{seconds:g} s from its first commit. tokens/s counts committed steps or syncs of all groups; losses are "
+            "held-out (32 windows). A group is SIGKILLed in the middle of a round of the fault run and restarted 1 s later: "
+            "fault_cost_inner_steps is a survivor's longest round among the three after the kill, less its median round, "
+            "in inner steps (the worse survivor); fault_round_excess_inner_steps is the first of those rounds (ends at the "
+            "first sync after the kill), rejoin_round_excess_inner_steps the longer of the next two (the join and heal); "
+            "rounds vary by several inner steps here without faults. After a partial rerun (python -m benchmarks.diloco "
+            "--modes ... --update), params.modes_run says when each mode last ran."
+        ),
+        params={
+            "seconds": seconds,
+            "rate_mbit": RATE_MBIT,
+            "runs": {m: {k: v for k, v in x.items() if k != "curve"} for m, x in r.items()},
+        },
     )
 
 
-def update_results(new_runs: dict[str, dict[str, Any]], seconds: float, path: Path, *, when: str,
-                   machine: dict[str, Any]) -> dict[str, Any]:
+def update_results(
+    new_runs: dict[str, dict[str, Any]], seconds: float, path: Path, *, when: str, machine: dict[str, Any]
+) -> dict[str, Any]:
     """The results record at ``path`` with the modes in ``new_runs`` replaced: their runs,
     the figures and ratios computed from them, and ``params.modes_run[mode] = when``. The other
     modes' runs and figures stay as recorded (their curves are not kept, so their
@@ -344,26 +451,40 @@ def update_results(new_runs: dict[str, dict[str, Any]], seconds: float, path: Pa
     new = _result(runs, seconds).to_record(when=when, machine=machine)
     params = new["params"]
     params["compared_to"] = {**old["params"].get("compared_to", {}), **params["compared_to"]}
-    params["modes_run"] = {**{m: old["when"] for m in MODES}, **old["params"].get("modes_run", {}),
-                           **{m: when for m in new_runs}}
-    params["seconds_by_mode"] = {**{m: old["params"]["seconds"] for m in MODES}, **old["params"].get("seconds_by_mode", {}),
-                                 **{m: seconds for m in new_runs}}
+    params["modes_run"] = {
+        **{m: old["when"] for m in MODES},
+        **old["params"].get("modes_run", {}),
+        **{m: when for m in new_runs},
+    }
+    params["seconds_by_mode"] = {
+        **{m: old["params"]["seconds"] for m in MODES},
+        **old["params"].get("seconds_by_mode", {}),
+        **{m: seconds for m in new_runs},
+    }
     figures = {**old["figures"], **new["figures"]}
     baselines = {**old["baselines"], **new["baselines"]}
-    ratios = {f: round(figures[f] / baselines[b], 4) for f, b in params["compared_to"].items()
-              if f in figures and baselines.get(b)}
+    ratios = {
+        f: round(figures[f] / baselines[b], 4)
+        for f, b in params["compared_to"].items()
+        if f in figures and baselines.get(b)
+    }
     return {**new, "figures": figures, "baselines": baselines, "ratios": ratios}
 
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m benchmarks.diloco --modes diloco_h20_fault [--update]``: some modes only."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.diloco",
-                                     description="Run some modes of the diloco benchmark (python -m benchmarks diloco runs all).")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.diloco",
+        description="Run some modes of the diloco benchmark (python -m benchmarks diloco runs all).",
+    )
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: %(default)s")
     parser.add_argument("--seconds", type=float, default=120.0, help="each mode's run from its first commit")
     parser.add_argument("--log-dir", type=Path, help="keep the groups' stderr and event logs here (default: removed)")
-    parser.add_argument("--update", action="store_true",
-                        help=f"replace these modes' runs and figures in {RESULTS_DIR / 'diloco.json'}, keep the others")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help=f"replace these modes' runs and figures in {RESULTS_DIR / 'diloco.json'}, keep the others",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     with tempfile.TemporaryDirectory(prefix="replicaft-diloco-") as tmp:

@@ -66,19 +66,30 @@ def main() -> int:
     torch.manual_seed(0)
     model = GPT(GPTConfig(args.layers, args.heads, args.d_model, args.context))
     inner = torch.optim.AdamW(param_groups(model, 0.1), lr=args.lr, betas=(0.9, 0.95))
-    outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
-                            nesterov=args.outer_momentum > 0)
+    outer = torch.optim.SGD(
+        model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum, nesterov=args.outer_momentum > 0
+    )
     store = dist.TCPStore(args.host, 0, is_master=True, wait_for_workers=False)
     pg = ProcessGroupGloo(timeout=timedelta(seconds=60))
     # torchft's default HTTP transport advertises socket.gethostname(), which inside a network
     # namespace resolves to no address of it; its process-group transport uses the Gloo link.
     transport = PGTransport(pg, timeout=timedelta(seconds=60), device=torch.device("cpu"))
     manager = Manager(
-        pg=pg, checkpoint_transport=transport, min_replica_size=1, use_async_quorum=False,
+        pg=pg,
+        checkpoint_transport=transport,
+        min_replica_size=1,
+        use_async_quorum=False,
         load_state_dict=lambda s: (model.load_state_dict(s["model"]), inner.load_state_dict(s["inner"])),
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
-        replica_id=os.environ["REPLICA_GROUP_ID"], store_addr=args.host, store_port=store.port, rank=0, world_size=1,
-        hostname=args.host, port=0, timeout=timedelta(seconds=60), quorum_timeout=timedelta(seconds=120),
+        replica_id=os.environ["REPLICA_GROUP_ID"],
+        store_addr=args.host,
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        hostname=args.host,
+        port=0,
+        timeout=timedelta(seconds=60),
+        quorum_timeout=timedelta(seconds=120),
         connect_timeout=timedelta(seconds=30),
     )
     started, tokens, batch = time.monotonic(), 0, 0
@@ -95,9 +106,19 @@ def main() -> int:
             tokens += x.numel()
             batch += 1
             if manager.current_step() != step:
-                print(json.dumps({"event": "sync", "step": manager.current_step(), "loss": round(loss.item(), 4),
-                                  "tokens": tokens, "seconds": round(time.monotonic() - started, 3),
-                                  "held_out_loss": round(evaluate(model, held_out, args.eval_windows), 4)}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "event": "sync",
+                            "step": manager.current_step(),
+                            "loss": round(loss.item(), 4),
+                            "tokens": tokens,
+                            "seconds": round(time.monotonic() - started, 3),
+                            "held_out_loss": round(evaluate(model, held_out, args.eval_windows), 4),
+                        }
+                    ),
+                    flush=True,
+                )
     print(json.dumps({"event": "final", "tokens": tokens, "seconds": round(time.monotonic() - started, 3)}), flush=True)
     manager.shutdown(wait=False)
     return 0

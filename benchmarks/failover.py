@@ -93,12 +93,31 @@ FIXED_TIMEOUT_ARGS = ("--heartbeat-timeout", "2", "--hung-min", "2")
 CONFIGS = (
     Config("replicaft", "replicaft", "survivor_lost_s", "survivor_crashes", is_figure=True),
     Config("torchft", "torchft", "torchft_survivor_lost_s", "torchft_survivor_crashes", heartbeat_timeout_ms=5000),
-    Config("torchft_hb1", "torchft", "torchft_survivor_lost_s_hb1", "torchft_survivor_crashes_hb1",
-           heartbeat_timeout_ms=1000),
-    Config("replicaft_hung", "replicaft", "hung_lost_s", "hung_survivor_crashes", fault="SIGSTOP", is_figure=True,
-           warm_steps=40),
-    Config("replicaft_hung_fixed", "replicaft", "fixed_timeout_hung_lost_s", "fixed_timeout_hung_survivor_crashes",
-           fault="SIGSTOP", lighthouse_args=FIXED_TIMEOUT_ARGS, warm_steps=40),
+    Config(
+        "torchft_hb1",
+        "torchft",
+        "torchft_survivor_lost_s_hb1",
+        "torchft_survivor_crashes_hb1",
+        heartbeat_timeout_ms=1000,
+    ),
+    Config(
+        "replicaft_hung",
+        "replicaft",
+        "hung_lost_s",
+        "hung_survivor_crashes",
+        fault="SIGSTOP",
+        is_figure=True,
+        warm_steps=40,
+    ),
+    Config(
+        "replicaft_hung_fixed",
+        "replicaft",
+        "fixed_timeout_hung_lost_s",
+        "fixed_timeout_hung_survivor_crashes",
+        fault="SIGSTOP",
+        lighthouse_args=FIXED_TIMEOUT_ARGS,
+        warm_steps=40,
+    ),
 )
 SECOND_RATIO = "survivor_lost_s_vs_hb1"
 """The replicaft loss again, so it can carry its ratio to the second baseline (one baseline per figure)."""
@@ -156,19 +175,28 @@ async def until(changed: asyncio.Event, deadline: float, predicate: Any) -> bool
 
 async def _start_lighthouse(children: ChildProcesses, config: Config, deadline: float) -> str:
     if config.impl == "replicaft":
-        lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0", "--log-level",
-                                                 "WARNING", *config.lighthouse_args)
+        lighthouse = await children.start_python(
+            "lighthouse", "-m", "lighthouse", "--port", "0", "--log-level", "WARNING", *config.lighthouse_args
+        )
         return (await lighthouse.expect_line("lighthouse serving gRPC at ", deadline)).strip()
     lighthouse = await children.start_python(
-        "torchft-lighthouse", "-m", "benchmarks.failover_worker", "--impl", "torchft-lighthouse",
-        "--heartbeat-timeout-ms", str(config.heartbeat_timeout_ms),
+        "torchft-lighthouse",
+        "-m",
+        "benchmarks.failover_worker",
+        "--impl",
+        "torchft-lighthouse",
+        "--heartbeat-timeout-ms",
+        str(config.heartbeat_timeout_ms),
     )
     return str((await lighthouse.expect_event("lighthouse", deadline))["address"])
 
 
 def median_interval(commits: list[dict[str, Any]]) -> float:
-    intervals = [b["ts"] - a["ts"] for a, b in zip(commits, commits[1:], strict=False)
-                 if b["step"] == a["step"] + 1 and a.get("participants") == GROUPS]
+    intervals = [
+        b["ts"] - a["ts"]
+        for a, b in zip(commits, commits[1:], strict=False)
+        if b["step"] == a["step"] + 1 and a.get("participants") == GROUPS
+    ]
     return statistics.median(intervals)
 
 
@@ -183,9 +211,26 @@ def _replicaft_events(events_dir: Path, replica_id: str, since: float, until: fl
             e = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if since - 0.001 <= e["ts"] <= until + 0.001 and e["event"] in ("quorum", "collective_error", "commit", "fenced"):
-            detail = {k: e[k] for k in ("quorum_id", "latency_s", "num_replicas", "committed", "reason", "error",
-                                        "step_time_s", "reconfigured") if k in e and e[k] not in ("", None)}
+        if since - 0.001 <= e["ts"] <= until + 0.001 and e["event"] in (
+            "quorum",
+            "collective_error",
+            "commit",
+            "fenced",
+        ):
+            detail = {
+                k: e[k]
+                for k in (
+                    "quorum_id",
+                    "latency_s",
+                    "num_replicas",
+                    "committed",
+                    "reason",
+                    "error",
+                    "step_time_s",
+                    "reconfigured",
+                )
+                if k in e and e[k] not in ("", None)
+            }
             out.append([round(e["ts"], 3), e["event"], e["step"], detail])
     return out
 
@@ -202,16 +247,29 @@ async def _one_run(config: Config, victim_index: int, rng: random.Random) -> dic
             for i in range(GROUPS):
                 extra = ["--events-dir", events_dir] if config.impl == "replicaft" else []
                 child = await children.start_python(
-                    f"{config.impl}-g{i}", "-m", "benchmarks.failover_worker", "--impl", config.impl,
-                    "--lighthouse", address, "--replica-id", f"g{i}", "--step-sleep", str(STEP_SLEEP_S), *extra,
+                    f"{config.impl}-g{i}",
+                    "-m",
+                    "benchmarks.failover_worker",
+                    "--impl",
+                    config.impl,
+                    "--lighthouse",
+                    address,
+                    "--replica-id",
+                    f"g{i}",
+                    "--step-sleep",
+                    str(STEP_SLEEP_S),
+                    *extra,
                 )
                 workers.append(Worker(f"g{i}", child))
             changed = asyncio.Event()
-            readers = [asyncio.create_task(w.read(started + START_TIMEOUT_S + RECOVERY_TIMEOUT_S + 60, changed))
-                       for w in workers]
+            readers = [
+                asyncio.create_task(w.read(started + START_TIMEOUT_S + RECOVERY_TIMEOUT_S + 60, changed))
+                for w in workers
+            ]
             try:
-                return await _kill_and_watch(config, workers, victim_index, rng, changed, deadline,
-                                             Path(events_dir), started, load_start)
+                return await _kill_and_watch(
+                    config, workers, victim_index, rng, changed, deadline, Path(events_dir), started, load_start
+                )
             finally:
                 for r in readers:
                     r.cancel()
@@ -219,8 +277,15 @@ async def _one_run(config: Config, victim_index: int, rng: random.Random) -> dic
 
 
 async def _kill_and_watch(
-    config: Config, workers: list[Worker], victim_index: int, rng: random.Random, changed: asyncio.Event,
-    deadline: float, events_dir: Path, started: float, load_start: float,
+    config: Config,
+    workers: list[Worker],
+    victim_index: int,
+    rng: random.Random,
+    changed: asyncio.Event,
+    deadline: float,
+    events_dir: Path,
+    started: float,
+    load_start: float,
 ) -> dict[str, Any]:
     def warmed() -> bool:
         for w in workers:
@@ -230,9 +295,11 @@ async def _kill_and_watch(
 
     if not await until(changed, deadline, warmed):
         tails = "".join(f"\n--- {w.name} stderr ends with:\n{w.child.stderr_tail()[-800:]}" for w in workers)
-        raise ChildFailed(f"{config.impl}: groups did not reach {config.warm_steps} full-quorum commits in "
-                          f"{START_TIMEOUT_S:g}s (commits: {[len(w.commits()) for w in workers]}, "
-                          f"full-quorum commits: {[w.full_commits() for w in workers]}){tails}")
+        raise ChildFailed(
+            f"{config.impl}: groups did not reach {config.warm_steps} full-quorum commits in "
+            f"{START_TIMEOUT_S:g}s (commits: {[len(w.commits()) for w in workers]}, "
+            f"full-quorum commits: {[w.full_commits() for w in workers]}){tails}"
+        )
     victim = workers[victim_index]
     survivors = [w for i, w in enumerate(workers) if i != victim_index]
     t_victim = median_interval(victim.commits())
@@ -251,8 +318,11 @@ async def _kill_and_watch(
     kill_offset = t_kill - victim.commits()[-1]["ts"]
 
     def settled(w: Worker) -> bool:
-        return w.ended is not None or w.crash() is not None or \
-            sum(1 for c in w.commits() if c["ts"] > t_kill) >= AFTER_COMMITS
+        return (
+            w.ended is not None
+            or w.crash() is not None
+            or sum(1 for c in w.commits() if c["ts"] > t_kill) >= AFTER_COMMITS
+        )
 
     recovered = await until(changed, time.monotonic() + RECOVERY_TIMEOUT_S, lambda: all(settled(w) for w in survivors))
     record: dict[str, Any] = {
@@ -272,8 +342,11 @@ async def _kill_and_watch(
         crash = w.crash()
         if crash is not None or len(after) < AFTER_COMMITS:
             s["crashed"] = True
-            s["why"] = (crash["error"] if crash is not None else
-                        (w.ended or f"{len(after)} commits in {RECOVERY_TIMEOUT_S:g}s after the kill"))[:500]
+            s["why"] = (
+                crash["error"]
+                if crash is not None
+                else (w.ended or f"{len(after)} commits in {RECOVERY_TIMEOUT_S:g}s after the kill")
+            )[:500]
             if crash is not None:
                 s["crash_after_kill_s"] = round(crash["ts"] - t_kill, 3)
                 s["crash_where"] = crash.get("where")
@@ -287,11 +360,13 @@ async def _kill_and_watch(
         s["trace"] = [
             [round(e["ts"] - t_kill, 3), e["event"], e.get("step"), e.get("participants")]
             + ([e["error"]] if "error" in e else [])
-            for e in w.events if "ts" in e and since <= e["ts"] <= trace_end + 0.001
+            for e in w.events
+            if "ts" in e and since <= e["ts"] <= trace_end + 0.001
         ]
         if config.impl == "replicaft":
-            s["manager_events"] = [[round(ts - t_kill, 3), *rest]
-                                   for ts, *rest in _replicaft_events(events_dir, w.name, since, trace_end)]
+            s["manager_events"] = [
+                [round(ts - t_kill, 3), *rest] for ts, *rest in _replicaft_events(events_dir, w.name, since, trace_end)
+            ]
         record["survivors"][w.name] = s
     record["recovered_in_time"] = recovered
     return record
@@ -317,9 +392,12 @@ def run(*, quick: bool) -> BenchmarkResult:
                         raise
             runs[config.label].append(record)
             lost = {n: s.get("lost_s", "crashed") for n, s in record["survivors"].items()}
-            print(f"failover {config.label} run {r + 1}/{repeats}: {config.fault} to {record['victim']} "
-                  f"{record['kill_offset_s']:.3f}s after its commit, survivors lost {lost} "
-                  f"(load {record['load_1min']})", flush=True)
+            print(
+                f"failover {config.label} run {r + 1}/{repeats}: {config.fault} to {record['victim']} "
+                f"{record['kill_offset_s']:.3f}s after its commit, survivors lost {lost} "
+                f"(load {record['load_1min']})",
+                flush=True,
+            )
 
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}

@@ -69,8 +69,10 @@ def train_replicaft(args: argparse.Namespace) -> None:
     model = build_model()
     x = torch.randn(BATCH, HIDDEN, generator=torch.Generator().manual_seed(1))
     options = replicaft.ManagerOptions(
-        lighthouse=args.lighthouse, replica_id=args.replica_id, digest_every_steps=args.digest_every_steps,
-        events_dir=args.events_dir
+        lighthouse=args.lighthouse,
+        replica_id=args.replica_id,
+        digest_every_steps=args.digest_every_steps,
+        events_dir=args.events_dir,
     )
     with replicaft.Manager(options, init_sync=False) as manager:
         ddp = replicaft.DistributedDataParallel(manager, model)
@@ -145,8 +147,12 @@ def main() -> int:
     p.add_argument("--replica-id", help="this group's name, g0, g1, ...")
     p.add_argument("--step-sleep", type=float, default=0.08, help="pacing sleep after backward, seconds")
     p.add_argument("--events-dir", help="replicaft: where the manager writes its event log")
-    p.add_argument("--digest-every-steps", type=int, default=0,
-                   help="replicaft: a state digest in the events every N steps (0: none, the timing runs)")
+    p.add_argument(
+        "--digest-every-steps",
+        type=int,
+        default=0,
+        help="replicaft: a state digest in the events every N steps (0: none, the timing runs)",
+    )
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--join-timeout-ms", type=int, default=60000, help="torchft_lighthouse CLI default")
     p.add_argument("--quorum-tick-ms", type=int, default=100, help="torchft_lighthouse CLI default")

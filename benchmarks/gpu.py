@@ -85,8 +85,10 @@ from benchmarks.recovery import _wait_for
 from benchmarks.results import BenchmarkResult, BenchmarkUnavailable
 from replicaft.telemetry.events import EventTail
 
-NEEDS_CUDA = ("needs CUDA (torch.cuda.is_available() is false): run `python -m benchmarks gpu` on a machine "
-              "with an NVIDIA GPU and a CUDA build of torch")
+NEEDS_CUDA = (
+    "needs CUDA (torch.cuda.is_available() is false): run `python -m benchmarks gpu` on a machine "
+    "with an NVIDIA GPU and a CUDA build of torch"
+)
 START_TIMEOUT_S = 300.0
 RUN_TIMEOUT_S = 600.0
 TARGETS = {
@@ -130,16 +132,40 @@ class Sizes:
     steps_after_heal: int
 
 
-GPU = Sizes(heal_model=(4096, 5), heal_batch=4096, heal_repeats=5, donor_heals=5, donor_steady_steps=10,
-            step_size_mb=100, step_batch=16384, step_steps=25, step_trainers=2, step_repeats=2,
-            checkpoint_model=(4096, 5), checkpoint_repeats=5,
-            num_groups=3, group_width=600, group_step_delay_s=0.02, kill_at_step=20, steps_after_heal=20)
+GPU = Sizes(
+    heal_model=(4096, 5),
+    heal_batch=4096,
+    heal_repeats=5,
+    donor_heals=5,
+    donor_steady_steps=10,
+    step_size_mb=100,
+    step_batch=16384,
+    step_steps=25,
+    step_trainers=2,
+    step_repeats=2,
+    checkpoint_model=(4096, 5),
+    checkpoint_repeats=5,
+    num_groups=3,
+    group_width=600,
+    group_step_delay_s=0.02,
+    kill_at_step=20,
+    steps_after_heal=20,
+)
 """1 GB of state to heal and to checkpoint (as the CPU benchmarks' largest); a step-overhead
 batch meant to make the 100 MB model's step take >= 50 ms on an H100 (``params`` records
 whether it did); train_ddp's width 600 puts its tensors above 1 MiB, received in place."""
-GPU_QUICK = dataclasses.replace(GPU, heal_model=(4096, 2), heal_repeats=3, donor_heals=3, step_steps=8,
-                                step_repeats=1, checkpoint_model=(4096, 2), checkpoint_repeats=2, kill_at_step=10,
-                                steps_after_heal=10)
+GPU_QUICK = dataclasses.replace(
+    GPU,
+    heal_model=(4096, 2),
+    heal_repeats=3,
+    donor_heals=3,
+    step_steps=8,
+    step_repeats=1,
+    checkpoint_model=(4096, 2),
+    checkpoint_repeats=2,
+    kill_at_step=10,
+    steps_after_heal=10,
+)
 
 
 def describe_device(device: str) -> dict[str, Any]:
@@ -148,9 +174,14 @@ def describe_device(device: str) -> dict[str, Any]:
     if d.type != "cuda":
         return {"type": d.type}
     props = torch.cuda.get_device_properties(d)
-    return {"type": "cuda", "name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
-            "capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda,
-            "count": torch.cuda.device_count()}
+    return {
+        "type": "cuda",
+        "name": props.name,
+        "memory_gib": round(props.total_memory / 2**30, 1),
+        "capability": f"{props.major}.{props.minor}",
+        "cuda": torch.version.cuda,
+        "count": torch.cuda.device_count(),
+    }
 
 
 # ---- heal into device memory, and the donor's step while it serves ----------------------------
@@ -189,8 +220,9 @@ class _Lines:
 
     async def _next(self, deadline: float) -> dict[str, Any]:
         getting = asyncio.ensure_future(self._other.get())
-        done, _ = await asyncio.wait({getting, self._task}, timeout=max(0.0, deadline - time.monotonic()),
-                                     return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            {getting, self._task}, timeout=max(0.0, deadline - time.monotonic()), return_when=asyncio.FIRST_COMPLETED
+        )
         if getting in done:
             return getting.result()
         getting.cancel()
@@ -200,8 +232,10 @@ class _Lines:
 
     async def wait_steps(self, count: int, deadline: float) -> None:
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.steps) >= count or self._task.done()),
-                                   max(0.0, deadline - time.monotonic()))
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: len(self.steps) >= count or self._task.done()),
+                max(0.0, deadline - time.monotonic()),
+            )
         if len(self.steps) < count:
             self._task.result()
 
@@ -236,17 +270,25 @@ async def measure_heal(device: str, sizes: Sizes) -> dict[str, Any]:
 
             async def heal(digests: bool) -> tuple[dict[str, Any], dict[str, Any]]:
                 serving = await _ask(donor, {"op": "serve", "digest": digests}, "serving", deadline)
-                healed = await _ask(healer, {"op": "heal", "address": address, "step": serving["step"],
-                                             "digest": digests}, "healed", deadline)
+                healed = await _ask(
+                    healer,
+                    {"op": "heal", "address": address, "step": serving["step"], "digest": digests},
+                    "healed",
+                    deadline,
+                )
                 if healed["in_place_bytes"] < 0.99 * healed["num_bytes"]:
-                    raise RuntimeError(f"only {healed['in_place_bytes']} of {healed['num_bytes']} bytes were healed "
-                                       f"in place into {device} memory")
+                    raise RuntimeError(
+                        f"only {healed['in_place_bytes']} of {healed['num_bytes']} bytes were healed "
+                        f"in place into {device} memory"
+                    )
                 return serving, healed
 
             serving, healed = await heal(digests=True)  # the warm-up: staging pool, pinned buffers
             if healed["digest"] != serving["digest"]:
-                raise RuntimeError(f"the healed state's digest {healed['digest']} differs from the donor's "
-                                   f"{serving['digest']} (step {serving['step']}, {device})")
+                raise RuntimeError(
+                    f"the healed state's digest {healed['digest']} differs from the donor's "
+                    f"{serving['digest']} (step {serving['step']}, {device})"
+                )
             num_bytes = serving["num_bytes"]
             size = ("--bytes", str(num_bytes))
             raw_send = await start("raw-send", "benchmarks.heal_worker", "raw-send", *size)
@@ -262,8 +304,9 @@ async def measure_heal(device: str, sizes: Sizes) -> dict[str, Any]:
             donor.child.send_line(json.dumps({"op": "train"}))
             windows = []
             for _ in range(sizes.donor_heals):
-                await donor.wait_steps(len(donor.steps) + sizes.donor_steady_steps + (0 if windows else WARMUP_STEPS),
-                                       deadline)
+                await donor.wait_steps(
+                    len(donor.steps) + sizes.donor_steady_steps + (0 if windows else WARMUP_STEPS), deadline
+                )
                 serving, healed = await heal(digests=False)
                 windows.append((serving["capture_start"], healed["end"]))
             await donor.wait_steps(len(donor.steps) + sizes.donor_steady_steps, deadline)
@@ -286,8 +329,9 @@ async def measure_heal(device: str, sizes: Sizes) -> dict[str, Any]:
     }
 
 
-def _split_steps(steps: list[tuple[float, float]], windows: list[tuple[float, float]]
-                 ) -> tuple[list[float], list[float]]:
+def _split_steps(
+    steps: list[tuple[float, float]], windows: list[tuple[float, float]]
+) -> tuple[list[float], list[float]]:
     """The durations of the steps overlapping any (start, end) window, and of the others."""
     during, steady = [], []
     for start, end in steps:
@@ -306,8 +350,11 @@ def measure_step_overhead(device: str, sizes: Sizes) -> dict[str, float]:
     ours, theirs = [], []
     for _ in range(sizes.step_repeats):
         for mode, into in (("ddp", theirs), ("replicaft", ours)):
-            took, _ = asyncio.run(step_overhead._one_run(mode, sizes.step_size_mb, sizes.step_steps,
-                                                         world=sizes.step_trainers, worker_args=args))
+            took, _ = asyncio.run(
+                step_overhead._one_run(
+                    mode, sizes.step_size_mb, sizes.step_steps, world=sizes.step_trainers, worker_args=args
+                )
+            )
             into.append(took)
     return {"step_s": statistics.median(ours), "ddp_step_s": statistics.median(theirs)}
 
@@ -333,8 +380,12 @@ def measure_checkpoint(device: str, sizes: Sizes) -> dict[str, float]:
             dcp.save(state, checkpoint_id=str(root / f"sync-{r}"))
             sync.append(time.perf_counter() - started)
     step_s = statistics.median(plain)
-    return {"blocked_s": max(statistics.median(saving) - step_s, 0.0), "step_s": step_s,
-            "sync_dcp_s": statistics.median(sync), "background_copy_bytes": background}
+    return {
+        "blocked_s": max(statistics.median(saving) - step_s, 0.0),
+        "step_s": step_s,
+        "sync_dcp_s": statistics.median(sync),
+        "background_copy_bytes": background,
+    }
 
 
 # ---- replica groups sharing the device, one killed and healed ---------------------------------
@@ -344,44 +395,79 @@ async def measure_groups(device: str, sizes: Sizes) -> dict[str, Any]:
     """``sizes.num_groups`` groups of examples/train_ddp.py on ``device``; the last one SIGKILLed
     at ``kill_at_step``, restarted, healed; digests compared step by step."""
     victim = f"g{sizes.num_groups - 1}"
-    script = (str(REPO_ROOT / "examples" / "train_ddp.py"), "--device", device, "--width", str(sizes.group_width),
-              "--step-delay", str(sizes.group_step_delay_s), "--steps", "1000000")  # ended by the benchmark
+    script = (
+        str(REPO_ROOT / "examples" / "train_ddp.py"),
+        "--device",
+        device,
+        "--width",
+        str(sizes.group_width),
+        "--step-delay",
+        str(sizes.group_step_delay_s),
+        "--steps",
+        "1000000",
+    )  # ended by the benchmark
     with tempfile.TemporaryDirectory(prefix="replicaft-bench-gpu-groups-") as tmp:
         events = Path(tmp)
         tail, seen = EventTail(events), []
         env = {k: v for k, v in os.environ.items() if not k.startswith("REPLICAFT_")}
         async with ChildProcesses() as children:
-            lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0",
-                                                     "--log-level", "WARNING", "--min-replicas", "1")
-            address = (await lighthouse.expect_line("lighthouse serving gRPC at ",
-                                                    time.monotonic() + START_TIMEOUT_S)).strip()
+            lighthouse = await children.start_python(
+                "lighthouse", "-m", "lighthouse", "--port", "0", "--log-level", "WARNING", "--min-replicas", "1"
+            )
+            address = (
+                await lighthouse.expect_line("lighthouse serving gRPC at ", time.monotonic() + START_TIMEOUT_S)
+            ).strip()
 
             async def start(replica_id: str) -> Child:
                 # Gloo: the groups share one GPU, which NCCL refuses; a digest at every step.
-                return await children.start_python(replica_id, *script, env={
-                    **env, "REPLICAFT_LIGHTHOUSE": address, "REPLICAFT_REPLICA_ID": replica_id,
-                    "REPLICAFT_EVENTS_DIR": str(events), "REPLICAFT_BACKEND": "gloo",
-                    "REPLICAFT_DIGEST_EVERY_STEPS": "1"})
+                return await children.start_python(
+                    replica_id,
+                    *script,
+                    env={
+                        **env,
+                        "REPLICAFT_LIGHTHOUSE": address,
+                        "REPLICAFT_REPLICA_ID": replica_id,
+                        "REPLICAFT_EVENTS_DIR": str(events),
+                        "REPLICAFT_BACKEND": "gloo",
+                        "REPLICAFT_DIGEST_EVERY_STEPS": "1",
+                    },
+                )
 
             groups = {f"g{i}": await start(f"g{i}") for i in range(sizes.num_groups)}
             deadline = time.monotonic() + START_TIMEOUT_S
             for rid in groups:
-                await _wait_for(tail, seen, lambda e, rid=rid: _committed(e, rid, sizes.kill_at_step), deadline,
-                                f"{rid} committing step {sizes.kill_at_step}")
+                await _wait_for(
+                    tail,
+                    seen,
+                    lambda e, rid=rid: _committed(e, rid, sizes.kill_at_step),
+                    deadline,
+                    f"{rid} committing step {sizes.kill_at_step}",
+                )
             groups[victim].send_signal(signal.SIGKILL)
             killed_at = time.time()
             groups[victim] = await start(victim)
             deadline = time.monotonic() + RUN_TIMEOUT_S
-            heal = await _wait_for(tail, seen, lambda e: e["event"] == "heal_end" and e["replica_id"] == victim
-                                   and e["ts"] > killed_at, deadline, f"{victim}'s heal after the restart")
+            heal = await _wait_for(
+                tail,
+                seen,
+                lambda e: e["event"] == "heal_end" and e["replica_id"] == victim and e["ts"] > killed_at,
+                deadline,
+                f"{victim}'s heal after the restart",
+            )
             if not heal["ok"]:
                 raise RuntimeError(f"{victim}'s heal after its restart failed: {heal.get('error')}")
-            first = await _wait_for(tail, seen, lambda e: _committed(e, victim, 0) and e["ts"] > killed_at, deadline,
-                                    f"{victim}'s first commit after the restart")
+            first = await _wait_for(
+                tail,
+                seen,
+                lambda e: _committed(e, victim, 0) and e["ts"] > killed_at,
+                deadline,
+                f"{victim}'s first commit after the restart",
+            )
             last = first["step"] + sizes.steps_after_heal
             for rid in groups:
-                await _wait_for(tail, seen, lambda e, rid=rid: _committed(e, rid, last), deadline,
-                                f"{rid} committing step {last}")
+                await _wait_for(
+                    tail, seen, lambda e, rid=rid: _committed(e, rid, last), deadline, f"{rid} committing step {last}"
+                )
     # The state digest is in the "committed" event each group writes at the step boundary.
     digests: dict[tuple[int, int], dict[str, str]] = {}
     for e in seen:
@@ -389,14 +475,23 @@ async def measure_groups(device: str, sizes: Sizes) -> dict[str, Any]:
             digests.setdefault((e["step"], e["group_rank"]), {}).setdefault(e["replica_id"], e["digest"])
     differing = {f"{step}/{rank}": d for (step, rank), d in sorted(digests.items()) if len(set(d.values())) > 1}
     compared = {step for (step, _), d in digests.items() if step >= first["step"] and len(d) == sizes.num_groups}
-    return {"kill_to_commit_s": first["ts"] - killed_at, "digests_equal": not differing,
-            "differing_steps": dict(list(differing.items())[:5]), "steps_compared": len(compared),
-            "heal_bytes": heal["num_bytes"], "heal_in_place_bytes": heal["in_place_bytes"]}
+    return {
+        "kill_to_commit_s": first["ts"] - killed_at,
+        "digests_equal": not differing,
+        "differing_steps": dict(list(differing.items())[:5]),
+        "steps_compared": len(compared),
+        "heal_bytes": heal["num_bytes"],
+        "heal_in_place_bytes": heal["in_place_bytes"],
+    }
 
 
 def _committed(e: dict[str, Any], replica_id: str | None, min_step: int) -> bool:
-    return (e["event"] == "commit" and e.get("committed", True) and e["step"] >= min_step
-            and (replica_id is None or e["replica_id"] == replica_id))
+    return (
+        e["event"] == "commit"
+        and e.get("committed", True)
+        and e["step"] >= min_step
+        and (replica_id is None or e["replica_id"] == replica_id)
+    )
 
 
 # ---- the record ------------------------------------------------------------------------------
@@ -426,17 +521,26 @@ def collect(device: str, sizes: Sizes) -> BenchmarkResult:
         "sync_dcp_save_ms": ckpt["sync_dcp_s"] * 1000,
         "checkpoint_step_ms": ckpt["step_s"] * 1000,
     }
-    compared = {"heal_gbps": "heal_limit_gbps", "donor_step_during_heal_ms": "donor_steady_step_ms",
-                "step_time_ms": "ddp_step_time_ms", "checkpoint_blocked_ms": "sync_dcp_save_ms"}
+    compared = {
+        "heal_gbps": "heal_limit_gbps",
+        "donor_step_during_heal_ms": "donor_steady_step_ms",
+        "step_time_ms": "ddp_step_time_ms",
+        "checkpoint_blocked_ms": "sync_dcp_save_ms",
+    }
     result = BenchmarkResult(name="gpu", figures=figures, baselines=baselines, compared_to=compared)
     ratios = result.ratios()
-    checked = {"heal_gbps_vs_limit": ratios["heal_gbps"],
-               "donor_step_during_heal_vs_steady": ratios["donor_step_during_heal_ms"],
-               "step_time_vs_ddp": ratios["step_time_ms"],
-               "checkpoint_blocked_vs_sync_dcp": ratios["checkpoint_blocked_ms"],
-               "groups_digests_equal": figures["groups_digests_equal"]}
-    meets = {name: (value >= bound if kind == "min" else value <= bound)
-             for name, value in checked.items() for kind, bound in [TARGETS[name]]}
+    checked = {
+        "heal_gbps_vs_limit": ratios["heal_gbps"],
+        "donor_step_during_heal_vs_steady": ratios["donor_step_during_heal_ms"],
+        "step_time_vs_ddp": ratios["step_time_ms"],
+        "checkpoint_blocked_vs_sync_dcp": ratios["checkpoint_blocked_ms"],
+        "groups_digests_equal": figures["groups_digests_equal"],
+    }
+    meets = {
+        name: (value >= bound if kind == "min" else value <= bound)
+        for name, value in checked.items()
+        for kind, bound in [TARGETS[name]]
+    }
     dev = describe_device(device)
     params = {
         "device": dev,
@@ -453,12 +557,14 @@ def collect(device: str, sizes: Sizes) -> BenchmarkResult:
         "groups_differing_steps": groups["differing_steps"],
     }
     where = dev.get("name", dev["type"])
-    notes = (f"on {where}: heal into device memory (1 donor StateServer, loopback, in place through pinned staging) "
-             f"vs the lower of a pinned host-to-device copy and a plain socket of the same {heal['num_bytes']} bytes; "
-             f"donor steps overlapping a serve vs its other steps; replicaft vs plain DDP step, "
-             f"{sizes.step_trainers} trainers sharing the device over Gloo; async checkpoint blocked time vs a "
-             f"synchronous DCP save from the device; {sizes.num_groups} train_ddp groups on the device, one SIGKILLed "
-             "and healed, digests compared step by step")
+    notes = (
+        f"on {where}: heal into device memory (1 donor StateServer, loopback, in place through pinned staging) "
+        f"vs the lower of a pinned host-to-device copy and a plain socket of the same {heal['num_bytes']} bytes; "
+        f"donor steps overlapping a serve vs its other steps; replicaft vs plain DDP step, "
+        f"{sizes.step_trainers} trainers sharing the device over Gloo; async checkpoint blocked time vs a "
+        f"synchronous DCP save from the device; {sizes.num_groups} train_ddp groups on the device, one SIGKILLed "
+        "and healed, digests compared step by step"
+    )
     return dataclasses.replace(result, notes=notes, params=params)
 
 

@@ -118,8 +118,14 @@ def donor(args: argparse.Namespace) -> None:
             snapshot = Snapshot.capture(flat, step=step, quorum_id=1, replica_id=DONOR_ID, out=spare)
             spare = snapshot.buffer
             server.publish(snapshot)
-            emit("serving", step=step, num_bytes=snapshot.manifest.total_bytes, capture_start=started,
-                 capture_s=time.monotonic() - started, digest=digest(flat) if cmd.get("digest") else None)
+            emit(
+                "serving",
+                step=step,
+                num_bytes=snapshot.manifest.total_bytes,
+                capture_start=started,
+                capture_s=time.monotonic() - started,
+                digest=digest(flat) if cmd.get("digest") else None,
+            )
         elif op == "train":
             training = True
         elif op == "stop":
@@ -144,12 +150,25 @@ def healer(args: argparse.Namespace) -> None:
             emit("copied", seconds=_h2d_seconds(cmd["bytes"], trainer.device), num_bytes=cmd["bytes"])
             continue
         start = time.monotonic()
-        result = fetch_state([Donor(DONOR_ID, cmd["address"])], cmd["step"], token=None, timeout_s=HEAL_TIMEOUT_S,
-                             into=into, stream=stream)
+        result = fetch_state(
+            [Donor(DONOR_ID, cmd["address"])],
+            cmd["step"],
+            token=None,
+            timeout_s=HEAL_TIMEOUT_S,
+            into=into,
+            stream=stream,
+        )
         end = time.monotonic()
         healed = digest(flatten(trainer.state())) if cmd.get("digest") else None
-        emit("healed", start=start, end=end, seconds=end - start, num_bytes=result.manifest.total_bytes,
-             in_place_bytes=result.in_place_bytes, digest=healed)
+        emit(
+            "healed",
+            start=start,
+            end=end,
+            seconds=end - start,
+            num_bytes=result.manifest.total_bytes,
+            in_place_bytes=result.in_place_bytes,
+            digest=healed,
+        )
 
 
 def _h2d_seconds(num_bytes: int, device: torch.device) -> float:

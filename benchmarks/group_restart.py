@@ -57,8 +57,13 @@ class Events:
         self._tail = EventTail(directory)
         self.seen: list[dict[str, Any]] = []
 
-    def wait(self, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str,
-             alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
+    def wait(
+        self,
+        predicate: Callable[[dict[str, Any]], bool],
+        timeout_s: float,
+        what: str,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> dict[str, Any]:
         deadline = time.monotonic() + timeout_s
         for e in self.seen:
             if predicate(e):
@@ -75,23 +80,39 @@ class Events:
         raise RuntimeError(f"no event {what} within {timeout_s:g}s")
 
     def latest(self, event: str, replica_id: str) -> dict[str, Any]:
-        self.wait(lambda e: e["event"] == event and e["replica_id"] == replica_id, START_TIMEOUT_S,
-                  f"{event} of {replica_id}")
+        self.wait(
+            lambda e: e["event"] == event and e["replica_id"] == replica_id, START_TIMEOUT_S, f"{event} of {replica_id}"
+        )
         return [e for e in self.seen if e["event"] == event and e["replica_id"] == replica_id][-1]
 
-    def committed(self, replica_id: str, min_step: int, after_ts: float = 0.0, timeout_s: float = START_TIMEOUT_S,
-                  alive: Callable[[], bool] = lambda: True) -> dict[str, Any]:
-        return self.wait(lambda e: e["event"] == "committed" and e["replica_id"] == replica_id
-                         and e["step"] >= min_step and e["ts"] > after_ts, timeout_s,
-                         f"{replica_id} committed step {min_step}", alive)
+    def committed(
+        self,
+        replica_id: str,
+        min_step: int,
+        after_ts: float = 0.0,
+        timeout_s: float = START_TIMEOUT_S,
+        alive: Callable[[], bool] = lambda: True,
+    ) -> dict[str, Any]:
+        return self.wait(
+            lambda e: (
+                e["event"] == "committed"
+                and e["replica_id"] == replica_id
+                and e["step"] >= min_step
+                and e["ts"] > after_ts
+            ),
+            timeout_s,
+            f"{replica_id} committed step {min_step}",
+            alive,
+        )
 
 
 def _victims(event: str, after_ts: float) -> Callable[[dict[str, Any]], bool]:
     return lambda e: e["event"] == event and e["replica_id"] == VICTIM and e["ts"] > after_ts
 
 
-def measure_restarts(events: Events, take_down: Callable[[dict[str, Any]], None], count: int,
-                     alive: Callable[[], bool] = lambda: True) -> list[Restart]:
+def measure_restarts(
+    events: Events, take_down: Callable[[dict[str, Any]], None], count: int, alive: Callable[[], bool] = lambda: True
+) -> list[Restart]:
     """Take ``VICTIM`` down ``count`` times (``take_down`` is given its latest ``start`` event)."""
     for rid in GROUPS:
         events.committed(rid, 3, alive=alive)
@@ -127,8 +148,16 @@ def summary(prefix: str, restarts: Sequence[Restart]) -> dict[str, float]:
 def spawn(args: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path = REPO_ROOT) -> subprocess.Popen[bytes]:
     """A child in a session of its own (so its whole tree can be signalled), dying with us."""
     with open(log, "ab") as out:
-        return subprocess.Popen(list(args), env=dict(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=die_with_parent)
+        return subprocess.Popen(
+            list(args),
+            env=dict(env),
+            cwd=cwd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )
 
 
 def stop(process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
@@ -146,8 +175,21 @@ def launcher_restarts(root: Path, count: int, python: str) -> list[Restart]:
     """The baseline: ``replicaft-launch --groups 3`` with its defaults, ``g1``'s rank SIGKILLed."""
     events = Events(root / "launch-events")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    launcher = spawn([python, "-m", "replicaft.launch", "--groups", "3", "--events-dir", str(events.directory),
-                      SCRIPT, *SCRIPT_ARGS], env, root / "launch.log")
+    launcher = spawn(
+        [
+            python,
+            "-m",
+            "replicaft.launch",
+            "--groups",
+            "3",
+            "--events-dir",
+            str(events.directory),
+            SCRIPT,
+            *SCRIPT_ARGS,
+        ],
+        env,
+        root / "launch.log",
+    )
     try:
         return measure_restarts(events, sigkill_rank, count, alive=lambda: launcher.poll() is None)
     finally:

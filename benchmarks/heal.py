@@ -80,8 +80,19 @@ FANIN_SUBNET = "10.77.0"
 TARGETS = {"vs_raw_1donor": 0.70, "vs_torchft_1donor": 2.0, "fanin_speedup_2": 1.6, "fanin_speedup_3": 2.2}
 
 LOOPBACK_DONORS = 3
-LOOPBACK_MODES = ("raw", "raw_2", "raw_fresh", "raw_tls", "replicaft_1", "replicaft_2", "replicaft_3",
-                  "replicaft_1_fresh", "replicaft_1_tls", "torchft_http", "torchft_pg")
+LOOPBACK_MODES = (
+    "raw",
+    "raw_2",
+    "raw_fresh",
+    "raw_tls",
+    "replicaft_1",
+    "replicaft_2",
+    "replicaft_3",
+    "replicaft_1_fresh",
+    "replicaft_1_tls",
+    "torchft_http",
+    "torchft_pg",
+)
 PAIRED_MODES = ("paired_1", "paired_1b", "paired_2", "paired_3", "paired_1_tls")
 """``paired_1b`` heals from one donor too, the next one round: the A/A control."""
 PAIRED_ROUNDS = 60
@@ -118,11 +129,14 @@ async def _loopback(num_bytes: int, repeats: int, warmup: int, paired: int) -> d
         return await _loopback_with(num_bytes, repeats, warmup, paired, deadline, size, ("--tls-dir", tls_dir))
 
 
-async def _loopback_with(num_bytes: int, repeats: int, warmup: int, paired: int, deadline: float,
-                         size: tuple[str, str], tls: tuple[str, str]) -> dict[str, list[dict[str, Any]]]:
+async def _loopback_with(
+    num_bytes: int, repeats: int, warmup: int, paired: int, deadline: float, size: tuple[str, str], tls: tuple[str, str]
+) -> dict[str, list[dict[str, Any]]]:
     async with ChildProcesses() as children:
-        donors = [await children.start_python(f"donor{i}", *_worker("donor", *size, "--name", f"d{i}", *tls))
-                  for i in range(LOOPBACK_DONORS)]
+        donors = [
+            await children.start_python(f"donor{i}", *_worker("donor", *size, "--name", f"d{i}", *tls))
+            for i in range(LOOPBACK_DONORS)
+        ]
         healer = await children.start_python("healer", *_worker("healer", *tls))
         raw_send = await children.start_python("raw-send", *_worker("raw-send", *size, *tls))
         raw_recv = await children.start_python("raw-recv", *_worker("raw-recv", *size, *tls))
@@ -147,9 +161,15 @@ async def _loopback_with(num_bytes: int, repeats: int, warmup: int, paired: int,
             for mode in modes:
                 tls = mode.endswith("_tls")
                 if mode.startswith("raw"):
-                    done = await _transfer(raw_recv, {"address": raw_ready["tls_address" if tls else "address"],
-                                                      "fresh": mode == "raw_fresh", "tls": tls,
-                                                      "streams": 2 if mode == "raw_2" else 1})
+                    done = await _transfer(
+                        raw_recv,
+                        {
+                            "address": raw_ready["tls_address" if tls else "address"],
+                            "fresh": mode == "raw_fresh",
+                            "tls": tls,
+                            "streams": 2 if mode == "raw_2" else 1,
+                        },
+                    )
                 elif mode.startswith(("replicaft_", "paired_")):
                     k = int(mode.split("_")[1].rstrip("b"))
                     in_place = not mode.endswith("_fresh")
@@ -157,8 +177,9 @@ async def _loopback_with(num_bytes: int, repeats: int, warmup: int, paired: int,
                     first = r + mode.endswith("b")
                     listed = tls_addresses if tls else donor_addresses
                     donors = [listed[(first + i) % LOOPBACK_DONORS] for i in range(k)]
-                    done = await _transfer(healer, {"donors": donors, "step": 7, "in_place": in_place,
-                                                    "bytes": num_bytes, "tls": tls})
+                    done = await _transfer(
+                        healer, {"donors": donors, "step": 7, "in_place": in_place, "bytes": num_bytes, "tls": tls}
+                    )
                 elif mode == "torchft_http":
                     done = await _transfer(http_recv, {"address": http_address})
                 else:
@@ -169,9 +190,12 @@ async def _loopback_with(num_bytes: int, repeats: int, warmup: int, paired: int,
                     raise RuntimeError(f"{mode} moved {done['num_bytes']} bytes; expected {num_bytes}")
                 if r >= 0:
                     runs[mode].append(done)
-                print(f"heal {num_bytes // MIB} MiB {mode} {'warm-up' if r < 0 else f'run {r + 1}/{repeats + paired}'}: "
-                      f"{done['seconds']:.3f}s "
-                      f"({num_bytes / done['seconds'] / 1e9:.2f} GB/s; load {os.getloadavg()[0]:.1f})", flush=True)
+                print(
+                    f"heal {num_bytes // MIB} MiB {mode} {'warm-up' if r < 0 else f'run {r + 1}/{repeats + paired}'}: "
+                    f"{done['seconds']:.3f}s "
+                    f"({num_bytes / done['seconds'] / 1e9:.2f} GB/s; load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
         return runs
 
 
@@ -217,8 +241,27 @@ class _Namespaces:
         self._ip("-n", ns, "link", "set", "eth0", "up")
         if rate is not None:
             subprocess.run(
-                ["tc", "-n", ns, "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", rate, "burst", "1mb", "latency", "50ms"],
-                check=True, capture_output=True, text=True, timeout=30,
+                [
+                    "tc",
+                    "-n",
+                    ns,
+                    "qdisc",
+                    "add",
+                    "dev",
+                    "eth0",
+                    "root",
+                    "tbf",
+                    "rate",
+                    rate,
+                    "burst",
+                    "1mb",
+                    "latency",
+                    "50ms",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=30,
             )
         return ns
 
@@ -295,8 +338,11 @@ async def _fanin(num_bytes: int, repeats: int, num_donors: int = 3) -> dict[str,
                     else:
                         done = await _transfer(healer, {"donors": addresses[: int(mode)], "step": 7})
                     seconds[mode].append(done["seconds"])
-                    print(f"fan-in {num_bytes // MIB} MiB {mode} donor(s) run {r + 1}/{repeats}: "
-                          f"{done['seconds']:.2f}s ({num_bytes / done['seconds'] / 1e9:.3f} GB/s)", flush=True)
+                    print(
+                        f"fan-in {num_bytes // MIB} MiB {mode} donor(s) run {r + 1}/{repeats}: "
+                        f"{done['seconds']:.2f}s ({num_bytes / done['seconds'] / 1e9:.3f} GB/s)",
+                        flush=True,
+                    )
             return seconds
 
 
@@ -331,8 +377,13 @@ def run(*, quick: bool) -> BenchmarkResult:
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
     compared: dict[str, str] = {}
-    params: dict[str, Any] = {"quick": quick, "repeats": repeats, "warmup_rounds": warmup, "sizes_bytes": dict(sizes),
-                              "receiver_breakdown": {}}
+    params: dict[str, Any] = {
+        "quick": quick,
+        "repeats": repeats,
+        "warmup_rounds": warmup,
+        "sizes_bytes": dict(sizes),
+        "receiver_breakdown": {},
+    }
     notes = [
         f"GB/s = state bytes / median seconds over {repeats} repeat(s), modes shuffled in each, after {warmup} discarded warm-up "
         "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
@@ -384,9 +435,15 @@ def run(*, quick: bool) -> BenchmarkResult:
         compared[f"heal_gbps_{label}_1donor_vs_raw_2stream"] = f"raw_socket_2stream_gbps_{label}"
         seconds = {mode: [r["seconds"] for r in runs[mode]] for mode in PAIRED_MODES}
         one = [(a + b) / 2 for a, b in zip(seconds["paired_1"], seconds["paired_1b"], strict=True)]
-        per_round = {f"heal_1donor_aa_paired_{label}": [a / b for a, b in zip(seconds["paired_1"], seconds["paired_1b"], strict=True)]}
+        per_round = {
+            f"heal_1donor_aa_paired_{label}": [
+                a / b for a, b in zip(seconds["paired_1"], seconds["paired_1b"], strict=True)
+            ]
+        }
         for k in (2, 3):
-            per_round[f"heal_{k}donor_speedup_paired_{label}"] = [a / b for a, b in zip(one, seconds[f"paired_{k}"], strict=True)]
+            per_round[f"heal_{k}donor_speedup_paired_{label}"] = [
+                a / b for a, b in zip(one, seconds[f"paired_{k}"], strict=True)
+            ]
         for figure, ratios in per_round.items():
             median, interval = _paired(ratios)
             figures[figure] = median
@@ -401,7 +458,8 @@ def run(*, quick: bool) -> BenchmarkResult:
         figures[f"heal_1donor_tls_paired_{label}"] = median
         params[f"heal_1donor_tls_paired_{label}"] = {
             "ci95": [round(x, 4) for x in interval],
-            "rounds": sorted(round(a / b, 3) for a, b in zip(one, seconds["paired_1_tls"], strict=True))}
+            "rounds": sorted(round(a / b, 3) for a, b in zip(one, seconds["paired_1_tls"], strict=True)),
+        }
         figures[f"heal_gbps_{label}_1donor_fresh"] = _gbps(num_bytes, runs["replicaft_1_fresh"])
         compared[f"heal_gbps_{label}_1donor_fresh"] = f"raw_socket_fresh_gbps_{label}"
 
@@ -419,8 +477,12 @@ def run(*, quick: bool) -> BenchmarkResult:
             compared["fanin_gbps_1donor"] = "fanin_raw_socket_gbps_1link"
             figures["fanin_speedup_2"] = t["1"] / t["2"]
             figures["fanin_speedup_3"] = t["1"] / t["3"]
-            params["fanin"] = {"bytes": fanin_bytes, "repeats": fanin_repeats, "donor_link": f"tbf {FANIN_RATE}",
-                               "seconds": seconds}
+            params["fanin"] = {
+                "bytes": fanin_bytes,
+                "repeats": fanin_repeats,
+                "donor_link": f"tbf {FANIN_RATE}",
+                "seconds": seconds,
+            }
             notes.append(
                 f"fan-in: healer and 3 donors in their own network namespaces on a bridge, each donor's egress "
                 f"shaped to tbf {FANIN_RATE} ({FANIN_GBPS:g} GB/s), healer link unshaped, {fanin_bytes // MIB} MiB, "
@@ -431,12 +493,21 @@ def run(*, quick: bool) -> BenchmarkResult:
 
     met = {}
     for label in sizes:
-        met[f"{label}_1donor_ge_70pct_raw"] = figures[f"heal_gbps_{label}_1donor"] >= TARGETS["vs_raw_1donor"] * baselines[f"raw_socket_gbps_{label}"]
-        met[f"{label}_1donor_ge_2x_torchft"] = figures[f"heal_gbps_{label}_1donor"] >= TARGETS["vs_torchft_1donor"] * baselines[f"torchft_best_gbps_{label}"]
+        met[f"{label}_1donor_ge_70pct_raw"] = (
+            figures[f"heal_gbps_{label}_1donor"] >= TARGETS["vs_raw_1donor"] * baselines[f"raw_socket_gbps_{label}"]
+        )
+        met[f"{label}_1donor_ge_2x_torchft"] = (
+            figures[f"heal_gbps_{label}_1donor"]
+            >= TARGETS["vs_torchft_1donor"] * baselines[f"torchft_best_gbps_{label}"]
+        )
         for k in (2, 3):
-            met[f"{label}_{k}donor_not_slower"] = figures[f"heal_gbps_{label}_{k}donor"] >= figures[f"heal_gbps_{label}_1donor"]
+            met[f"{label}_{k}donor_not_slower"] = (
+                figures[f"heal_gbps_{label}_{k}donor"] >= figures[f"heal_gbps_{label}_1donor"]
+            )
             # Not slower: the paired interval reaches 1.0, so this run shows no slowdown at 95 %.
-            met[f"{label}_{k}donor_not_slower_paired"] = params[f"heal_{k}donor_speedup_paired_{label}"]["ci95"][1] >= 1.0
+            met[f"{label}_{k}donor_not_slower_paired"] = (
+                params[f"heal_{k}donor_speedup_paired_{label}"]["ci95"][1] >= 1.0
+            )
     for k in ("fanin_speedup_2", "fanin_speedup_3"):
         if k in figures:
             met[f"{k}_ge_{TARGETS[k]:g}"] = figures[k] >= TARGETS[k]

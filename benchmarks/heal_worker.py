@@ -151,8 +151,13 @@ def donor(args: argparse.Namespace) -> None:
     tls_address = tls_server.start() if tls_server else None
     if tls_server:
         tls_server.publish(snapshot)
-    emit("ready", address=address, tls_address=tls_address, capture_s=capture_s,
-         total_bytes=snapshot.manifest.total_bytes)
+    emit(
+        "ready",
+        address=address,
+        tls_address=tls_address,
+        capture_s=capture_s,
+        total_bytes=snapshot.manifest.total_bytes,
+    )
     wait_for_stdin_eof()
     server.stop()
     if tls_server:
@@ -293,8 +298,10 @@ def raw_recv(args: argparse.Namespace) -> None:
                 context: ssl.SSLContext = tls.client_context()
                 sockets = [context.wrap_socket(sock, server_hostname=host) for sock in sockets]
             with ThreadPoolExecutor(streams) as pool:
-                receives = [pool.submit(_recv_range, sock, view, start, stop)
-                            for sock, start, stop in zip(sockets, bounds, bounds[1:], strict=False)]
+                receives = [
+                    pool.submit(_recv_range, sock, view, start, stop)
+                    for sock, start, stop in zip(sockets, bounds, bounds[1:], strict=False)
+                ]
                 for receive in receives:
                     receive.result()
             for sock in sockets:
@@ -366,7 +373,9 @@ def pg(args: argparse.Namespace) -> None:
             if args.rank == 0:
                 transport.send_checkpoint(dst_ranks=[1], step=STEP, state_dict=state, timeout=timeout)
             else:
-                received = transport.recv_checkpoint(src_rank=0, metadata=transport.metadata(), step=STEP, timeout=timeout)
+                received = transport.recv_checkpoint(
+                    src_rank=0, metadata=transport.metadata(), step=STEP, timeout=timeout
+                )
         num_bytes = state_bytes(state if args.rank == 0 else received)
         received = None
         emit("done", num_bytes=num_bytes, **m.fields)
@@ -393,11 +402,13 @@ def main() -> None:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--store", help="host:port of rank 0's TCPStore (pg rank 1)")
     p.add_argument("--netns", help="run inside this network namespace (via `ip netns exec`)")
-    p.add_argument("--tls-dir", help="serve (donors, raw-send) or connect (with \"tls\": true) over TLS with these files")
+    p.add_argument("--tls-dir", help='serve (donors, raw-send) or connect (with "tls": true) over TLS with these files')
     args = p.parse_args()
     if args.netns and os.environ.get(_NETNS_ENV) != args.netns:
         os.environ[_NETNS_ENV] = args.netns
-        os.execvp("ip", ["ip", "netns", "exec", args.netns, sys.executable, "-m", "benchmarks.heal_worker", *sys.argv[1:]])
+        os.execvp(
+            "ip", ["ip", "netns", "exec", args.netns, sys.executable, "-m", "benchmarks.heal_worker", *sys.argv[1:]]
+        )
     ROLES[args.role](args)
 
 

@@ -101,11 +101,16 @@ QUORUM_SIZES = (2, 8, 64, 256, 1024)
 MODES: tuple[RoundMode, ...] = ("client", "wire", "barrier", "unary_barrier")
 MAX_CLIENT_PROCESSES = 2
 LIGHTHOUSE_FLAGS = (
-    "--port", "0",
-    "--join-timeout", "60",
-    "--heartbeat-timeout", "30",
-    "--progress-timeout", "120",
-    "--log-level", "WARNING",
+    "--port",
+    "0",
+    "--join-timeout",
+    "60",
+    "--heartbeat-timeout",
+    "30",
+    "--progress-timeout",
+    "120",
+    "--log-level",
+    "WARNING",
 )
 """Timeouts far above any round: a benchmark must measure the fast path and stream-close
 detection, never a join timeout or a heartbeat expiry firing on a loaded machine."""
@@ -140,10 +145,20 @@ class Plan:
     notice_survivors: int
 
 
-FULL = Plan(rounds={2: 300, 8: 300, 64: 200, 256: 100, 1024: 40}, warmup_rounds=5, echo_calls=1000,
-            notice_repeats=10, notice_survivors=4)
-QUICK = Plan(rounds={2: 30, 8: 30, 64: 12, 256: 6, 1024: 4}, warmup_rounds=2, echo_calls=200,
-             notice_repeats=3, notice_survivors=3)
+FULL = Plan(
+    rounds={2: 300, 8: 300, 64: 200, 256: 100, 1024: 40},
+    warmup_rounds=5,
+    echo_calls=1000,
+    notice_repeats=10,
+    notice_survivors=4,
+)
+QUICK = Plan(
+    rounds={2: 30, 8: 30, 64: 12, 256: 6, 1024: 4},
+    warmup_rounds=2,
+    echo_calls=200,
+    notice_repeats=3,
+    notice_survivors=3,
+)
 
 
 @dataclass(slots=True)
@@ -229,7 +244,11 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "grpc.aio unary call per member (how quorums travelled before protocol 2). notice_ms: SIGKILL "
             "of one member (own process) -> member_lost in each survivor's on_notice (own "
             "processes)."
-            + (f" Not measured (rounds did not complete; reasons in params): {sorted(failed)} members." if failed else "")
+            + (
+                f" Not measured (rounds did not complete; reasons in params): {sorted(failed)} members."
+                if failed
+                else ""
+            )
         ),
         params={
             "quick": quick,
@@ -287,8 +306,17 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
         barrier_address = (await barrier.expect_event("serving", time.monotonic() + STARTUP_S))["address"]
         members = [
             await children.start_python(
-                f"members-{k}", *WORKERS, "quorum-members", "--address", address,
-                "--wire-address", wire_address, "--barrier-address", barrier_address, "--ids", ",".join(replica_ids[k::num_processes]),
+                f"members-{k}",
+                *WORKERS,
+                "quorum-members",
+                "--address",
+                address,
+                "--wire-address",
+                wire_address,
+                "--barrier-address",
+                barrier_address,
+                "--ids",
+                ",".join(replica_ids[k::num_processes]),
             )
             for k in range(num_processes)
         ]
@@ -328,7 +356,7 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
                 await one_round(mode, record=False)
         for i in range(plan.rounds[num_members]):
             # Rotate which way of asking goes first, so none always follows another.
-            for mode in MODES[i % len(MODES):] + MODES[:i % len(MODES)]:
+            for mode in MODES[i % len(MODES) :] + MODES[: i % len(MODES)]:
                 await one_round(mode, record=True)
     return samples
 

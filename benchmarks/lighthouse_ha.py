@@ -98,22 +98,42 @@ class Job:
             await self.start_lighthouse(i, deadline)
         for g in range(GROUPS):
             child = await self.children.start_python(
-                f"g{g}", "-m", "benchmarks.failover_worker", "--impl", "replicaft", "--lighthouse", self.addresses,
-                "--replica-id", f"g{g}", "--step-sleep", str(STEP_SLEEP_S), "--events-dir", str(self.events_dir),
-                "--digest-every-steps", "1",
+                f"g{g}",
+                "-m",
+                "benchmarks.failover_worker",
+                "--impl",
+                "replicaft",
+                "--lighthouse",
+                self.addresses,
+                "--replica-id",
+                f"g{g}",
+                "--step-sleep",
+                str(STEP_SLEEP_S),
+                "--events-dir",
+                str(self.events_dir),
+                "--digest-every-steps",
+                "1",
             )
             self.workers.append(Worker(f"g{g}", child))
         self.readers = [asyncio.create_task(w.read(time.monotonic() + 7200, self.changed)) for w in self.workers]
         if not await until(self.changed, deadline, lambda: all(w.full_commits() >= 10 for w in self.workers)):
-            raise ChildFailed("groups did not reach 10 full-quorum commits: "
-                              + "".join(w.child.stderr_tail()[-600:] for w in self.workers))
+            raise ChildFailed(
+                "groups did not reach 10 full-quorum commits: "
+                + "".join(w.child.stderr_tail()[-600:] for w in self.workers)
+            )
 
     async def start_lighthouse(self, i: int, deadline: float) -> None:
         self.incarnations[i] += 1
         args = ["-m", "lighthouse", "--port", str(self.ports[i]), "--log-level", "WARNING"]
         if self.etcd is not None:
-            args += ["--advertise", f"127.0.0.1:{self.ports[i]}", "--lease-ttl", str(LEASE_TTL_S),
-                     "--etcd", ",".join(f"127.0.0.1:{p}" for p in self.relay_ports[i])]
+            args += [
+                "--advertise",
+                f"127.0.0.1:{self.ports[i]}",
+                "--lease-ttl",
+                str(LEASE_TTL_S),
+                "--etcd",
+                ",".join(f"127.0.0.1:{p}" for p in self.relay_ports[i]),
+            ]
         child = await self.children.start_python(f"lh{i}-{self.incarnations[i]}", *args)
         await child.expect_line("lighthouse serving gRPC at ", deadline)
         self.lighthouses[i] = child
@@ -133,11 +153,16 @@ class Job:
 
     async def settle(self) -> None:
         counts = [len(w.commits()) for w in self.workers]
-        ok = await until(self.changed, time.monotonic() + FAULT_TIMEOUT_S,
-                         lambda: all(len(w.commits()) >= c + SETTLE_COMMITS for w, c in zip(self.workers, counts, strict=True)))
+        ok = await until(
+            self.changed,
+            time.monotonic() + FAULT_TIMEOUT_S,
+            lambda: all(len(w.commits()) >= c + SETTLE_COMMITS for w, c in zip(self.workers, counts, strict=True)),
+        )
         if not ok:
-            raise ChildFailed("groups stopped committing between faults: "
-                              + "".join(w.child.stderr_tail()[-600:] for w in self.workers))
+            raise ChildFailed(
+                "groups stopped committing between faults: "
+                + "".join(w.child.stderr_tail()[-600:] for w in self.workers)
+            )
 
     async def measure(self, fault: Any, *, after_s: float = 0.0) -> dict[str, Any]:
         """Apply ``fault()`` and return each group's loss over the first K commits after it,
@@ -148,8 +173,11 @@ class Job:
         k = AFTER_COMMITS + int(after_s / t_steady)
         await fault()
         t_fault = time.time()
-        ok = await until(self.changed, time.monotonic() + FAULT_TIMEOUT_S,
-                         lambda: all(sum(1 for c in w.commits() if c["ts"] > t_fault) >= k for w in self.workers))
+        ok = await until(
+            self.changed,
+            time.monotonic() + FAULT_TIMEOUT_S,
+            lambda: all(sum(1 for c in w.commits() if c["ts"] > t_fault) >= k for w in self.workers),
+        )
         record: dict[str, Any] = {"groups": {}, "k": k}
         for w in self.workers:
             before = [c for c in w.commits() if c["ts"] <= t_fault]
@@ -184,12 +212,14 @@ async def _single(repeats: int) -> list[dict[str, Any]]:
             await job.start()
             try:
                 for _ in range(repeats):
+
                     async def restart() -> None:
                         child = job.lighthouses[0]
                         assert child is not None
                         child.kill()
                         await child.wait(time.monotonic() + 10)
                         await job.start_lighthouse(0, time.monotonic() + 30)
+
                     records.append(await job.measure(restart))
                     print(f"lighthouse_ha single restart: {records[-1]['groups']}", flush=True)
             finally:
@@ -233,8 +263,10 @@ async def _replicated(repeats: int, soak_kills: int, root: Path) -> dict[str, An
                     record["leader"] = leader
                     out["partition"].append(record)
                     relay.send_signal(signal.SIGUSR2)
-                    print(f"lighthouse_ha leader partition: cut lighthouse {leader} off etcd: {record['groups']}",
-                          flush=True)
+                    print(
+                        f"lighthouse_ha leader partition: cut lighthouse {leader} off etcd: {record['groups']}",
+                        flush=True,
+                    )
                 for _ in range(soak_kills):
                     await kill_leader(out["soak"], "soak")
                 await job.settle()
@@ -278,8 +310,10 @@ def run(*, quick: bool) -> BenchmarkResult:
         name="lighthouse_ha",
         figures=figures,
         baselines=baselines,
-        compared_to={"leader_kill_lost_s": "single_lighthouse_restart_lost_s",
-                     "leader_partition_lost_s": "single_lighthouse_restart_lost_s"},
+        compared_to={
+            "leader_kill_lost_s": "single_lighthouse_restart_lost_s",
+            "leader_partition_lost_s": "single_lighthouse_restart_lost_s",
+        },
         notes=(
             f"seconds each of {GROUPS} groups (W=1, ~1 MB model, {STEP_SLEEP_S * 1000:.0f} ms pacing sleep) loses "
             f"when the leading lighthouse of 3 (etcd lease {LEASE_TTL_S} s, 3-node etcd on loopback) is SIGKILLed "
@@ -291,12 +325,23 @@ def run(*, quick: bool) -> BenchmarkResult:
             f"(soak_invariant_violations: {violations})"
         ),
         params={
-            "quick": quick, "repeats": repeats, "lease_ttl_s": LEASE_TTL_S, "groups": GROUPS,
-            "single": single, "kill": ha["kill"], "partition": ha["partition"], "soak": ha["soak"],
-            "digest_verdict": {"status": ha["digests"].status, "note": ha["digests"].note,
-                               "violations": [str(v) for v in ha["digests"].violations][:20]},
-            "monotonic_verdict": {"status": ha["monotonic"].status, "note": ha["monotonic"].note,
-                                  "violations": [str(v) for v in ha["monotonic"].violations][:20]},
+            "quick": quick,
+            "repeats": repeats,
+            "lease_ttl_s": LEASE_TTL_S,
+            "groups": GROUPS,
+            "single": single,
+            "kill": ha["kill"],
+            "partition": ha["partition"],
+            "soak": ha["soak"],
+            "digest_verdict": {
+                "status": ha["digests"].status,
+                "note": ha["digests"].note,
+                "violations": [str(v) for v in ha["digests"].violations][:20],
+            },
+            "monotonic_verdict": {
+                "status": ha["monotonic"].status,
+                "note": ha["monotonic"].note,
+                "violations": [str(v) for v in ha["monotonic"].violations][:20],
+            },
         },
     )
-

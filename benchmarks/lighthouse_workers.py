@@ -123,13 +123,18 @@ async def start_echo_server() -> tuple[grpc.aio.Server, str]:
     """The echo server (``Echo``, ``Barrier``, ``UnaryBarrier``) serving on a free loopback port."""
     barrier = _Barrier()
     server = grpc.aio.server()
-    server.add_generic_rpc_handlers((
-        grpc.method_handlers_generic_handler("bench.Echo", {
-            "Echo": grpc.unary_unary_rpc_method_handler(_echo),
-            "Barrier": grpc.stream_stream_rpc_method_handler(barrier.stream),
-            "UnaryBarrier": grpc.unary_unary_rpc_method_handler(barrier.unary),
-        }),
-    ))
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "bench.Echo",
+                {
+                    "Echo": grpc.unary_unary_rpc_method_handler(_echo),
+                    "Barrier": grpc.stream_stream_rpc_method_handler(barrier.stream),
+                    "UnaryBarrier": grpc.unary_unary_rpc_method_handler(barrier.unary),
+                },
+            ),
+        )
+    )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"
@@ -176,8 +181,12 @@ async def quorum_members(address: str, wire_address: str, barrier_address: str, 
         for client in clients:
             await client.start()
         await asyncio.gather(*(c.wait_registered(WAIT_S) for c in clients))
-        await asyncio.wait_for(asyncio.gather(*(s.open() for s in [*sessions, *barrier_streams]),
-                                              *(ch.channel_ready() for ch in unary_channels)), WAIT_S)
+        await asyncio.wait_for(
+            asyncio.gather(
+                *(s.open() for s in [*sessions, *barrier_streams]), *(ch.channel_ready() for ch in unary_channels)
+            ),
+            WAIT_S,
+        )
         await raw_round(sessions, [encode(Register(rid, "", 1, 0)) for rid in replica_ids], registered)
         unary_barriers = [ch.unary_unary(UNARY_BARRIER_METHOD) for ch in unary_channels]
         _emit("ready", members=len(clients))
@@ -189,7 +198,9 @@ async def quorum_members(address: str, wire_address: str, barrier_address: str, 
                 times, answered = await _client_round(clients, step)
             elif mode == "wire":
                 bodies = [
-                    encode(QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=WAIT_S, ask=step))
+                    encode(
+                        QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=WAIT_S, ask=step)
+                    )
                     for rid in replica_ids
                 ]
                 times, reply = await raw_round(sessions, bodies, answer_to(step))
@@ -204,8 +215,16 @@ async def quorum_members(address: str, wire_address: str, barrier_address: str, 
                 times, raw = await _unary_round(unary_barriers, str(size).encode())
                 answered = int(raw)
             sends, recvs = [t[0] for t in times], [t[1] for t in times]
-            _emit("round", step=step, mode=mode, size=answered, first_send=min(sends), last_send=max(sends),
-                  first_recv=min(recvs), last_recv=max(recvs))
+            _emit(
+                "round",
+                step=step,
+                mode=mode,
+                size=answered,
+                first_send=min(sends),
+                last_send=max(sends),
+                first_recv=min(recvs),
+                last_recv=max(recvs),
+            )
     finally:
         for stream in [*sessions, *barrier_streams]:
             stream.close()

@@ -70,12 +70,15 @@ class Child:
         try:
             raw = await asyncio.wait_for(self._process.stdout.readline(), max(remaining, 0.0))
         except asyncio.TimeoutError:  # not the builtin before 3.11, which pyproject allows
-            raise ChildFailed(f"{self.name} (pid {self.pid}) printed nothing more before the deadline; "
-                              f"its stderr ends with:\n{self.stderr_tail()}") from None
+            raise ChildFailed(
+                f"{self.name} (pid {self.pid}) printed nothing more before the deadline; "
+                f"its stderr ends with:\n{self.stderr_tail()}"
+            ) from None
         if not raw:
             code = await self._process.wait()
-            raise ChildFailed(f"{self.name} (pid {self.pid}) exited with code {code}; its stderr "
-                              f"ends with:\n{self.stderr_tail()}")
+            raise ChildFailed(
+                f"{self.name} (pid {self.pid}) exited with code {code}; its stderr ends with:\n{self.stderr_tail()}"
+            )
         return raw.decode().strip()
 
     async def expect_line(self, prefix: str, deadline: float) -> str:
@@ -83,7 +86,7 @@ class Child:
         while True:
             line = await self.next_line(deadline)
             if line.startswith(prefix):
-                return line[len(prefix):]
+                return line[len(prefix) :]
 
     async def expect_event(self, event: str, deadline: float, **fields: Any) -> dict[str, Any]:
         """Skip lines until a JSON object with this ``event`` and these field values arrives."""
@@ -149,8 +152,7 @@ class ChildProcesses:
             try:
                 await child.wait(deadline)
             except asyncio.TimeoutError:
-                print(f"warning: {child.name} (pid {child.pid}) survived SIGKILL for {KILL_WAIT_S:g}s",
-                      file=sys.stderr)
+                print(f"warning: {child.name} (pid {child.pid}) survived SIGKILL for {KILL_WAIT_S:g}s", file=sys.stderr)
         if self._logs is not None:
             self._logs.cleanup()
 
@@ -161,7 +163,8 @@ class ChildProcesses:
         stderr_path = Path(self._logs.name) / f"{name}.stderr"
         with stderr_path.open("wb") as stderr:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, *args,
+                sys.executable,
+                *args,
                 cwd=REPO_ROOT,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,

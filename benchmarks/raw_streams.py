@@ -117,13 +117,23 @@ class RawStream:
             raise
         self._sock = sock
         settings = struct.pack(">HIHI", SETTINGS_ENABLE_PUSH, 0, SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW)
-        headers = b"".join(_literal(name, value) for name, value in (
-            (":method", "POST"), (":scheme", "http"), (":path", self.method), (":authority", self.address),
-            ("content-type", "application/grpc"), ("te", "trailers"),
-        ))
-        self._send(PREFACE + frame(SETTINGS, 0, 0, settings)
-                   + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", MAX_WINDOW - DEFAULT_WINDOW))
-                   + frame(HEADERS, END_HEADERS, STREAM_ID, headers))
+        headers = b"".join(
+            _literal(name, value)
+            for name, value in (
+                (":method", "POST"),
+                (":scheme", "http"),
+                (":path", self.method),
+                (":authority", self.address),
+                ("content-type", "application/grpc"),
+                ("te", "trailers"),
+            )
+        )
+        self._send(
+            PREFACE
+            + frame(SETTINGS, 0, 0, settings)
+            + frame(WINDOW_UPDATE, 0, 0, struct.pack(">I", MAX_WINDOW - DEFAULT_WINDOW))
+            + frame(HEADERS, END_HEADERS, STREAM_ID, headers)
+        )
         loop.add_reader(sock, self._readable)
 
     def ask(self, message: bytes, accept: Callable[[bytes], Any], round_: Round) -> None:
@@ -134,9 +144,11 @@ class RawStream:
         self.asked_at = time.monotonic()
         payload = b"\x00" + len(message).to_bytes(4, "big") + message
         if len(payload) > min(self._send_window, self._conn_window):
-            raise StreamFailed(f"{self.address}{self.method}: the server's flow-control window ("
-                               f"{min(self._send_window, self._conn_window)} bytes) cannot take a "
-                               f"{len(payload)}-byte message; it stopped granting credit")
+            raise StreamFailed(
+                f"{self.address}{self.method}: the server's flow-control window ("
+                f"{min(self._send_window, self._conn_window)} bytes) cannot take a "
+                f"{len(payload)}-byte message; it stopped granting credit"
+            )
         self._send_window -= len(payload)
         self._conn_window -= len(payload)
         self._send(frame(DATA, 0, STREAM_ID, payload))
@@ -182,7 +194,7 @@ class RawStream:
             end = pos + HEADER.size + (high << 16 | low)
             if end > len(inbox):
                 break
-            self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(inbox[pos + HEADER.size:end]))
+            self._frame(kind, flags, stream_id & 0x7FFFFFFF, bytes(inbox[pos + HEADER.size : end]))
             if self._error is not None:
                 return
             pos = end
@@ -191,7 +203,7 @@ class RawStream:
     def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
         if kind == DATA:
             if flags & PADDED:
-                payload = payload[1:len(payload) - payload[0]]
+                payload = payload[1 : len(payload) - payload[0]]
             self._messages(payload)
             if flags & END_STREAM:
                 self._fail("the server ended the stream")
@@ -223,10 +235,10 @@ class RawStream:
         buf += data
         pos = 0
         while len(buf) - pos >= 5:
-            n = int.from_bytes(buf[pos + 1:pos + 5], "big")
+            n = int.from_bytes(buf[pos + 1 : pos + 5], "big")
             if len(buf) - pos - 5 < n:
                 break
-            message = bytes(buf[pos + 5:pos + 5 + n])
+            message = bytes(buf[pos + 5 : pos + 5 + n])
             pos += 5 + n
             if self._accept is None:
                 continue

@@ -44,8 +44,23 @@ def run(*, quick: bool) -> BenchmarkResult:
         with cluster:
             events = Events(root / "ray-events")
             env = cluster.driver_env() | {"REPLICAFT_EVENTS_DIR": str(events.directory), "OMP_NUM_THREADS": "1"}
-            driver = spawn([sys.executable, "-m", "replicaft.ray", "--groups", "3", "--max-restarts", str(count + 2),
-                            "--storage-path", str(root / "ray"), SCRIPT, *SCRIPT_ARGS], env, root / "ray.log")
+            driver = spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "replicaft.ray",
+                    "--groups",
+                    "3",
+                    "--max-restarts",
+                    str(count + 2),
+                    "--storage-path",
+                    str(root / "ray"),
+                    SCRIPT,
+                    *SCRIPT_ARGS,
+                ],
+                env,
+                root / "ray.log",
+            )
             try:
                 restarts = measure_restarts(events, sigkill_rank, count, alive=lambda: driver.poll() is None)
             except RuntimeError as e:
@@ -60,8 +75,8 @@ def run(*, quick: bool) -> BenchmarkResult:
         baselines=baselines,
         compared_to={f"ray_restart{k}": f"launch_restart{k}" for k in ("_s", "_max_s", "_to_start_s", "_to_heal_s")},
         notes="Kill (SIGKILL of g1's process) to g1's first commit after its heal, median of the restarts; "
-              "_to_start_s: to the new process's start event. Ray: python -m replicaft.ray --groups 3 on a one-node "
-              "Ray cluster (ray start --head on loopback, defaults: Ray Train polls its workers every 2 s); "
-              "launcher: replicaft-launch --groups 3 with its defaults. Same script, same machine, one run.",
+        "_to_start_s: to the new process's start event. Ray: python -m replicaft.ray --groups 3 on a one-node "
+        "Ray cluster (ray start --head on loopback, defaults: Ray Train polls its workers every 2 s); "
+        "launcher: replicaft-launch --groups 3 with its defaults. Same script, same machine, one run.",
         params={"restarts": count, "script": "examples/train_ddp.py " + " ".join(SCRIPT_ARGS)},
     )

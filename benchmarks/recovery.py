@@ -93,7 +93,9 @@ TORCHFT_ISSUE_S = {"100mb": 3.4, "500mb": 12.0}
 TARGETS_S = {"100mb": 2.5, "500mb": 6.0}
 
 
-async def _wait_for(tail: EventTail, seen: list[dict[str, Any]], predicate: Any, deadline: float, what: str) -> dict[str, Any]:
+async def _wait_for(
+    tail: EventTail, seen: list[dict[str, Any]], predicate: Any, deadline: float, what: str
+) -> dict[str, Any]:
     """The first event (already seen or new) matching ``predicate``, polling the files until ``deadline``."""
     while True:
         for e in seen:
@@ -112,24 +114,42 @@ def _bench_env(**variables: str) -> dict[str, str]:
 
 
 def _group_env(lighthouse: str, replica_id: str, events: Path) -> dict[str, str]:
-    return _bench_env(REPLICAFT_LIGHTHOUSE=lighthouse, REPLICAFT_REPLICA_ID=replica_id, REPLICAFT_EVENTS_DIR=str(events))
+    return _bench_env(
+        REPLICAFT_LIGHTHOUSE=lighthouse, REPLICAFT_REPLICA_ID=replica_id, REPLICAFT_EVENTS_DIR=str(events)
+    )
 
 
 def _worker(model: tuple[int, int], cpu: int, *extra: str) -> tuple[str, ...]:
     """The arguments of recovery_worker.py for ``model`` pinned to core ``cpu``."""
     width, layers = model
-    return ("-m", "benchmarks.recovery_worker", "--width", str(width), "--layers", str(layers), "--cpu", str(cpu), *extra)
+    return (
+        "-m",
+        "benchmarks.recovery_worker",
+        "--width",
+        str(width),
+        "--layers",
+        str(layers),
+        "--cpu",
+        str(cpu),
+        *extra,
+    )
 
 
-async def _start_lone_donor(children: ChildProcesses, model: tuple[int, int], events: Path, tail: EventTail,
-                            seen: list[dict[str, Any]]) -> str:
+async def _start_lone_donor(
+    children: ChildProcesses, model: tuple[int, int], events: Path, tail: EventTail, seen: list[dict[str, Any]]
+) -> str:
     """A lighthouse and group g0 training alone on core 0 until it has committed ``WARM_STEPS``
     steps; returns the lighthouse's address."""
     lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0", "--log-level", "WARNING")
     address = (await lighthouse.expect_line("lighthouse serving gRPC at ", time.monotonic() + START_TIMEOUT_S)).strip()
     await children.start_python("g0", *_worker(model, 0), env=_group_env(address, "g0", events))
-    await _wait_for(tail, seen, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"]
-                    and e["step"] >= WARM_STEPS, time.monotonic() + START_TIMEOUT_S, f"{WARM_STEPS} donor steps")
+    await _wait_for(
+        tail,
+        seen,
+        lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"] and e["step"] >= WARM_STEPS,
+        time.monotonic() + START_TIMEOUT_S,
+        f"{WARM_STEPS} donor steps",
+    )
     return address
 
 
@@ -144,10 +164,17 @@ async def one_restart(model: tuple[int, int]) -> dict[str, float]:
             await children.start_python("g1", *_worker(model, 1), env=_group_env(address, "g1", events))
             deadline = time.monotonic() + RECOVERY_TIMEOUT_S
             ofg1 = lambda e, kind: e["event"] == kind and e["replica_id"] == "g1"  # noqa: E731
-            commit = await _wait_for(tail, seen, lambda e: ofg1(e, "commit") and e["committed"], deadline, "a g1 commit")
+            commit = await _wait_for(
+                tail, seen, lambda e: ofg1(e, "commit") and e["committed"], deadline, "a g1 commit"
+            )
             # The donor's steady steps with both groups in the quorum, after the heal.
-            await _wait_for(tail, seen, lambda e: ofg1(e, "commit") and e["committed"] and e["step"] >= commit["step"] + AFTER_STEPS,
-                            deadline, f"{AFTER_STEPS} steps of both groups after the heal")
+            await _wait_for(
+                tail,
+                seen,
+                lambda e: ofg1(e, "commit") and e["committed"] and e["step"] >= commit["step"] + AFTER_STEPS,
+                deadline,
+                f"{AFTER_STEPS} steps of both groups after the heal",
+            )
         donor = [e for e in seen if e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"]]
         alone = [e["step_time_s"] for e in donor if e["ts"] < spawned]
         return {**_restart_figures(seen, "g1", spawned, commit), "donor_step_alone_s": statistics.median(alone)}
@@ -157,6 +184,7 @@ def _restart_figures(seen: list[dict[str, Any]], healer: str, since: float, comm
     """The figures of one restart of ``healer`` from the events: ``since`` (wall time) to its first
     committed step ``commit``, its breakdown, and the donor's (every other group's) step times
     while the heal ran and over the steps after ``commit``."""
+
     def of_healer(e: dict[str, Any], kind: str) -> bool:
         return e["event"] == kind and e["replica_id"] == healer and e["ts"] > since
 
@@ -181,7 +209,9 @@ def _restart_figures(seen: list[dict[str, Any]], healer: str, since: float, comm
     }
 
 
-async def one_restart_launched(model: tuple[int, int], *, standby: bool = True, reserve: bool = True) -> dict[str, float]:
+async def one_restart_launched(
+    model: tuple[int, int], *, standby: bool = True, reserve: bool = True
+) -> dict[str, float]:
     """A restart as ``replicaft-launch`` does it: two groups, g1 SIGKILLed and restarted at once
     (``--restart-delay 0``), in the launcher's warm standby or, without ``standby``, cold
     (``--standbys 0``); figures in seconds from the kill. With a standby, g1 is killed once the
@@ -206,8 +236,18 @@ async def one_restart_launched(model: tuple[int, int], *, standby: bool = True, 
             drain = asyncio.create_task(_discard_lines(launcher))
             try:
                 deadline = time.monotonic() + START_TIMEOUT_S
-                await _wait_for(tail, seen, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"]
-                                and e["step"] >= WARM_STEPS, deadline, f"{WARM_STEPS} steps of both groups")
+                await _wait_for(
+                    tail,
+                    seen,
+                    lambda e: (
+                        e["event"] == "commit"
+                        and e["replica_id"] == "g1"
+                        and e["committed"]
+                        and e["step"] >= WARM_STEPS
+                    ),
+                    deadline,
+                    f"{WARM_STEPS} steps of both groups",
+                )
                 standby_pid = None
                 waited = r"warm standby pid (\d+) reserved" if reserve else r"warm standby pid (\d+) ready"
                 while standby and (ready := re.search(waited, launcher.stderr_text())) is None:
@@ -221,10 +261,18 @@ async def one_restart_launched(model: tuple[int, int], *, standby: bool = True, 
                 os.kill(victim["pid"], signal.SIGKILL)
                 killed = time.time()
                 deadline = time.monotonic() + RECOVERY_TIMEOUT_S
-                ofg1 = lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["ts"] > killed and e["committed"]  # noqa: E731
+
+                def ofg1(e):
+                    return e["event"] == "commit" and e["replica_id"] == "g1" and e["ts"] > killed and e["committed"]
+
                 commit = await _wait_for(tail, seen, ofg1, deadline, "a g1 commit")
-                await _wait_for(tail, seen, lambda e: ofg1(e) and e["step"] >= commit["step"] + AFTER_STEPS, deadline,
-                                f"{AFTER_STEPS} steps of both groups after the heal")
+                await _wait_for(
+                    tail,
+                    seen,
+                    lambda e: ofg1(e) and e["step"] >= commit["step"] + AFTER_STEPS,
+                    deadline,
+                    f"{AFTER_STEPS} steps of both groups after the heal",
+                )
                 launcher.send_signal(signal.SIGTERM)
                 await launcher.wait(time.monotonic() + 30)
             except TimeoutError as e:
@@ -258,13 +306,28 @@ async def one_restart_torchft(model: tuple[int, int]) -> dict[str, float]:
     width, layers = model
 
     def script(cpu: int, replica_id: str, lighthouse: str) -> tuple[str, ...]:
-        return ("-m", "benchmarks.recovery_worker", "--width", str(width), "--layers", str(layers), "--cpu", str(cpu),
-                "--impl", "torchft", "--lighthouse", lighthouse, "--replica-id", replica_id)
+        return (
+            "-m",
+            "benchmarks.recovery_worker",
+            "--width",
+            str(width),
+            "--layers",
+            str(layers),
+            "--cpu",
+            str(cpu),
+            "--impl",
+            "torchft",
+            "--lighthouse",
+            lighthouse,
+            "--replica-id",
+            replica_id,
+        )
 
     async with ChildProcesses() as children:
         deadline = time.monotonic() + START_TIMEOUT_S
-        lighthouse = await children.start_python("torchft-lighthouse", "-m", "benchmarks.failover_worker", "--impl",
-                                                  "torchft-lighthouse")
+        lighthouse = await children.start_python(
+            "torchft-lighthouse", "-m", "benchmarks.failover_worker", "--impl", "torchft-lighthouse"
+        )
         address = str((await lighthouse.expect_event("lighthouse", deadline))["address"])
         g0 = await children.start_python("g0", *script(0, "g0", address))
         donor: list[dict[str, Any]] = []
@@ -283,8 +346,10 @@ async def one_restart_torchft(model: tuple[int, int]) -> dict[str, float]:
         finally:
             drain.cancel()
     during = [e["step_time_s"] for e in donor if e["committed"] and spawned <= e["ts"] <= first["ts"]]
-    return {"restart_to_commit_s": first["ts"] - spawned,
-            "donor_worst_step_until_commit_s": max(during, default=float("nan"))}
+    return {
+        "restart_to_commit_s": first["ts"] - spawned,
+        "donor_worst_step_until_commit_s": max(during, default=float("nan")),
+    }
 
 
 async def one_start_plain(model: tuple[int, int], *, beside_donor: bool) -> float:
@@ -307,8 +372,12 @@ async def _run(quick: bool) -> BenchmarkResult:
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
     compared: dict[str, str] = {}
-    params: dict[str, Any] = {"repeats": repeats, "models_width_layers": MODELS, "targets_s": TARGETS_S,
-                              "torchft_issue_figures_s": TORCHFT_ISSUE_S}
+    params: dict[str, Any] = {
+        "repeats": repeats,
+        "models_width_layers": MODELS,
+        "targets_s": TARGETS_S,
+        "torchft_issue_figures_s": TORCHFT_ISSUE_S,
+    }
     sizes = {"100mb": MODELS["100mb"]} if quick else MODELS
     for label, model in sizes.items():
         await _restarts(label, model, repeats, figures, baselines, compared, params)
@@ -344,9 +413,15 @@ async def _run(quick: bool) -> BenchmarkResult:
     )
 
 
-async def _restarts(label: str, model: tuple[int, int], repeats: int, figures: dict[str, float],
-                    baselines: dict[str, float], compared: dict[str, str],
-                    params: dict[str, Any]) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
+async def _restarts(
+    label: str,
+    model: tuple[int, int],
+    repeats: int,
+    figures: dict[str, float],
+    baselines: dict[str, float],
+    compared: dict[str, str],
+    params: dict[str, Any],
+) -> tuple[list[dict[str, float]], list[dict[str, float]]]:
     """``repeats`` restarts of each kind for one model, interleaved so that all see the same
     machine; their medians into the result's tables; the launcher's and the cold restarts'
     figures returned."""
@@ -374,10 +449,17 @@ async def _restarts(label: str, model: tuple[int, int], repeats: int, figures: d
     figures[f"{figure}_vs_plain"] = figures[figure]
     figures[f"cold_{figure}_vs_plain"] = figures[f"cold_{figure}"]
     figures[f"cold_{figure}_vs_plain_alone"] = figures[f"cold_{figure}"]
-    compared.update({figure: torchft, f"{figure}_vs_no_standby": cold_launch, f"{figure}_vs_no_reserve": f"no_reserve_{figure}",
-                     f"cold_{figure}": torchft,
-                     f"{figure}_vs_plain": floor, f"cold_{figure}_vs_plain": floor,
-                     f"cold_{figure}_vs_plain_alone": floor_alone})
+    compared.update(
+        {
+            figure: torchft,
+            f"{figure}_vs_no_standby": cold_launch,
+            f"{figure}_vs_no_reserve": f"no_reserve_{figure}",
+            f"cold_{figure}": torchft,
+            f"{figure}_vs_plain": floor,
+            f"cold_{figure}_vs_plain": floor,
+            f"cold_{figure}_vs_plain_alone": floor_alone,
+        }
+    )
     params[f"breakdown_{label}"] = launched
     params[f"no_standby_breakdown_{label}"] = no_standby
     params[f"no_reserve_breakdown_{label}"] = no_reserve

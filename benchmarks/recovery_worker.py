@@ -39,9 +39,12 @@ def main() -> None:
     p.add_argument("--width", type=int, required=True)
     p.add_argument("--layers", type=int, required=True)
     p.add_argument("--cpu", type=int, default=None, help="pin to this core")
-    p.add_argument("--cpu-by-replica-id", action="store_true",
-                   help="pin to the core numbered by the digits of REPLICAFT_REPLICA_ID (g0: core 0, g1: core 1), "
-                   "for groups started by replicaft-launch, which gives every group the same arguments")
+    p.add_argument(
+        "--cpu-by-replica-id",
+        action="store_true",
+        help="pin to the core numbered by the digits of REPLICAFT_REPLICA_ID (g0: core 0, g1: core 1), "
+        "for groups started by replicaft-launch, which gives every group the same arguments",
+    )
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--impl", choices=["replicaft", "torchft", "plain"], default="replicaft")
     p.add_argument("--lighthouse", help="torchft: http://host:port of its lighthouse")
@@ -98,8 +101,18 @@ def train_plain(args: argparse.Namespace) -> None:
 
 def report_step(step: int, committed: bool, started: float) -> None:
     """One step as a JSON line on stdout (the plain and torchft loops have no event log)."""
-    print(json.dumps({"event": "step", "ts": time.time(), "step": step, "committed": committed,
-                      "step_time_s": time.monotonic() - started}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "step",
+                "ts": time.time(),
+                "step": step,
+                "committed": committed,
+                "step_time_s": time.monotonic() - started,
+            }
+        ),
+        flush=True,
+    )
 
 
 def train_torchft(args: argparse.Namespace) -> None:
@@ -119,10 +132,22 @@ def train_torchft(args: argparse.Namespace) -> None:
         inner.load_state_dict(state["optim"])
 
     long = timedelta(seconds=300)
-    manager = Manager(pg=ProcessGroupGloo(timeout=long), load_state_dict=load_state_dict, state_dict=state_dict,
-                      min_replica_size=1, timeout=long, quorum_timeout=long, connect_timeout=long,
-                      replica_id=args.replica_id, lighthouse_addr=args.lighthouse, store_addr="127.0.0.1",
-                      store_port=store.port, rank=0, world_size=1, hostname="127.0.0.1")
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=long),
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=1,
+        timeout=long,
+        quorum_timeout=long,
+        connect_timeout=long,
+        replica_id=args.replica_id,
+        lighthouse_addr=args.lighthouse,
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        hostname="127.0.0.1",
+    )
     ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner)
     inputs = torch.randn(args.batch, args.width)

@@ -149,12 +149,14 @@ def format_table(record: Mapping[str, Any]) -> str:
     rows = [("figure", "value", "baseline", "ratio")]
     for figure, value in record["figures"].items():
         baseline = baseline_of.get(figure)
-        rows.append((
-            figure,
-            _number(value),
-            f"{baseline} = {_number(record['baselines'][baseline])}" if baseline else "",
-            f"{record['ratios'][figure]:.2f}x" if figure in record["ratios"] else "",
-        ))
+        rows.append(
+            (
+                figure,
+                _number(value),
+                f"{baseline} = {_number(record['baselines'][baseline])}" if baseline else "",
+                f"{record['ratios'][figure]:.2f}x" if figure in record["ratios"] else "",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -44,13 +44,23 @@ def slurm_restarts(root: Path, cred_expire_s: int, kinds: dict[str, int]) -> dic
     with cluster:
         events = Events(root / "events")
         env = cluster.env() | {
-            "RUN_DIR": str(root / "run"), "REPLICAFT_EVENTS_DIR": str(events.directory),
-            "REPLICAFT_TOKEN": secrets.token_urlsafe(32), "LIGHTHOUSE_PORT": str(free_port()),
-            "LIGHTHOUSE_STATUS_PORT": str(free_port()), "GROUPS_SBATCH_ARGS": "--cpus-per-task=1 --gpus-per-node=0",
-            "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
+            "RUN_DIR": str(root / "run"),
+            "REPLICAFT_EVENTS_DIR": str(events.directory),
+            "REPLICAFT_TOKEN": secrets.token_urlsafe(32),
+            "LIGHTHOUSE_PORT": str(free_port()),
+            "LIGHTHOUSE_STATUS_PORT": str(free_port()),
+            "GROUPS_SBATCH_ARGS": "--cpus-per-task=1 --gpus-per-node=0",
+            "PYTHON": sys.executable,
+            "OMP_NUM_THREADS": "1",
         }
-        out = subprocess.run(["deploy/slurm/submit.sh", "--groups", "3", "examples/train_ddp.py", *SCRIPT_ARGS],
-                             cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(
+            ["deploy/slurm/submit.sh", "--groups", "3", "examples/train_ddp.py", *SCRIPT_ARGS],
+            cwd=REPO_ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         match = re.search(r"replica groups job (\d+)", out.stdout)
         if out.returncode != 0 or not match:
             raise RuntimeError(f"submit.sh failed ({out.returncode}): {out.stderr}{out.stdout}")
@@ -82,20 +92,25 @@ def run(*, quick: bool) -> BenchmarkResult:
     if default:
         figures |= summary("slurm_requeue", default["requeue"])
     baselines = summary("launch_restart", baseline)
-    compared = {f"{prefix}{k}": f"launch_restart{k}" for prefix in ("slurm_step_restart", "slurm_requeue_cred5",
-                                                                      *(["slurm_requeue"] if default else []))
-                for k in ("_s", "_to_start_s")}
+    compared = {
+        f"{prefix}{k}": f"launch_restart{k}"
+        for prefix in ("slurm_step_restart", "slurm_requeue_cred5", *(["slurm_requeue"] if default else []))
+        for k in ("_s", "_to_start_s")
+    }
     return BenchmarkResult(
         name="slurm_restart",
         figures=figures,
         baselines=baselines,
         compared_to=compared,
         notes="Take-down of g1 to its first commit after its heal, median of the restarts; _to_start_s: to the new "
-              "process's start event. slurm_step_restart: SIGKILL of g1's rank, run_group.sh restarts it in its job "
-              "step (RESTART_DELAY 2 s); slurm_requeue: scontrol requeue of g1's array task with Slurm's default "
-              "cred_expire (120 s, which holds a requeued job); slurm_requeue_cred5: the same with cred_expire=5. "
-              "Baseline: replicaft-launch --groups 3, g1's rank SIGKILLed. One node, sched_interval=1; same "
-              "script and machine, one run.",
-        params={"restarts": count, "script": "examples/train_ddp.py " + " ".join(SCRIPT_ARGS),
-                "slurm": "Debian slurm-wlm 22.05, deploy/slurm/submit.sh as shipped"},
+        "process's start event. slurm_step_restart: SIGKILL of g1's rank, run_group.sh restarts it in its job "
+        "step (RESTART_DELAY 2 s); slurm_requeue: scontrol requeue of g1's array task with Slurm's default "
+        "cred_expire (120 s, which holds a requeued job); slurm_requeue_cred5: the same with cred_expire=5. "
+        "Baseline: replicaft-launch --groups 3, g1's rank SIGKILLed. One node, sched_interval=1; same "
+        "script and machine, one run.",
+        params={
+            "restarts": count,
+            "script": "examples/train_ddp.py " + " ".join(SCRIPT_ARGS),
+            "slurm": "Debian slurm-wlm 22.05, deploy/slurm/submit.sh as shipped",
+        },
     )

@@ -54,8 +54,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | None = None, world: int = 2,
-                   worker_args: tuple[str, ...] = ()) -> tuple[float, dict[str, float]]:
+async def _one_run(
+    mode: str,
+    size_mb: float,
+    steps: int,
+    *,
+    events_dir: str | None = None,
+    world: int = 2,
+    worker_args: tuple[str, ...] = (),
+) -> tuple[float, dict[str, float]]:
     """The slower trainer's median step and that trainer's mean segments (``segment_<name>``)
     and, for replicaft, median phases.
 
@@ -65,15 +72,30 @@ async def _one_run(mode: str, size_mb: float, steps: int, *, events_dir: str | N
     async with ChildProcesses() as children:
         extra: list[str] = []
         if mode == "replicaft":
-            lighthouse = await children.start_python("lighthouse", "-m", "lighthouse", "--port", "0", "--log-level", "WARNING")
+            lighthouse = await children.start_python(
+                "lighthouse", "-m", "lighthouse", "--port", "0", "--log-level", "WARNING"
+            )
             address = (await lighthouse.expect_line("lighthouse serving gRPC at ", deadline)).strip()
             extra = ["--lighthouse", address, *(["--events-dir", events_dir] if events_dir else [])]
         else:
             extra = ["--store", f"127.0.0.1:{_free_port()}"]
         workers = [
             await children.start_python(
-                f"{mode}-{rank}", "-m", "benchmarks.step_worker", "--mode", mode, "--rank", str(rank), "--world",
-                str(world), "--size-mb", str(size_mb), "--steps", str(steps), *extra, *worker_args,
+                f"{mode}-{rank}",
+                "-m",
+                "benchmarks.step_worker",
+                "--mode",
+                mode,
+                "--rank",
+                str(rank),
+                "--world",
+                str(world),
+                "--size-mb",
+                str(size_mb),
+                "--steps",
+                str(steps),
+                *extra,
+                *worker_args,
             )
             for rank in range(world)
         ]
@@ -100,7 +122,9 @@ def run(*, quick: bool) -> BenchmarkResult:
                 (theirs if mode == "ddp" else ours).append(asyncio.run(_one_run(mode, size, steps)))
             with tempfile.TemporaryDirectory(prefix="step-overhead-events-") as events_dir:
                 logged.append(asyncio.run(_one_run("replicaft", size, steps, events_dir=events_dir)))
-        params[f"runs_ms_{size}mb"] = [[round(d * 1000, 3), round(o * 1000, 3)] for (d, _), (o, _) in zip(theirs, ours, strict=True)]
+        params[f"runs_ms_{size}mb"] = [
+            [round(d * 1000, 3), round(o * 1000, 3)] for (d, _), (o, _) in zip(theirs, ours, strict=True)
+        ]
         ours_ms = statistics.median(t for t, _ in ours) * 1000
         figures[f"step_time_{size}mb"] = ours_ms
         figures[f"step_time_events_{size}mb"] = statistics.median(t for t, _ in logged) * 1000
@@ -122,10 +146,12 @@ def run(*, quick: bool) -> BenchmarkResult:
     )
 
 
-def _gap_by_segment(ours: list[tuple[float, dict[str, float]]], theirs: list[tuple[float, dict[str, float]]]
-                    ) -> dict[str, float]:
+def _gap_by_segment(
+    ours: list[tuple[float, dict[str, float]]], theirs: list[tuple[float, dict[str, float]]]
+) -> dict[str, float]:
     """Mean step time of each side over its runs, and each segment's gap (ours - DDP's), in ms;
     the segments' gaps add up to ``mean_gap``."""
+
     def mean_of(runs: list[tuple[float, dict[str, float]]], key: str) -> float:
         return statistics.mean(d[key] for _, d in runs) * 1000
 
@@ -139,9 +165,11 @@ def _gap_by_segment(ours: list[tuple[float, dict[str, float]]], theirs: list[tup
 def _explain(gap: dict[str, float], phases: dict[str, float]) -> str:
     """The gap named piece by piece: each segment's share, with the runtime's phases inside it."""
     step_rest = gap["step"] - phases["flag"] - phases["vote"]
-    return (f"mean step {gap['mean_step']:.2f} vs DDP {gap['ddp_mean_step']:.2f}, gap {gap['mean_gap']:.2f} ms = "
-            f"zero_grad {gap['zero_grad']:+.2f} (boundary {phases['boundary']:.2f}, asking the quorum) "
-            f"+ forward {gap['forward']:+.2f} (the quorum forms meanwhile; wait left {phases['quorum']:.2f}) "
-            f"+ backward {gap['backward']:+.2f} (plan {phases['plan']:.2f}; bucket waits {phases['allreduce']:.2f}) "
-            f"+ step {gap['step']:+.2f} (flag {phases['flag']:.2f}, vote {phases['vote']:.2f}, "
-            f"rest {step_rest:+.2f}); events and digest {phases['events']:+.2f}")
+    return (
+        f"mean step {gap['mean_step']:.2f} vs DDP {gap['ddp_mean_step']:.2f}, gap {gap['mean_gap']:.2f} ms = "
+        f"zero_grad {gap['zero_grad']:+.2f} (boundary {phases['boundary']:.2f}, asking the quorum) "
+        f"+ forward {gap['forward']:+.2f} (the quorum forms meanwhile; wait left {phases['quorum']:.2f}) "
+        f"+ backward {gap['backward']:+.2f} (plan {phases['plan']:.2f}; bucket waits {phases['allreduce']:.2f}) "
+        f"+ step {gap['step']:+.2f} (flag {phases['flag']:.2f}, vote {phases['vote']:.2f}, "
+        f"rest {step_rest:+.2f}); events and digest {phases['events']:+.2f}"
+    )

@@ -39,9 +39,9 @@ def build_model(size_mb: float) -> nn.Module:
 SEGMENTS = ("zero_grad", "forward", "backward", "step")
 
 
-def timed_steps(segments: Sequence[Callable[[], None]], warmup: int, steps: int,
-                phases: Callable[[], dict[str, float]] = dict
-                ) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
+def timed_steps(
+    segments: Sequence[Callable[[], None]], warmup: int, steps: int, phases: Callable[[], dict[str, float]] = dict
+) -> tuple[list[float], dict[str, list[float]], dict[str, list[float]]]:
     """Run ``warmup + steps`` steps, each the ``SEGMENTS`` calls in order; the timed steps'
     wall times, their segments' and their ``phases()``."""
     times: list[float] = []
@@ -95,12 +95,19 @@ def main() -> None:
         print(json.dumps({"event": "ready"}), flush=True)
         times, segments, phases = timed_steps(
             (opt.zero_grad, lambda: loss.append(ddp(x).square().mean()), lambda: loss.pop().backward(), step),
-            args.warmup, args.steps)
+            args.warmup,
+            args.steps,
+        )
         dist.destroy_process_group()
     else:
         # Gloo, as plain DDP above: the trainers may share one GPU, which NCCL refuses.
-        options = replicaft.ManagerOptions(lighthouse=args.lighthouse, replica_id=f"g{args.rank}", backend="gloo",
-                                           events_dir=args.events_dir, digest_every_steps=1 if args.events_dir else 0)
+        options = replicaft.ManagerOptions(
+            lighthouse=args.lighthouse,
+            replica_id=f"g{args.rank}",
+            backend="gloo",
+            events_dir=args.events_dir,
+            digest_every_steps=1 if args.events_dir else 0,
+        )
         with replicaft.Manager(options, init_sync=False) as manager:
             ddp = replicaft.DistributedDataParallel(manager, model)
             opt = replicaft.Optimizer(manager, torch.optim.SGD(model.parameters(), lr=1e-3))
@@ -115,7 +122,10 @@ def main() -> None:
             print(json.dumps({"event": "ready"}), flush=True)
             times, segments, phases = timed_steps(
                 (opt.zero_grad, lambda: loss.append(ddp(x).square().mean()), lambda: loss.pop().backward(), step),
-                args.warmup, args.steps, manager.step_phases)
+                args.warmup,
+                args.steps,
+                manager.step_phases,
+            )
     print(json.dumps({"event": "done", "step_s": times, "segments_s": segments, "phases_s": phases}), flush=True)
 
 

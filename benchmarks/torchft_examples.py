@@ -75,7 +75,9 @@ def download_sdist(url: str = SDIST_URL, sha256: str = SDIST_SHA256) -> bytes:
 def check_sha256(data: bytes, sha256: str, url: str) -> bytes:
     got = hashlib.sha256(data).hexdigest()
     if got != sha256:
-        raise ValueError(f"{url} has sha256 {got}, expected {sha256}: not the torchft 0.2.0 release; refusing to run it")
+        raise ValueError(
+            f"{url} has sha256 {got}, expected {sha256}: not the torchft 0.2.0 release; refusing to run it"
+        )
     return data
 
 

@@ -33,27 +33,54 @@ from benchmarks.torchft_suite_plugin import installed_torchft_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SUITES = ("manager_integ_test.py", "local_sgd_integ_test.py", "diloco_regression_test.py")
-QUICK = ("manager_integ_test.py::ManagerIntegTest::test_ddp_healthy",
-         "manager_integ_test.py::ManagerIntegTest::test_ddp_recovery_0_async_quorum")
+QUICK = (
+    "manager_integ_test.py::ManagerIntegTest::test_ddp_healthy",
+    "manager_integ_test.py::ManagerIntegTest::test_ddp_recovery_0_async_quorum",
+)
 PER_TEST_TIMEOUT_S = 90
 LOGGED_CAUSE = re.compile(r"^WARNING +replicaft\S* .*?step will not commit: (.*)$", re.MULTILINE)
 """replicaft's warning for a step that fails, as pytest captures it (junit_logging=log)."""
 
 
-def run_suite(targets: list[str], *, real: bool, per_test_timeout_s: int = PER_TEST_TIMEOUT_S,
-              select: str | None = None) -> dict[str, dict[str, str]]:
+def run_suite(
+    targets: list[str], *, real: bool, per_test_timeout_s: int = PER_TEST_TIMEOUT_S, select: str | None = None
+) -> dict[str, dict[str, str]]:
     """Run pytest on ``targets`` (paths under the installed torchft), only the tests matching
     ``select`` (pytest's ``-k``) if given; outcome and reason per test."""
     with tempfile.TemporaryDirectory(prefix="torchft-suite-") as tmp:
         report = Path(tmp) / "report.xml"
         env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         env["TORCHFT_SUITE_REAL"] = "1" if real else "0"
-        cmd = [sys.executable, "-m", "pytest", "-p", "benchmarks.torchft_suite_plugin", "-p", "no:cacheprovider",
-               "--rootdir", tmp, "-q", "--timeout", str(per_test_timeout_s), f"--junitxml={report}",
-               "-o", "junit_logging=log", "-o", "log_level=WARNING",
-               *(["-k", select] if select else []), *targets]
-        subprocess.run(cmd, cwd=tmp, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                       timeout=per_test_timeout_s * 60, check=False)
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "benchmarks.torchft_suite_plugin",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            tmp,
+            "-q",
+            "--timeout",
+            str(per_test_timeout_s),
+            f"--junitxml={report}",
+            "-o",
+            "junit_logging=log",
+            "-o",
+            "log_level=WARNING",
+            *(["-k", select] if select else []),
+            *targets,
+        ]
+        subprocess.run(
+            cmd,
+            cwd=tmp,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=per_test_timeout_s * 60,
+            check=False,
+        )
         return parse_junit(report) if report.exists() else {}
 
 
@@ -93,15 +120,19 @@ def run(*, quick: bool) -> BenchmarkResult:
     real = run_suite(targets, real=True)
     figures: dict[str, float] = {"shim_tests_passed": _count(shim, "passed"), "shim_tests_run": _ran(shim)}
     baselines: dict[str, float] = {"torchft_tests_passed": _count(real, "passed"), "torchft_tests_run": _ran(real)}
-    tests: dict[str, Any] = {name: {"shim": shim.get(name), "torchft": real.get(name)} for name in sorted(shim.keys() | real.keys())}
+    tests: dict[str, Any] = {
+        name: {"shim": shim.get(name), "torchft": real.get(name)} for name in sorted(shim.keys() | real.keys())
+    }
     return BenchmarkResult(
         name="torchft_suite",
         figures=figures,
         baselines=baselines,
         compared_to={"shim_tests_passed": "torchft_tests_passed"} if baselines["torchft_tests_passed"] else {},
-        notes=("torchft 0.2.0's integration test files from its wheel, run unmodified with `import torchft` resolved to "
-               "replicaft.compat.torchft, and against torchft itself in the same run; skipped tests (CUDA, torchcomms) "
-               "are not counted as run. Per-test outcomes and failure reasons are in params.tests."),
+        notes=(
+            "torchft 0.2.0's integration test files from its wheel, run unmodified with `import torchft` resolved to "
+            "replicaft.compat.torchft, and against torchft itself in the same run; skipped tests (CUDA, torchcomms) "
+            "are not counted as run. Per-test outcomes and failure reasons are in params.tests."
+        ),
         params={"suites": list(QUICK if quick else SUITES), "per_test_timeout_s": PER_TEST_TIMEOUT_S, "tests": tests},
     )
 
@@ -117,8 +148,12 @@ def _ran(tests: dict[str, dict[str, str]]) -> float:
 def main(argv: list[str] | None = None) -> int:
     """Run a subset against the shim (or torchft) and print outcome, seconds, test and reason."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.torchft_suite", description=__doc__.splitlines()[0])
-    p.add_argument("files", nargs="*", metavar="FILE",
-                   help=f"test files of the torchft wheel (default: all of {', '.join(SUITES)})")
+    p.add_argument(
+        "files",
+        nargs="*",
+        metavar="FILE",
+        help=f"test files of the torchft wheel (default: all of {', '.join(SUITES)})",
+    )
     p.add_argument("-k", dest="select", help="pytest's -k expression, e.g. 'upscale and not 11'")
     p.add_argument("--torchft", action="store_true", help="run against torchft itself instead of the shim")
     args = p.parse_args(argv)

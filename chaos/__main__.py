@@ -43,8 +43,10 @@ class ProgressLine:
         self._last_printed = 0.0
 
     def __call__(self, p: Progress) -> None:
-        text = (f"[{p.elapsed_s:6.1f}s] step {p.step:>4}/{p.target_steps}  quorum {p.quorum_size}  "
-                f"groups running {p.groups_running}  faults {p.faults_injected}/{p.faults_planned}")
+        text = (
+            f"[{p.elapsed_s:6.1f}s] step {p.step:>4}/{p.target_steps}  quorum {p.quorum_size}  "
+            f"groups running {p.groups_running}  faults {p.faults_injected}/{p.faults_planned}"
+        )
         if self._tty:
             self._out.write("\r" + text + "   ")
             self._out.flush()
@@ -83,24 +85,33 @@ def format_summary(summary: dict[str, Any], report: Path) -> str:
     ]
     rows += [(f"  {v['invariant']}", f"{v['status'].replace('_', ' ')}: {v['note']}") for v in summary["invariants"]]
     rows.append(("violations", str(len(summary["violations"]))))
-    rows += [(f"  {v['invariant']}", f"step {v['step']} group {v['group']}: {v['detail']}") for v in summary["violations"]]
+    rows += [
+        (f"  {v['invariant']}", f"step {v['step']} group {v['group']}: {v['detail']}") for v in summary["violations"]
+    ]
     rows.append(("report", str(report)))
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="replicaft-chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="replicaft-chaos", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run one scenario and check the invariants")
     shipped = ", ".join(sorted(p.stem for p in SCENARIO_DIR.glob("*.toml")))
     run.add_argument("scenario", help=f"a shipped scenario name ({shipped}) or a path to a .toml file")
-    run.add_argument("--out", required=True, type=Path, help="directory for summary.json, report.html, events/ and logs/")
+    run.add_argument(
+        "--out", required=True, type=Path, help="directory for summary.json, report.html, events/ and logs/"
+    )
     demo = sub.add_parser("demo", help="run the README demo into ./runs/demo-<timestamp>")
     demo.add_argument("--out", type=Path, default=None, help="output directory (default: ./runs/demo-<timestamp>)")
     for sp in (run, demo):
-        sp.add_argument("--reference", action="store_true",
-                        help="first run the scenario without faults, to compare goodput (doubles the time)")
+        sp.add_argument(
+            "--reference",
+            action="store_true",
+            help="first run the scenario without faults, to compare goodput (doubles the time)",
+        )
         sp.add_argument("--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -123,8 +134,11 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as e:
         print(f"replicaft-chaos: error: {e}", file=sys.stderr)
         return 2
-    print(f"running scenario {scenario.name!r} ({len(scenario.faults)} faults, {scenario.groups} groups, "
-          f"{scenario.steps} steps) into {out}", flush=True)
+    print(
+        f"running scenario {scenario.name!r} ({len(scenario.faults)} faults, {scenario.groups} groups, "
+        f"{scenario.steps} steps) into {out}",
+        flush=True,
+    )
     if args.reference:
         print(f"first a fault-free reference run into {out / 'reference'}, then the run with faults", flush=True)
     progress = ProgressLine(sys.stdout)

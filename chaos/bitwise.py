@@ -41,28 +41,51 @@ def step_digests(events: Sequence[Event], epoch_starts: Sequence[float] = ()) ->
     return {key: by_epoch[max(by_epoch)].most_common(1)[0][0] for key, by_epoch in reported.items()}
 
 
-def check_bitwise_equal(events: Sequence[Event], reference: Digests | None, *, deterministic: bool,
-                        target_steps: int, epoch_starts: Sequence[float] = ()) -> Verdict:
+def check_bitwise_equal(
+    events: Sequence[Event],
+    reference: Digests | None,
+    *,
+    deterministic: bool,
+    target_steps: int,
+    epoch_starts: Sequence[float] = (),
+) -> Verdict:
     """Every step both runs committed left the same state, and both reached ``target_steps``."""
     if not deterministic:
-        return Verdict(BITWISE_EQUAL, "not_checked", "the scenario does not run the deterministic mode "
-                       "(deterministic = true): its updates depend on membership by design")
+        return Verdict(
+            BITWISE_EQUAL,
+            "not_checked",
+            "the scenario does not run the deterministic mode "
+            "(deterministic = true): its updates depend on membership by design",
+        )
     if not reference:
-        return Verdict(BITWISE_EQUAL, "not_checked", "no fault-free reference run with digests to compare with "
-                       "(pass --reference)")
+        return Verdict(
+            BITWISE_EQUAL, "not_checked", "no fault-free reference run with digests to compare with (pass --reference)"
+        )
     ours = step_digests(events, epoch_starts)
     violations = []
     for name, digests in (("this run", ours), ("the fault-free reference", reference)):
         if not any(step == target_steps for step, _ in digests):
             reached = max((step for step, _ in digests), default=0)
-            violations.append(Violation(BITWISE_EQUAL, reached, None,
-                                        f"{name} reported no digest for the final step {target_steps} (last: {reached})"))
+            violations.append(
+                Violation(
+                    BITWISE_EQUAL,
+                    reached,
+                    None,
+                    f"{name} reported no digest for the final step {target_steps} (last: {reached})",
+                )
+            )
     common = sorted(set(ours) & set(reference))
     differing = [(step, rank) for step, rank in common if ours[(step, rank)] != reference[(step, rank)]]
     for step, rank in differing[:SHOWN]:
-        violations.append(Violation(BITWISE_EQUAL, step, None,
-                                    f"state after step {step} (rank {rank}) is {ours[(step, rank)][:12]}, the fault-free "
-                                    f"run's is {reference[(step, rank)][:12]}"))
+        violations.append(
+            Violation(
+                BITWISE_EQUAL,
+                step,
+                None,
+                f"state after step {step} (rank {rank}) is {ours[(step, rank)][:12]}, the fault-free "
+                f"run's is {reference[(step, rank)][:12]}",
+            )
+        )
     note = f"{len(common)} (step, rank) digests compared with the fault-free run"
     if len(differing) > SHOWN:
         note += f"; {len(differing)} differ, the first {SHOWN} reported"

@@ -51,8 +51,10 @@ class Blackhole:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGUSR1, lambda: setattr(self, "cut", True))
         loop.add_signal_handler(signal.SIGUSR2, lambda: setattr(self, "cut", False))
-        servers = [await asyncio.start_server(lambda r, w, t=target: self._relay(t, r, w), "127.0.0.1", port)
-                   for port, target in pairs]
+        servers = [
+            await asyncio.start_server(lambda r, w, t=target: self._relay(t, r, w), "127.0.0.1", port)
+            for port, target in pairs
+        ]
         print("ready", flush=True)
         await asyncio.gather(*(s.serve_forever() for s in servers))
 

@@ -28,8 +28,12 @@ def cadence_decisions(events: Sequence[Event], started_ts: float) -> dict[str, A
     last = None
     if chosen:
         e = chosen[-1]
-        last = {"group": e["replica_id"], "at_s": round(e["ts"] - started_ts, 3), "step": e.get("step"),
-                **{k: e.get(k) for k in CADENCE_FIELDS}}
+        last = {
+            "group": e["replica_id"],
+            "at_s": round(e["ts"] - started_ts, 3),
+            "step": e.get("step"),
+            **{k: e.get(k) for k in CADENCE_FIELDS},
+        }
     intervals = {round(float(e["interval_s"]), 3) for e in chosen if e.get("interval_s") is not None}
     return {"count": len(chosen), "intervals_s": sorted(intervals), "last": last}
 
@@ -54,6 +58,13 @@ def save_telemetry(events: Sequence[Event]) -> dict[str, Any]:
         "median_duration_s": _median([e.get("duration_s") for e in published]),
         "median_blocked_s": _median([e.get("blocked_s") for e in published]),
         "median_throughput_mb_s": _median([e.get("throughput_mb_s") for e in published]),
-        "anomalies": [{"group": e["replica_id"], "checkpoint_step": e.get("checkpoint_step"), "kind": e.get("kind"),
-                       "reason": e.get("reason")} for e in _of(events, "checkpoint_anomaly")],
+        "anomalies": [
+            {
+                "group": e["replica_id"],
+                "checkpoint_step": e.get("checkpoint_step"),
+                "kind": e.get("kind"),
+                "reason": e.get("reason"),
+            }
+            for e in _of(events, "checkpoint_anomaly")
+        ],
     }

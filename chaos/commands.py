@@ -22,8 +22,11 @@ from pathlib import Path
 from chaos.scenario import Scenario
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "replicaft-chaos", "AWS_SECRET_ACCESS_KEY": "replicaft-chaos",
-                  "AWS_DEFAULT_REGION": "us-east-1"}
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "replicaft-chaos",
+    "AWS_SECRET_ACCESS_KEY": "replicaft-chaos",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 """What the groups sign their requests to the harness's S3 server with (it checks none)."""
 EXAMPLE = REPO_ROOT / "examples" / "train_ddp.py"
 NOTICE_POLL_S = 0.2
@@ -67,8 +70,15 @@ def group_command(scenario: Scenario) -> list[str]:
     script = group_script(s)
     if s.ranks_per_group == 1:
         return [sys.executable, *script]
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(s.ranks_per_group),
-            *script]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(s.ranks_per_group),
+        *script,
+    ]
 
 
 def group_env(scenario: Scenario, group_id: str, placement: GroupPlacement) -> dict[str, str]:
@@ -109,8 +119,17 @@ def group_env(scenario: Scenario, group_id: str, placement: GroupPlacement) -> d
 
 def lighthouse_command(scenario: Scenario, *, host: str | None, port: int) -> list[str]:
     s = scenario
-    args = [sys.executable, "-m", "lighthouse", "--port", str(port),
-            "--heartbeat-timeout", str(s.heartbeat_timeout_s), "--progress-timeout", str(s.progress_timeout_s)]
+    args = [
+        sys.executable,
+        "-m",
+        "lighthouse",
+        "--port",
+        str(port),
+        "--heartbeat-timeout",
+        str(s.heartbeat_timeout_s),
+        "--progress-timeout",
+        str(s.progress_timeout_s),
+    ]
     if host is not None:
         args += ["--host", host]
     return args

@@ -53,8 +53,10 @@ class RunEnvironment:
                 self.unavailable.append((NETWORK_KINDS, reason))
             else:
                 self.lab = lab
-                self.notes["network"] = (f"network namespaces {lab.prefix}-*, one per process, veths to a bridge: "
-                                         + ", ".join(f"{h.name} {h.address}" for h in lab.hosts.values()))
+                self.notes["network"] = (
+                    f"network namespaces {lab.prefix}-*, one per process, veths to a bridge: "
+                    + ", ".join(f"{h.name} {h.address}" for h in lab.hosts.values())
+                )
         if self.checkpoint_dir is None:
             return
         self.notes["checkpoint_dir"] = str(self.checkpoint_dir)
@@ -65,17 +67,28 @@ class RunEnvironment:
             try:
                 disk.mount()
             except DiskUnavailable as e:
-                self.unavailable.append((frozenset({"fill_disk"}), (
-                    f"could not mount a tmpfs at {self.checkpoint_dir} to fill (the machine's own disk is never "
-                    f"filled): {e}")))
+                self.unavailable.append(
+                    (
+                        frozenset({"fill_disk"}),
+                        (
+                            f"could not mount a tmpfs at {self.checkpoint_dir} to fill (the machine's own disk is never "
+                            f"filled): {e}"
+                        ),
+                    )
+                )
             else:
                 self.disk = disk
                 self.notes["checkpoint_dir"] += f" (a {TMPFS_MB} MiB tmpfs, for fill_disk)"
 
     def _start_object_store(self) -> None:
         if self.lab is not None:
-            self.unavailable.append((OBJECT_STORE_KINDS, "the S3 server listens on loopback, which the groups' network "
-                                                         "namespaces cannot reach; run cold_start without network faults"))
+            self.unavailable.append(
+                (
+                    OBJECT_STORE_KINDS,
+                    "the S3 server listens on loopback, which the groups' network "
+                    "namespaces cannot reach; run cold_start without network faults",
+                )
+            )
             return
         server = S3Server(buckets=[OBJECT_STORE_BUCKET])
         try:

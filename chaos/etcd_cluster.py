@@ -43,15 +43,26 @@ def etcd_binary(*, install: bool = True) -> str:
     if not install:
         raise EtcdNotAvailable("no etcd on PATH; install Debian's etcd-server (apt-get install etcd-server)")
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise EtcdNotAvailable("no etcd on PATH and cannot install it here (needs root and apt-get); "
-                               "install Debian's etcd-server")
+        raise EtcdNotAvailable(
+            "no etcd on PATH and cannot install it here (needs root and apt-get); install Debian's etcd-server"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    result = subprocess.run(["apt-get", "install", "-y", "-qq", "etcd-server", "etcd-client"], env=env, capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "etcd-server", "etcd-client"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if result.returncode != 0:
         subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=600)
-        result = subprocess.run(["apt-get", "install", "-y", "-qq", "etcd-server", "etcd-client"], env=env, capture_output=True,
-                                text=True, timeout=600)
+        result = subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "etcd-server", "etcd-client"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     found = shutil.which("etcd")
     if result.returncode != 0 or not found:
         raise EtcdNotAvailable(f"apt-get install etcd-server failed ({result.returncode}): {result.stderr[-500:]}")
@@ -101,22 +112,45 @@ class EtcdCluster:
     def _args(self, m: EtcdMember, state: str) -> list[str]:
         initial = ",".join(f"{x.name}=http://127.0.0.1:{x.peer_port}" for x in self.members)
         return [
-            self.binary, "--name", m.name, "--data-dir", str(m.data_dir),
-            "--listen-client-urls", f"http://127.0.0.1:{m.client_port}",
-            "--advertise-client-urls", f"http://127.0.0.1:{m.client_port}",
-            "--listen-peer-urls", f"http://127.0.0.1:{m.peer_port}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{m.peer_port}",
-            "--initial-cluster", initial, "--initial-cluster-state", state,
-            "--initial-cluster-token", f"replicaft-{os.getpid()}",
-            "--heartbeat-interval", str(HEARTBEAT_MS), "--election-timeout", str(ELECTION_MS),
-            "--log-level", "warn", "--logger", "zap",
+            self.binary,
+            "--name",
+            m.name,
+            "--data-dir",
+            str(m.data_dir),
+            "--listen-client-urls",
+            f"http://127.0.0.1:{m.client_port}",
+            "--advertise-client-urls",
+            f"http://127.0.0.1:{m.client_port}",
+            "--listen-peer-urls",
+            f"http://127.0.0.1:{m.peer_port}",
+            "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{m.peer_port}",
+            "--initial-cluster",
+            initial,
+            "--initial-cluster-state",
+            state,
+            "--initial-cluster-token",
+            f"replicaft-{os.getpid()}",
+            "--heartbeat-interval",
+            str(HEARTBEAT_MS),
+            "--election-timeout",
+            str(ELECTION_MS),
+            "--log-level",
+            "warn",
+            "--logger",
+            "zap",
         ]
 
     def start_member(self, m: EtcdMember, state: str = "new") -> None:
         m.data_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(m.log_path, "ab") as log:
-            m.process = subprocess.Popen(self._args(m, state), stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+            m.process = subprocess.Popen(
+                self._args(m, state),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=die_with_parent,
+            )
 
     def start(self) -> EtcdCluster:
         for m in self.members:
@@ -131,12 +165,26 @@ class EtcdCluster:
         while time.monotonic() < deadline:
             for m in self.members:
                 if m.process is not None and m.process.poll() is not None:
-                    raise RuntimeError(f"etcd member {m.name} exited with {m.process.returncode}: "
-                                       f"{m.log_path.read_text(errors='replace')[-1500:]}")
+                    raise RuntimeError(
+                        f"etcd member {m.name} exited with {m.process.returncode}: "
+                        f"{m.log_path.read_text(errors='replace')[-1500:]}"
+                    )
             result = subprocess.run(
-                ["etcdctl", "--endpoints", ",".join(m.endpoint for m in self.members if m.alive),
-                 "--dial-timeout", "1s", "--command-timeout", "1s", "put", "/replicaft-health", "ok"],
-                capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"},
+                [
+                    "etcdctl",
+                    "--endpoints",
+                    ",".join(m.endpoint for m in self.members if m.alive),
+                    "--dial-timeout",
+                    "1s",
+                    "--command-timeout",
+                    "1s",
+                    "put",
+                    "/replicaft-health",
+                    "ok",
+                ],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "ETCDCTL_API": "3"},
             )
             if result.returncode == 0:
                 return
@@ -151,9 +199,23 @@ class EtcdCluster:
         timeouts), which a short lighthouse lease may not outlast."""
         alive = [m for m in self.members if m.alive]
         result = subprocess.run(
-            ["etcdctl", "--endpoints", ",".join(m.endpoint for m in alive), "--dial-timeout", "1s",
-             "--command-timeout", "1s", "endpoint", "status", "--write-out=json"],
-            capture_output=True, text=True, env={**os.environ, "ETCDCTL_API": "3"}, timeout=timeout_s, check=False,
+            [
+                "etcdctl",
+                "--endpoints",
+                ",".join(m.endpoint for m in alive),
+                "--dial-timeout",
+                "1s",
+                "--command-timeout",
+                "1s",
+                "endpoint",
+                "status",
+                "--write-out=json",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "ETCDCTL_API": "3"},
+            timeout=timeout_s,
+            check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"etcdctl endpoint status failed: {result.stderr.strip()[-300:]}")

@@ -24,7 +24,9 @@ from replicaft.telemetry.events import read_events_dir
 logger = logging.getLogger(__name__)
 
 
-def run_reference(scenario: Scenario, out_dir: Path, on_progress: Callable[[Progress], None] | None = None) -> Reference:
+def run_reference(
+    scenario: Scenario, out_dir: Path, on_progress: Callable[[Progress], None] | None = None
+) -> Reference:
     """Run ``scenario`` without its faults into ``out_dir`` and return its figures."""
     fault_free = dataclasses.replace(scenario, name=f"{scenario.name}-fault-free", faults=())
     logger.info("fault-free reference run into %s", out_dir)

@@ -114,8 +114,9 @@ def is_due(spec: FaultSpec, step: int, first_commit_ts: float | None, now: float
 
 
 class Injector:
-    def __init__(self, scenario: Scenario, sup: Supervision, *, checkpoint_dir: Path | None,
-                 notices_dir: Path | None = None) -> None:
+    def __init__(
+        self, scenario: Scenario, sup: Supervision, *, checkpoint_dir: Path | None, notices_dir: Path | None = None
+    ) -> None:
         self.scenario = scenario
         self._notices_dir = notices_dir
         """Where each group's preemption-notice file lives (``preemption_notice``), or None."""
@@ -232,8 +233,10 @@ class Injector:
             if spec.kind == "fault_point":
                 reason = f"{spec.target}'s first process never reached {spec.point} at step {spec.at_step}"
             elif i in self._healer_killed:
-                reason = (f"{spec.healer} was killed, but {spec.target}'s first process served no heal at or after "
-                          f"step {spec.at_step} before the job ended")
+                reason = (
+                    f"{spec.healer} was killed, but {spec.target}'s first process served no heal at or after "
+                    f"step {spec.at_step} before the job ended"
+                )
             else:
                 reason = self._waiting.get(i, "the job ended first")
             out.append((spec.describe(), reason))
@@ -283,29 +286,40 @@ class Injector:
         return self._done(i, spec, group)
 
     def _healthy(self, group: str) -> bool:
-        return (self._sup.is_healthy(group) and group not in self._impaired
-                and self._sup.job.last_commit_ts.get(group, 0.0) > self._back_at.get(group, 0.0))
+        return (
+            self._sup.is_healthy(group)
+            and group not in self._impaired
+            and self._sup.job.last_commit_ts.get(group, 0.0) > self._back_at.get(group, 0.0)
+        )
 
     def _group_ready(self, group: str) -> str | None:
         if not self._healthy(group):
             return f"{group} was not running and committing (down, stopped, restarting, impaired or not yet caught up)"
         others = [g for g in self.scenario.group_ids if g != group and self._healthy(g)]
         if not others:
-            return (f"{group} was the last healthy group (a fault must not take down every group; "
-                    "that experiment is kill_all_groups)")
+            return (
+                f"{group} was the last healthy group (a fault must not take down every group; "
+                "that experiment is kill_all_groups)"
+            )
         return None
 
     def _kill_healer(self, i: int, spec: FaultSpec, healer: str) -> str | None:
         assert spec.target is not None
         if not self._sup.is_armed(spec.target):
             self.pending.remove(i)
-            self.skipped.append((spec.describe(), f"{spec.target}'s first process, armed to die serving a heal, "
-                                                  "ended before the healer could be killed"))
+            self.skipped.append(
+                (
+                    spec.describe(),
+                    f"{spec.target}'s first process, armed to die serving a heal, "
+                    "ended before the healer could be killed",
+                )
+            )
             return None
         self._sup.signal_group(healer, signal.SIGKILL, "kill_donor_mid_heal")
         self._healer_killed.add(i)
-        self.injected.append(InjectedFault("sigkill", healer, time.time(),
-                                           label=f"sigkill {healer} (the healer of {spec.describe()})"))
+        self.injected.append(
+            InjectedFault("sigkill", healer, time.time(), label=f"sigkill {healer} (the healer of {spec.describe()})")
+        )
         self._awaiting_resume[healer] = len(self.injected) - 1
         logger.info("killed %s so that %s dies serving its heal", healer, spec.target)
         return None
@@ -334,10 +348,17 @@ class Injector:
         try:
             damage = corrupt_newest_checkpoint(self._checkpoint_dir)
         except (DiskUnavailable, OSError) as e:
-            return self._done(i, spec, ALL_GROUPS, ts=ts,
-                              detail=f"every group was killed, but the checkpoint was not damaged: {e}")
-        return self._done(i, spec, ALL_GROUPS, ts=ts, checkpoint_step=damage.step,
-                          detail=f"flipped byte {damage.offset} of {damage.path.parent.name}/{damage.path.name}")
+            return self._done(
+                i, spec, ALL_GROUPS, ts=ts, detail=f"every group was killed, but the checkpoint was not damaged: {e}"
+            )
+        return self._done(
+            i,
+            spec,
+            ALL_GROUPS,
+            ts=ts,
+            checkpoint_step=damage.step,
+            detail=f"flipped byte {damage.offset} of {damage.path.parent.name}/{damage.path.name}",
+        )
 
     def _cold_start(self, i: int, spec: FaultSpec, ts: float) -> None:
         """Every group is down and reaped: empty their disk (new machines); for the corrupt
@@ -349,8 +370,14 @@ class Injector:
         if spec.kind == "cold_start":
             return self._done(i, spec, ALL_GROUPS, ts=ts, detail=detail)
         step, key = self._s3.corrupt_newest(OBJECT_STORE_BUCKET, OBJECT_STORE_PREFIX)
-        return self._done(i, spec, ALL_GROUPS, ts=ts, checkpoint_step=step,
-                          detail=f"{detail}; flipped a byte of s3://{OBJECT_STORE_BUCKET}/{key}")
+        return self._done(
+            i,
+            spec,
+            ALL_GROUPS,
+            ts=ts,
+            checkpoint_step=step,
+            detail=f"{detail}; flipped a byte of s3://{OBJECT_STORE_BUCKET}/{key}",
+        )
 
     def _fill_disk(self, i: int, spec: FaultSpec) -> str | None:
         assert self._disk is not None, "skip_unavailable() removes fill_disk faults without a disk"
@@ -376,7 +403,9 @@ class Injector:
                 self._schedule(spec, group, lambda: lab.unshape(group), f"unshape {group}'s link")
         except NetworkUnavailable as e:
             self.pending.remove(i)
-            self.skipped.append((spec.describe(), f"the link could not be {'cut' if spec.kind == 'partition' else 'shaped'}: {e}"))
+            self.skipped.append(
+                (spec.describe(), f"the link could not be {'cut' if spec.kind == 'partition' else 'shaped'}: {e}")
+            )
             return None
         self._impaired.add(group)
         return self._done(i, spec, group)
@@ -384,15 +413,40 @@ class Injector:
     def _schedule(self, spec: FaultSpec, target: str, action: Callable[[], None], what: str) -> None:
         self._undo.append(_Undo(time.monotonic() + spec.duration_s, target, action, what))
 
-    def _done(self, i: int, spec: FaultSpec, target: str, *, ts: float | None = None, detail: str = "",
-              checkpoint_step: int | None = None) -> None:
+    def _done(
+        self,
+        i: int,
+        spec: FaultSpec,
+        target: str,
+        *,
+        ts: float | None = None,
+        detail: str = "",
+        checkpoint_step: int | None = None,
+    ) -> None:
         self.pending.remove(i)
         self._add(spec, target, ts=ts, detail=detail, checkpoint_step=checkpoint_step)
-        logger.info("injected %s (job at step %d)%s", spec.describe(), self._sup.job.step, f": {detail}" if detail else "")
+        logger.info(
+            "injected %s (job at step %d)%s", spec.describe(), self._sup.job.step, f": {detail}" if detail else ""
+        )
         return None
 
-    def _add(self, spec: FaultSpec, target: str, *, ts: float | None = None, detail: str = "",
-             checkpoint_step: int | None = None) -> None:
-        self.injected.append(InjectedFault(spec.kind, target, time.time() if ts is None else ts, label=spec.describe(),
-                                           detail=detail, checkpoint_step=checkpoint_step))
+    def _add(
+        self,
+        spec: FaultSpec,
+        target: str,
+        *,
+        ts: float | None = None,
+        detail: str = "",
+        checkpoint_step: int | None = None,
+    ) -> None:
+        self.injected.append(
+            InjectedFault(
+                spec.kind,
+                target,
+                time.time() if ts is None else ts,
+                label=spec.describe(),
+                detail=detail,
+                checkpoint_step=checkpoint_step,
+            )
+        )
         self._awaiting_resume[target] = len(self.injected) - 1

@@ -117,8 +117,12 @@ def check_identical_digests(events: Sequence[Event], epoch_starts: Sequence[floa
         seen = reported[(epoch_of(float(e["ts"]), epoch_starts), step, rank)].setdefault(group, str(e["digest"]))
         if seen != e["digest"]:
             violations.append(
-                Violation(IDENTICAL_DIGESTS, step, group,
-                          f"{group} reported two different states for step {step} (rank {rank}): {seen[:12]} then {str(e['digest'])[:12]}")
+                Violation(
+                    IDENTICAL_DIGESTS,
+                    step,
+                    group,
+                    f"{group} reported two different states for step {step} (rank {rank}): {seen[:12]} then {str(e['digest'])[:12]}",
+                )
             )
     compared = 0
     for (_, step, rank), by_group in sorted(reported.items()):
@@ -133,11 +137,23 @@ def check_identical_digests(events: Sequence[Event], epoch_starts: Sequence[floa
         if num * 2 > len(by_group):
             for group, d in sorted(by_group.items()):
                 if d != majority:
-                    violations.append(Violation(IDENTICAL_DIGESTS, step, group,
-                                                f"state after step {step} (rank {rank}) differs from the other groups: {shown}"))
+                    violations.append(
+                        Violation(
+                            IDENTICAL_DIGESTS,
+                            step,
+                            group,
+                            f"state after step {step} (rank {rank}) differs from the other groups: {shown}",
+                        )
+                    )
         else:
-            violations.append(Violation(IDENTICAL_DIGESTS, step, None,
-                                        f"groups diverged after step {step} (rank {rank}) with no majority: {shown}"))
+            violations.append(
+                Violation(
+                    IDENTICAL_DIGESTS,
+                    step,
+                    None,
+                    f"groups diverged after step {step} (rank {rank}) with no majority: {shown}",
+                )
+            )
     if compared == 0 and not violations:
         return Verdict(IDENTICAL_DIGESTS, "not_checked", "no step has digests from two or more groups")
     return verdict(IDENTICAL_DIGESTS, violations, f"{compared} (step, rank) pairs compared across groups")
@@ -163,10 +179,15 @@ def check_monotonic_steps(events: Sequence[Event], epoch_starts: Sequence[float]
         key = (c.group, c.rank, c.incarnation)
         prev = last.get(key)
         if prev is not None and c.step <= prev.step:
-            violations.append(Violation(
-                MONOTONIC_STEPS, c.step, c.group,
-                f"{c.group} rank {c.rank} committed step {c.step} after step {prev.step} in the same process "
-                f"(incarnation {c.incarnation}, quorum {prev.quorum_id} then {c.quorum_id})"))
+            violations.append(
+                Violation(
+                    MONOTONIC_STEPS,
+                    c.step,
+                    c.group,
+                    f"{c.group} rank {c.rank} committed step {c.step} after step {prev.step} in the same process "
+                    f"(incarnation {c.incarnation}, quorum {prev.quorum_id} then {c.quorum_id})",
+                )
+            )
         last[key] = c
     resumed = resume_steps(events, epoch_starts)
     by_quorum: dict[tuple[int, int], list[Commit]] = defaultdict(list)
@@ -182,11 +203,16 @@ def check_monotonic_steps(events: Sequence[Event], epoch_starts: Sequence[float]
         lowest = min(in_quorum, key=lambda c: c.step)
         if highest is not None and lowest.step <= highest.step:
             groups = sorted({c.group for c in in_quorum if c.step == lowest.step})
-            violations.append(Violation(
-                MONOTONIC_STEPS, lowest.step, groups[0],
-                f"quorum {key[1]} committed step {lowest.step} (by {', '.join(groups)}) although step "
-                f"{highest.step} had been committed under earlier quorum {highest.quorum_id} (by {highest.group}): "
-                "committed steps were lost (training rolled back)"))
+            violations.append(
+                Violation(
+                    MONOTONIC_STEPS,
+                    lowest.step,
+                    groups[0],
+                    f"quorum {key[1]} committed step {lowest.step} (by {', '.join(groups)}) although step "
+                    f"{highest.step} had been committed under earlier quorum {highest.quorum_id} (by {highest.group}): "
+                    "committed steps were lost (training rolled back)",
+                )
+            )
         top = max(in_quorum, key=lambda c: c.step)
         if highest is None or top.step > highest.step:
             highest = top
@@ -215,10 +241,16 @@ def _below_resume(first_quorum: Sequence[Commit], epoch: int, resume_step: int |
     lowest = min(first_quorum, key=lambda c: c.step)
     if lowest.step > resume_step:
         return []
-    return [Violation(MONOTONIC_STEPS, lowest.step, lowest.group,
-                      f"after every group was killed (epoch {epoch}) the job resumed from checkpoint step {resume_step} "
-                      f"but quorum {lowest.quorum_id} committed step {lowest.step}: steps at or below the resume point "
-                      "were committed again")]
+    return [
+        Violation(
+            MONOTONIC_STEPS,
+            lowest.step,
+            lowest.group,
+            f"after every group was killed (epoch {epoch}) the job resumed from checkpoint step {resume_step} "
+            f"but quorum {lowest.quorum_id} committed step {lowest.step}: steps at or below the resume point "
+            "were committed again",
+        )
+    ]
 
 
 def check_exactly_once_samples(events: Sequence[Event], epoch_starts: Sequence[float] = ()) -> Verdict:
@@ -240,9 +272,16 @@ def check_exactly_once_samples(events: Sequence[Event], epoch_starts: Sequence[f
         return _check_leased_samples(events)
     by_epoch: dict[int, dict[int, dict[str, tuple[int, int]]]] = defaultdict(lambda: defaultdict(dict))
     for e in events:
-        if e["event"] == "commit" and e.get("committed") and isinstance(e.get("samples"), list) and len(e["samples"]) == 2:
+        if (
+            e["event"] == "commit"
+            and e.get("committed")
+            and isinstance(e.get("samples"), list)
+            and len(e["samples"]) == 2
+        ):
             epoch = epoch_of(float(e["ts"]), epoch_starts)
-            by_epoch[epoch][int(e["step"])].setdefault(str(e["replica_id"]), (int(e["samples"][0]), int(e["samples"][1])))
+            by_epoch[epoch][int(e["step"])].setdefault(
+                str(e["replica_id"]), (int(e["samples"][0]), int(e["samples"][1]))
+            )
     resumed = resume_steps(events, epoch_starts)
     ranges: dict[int, dict[str, tuple[int, int]]] = {}
     for epoch in sorted(by_epoch):
@@ -251,9 +290,12 @@ def check_exactly_once_samples(events: Sequence[Event], epoch_starts: Sequence[f
             ranges = {step: r for step, r in ranges.items() if step <= keep}
         ranges.update(by_epoch[epoch])
     if not ranges:
-        return Verdict(EXACTLY_ONCE_SAMPLES, "not_checked",
-                       "no commit event carries 'samples' (the training script does not use "
-                       "replicaft.data.ExactlyOnceSampler), so sample consumption cannot be checked")
+        return Verdict(
+            EXACTLY_ONCE_SAMPLES,
+            "not_checked",
+            "no commit event carries 'samples' (the training script does not use "
+            "replicaft.data.ExactlyOnceSampler), so sample consumption cannot be checked",
+        )
     violations = []
     agreed: dict[int, tuple[int, int]] = {}
     for step, by_group in sorted(ranges.items()):
@@ -261,26 +303,50 @@ def check_exactly_once_samples(events: Sequence[Event], epoch_starts: Sequence[f
         agreed[step] = counts.most_common(1)[0][0]
         if len(counts) > 1:
             shown = ", ".join(f"{g}=[{a}, {b})" for g, (a, b) in sorted(by_group.items()))
-            violations.append(Violation(EXACTLY_ONCE_SAMPLES, step, None, f"groups disagree on the samples of step {step}: {shown}"))
+            violations.append(
+                Violation(EXACTLY_ONCE_SAMPLES, step, None, f"groups disagree on the samples of step {step}: {shown}")
+            )
     unjudged = 0
     for step, (start, stop) in sorted(agreed.items()):
         if step == 1 and start != 0:
-            violations.append(Violation(EXACTLY_ONCE_SAMPLES, step, None,
-                                        f"the job's first step consumed [{start}, {stop}); positions [0, {start}) were never trained"))
+            violations.append(
+                Violation(
+                    EXACTLY_ONCE_SAMPLES,
+                    step,
+                    None,
+                    f"the job's first step consumed [{start}, {stop}); positions [0, {start}) were never trained",
+                )
+            )
         if step - 1 not in agreed:
             unjudged += step > 1
             continue
         prev_stop = agreed[step - 1][1]
         if start > prev_stop:
-            violations.append(Violation(EXACTLY_ONCE_SAMPLES, step, None,
-                                        f"step {step} consumed [{start}, {stop}) but step {step - 1} stopped at {prev_stop}: "
-                                        f"positions [{prev_stop}, {start}) were never trained"))
+            violations.append(
+                Violation(
+                    EXACTLY_ONCE_SAMPLES,
+                    step,
+                    None,
+                    f"step {step} consumed [{start}, {stop}) but step {step - 1} stopped at {prev_stop}: "
+                    f"positions [{prev_stop}, {start}) were never trained",
+                )
+            )
         elif start < prev_stop:
-            violations.append(Violation(EXACTLY_ONCE_SAMPLES, step, None,
-                                        f"step {step} consumed [{start}, {stop}) but step {step - 1} already took up to {prev_stop}: "
-                                        f"positions [{start}, {min(stop, prev_stop)}) were trained twice"))
+            violations.append(
+                Violation(
+                    EXACTLY_ONCE_SAMPLES,
+                    step,
+                    None,
+                    f"step {step} consumed [{start}, {stop}) but step {step - 1} already took up to {prev_stop}: "
+                    f"positions [{start}, {min(stop, prev_stop)}) were trained twice",
+                )
+            )
     cursor = agreed[max(agreed)][1]
-    note = f"{len(agreed)} committed steps tile positions [0, {cursor})" if not violations else f"{len(agreed)} committed steps with sample ranges"
+    note = (
+        f"{len(agreed)} committed steps tile positions [0, {cursor})"
+        if not violations
+        else f"{len(agreed)} committed steps with sample ranges"
+    )
     if unjudged:
         note += f"; {unjudged} steps follow a step with no reported range and were not judged against it"
     return verdict(EXACTLY_ONCE_SAMPLES, violations, note)
@@ -292,11 +358,16 @@ def _check_leased_samples(events: Sequence[Event]) -> Verdict:
     but not consumed yet (``samples_open``) below ``samples_cursor``. Exactly once holds when
     the groups agree per step, no position is consumed by two steps, and at the last step the
     consumed and open ranges tile [0, cursor) with neither gap nor overlap."""
-    reported: dict[int, dict[str, tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], int]]] = defaultdict(dict)
+    reported: dict[int, dict[str, tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...], int]]] = defaultdict(
+        dict
+    )
     for e in events:
         if e["event"] == "commit" and e.get("committed") and "sample_ranges" in e:
-            key = (tuple((int(a), int(b)) for a, b in e["sample_ranges"]),
-                   tuple((int(a), int(b)) for a, b in e.get("samples_open", [])), int(e.get("samples_cursor", 0)))
+            key = (
+                tuple((int(a), int(b)) for a, b in e["sample_ranges"]),
+                tuple((int(a), int(b)) for a, b in e.get("samples_open", [])),
+                int(e.get("samples_cursor", 0)),
+            )
             reported[int(e["step"])].setdefault(str(e["replica_id"]), key)
     violations = []
     owner: dict[int, int] = {}
@@ -306,12 +377,20 @@ def _check_leased_samples(events: Sequence[Event]) -> Verdict:
         agreed[step] = counts.most_common(1)[0][0]
         if len(counts) > 1:
             shown = ", ".join(f"{g}={list(v[0])}" for g, v in sorted(by_group.items()))
-            violations.append(Violation(EXACTLY_ONCE_SAMPLES, step, None, f"groups disagree on the samples of sync {step}: {shown}"))
+            violations.append(
+                Violation(EXACTLY_ONCE_SAMPLES, step, None, f"groups disagree on the samples of sync {step}: {shown}")
+            )
         for a, b in agreed[step][0]:
             for position in range(a, b):
                 if position in owner:
-                    violations.append(Violation(EXACTLY_ONCE_SAMPLES, step, None,
-                                                f"position {position} consumed by step {owner[position]} and again by step {step}"))
+                    violations.append(
+                        Violation(
+                            EXACTLY_ONCE_SAMPLES,
+                            step,
+                            None,
+                            f"position {position} consumed by step {owner[position]} and again by step {step}",
+                        )
+                    )
                     break
                 owner[position] = step
     last = max(agreed)
@@ -320,11 +399,27 @@ def _check_leased_samples(events: Sequence[Event]) -> Verdict:
     both = open_positions & {p for p, s in owner.items() if s <= last}
     lost = set(range(cursor)) - open_positions - set(owner)
     if both:
-        violations.append(Violation(EXACTLY_ONCE_SAMPLES, last, None, f"{len(both)} positions both consumed and still leased, e.g. {min(both)}"))
+        violations.append(
+            Violation(
+                EXACTLY_ONCE_SAMPLES,
+                last,
+                None,
+                f"{len(both)} positions both consumed and still leased, e.g. {min(both)}",
+            )
+        )
     if lost:
-        violations.append(Violation(EXACTLY_ONCE_SAMPLES, last, None, f"{len(lost)} positions below {cursor} neither consumed nor leased, e.g. {min(lost)}"))
-    note = (f"{len(agreed)} committed syncs consumed {len(owner)} positions exactly once; {len(open_positions)} leased, "
-            f"none lost, below cursor {cursor}")
+        violations.append(
+            Violation(
+                EXACTLY_ONCE_SAMPLES,
+                last,
+                None,
+                f"{len(lost)} positions below {cursor} neither consumed nor leased, e.g. {min(lost)}",
+            )
+        )
+    note = (
+        f"{len(agreed)} committed syncs consumed {len(owner)} positions exactly once; {len(open_positions)} leased, "
+        f"none lost, below cursor {cursor}"
+    )
     return verdict(EXACTLY_ONCE_SAMPLES, violations, note)
 
 
@@ -346,16 +441,26 @@ def check_no_hang(events: Sequence[Event], faults: Sequence[InjectedFault], opti
         nxt = next_commit(all_commits, f.ts, above_step=above)
         waited = None if nxt is None else nxt.ts - f.ts
         if waited is None or waited > options.hang_bound_s:
-            seen = "no committed step afterwards" if waited is None else f"the next committed step came {waited:.1f}s later"
-            violations.append(Violation(NO_HANG, frontier(all_commits, f.ts), f.target,
-                                        f"{f.kind} of {f.target}: {seen} (bound {options.hang_bound_s:g}s)"))
+            seen = (
+                "no committed step afterwards"
+                if waited is None
+                else f"the next committed step came {waited:.1f}s later"
+            )
+            violations.append(
+                Violation(
+                    NO_HANG,
+                    frontier(all_commits, f.ts),
+                    f.target,
+                    f"{f.kind} of {f.target}: {seen} (bound {options.hang_bound_s:g}s)",
+                )
+            )
     final = max((c.step for c in all_commits), default=0)
     if options.target_steps is not None and final < options.target_steps:
-        violations.append(Violation(NO_HANG, final, None,
-                                    f"the job stopped at step {final} of {options.target_steps}"))
+        violations.append(Violation(NO_HANG, final, None, f"the job stopped at step {final} of {options.target_steps}"))
     elif options.deadline_exceeded:
-        violations.append(Violation(NO_HANG, final, None,
-                                    f"the run's deadline passed at step {final} before every group had ended"))
+        violations.append(
+            Violation(NO_HANG, final, None, f"the run's deadline passed at step {final} before every group had ended")
+        )
     return verdict(NO_HANG, violations, f"{len(faults)} faults, bound {options.hang_bound_s:g}s")
 
 
@@ -390,15 +495,22 @@ def check_final_loss(events: Sequence[Event], options: CheckOptions) -> Verdict:
     """Invariant 5: ``|loss - reference| <= loss_tolerance * |reference|``, when both are known."""
     loss = final_loss(events, options.loss_window)
     if loss is None:
-        return Verdict(FINAL_LOSS, "not_checked", "no committed step reports a 'loss' (the training script "
-                       "does not pass one to Manager.annotate_commit)")
+        return Verdict(
+            FINAL_LOSS,
+            "not_checked",
+            "no committed step reports a 'loss' (the training script does not pass one to Manager.annotate_commit)",
+        )
     ref = options.reference_final_loss
     if ref is None:
-        return Verdict(FINAL_LOSS, "not_checked", f"final loss {loss:.6g}, but no fault-free reference run to compare with")
+        return Verdict(
+            FINAL_LOSS, "not_checked", f"final loss {loss:.6g}, but no fault-free reference run to compare with"
+        )
     step = max((int(e["step"]) for e in events if _reports_loss(e)), default=None)
     allowed = options.loss_tolerance * abs(ref)
-    note = (f"final loss {loss:.6g} vs fault-free {ref:.6g} (median of the last {options.loss_window} steps; "
-            f"allowed difference {allowed:.3g})")
+    note = (
+        f"final loss {loss:.6g} vs fault-free {ref:.6g} (median of the last {options.loss_window} steps; "
+        f"allowed difference {allowed:.3g})"
+    )
     if abs(loss - ref) > allowed:
         return verdict(FINAL_LOSS, [Violation(FINAL_LOSS, step, None, note)], note)
     return verdict(FINAL_LOSS, [], note)

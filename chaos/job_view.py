@@ -64,8 +64,11 @@ class JobView:
 
     def rank_pids(self, group: str, since_ts: float) -> dict[int, int]:
         """Rank -> pid of ``group``'s processes that started at or after ``since_ts``."""
-        return {rank: pid for (g, rank), pid in self.pid_of.items()
-                if g == group and self.started_ts.get(pid, -1.0) >= since_ts}
+        return {
+            rank: pid
+            for (g, rank), pid in self.pid_of.items()
+            if g == group and self.started_ts.get(pid, -1.0) >= since_ts
+        }
 
     def committed_since(self, group: str, since_ts: float) -> bool:
         """Whether a process of ``group`` started at or after ``since_ts`` has committed a step."""

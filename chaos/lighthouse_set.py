@@ -61,8 +61,15 @@ class _Later:
 class LighthouseSet:
     """Build with the run's directories and the lighthouse command's extra flags; ``start()``."""
 
-    def __init__(self, logs_dir: Path, data_dir: Path, env: dict[str, str], cwd: Path, extra_args: list[str],
-                 restart_delay_s: float) -> None:
+    def __init__(
+        self,
+        logs_dir: Path,
+        data_dir: Path,
+        env: dict[str, str],
+        cwd: Path,
+        extra_args: list[str],
+        restart_delay_s: float,
+    ) -> None:
         self.logs_dir = logs_dir
         self.etcd = EtcdCluster(data_dir)
         self._env, self._cwd, self._extra = env, cwd, extra_args
@@ -82,10 +89,16 @@ class LighthouseSet:
     def start(self) -> str:
         self.etcd.start()
         for i, ports in enumerate(self.relay_ports):
-            args = ["-m", "chaos.blackhole"] + [a for p, e in zip(ports, self.etcd.endpoints, strict=True)
-                                                for a in (str(p), e)]
-            relay = Child(f"relay#{i}", [sys.executable, *args], log_path=self.logs_dir / f"relay-{i}.log",
-                          env=self._env, cwd=self._cwd).start()
+            args = ["-m", "chaos.blackhole"] + [
+                a for p, e in zip(ports, self.etcd.endpoints, strict=True) for a in (str(p), e)
+            ]
+            relay = Child(
+                f"relay#{i}",
+                [sys.executable, *args],
+                log_path=self.logs_dir / f"relay-{i}.log",
+                env=self._env,
+                cwd=self._cwd,
+            ).start()
             relay.wait_for_output(re.compile(r"^ready$", re.MULTILINE), START_TIMEOUT_S)
             self.relays.append(relay)
         for i in range(REPLICAS):
@@ -94,12 +107,27 @@ class LighthouseSet:
 
     def _start_lighthouse(self, i: int) -> None:
         self._incarnations[i] += 1
-        args = [sys.executable, "-m", "lighthouse", "--port", str(self.ports[i]), "--advertise",
-                f"127.0.0.1:{self.ports[i]}", "--lease-ttl", str(LEASE_TTL_S),
-                "--etcd", ",".join(f"127.0.0.1:{p}" for p in self.relay_ports[i]), *self._extra]
-        child = Child(f"lighthouse{i}#{self._incarnations[i]}", args,
-                      log_path=self.logs_dir / f"lighthouse{i}-{self._incarnations[i]}.log", env=self._env,
-                      cwd=self._cwd).start()
+        args = [
+            sys.executable,
+            "-m",
+            "lighthouse",
+            "--port",
+            str(self.ports[i]),
+            "--advertise",
+            f"127.0.0.1:{self.ports[i]}",
+            "--lease-ttl",
+            str(LEASE_TTL_S),
+            "--etcd",
+            ",".join(f"127.0.0.1:{p}" for p in self.relay_ports[i]),
+            *self._extra,
+        ]
+        child = Child(
+            f"lighthouse{i}#{self._incarnations[i]}",
+            args,
+            log_path=self.logs_dir / f"lighthouse{i}-{self._incarnations[i]}.log",
+            env=self._env,
+            cwd=self._cwd,
+        ).start()
         child.wait_for_output(GRPC_LINE, START_TIMEOUT_S)
         self.lighthouses[i] = child
 
@@ -143,8 +171,11 @@ class LighthouseSet:
                 return None
             relay = self.relays[leader]
             relay.signal(signal.SIGUSR1)
-            self._later.append(_Later(now + duration_s, lambda: relay.signal(signal.SIGUSR2),
-                                      f"heal lighthouse {leader}'s link to etcd"))
+            self._later.append(
+                _Later(
+                    now + duration_s, lambda: relay.signal(signal.SIGUSR2), f"heal lighthouse {leader}'s link to etcd"
+                )
+            )
             return None
         down = [i for i, m in enumerate(self.etcd.members) if not m.alive]
         if down:
@@ -152,7 +183,9 @@ class LighthouseSet:
         victims = [0] if kind == "kill_etcd_member" else [1, 2]
         for v in victims:
             self.etcd.kill_member(v)
-        self._later.append(_Later(now + duration_s, lambda: self._restart_etcd(victims), f"restart etcd members {victims}"))
+        self._later.append(
+            _Later(now + duration_s, lambda: self._restart_etcd(victims), f"restart etcd members {victims}")
+        )
         return None
 
     def _restart_etcd(self, members: list[int]) -> None:

@@ -126,8 +126,21 @@ class NetworkLab:
     def _add_host(self, host: Host) -> None:
         self._ip("netns", "add", host.namespace)
         self._created.append(host.namespace)
-        self._ip("link", "add", "name", "eth0", "netns", host.namespace, "type", "veth",
-                 "peer", "name", host.port, "netns", self.bridge_namespace)
+        self._ip(
+            "link",
+            "add",
+            "name",
+            "eth0",
+            "netns",
+            host.namespace,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            host.port,
+            "netns",
+            self.bridge_namespace,
+        )
         self._ip("-n", self.bridge_namespace, "link", "set", host.port, "master", BRIDGE)
         self._ip("-n", self.bridge_namespace, "link", "set", host.port, "up")
         self._ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
@@ -154,8 +167,9 @@ class NetworkLab:
         deadline = time.monotonic() + LINK_UP_TIMEOUT_S
         while not self._carries(host):
             if time.monotonic() > deadline:
-                raise NetworkUnavailable(f"the link of {name} ({host.port}) was not forwarding "
-                                         f"{LINK_UP_TIMEOUT_S:g}s after it was set up")
+                raise NetworkUnavailable(
+                    f"the link of {name} ({host.port}) was not forwarding {LINK_UP_TIMEOUT_S:g}s after it was set up"
+                )
             time.sleep(0.01)  # polls the kernel's link state, an observable event
         for other in self.hosts.values():
             if other is not host and self._has_neighbour(other.namespace, host.address):

@@ -58,8 +58,9 @@ class OutcomeOptions:
     ranks_per_group: int = 1
 
 
-def check_outcomes(events: Sequence[Event], faults: Sequence[InjectedFault], exits: Sequence[ProcessExit],
-                   options: OutcomeOptions) -> tuple[Verdict, ...]:
+def check_outcomes(
+    events: Sequence[Event], faults: Sequence[InjectedFault], exits: Sequence[ProcessExit], options: OutcomeOptions
+) -> tuple[Verdict, ...]:
     """The verdicts of the kinds this run injected, in the table's order."""
     starts = tuple(sorted(f.ts for f in faults if f.kind in ALL_GROUPS_KINDS))
     all_commits = commits(events, starts)
@@ -84,8 +85,9 @@ def _by(events: Sequence[Event], kind: str, group: str | None = None, after: flo
     return [e for e in events if e["event"] == kind and (group is None or e["replica_id"] == group) and e["ts"] > after]
 
 
-def check_faults_rejoined(events: Sequence[Event], all_commits: Sequence[Commit], faults: Sequence[InjectedFault],
-                          options: OutcomeOptions) -> Verdict:
+def check_faults_rejoined(
+    events: Sequence[Event], all_commits: Sequence[Commit], faults: Sequence[InjectedFault], options: OutcomeOptions
+) -> Verdict:
     violations, rejoined, late = [], 0, 0
     for f in faults:
         if f.target in JOB_TARGETS:
@@ -95,81 +97,139 @@ def check_faults_rejoined(events: Sequence[Event], all_commits: Sequence[Commit]
             if f.resumed_ts is None or f.resumed_ts > options.ended_ts - options.hang_bound_s:
                 late += 1  # the job ended before it could have rejoined
             else:
-                violations.append(Violation(FAULTS_REJOINED, None, f.target,
-                                            f"{f.label or f.kind}: {f.target} was back {f.resumed_ts - f.ts:.1f}s after the "
-                                            f"fault but never committed again (the job went on for "
-                                            f"{options.ended_ts - f.resumed_ts:.0f}s)"))
+                violations.append(
+                    Violation(
+                        FAULTS_REJOINED,
+                        None,
+                        f.target,
+                        f"{f.label or f.kind}: {f.target} was back {f.resumed_ts - f.ts:.1f}s after the "
+                        f"fault but never committed again (the job went on for "
+                        f"{options.ended_ts - f.resumed_ts:.0f}s)",
+                    )
+                )
             continue
         rejoined += 1
         if f.kind == "partition" and not any(e.get("ok") for e in _by(events, "heal_end", f.target, after=f.ts)):
-            violations.append(Violation(FAULTS_REJOINED, back.step, f.target,
-                                        f"{f.label}: {f.target} committed again after its link was restored, but reported "
-                                        "no successful heal although the others went on without it"))
+            violations.append(
+                Violation(
+                    FAULTS_REJOINED,
+                    back.step,
+                    f.target,
+                    f"{f.label}: {f.target} committed again after its link was restored, but reported "
+                    "no successful heal although the others went on without it",
+                )
+            )
     note = f"{rejoined} fault(s) on a group: the target committed again after it was back"
     if late:
-        note += f"; {late} target(s) came back within {options.hang_bound_s:g}s of the end (or never) and were not judged"
+        note += (
+            f"; {late} target(s) came back within {options.hang_bound_s:g}s of the end (or never) and were not judged"
+        )
     return verdict(FAULTS_REJOINED, violations, note)
 
 
-def check_preemption_handled(events: Sequence[Event], faults: Sequence[InjectedFault], exits: Sequence[ProcessExit],
-                             options: OutcomeOptions) -> Verdict:
+def check_preemption_handled(
+    events: Sequence[Event], faults: Sequence[InjectedFault], exits: Sequence[ProcessExit], options: OutcomeOptions
+) -> Verdict:
     violations, saves = [], 0
     for f in (f for f in faults if f.kind == "sigterm"):
         stops = [e for e in _by(events, "stop", f.target, after=f.ts) if "preempt" in str(e.get("reason", ""))]
         ranks = {int(e["group_rank"]) for e in stops}
         missing = sorted(set(range(options.ranks_per_group)) - ranks)
         if missing:
-            violations.append(Violation(PREEMPTION_HANDLED, None, f.target,
-                                        f"{f.label}: rank(s) {missing} of {f.target} emitted no 'stop' (preempted) event: "
-                                        "SIGTERM was not handled at a step boundary"))
+            violations.append(
+                Violation(
+                    PREEMPTION_HANDLED,
+                    None,
+                    f.target,
+                    f"{f.label}: rank(s) {missing} of {f.target} emitted no 'stop' (preempted) event: "
+                    "SIGTERM was not handled at a step boundary",
+                )
+            )
         exit_ = next((x for x in exits if x.group == f.target and x.ts >= f.ts and x.caused_by == "sigterm"), None)
         if options.ranks_per_group == 1 and exit_ is not None and exit_.code != PREEMPTED_EXIT_CODE:
-            violations.append(Violation(PREEMPTION_HANDLED, exit_.step, f.target,
-                                        f"{f.label}: {f.target} exited with code {exit_.code}, not {PREEMPTED_EXIT_CODE}"))
+            violations.append(
+                Violation(
+                    PREEMPTION_HANDLED,
+                    exit_.step,
+                    f.target,
+                    f"{f.label}: {f.target} exited with code {exit_.code}, not {PREEMPTED_EXIT_CODE}",
+                )
+            )
         if options.checkpoint_interval_steps and _was_writer(events, f):
             end = min((float(e["ts"]) for e in stops), default=float("inf"))
             saved = [e for e in _by(events, "checkpoint", f.target, after=f.ts) if e.get("ok") and e["ts"] <= end + 1.0]
             saves += bool(saved)
             if not saved:
-                violations.append(Violation(PREEMPTION_HANDLED, None, f.target,
-                                            f"{f.label}: {f.target} was the writer group (replica rank 0) but published "
-                                            "no checkpoint before leaving (the emergency save is missing)"))
+                violations.append(
+                    Violation(
+                        PREEMPTION_HANDLED,
+                        None,
+                        f.target,
+                        f"{f.label}: {f.target} was the writer group (replica rank 0) but published "
+                        "no checkpoint before leaving (the emergency save is missing)",
+                    )
+                )
     num = sum(f.kind == "sigterm" for f in faults)
     note = f"{num} SIGTERM(s): every rank stopped at a step boundary" + (
-        " with status 143" if options.ranks_per_group == 1 else "")
+        " with status 143" if options.ranks_per_group == 1 else ""
+    )
     if saves:
         note += f"; {saves} emergency save(s) by the writer group"
     return verdict(PREEMPTION_HANDLED, violations, note)
 
 
-def check_preemption_notice_handled(events: Sequence[Event], all_commits: Sequence[Commit],
-                                    faults: Sequence[InjectedFault], exits: Sequence[ProcessExit],
-                                    options: OutcomeOptions) -> Verdict:
+def check_preemption_notice_handled(
+    events: Sequence[Event],
+    all_commits: Sequence[Commit],
+    faults: Sequence[InjectedFault],
+    exits: Sequence[ProcessExit],
+    options: OutcomeOptions,
+) -> Verdict:
     """The target read its notice, left by itself with status 143 (the runner records the cause
     ``preemption_notice`` only for an exit 143 of a notified group it sent no signal), and rejoined."""
     violations, rejoined = [], 0
     notices = [f for f in faults if f.kind == "preemption_notice"]
     for f in notices:
         if not _by(events, "preemption_notice", f.target, after=f.ts):
-            violations.append(Violation(PREEMPTION_NOTICE_HANDLED, None, f.target,
-                                        f"{f.label}: {f.target} emitted no 'preemption_notice' event after its "
-                                        "notice file was written (is REPLICAFT_PREEMPTION_NOTICE watched?)"))
+            violations.append(
+                Violation(
+                    PREEMPTION_NOTICE_HANDLED,
+                    None,
+                    f.target,
+                    f"{f.label}: {f.target} emitted no 'preemption_notice' event after its "
+                    "notice file was written (is REPLICAFT_PREEMPTION_NOTICE watched?)",
+                )
+            )
         exit_ = next((x for x in exits if x.group == f.target and x.ts >= f.ts), None)
         if exit_ is None:
-            violations.append(Violation(PREEMPTION_NOTICE_HANDLED, None, f.target,
-                                        f"{f.label}: {f.target} never left after its notice"))
+            violations.append(
+                Violation(
+                    PREEMPTION_NOTICE_HANDLED, None, f.target, f"{f.label}: {f.target} never left after its notice"
+                )
+            )
             continue
         if options.ranks_per_group == 1 and (exit_.code != PREEMPTED_EXIT_CODE or exit_.caused_by != f.kind):
-            violations.append(Violation(PREEMPTION_NOTICE_HANDLED, exit_.step, f.target,
-                                        f"{f.label}: {f.target} ended with code {exit_.code} ({exit_.caused_by or 'no fault'}), "
-                                        f"not by itself with {PREEMPTED_EXIT_CODE} after its notice"))
+            violations.append(
+                Violation(
+                    PREEMPTION_NOTICE_HANDLED,
+                    exit_.step,
+                    f.target,
+                    f"{f.label}: {f.target} ended with code {exit_.code} ({exit_.caused_by or 'no fault'}), "
+                    f"not by itself with {PREEMPTED_EXIT_CODE} after its notice",
+                )
+            )
         back = None if f.resumed_ts is None else next_commit(all_commits, f.resumed_ts, group=f.target)
         rejoined += back is not None
         if back is None and f.resumed_ts is not None and f.resumed_ts <= options.ended_ts - options.hang_bound_s:
-            violations.append(Violation(PREEMPTION_NOTICE_HANDLED, None, f.target,
-                                        f"{f.label}: {f.target} was restarted after its notice but never committed again"))
-    note = (f"{len(notices)} notice(s): the target left by itself with status {PREEMPTED_EXIT_CODE}; "
-            f"{rejoined} rejoined")
+            violations.append(
+                Violation(
+                    PREEMPTION_NOTICE_HANDLED,
+                    None,
+                    f.target,
+                    f"{f.label}: {f.target} was restarted after its notice but never committed again",
+                )
+            )
+    note = f"{len(notices)} notice(s): the target left by itself with status {PREEMPTED_EXIT_CODE}; {rejoined} rejoined"
     return verdict(PREEMPTION_NOTICE_HANDLED, violations, note)
 
 
@@ -178,35 +238,53 @@ def _was_writer(events: Sequence[Event], f: InjectedFault) -> bool:
     return bool(quorums) and max(quorums, key=lambda e: e["ts"]).get("replica_rank") == 0
 
 
-def check_heal_survives_donor_loss(events: Sequence[Event], all_commits: Sequence[Commit],
-                                   faults: Sequence[InjectedFault]) -> Verdict:
+def check_heal_survives_donor_loss(
+    events: Sequence[Event], all_commits: Sequence[Commit], faults: Sequence[InjectedFault]
+) -> Verdict:
     violations, notes = [], []
     for f in (f for f in faults if f.kind == "kill_donor_mid_heal"):
-        heals = [e for e in events if e["event"] == "heal_start" and f.target in (e.get("donors") or []) and e["ts"] <= f.ts]
+        heals = [
+            e for e in events if e["event"] == "heal_start" and f.target in (e.get("donors") or []) and e["ts"] <= f.ts
+        ]
         if not heals:
-            violations.append(Violation(HEAL_SURVIVES_DONOR_LOSS, None, f.target,
-                                        f"{f.label}: {f.target} died, but no heal listing it as a donor had started"))
+            violations.append(
+                Violation(
+                    HEAL_SURVIVES_DONOR_LOSS,
+                    None,
+                    f.target,
+                    f"{f.label}: {f.target} died, but no heal listing it as a donor had started",
+                )
+            )
             continue
         heal = max(heals, key=lambda e: e["ts"])
         healer = str(heal["replica_id"])
         ended = [e for e in _by(events, "heal_end", healer, after=float(heal["ts"])) if e.get("ok")]
         committed = next_commit(all_commits, f.ts, group=healer)
         if not ended or committed is None:
-            violations.append(Violation(HEAL_SURVIVES_DONOR_LOSS, int(heal.get("max_step", 0)), healer,
-                                        f"{f.label}: {healer}'s heal from {heal.get('donors')} "
-                                        f"{'never completed' if not ended else 'completed'} and it "
-                                        f"{'never committed' if committed is None else 'committed'} after the donor died"))
+            violations.append(
+                Violation(
+                    HEAL_SURVIVES_DONOR_LOSS,
+                    int(heal.get("max_step", 0)),
+                    healer,
+                    f"{f.label}: {healer}'s heal from {heal.get('donors')} "
+                    f"{'never completed' if not ended else 'completed'} and it "
+                    f"{'never committed' if committed is None else 'committed'} after the donor died",
+                )
+            )
             continue
         first_ok = min(ended, key=lambda e: e["ts"])
         when = "after" if first_ok["ts"] > f.ts else "before"
         by_donor = first_ok.get("bytes_by_donor")
-        notes.append(f"{healer} healed to step {heal.get('max_step')} from {heal.get('donors')} ({when} {f.target} died; "
-                     f"bytes by donor {by_donor}), committed {committed.ts - f.ts:.1f}s after")
+        notes.append(
+            f"{healer} healed to step {heal.get('max_step')} from {heal.get('donors')} ({when} {f.target} died; "
+            f"bytes by donor {by_donor}), committed {committed.ts - f.ts:.1f}s after"
+        )
     return verdict(HEAL_SURVIVES_DONOR_LOSS, violations, "; ".join(notes) or "no heal completed")
 
 
-def check_resume_from_disk(events: Sequence[Event], all_commits: Sequence[Commit], faults: Sequence[InjectedFault],
-                           options: OutcomeOptions) -> Verdict:
+def check_resume_from_disk(
+    events: Sequence[Event], all_commits: Sequence[Commit], faults: Sequence[InjectedFault], options: OutcomeOptions
+) -> Verdict:
     kills = sorted((f for f in faults if f.kind in ALL_GROUPS_KINDS), key=lambda f: f.ts)
     starts = [f.ts for f in kills]
     violations, notes = [], []
@@ -216,58 +294,101 @@ def check_resume_from_disk(events: Sequence[Event], all_commits: Sequence[Commit
         resumes = [e for e in events if e["event"] == "resume" and epoch_of(float(e["ts"]), starts) == epoch]
         # After a cold start only what reached the object store survives the lost disks.
         saved = "checkpoint_upload" if f.kind in OBJECT_STORE_KINDS else "checkpoint"
-        published = [int(e["checkpoint_step"]) for e in events if e["event"] == saved and e.get("ok")
-                     and e["ts"] < f.ts and isinstance(e.get("checkpoint_step"), int)
-                     and (f.checkpoint_step is None or e["checkpoint_step"] < f.checkpoint_step)]
+        published = [
+            int(e["checkpoint_step"])
+            for e in events
+            if e["event"] == saved
+            and e.get("ok")
+            and e["ts"] < f.ts
+            and isinstance(e.get("checkpoint_step"), int)
+            and (f.checkpoint_step is None or e["checkpoint_step"] < f.checkpoint_step)
+        ]
         newest_intact = max(published, default=None)
         if not resumes:
             if newest_intact is not None:
-                violations.append(Violation(RESUME_FROM_DISK, None, ALL_GROUPS,
-                                            f"{f.label}: no group resumed from disk although checkpoint step {newest_intact} "
-                                            "was published before every group was killed"))
+                violations.append(
+                    Violation(
+                        RESUME_FROM_DISK,
+                        None,
+                        ALL_GROUPS,
+                        f"{f.label}: no group resumed from disk although checkpoint step {newest_intact} "
+                        "was published before every group was killed",
+                    )
+                )
             else:
                 notes.append(f"{f.label}: nothing published before, restarted from step 0")
             continue
         resumed = max(int(e["checkpoint_step"]) for e in resumes)
-        allowed = options.checkpoint_interval_steps * (2 if f.kind in CORRUPTING_KINDS else 1) + options.resume_slack_steps
+        allowed = (
+            options.checkpoint_interval_steps * (2 if f.kind in CORRUPTING_KINDS else 1) + options.resume_slack_steps
+        )
         lost = frontier - resumed
         where = f"{f.label}: frontier {frontier}, resumed from checkpoint step {resumed}"
         if lost > allowed:
-            violations.append(Violation(RESUME_FROM_DISK, resumed, ALL_GROUPS,
-                                        f"{where}: {lost} steps lost, more than the {allowed} allowed"))
+            violations.append(
+                Violation(
+                    RESUME_FROM_DISK,
+                    resumed,
+                    ALL_GROUPS,
+                    f"{where}: {lost} steps lost, more than the {allowed} allowed",
+                )
+            )
         if newest_intact is not None and resumed < newest_intact:
-            violations.append(Violation(RESUME_FROM_DISK, resumed, ALL_GROUPS,
-                                        f"{where}, although intact checkpoint step {newest_intact} had been published"))
+            violations.append(
+                Violation(
+                    RESUME_FROM_DISK,
+                    resumed,
+                    ALL_GROUPS,
+                    f"{where}, although intact checkpoint step {newest_intact} had been published",
+                )
+            )
         if f.kind in CORRUPTING_KINDS:
             if f.checkpoint_step is None:
                 notes.append(f"{f.label}: {f.detail}")
             elif any(int(e["checkpoint_step"]) >= f.checkpoint_step for e in resumes):
-                violations.append(Violation(RESUME_FROM_DISK, f.checkpoint_step, ALL_GROUPS,
-                                            f"{where}: the checkpoint of step {f.checkpoint_step} was damaged "
-                                            f"({f.detail}) and must have been skipped"))
+                violations.append(
+                    Violation(
+                        RESUME_FROM_DISK,
+                        f.checkpoint_step,
+                        ALL_GROUPS,
+                        f"{where}: the checkpoint of step {f.checkpoint_step} was damaged "
+                        f"({f.detail}) and must have been skipped",
+                    )
+                )
         violations += _digest_mismatches(events, resumes, starts, epoch, f.label)
         notes.append(f"{where}: {lost} steps lost (allowed {allowed})")
     return verdict(RESUME_FROM_DISK, violations, "; ".join(notes))
 
 
-def _digest_mismatches(events: Sequence[Event], resumes: Sequence[Event], starts: Sequence[float], epoch: int,
-                       label: str) -> list[Violation]:
+def _digest_mismatches(
+    events: Sequence[Event], resumes: Sequence[Event], starts: Sequence[float], epoch: int, label: str
+) -> list[Violation]:
     """A resumed rank's state digest must equal the digest its column committed at that step before."""
-    committed = {(int(e["step"]), int(e["group_rank"])): str(e["digest"]) for e in events
-                 if e["event"] == "committed" and "digest" in e and epoch_of(float(e["ts"]), starts) < epoch}
+    committed = {
+        (int(e["step"]), int(e["group_rank"])): str(e["digest"])
+        for e in events
+        if e["event"] == "committed" and "digest" in e and epoch_of(float(e["ts"]), starts) < epoch
+    }
     out = []
     for r in resumes:
         expected = committed.get((int(r["checkpoint_step"]), int(r["group_rank"])))
         if expected is not None and "digest" in r and str(r["digest"]) != expected:
-            out.append(Violation(RESUME_FROM_DISK, int(r["checkpoint_step"]), str(r["replica_id"]),
-                                 f"{label}: {r['replica_id']} rank {r['group_rank']} resumed from checkpoint step "
-                                 f"{r['checkpoint_step']} with state {str(r['digest'])[:12]}, but the state committed at "
-                                 f"that step was {expected[:12]}"))
+            out.append(
+                Violation(
+                    RESUME_FROM_DISK,
+                    int(r["checkpoint_step"]),
+                    str(r["replica_id"]),
+                    f"{label}: {r['replica_id']} rank {r['group_rank']} resumed from checkpoint step "
+                    f"{r['checkpoint_step']} with state {str(r['digest'])[:12]}, but the state committed at "
+                    f"that step was {expected[:12]}",
+                )
+            )
     return out
 
 
-def check_disk_full_refused(events: Sequence[Event], all_commits: Sequence[Commit], faults: Sequence[InjectedFault],
-                            options: OutcomeOptions) -> Verdict:
+def check_disk_full_refused(
+    events: Sequence[Event], all_commits: Sequence[Commit], faults: Sequence[InjectedFault], options: OutcomeOptions
+) -> Verdict:
     violations, notes = [], []
     saves = [e for e in events if e["event"] == "checkpoint" and isinstance(e.get("checkpoint_step"), int)]
     for f in (f for f in faults if f.kind == "fill_disk"):
@@ -277,26 +398,48 @@ def check_disk_full_refused(events: Sequence[Event], all_commits: Sequence[Commi
         for e in refused:
             reason = str(e.get("reason") or "")
             if e.get("status") not in ("refused", "failed") or not any(w in reason.lower() for w in _DISK_FULL_WORDS):
-                violations.append(Violation(DISK_FULL_REFUSED, int(e["checkpoint_step"]), str(e["replica_id"]),
-                                            f"{f.label}: the save of step {e['checkpoint_step']} ended with status "
-                                            f"{e.get('status')!r} and reason {reason!r}, which does not say the disk is full"))
+                violations.append(
+                    Violation(
+                        DISK_FULL_REFUSED,
+                        int(e["checkpoint_step"]),
+                        str(e["replica_id"]),
+                        f"{f.label}: the save of step {e['checkpoint_step']} ended with status "
+                        f"{e.get('status')!r} and reason {reason!r}, which does not say the disk is full",
+                    )
+                )
         # A save of a step committed before the disk filled may have been written already.
         filled_at = max((c.step for c in all_commits if c.ts <= f.ts), default=0)
         wrong = [e for e in saves if e.get("ok") and f.ts <= e["ts"] <= freed and e["checkpoint_step"] > filled_at]
         for e in wrong:
-            violations.append(Violation(DISK_FULL_REFUSED, int(e["checkpoint_step"]), str(e["replica_id"]),
-                                        f"{f.label}: checkpoint step {e['checkpoint_step']} was published while the disk was "
-                                        "full: the fault did not take effect"))
+            violations.append(
+                Violation(
+                    DISK_FULL_REFUSED,
+                    int(e["checkpoint_step"]),
+                    str(e["replica_id"]),
+                    f"{f.label}: checkpoint step {e['checkpoint_step']} was published while the disk was "
+                    "full: the fault did not take effect",
+                )
+            )
         later = [e for e in saves if e["ts"] > freed and e["checkpoint_step"] > due_until]
         if not refused:
             notes.append(f"{f.label}: no save came due while the disk was full (nothing to check)")
             continue
         if later and not any(e.get("ok") for e in later):
-            violations.append(Violation(DISK_FULL_REFUSED, int(later[0]["checkpoint_step"]), str(later[0]["replica_id"]),
-                                        f"{f.label}: saves still fail after the disk was freed: {later[0].get('reason')}"))
+            violations.append(
+                Violation(
+                    DISK_FULL_REFUSED,
+                    int(later[0]["checkpoint_step"]),
+                    str(later[0]["replica_id"]),
+                    f"{f.label}: saves still fail after the disk was freed: {later[0].get('reason')}",
+                )
+            )
         statuses = sorted({str(e.get("status")) for e in refused})
-        after = "; the next save succeeded" if any(e.get("ok") for e in later) else "; no save came due after it was freed"
-        notes.append(f"{f.label}: {len(refused)} save(s) {'/'.join(statuses)} ({str(refused[0].get('reason'))[:90]}…){after}")
+        after = (
+            "; the next save succeeded" if any(e.get("ok") for e in later) else "; no save came due after it was freed"
+        )
+        notes.append(
+            f"{f.label}: {len(refused)} save(s) {'/'.join(statuses)} ({str(refused[0].get('reason'))[:90]}…){after}"
+        )
     if not notes and not violations:
         return Verdict(DISK_FULL_REFUSED, "not_checked", "no fill_disk fault took effect")
     if violations or any("nothing to check" not in n for n in notes):

@@ -129,11 +129,15 @@ class Child:
             if match:
                 return match
             if self.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.poll()} before printing "
-                                   f"{pattern.pattern!r}: {self.output_tail()}")
+                raise RuntimeError(
+                    f"{self.name} exited with code {self.poll()} before printing "
+                    f"{pattern.pattern!r}: {self.output_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} printed nothing matching {pattern.pattern!r} within "
-                                   f"{timeout_s:g}s: {self.output_tail()}")
+                raise RuntimeError(
+                    f"{self.name} printed nothing matching {pattern.pattern!r} within "
+                    f"{timeout_s:g}s: {self.output_tail()}"
+                )
             time.sleep(POLL_S)
 
 

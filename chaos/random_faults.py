@@ -40,11 +40,15 @@ class RandomFaults:
         for name in ("every_s", "until_s", "sigstop_duration_s"):
             value = getattr(self, name)
             if type(value) not in (int, float) or not 0 < value <= MAX_SECONDS:
-                raise ValueError(f"random_faults.{name}={shown(value)}; it must be a positive number of seconds, "
-                                 f"at most {MAX_SECONDS:g}")
+                raise ValueError(
+                    f"random_faults.{name}={shown(value)}; it must be a positive number of seconds, "
+                    f"at most {MAX_SECONDS:g}"
+                )
         if self.until_s / self.every_s > MAX_EXPECTED_FAULTS:
-            raise ValueError(f"random_faults: until_s={self.until_s:g} / every_s={self.every_s:g} expects "
-                             f"{self.until_s / self.every_s:.3g} faults; at most {MAX_EXPECTED_FAULTS} (raise every_s)")
+            raise ValueError(
+                f"random_faults: until_s={self.until_s:g} / every_s={self.every_s:g} expects "
+                f"{self.until_s / self.every_s:.3g} faults; at most {MAX_EXPECTED_FAULTS} (raise every_s)"
+            )
         if type(self.seed) is not int:
             raise ValueError(f"random_faults.seed={shown(self.seed)}; it must be a whole number")
         if not isinstance(self.kinds, list | tuple) or not all(isinstance(k, str) for k in self.kinds):

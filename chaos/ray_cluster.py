@@ -84,19 +84,30 @@ class RayCluster:
             "--metrics-export-port", str(metrics), "--ray-client-server-port", str(client_server),
             "--min-worker-port", "0", "--max-worker-port", "0",
         ]  # fmt: skip
-        env = {**os.environ, **LOOPBACK_ENV, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               **self.extra_env}
+        env = {
+            **os.environ,
+            **LOOPBACK_ENV,
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+            **self.extra_env,
+        }
         with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, preexec_fn=die_with_parent)
+            self.process = subprocess.Popen(
+                args,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=die_with_parent,
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while READY_LINE not in self.log_path.read_text(errors="replace"):
             if self.process.poll() is not None:
                 raise RuntimeError(f"ray start exited with status {self.process.returncode}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"ray start did not report '{READY_LINE}' within {START_TIMEOUT_S:g}s:\n"
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"ray start did not report '{READY_LINE}' within {START_TIMEOUT_S:g}s:\n{self.log_tail()}"
+                )
             time.sleep(0.2)
         return self
 

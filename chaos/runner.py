@@ -119,7 +119,9 @@ class Runner:
     groups (``group_variables`` ... ``exited``), and the injector's
     :class:`~chaos.injector.Supervision` (``is_healthy`` ... ``standby_ready``)."""
 
-    def __init__(self, scenario: Scenario, out_dir: Path, *, on_progress: Callable[[Progress], None] | None = None) -> None:
+    def __init__(
+        self, scenario: Scenario, out_dir: Path, *, on_progress: Callable[[Progress], None] | None = None
+    ) -> None:
         self.scenario = scenario
         self.out_dir = out_dir
         self.events_dir = out_dir / "events"
@@ -137,8 +139,12 @@ class Runner:
         """The replicated lighthouse (``lighthouse_replicas = 3``), which then replaces the single one."""
         self._tail = EventTail(self.events_dir)
         self._env = RunEnvironment(scenario, self.checkpoint_dir)
-        self._injector = Injector(scenario, self, checkpoint_dir=self.checkpoint_dir,
-                                  notices_dir=out_dir.resolve() / "notices" if scenario.needs_notices else None)
+        self._injector = Injector(
+            scenario,
+            self,
+            checkpoint_dir=self.checkpoint_dir,
+            notices_dir=out_dir.resolve() / "notices" if scenario.needs_notices else None,
+        )
         # No subreaper and other children of its own (the lighthouse): the reaper stops only
         # what is below the groups and standbys it is asked to stop.
         self._reaper = Reaper(lambda: self._supervisor.children(), lambda: False, leftovers=False)
@@ -169,7 +175,9 @@ class Runner:
             self._supervisor.tick(time.monotonic())  # every group starts
             while not self._done():
                 if time.monotonic() > deadline:
-                    logger.error("run deadline of %gs passed at step %d; stopping", self.scenario.run_timeout_s, self.job.step)
+                    logger.error(
+                        "run deadline of %gs passed at step %d; stopping", self.scenario.run_timeout_s, self.job.step
+                    )
                     break
                 self._turn()
                 if self._on_progress is not None:
@@ -223,8 +231,15 @@ class Runner:
         running = sum(1 for gid, g in self._supervisor.groups.items() if g.running and not self._groups[gid].stopped)
         # A kill_donor_mid_heal is recorded as two faults: the healer's kill and the donor's death.
         planned = len(self.scenario.faults) + sum(f.kind == "kill_donor_mid_heal" for f in self.scenario.faults)
-        return Progress(elapsed_s, self.job.step, self.scenario.steps, self.job.quorum_size,
-                        len(self._injector.injected), planned, running)
+        return Progress(
+            elapsed_s,
+            self.job.step,
+            self.scenario.steps,
+            self.job.quorum_size,
+            len(self._injector.injected),
+            planned,
+            running,
+        )
 
     # -- environment ---------------------------------------------------------------------------
 
@@ -253,8 +268,13 @@ class Runner:
 
     def is_healthy(self, group: str) -> bool:
         g = self._groups[group]
-        return (self._alive(group) and not g.stopped and g.cause is None and g.finished_at is None
-                and self.job.committed_since(group, self._supervisor.groups[group].started_ts))
+        return (
+            self._alive(group)
+            and not g.stopped
+            and g.cause is None
+            and g.finished_at is None
+            and self.job.committed_since(group, self._supervisor.groups[group].started_ts)
+        )
 
     def is_armed(self, group: str) -> bool:
         return self._groups[group].armed and self._alive(group)
@@ -276,8 +296,9 @@ class Runner:
         if pid is None:
             return False
         if pid not in self._supervisor.processes(group):
-            logger.warning("%s rank %d (pid %d) is not a process of its current incarnation; not signalling it",
-                           group, rank, pid)
+            logger.warning(
+                "%s rank %d (pid %d) is not a process of its current incarnation; not signalling it", group, rank, pid
+            )
             return False
         self._groups[group].cause = cause
         os.kill(pid, signal.SIGKILL)
@@ -442,16 +463,31 @@ class Runner:
         if self._env.lab is not None:
             args = self._env.lab.wrap(LAB_LIGHTHOUSE, args)
         log = self.logs_dir / f"lighthouse-{self._lighthouse_incarnation}.log"
-        return Child(f"lighthouse#{self._lighthouse_incarnation}", args, log_path=log,
-                     env=python_env(REPO_ROOT, {}), cwd=REPO_ROOT)
+        return Child(
+            f"lighthouse#{self._lighthouse_incarnation}",
+            args,
+            log_path=log,
+            env=python_env(REPO_ROOT, {}),
+            cwd=REPO_ROOT,
+        )
 
     def _start_lighthouse(self) -> None:
         """Start the lighthouse, wait (bounded) for its address; restarts reuse the first port."""
         if self.scenario.lighthouse_replicas > 1:
-            extra = ["--heartbeat-timeout", str(self.scenario.heartbeat_timeout_s),
-                     "--progress-timeout", str(self.scenario.progress_timeout_s)]
-            self._lighthouse_set = LighthouseSet(self.logs_dir, self.out_dir / "etcd", python_env(REPO_ROOT, {}),
-                                                 REPO_ROOT, extra, self.scenario.restart_delay_s)
+            extra = [
+                "--heartbeat-timeout",
+                str(self.scenario.heartbeat_timeout_s),
+                "--progress-timeout",
+                str(self.scenario.progress_timeout_s),
+            ]
+            self._lighthouse_set = LighthouseSet(
+                self.logs_dir,
+                self.out_dir / "etcd",
+                python_env(REPO_ROOT, {}),
+                REPO_ROOT,
+                extra,
+                self.scenario.restart_delay_s,
+            )
             self._lighthouse_address = self._lighthouse_set.start()
             logger.info("replicated lighthouse serving at %s", self._lighthouse_address)
             return
@@ -482,7 +518,9 @@ class Runner:
         if lh is None or self._lighthouse_restart_at is not None or lh.poll() is None:
             return
         if not self._injector.awaiting(LIGHTHOUSE):
-            self._exits.append(ProcessExit(LIGHTHOUSE, time.time(), lh.poll() or 0, None, self.job.step, lh.output_tail()))
+            self._exits.append(
+                ProcessExit(LIGHTHOUSE, time.time(), lh.poll() or 0, None, self.job.step, lh.output_tail())
+            )
             logger.error("the lighthouse died on its own: %s", lh.output_tail())
         if self._finishing_since is None:
             self._lighthouse_restart_at = now_m + self.scenario.restart_delay_s

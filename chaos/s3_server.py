@@ -47,7 +47,13 @@ MOTO_ACCOUNT = "123456789012"
 class _Faults:
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.state: dict[str, float] = {"fail_parts": 0, "truncate_gets": 0, "delay_parts_s": 0.0, "parts": 0, "gets": 0}
+        self.state: dict[str, float] = {
+            "fail_parts": 0,
+            "truncate_gets": 0,
+            "delay_parts_s": 0.0,
+            "parts": 0,
+            "gets": 0,
+        }
 
     def take(self, name: str) -> bool:
         with self.lock:
@@ -77,8 +83,10 @@ def _middleware(app: Callable[..., Iterable[bytes]], faults: _Faults) -> Callabl
                 time.sleep(delay)
             if faults.take("fail_parts"):
                 error = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
-                start_response("500 Internal Server Error", [("Content-Type", "application/xml"),
-                                                             ("Content-Length", str(len(error)))])
+                start_response(
+                    "500 Internal Server Error",
+                    [("Content-Type", "application/xml"), ("Content-Length", str(len(error)))],
+                )
                 return [error]
         if method == "GET" and path.count("/") >= 2 and "uploads" not in query and "list-type" not in query:
             with faults.lock:
@@ -86,7 +94,9 @@ def _middleware(app: Callable[..., Iterable[bytes]], faults: _Faults) -> Callabl
             if faults.take("truncate_gets"):
                 captured: dict[str, Any] = {}
 
-                def capture(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Callable[[bytes], None]:
+                def capture(
+                    status: str, headers: list[tuple[str, str]], exc_info: Any = None
+                ) -> Callable[[bytes], None]:
                     captured["status"], captured["headers"] = status, headers
                     return lambda data: None
 
@@ -132,8 +142,15 @@ class S3Server:
 
     def start(self) -> S3Server:
         """Start (or restart, on the same port) the server; raises RuntimeError if it does not listen in time."""
-        args = [sys.executable, "-m", "chaos.s3_server", "--port", str(self.port), *(["--auth"] if self.auth else []),
-                *[a for b in self.buckets for a in ("--bucket", b)]]
+        args = [
+            sys.executable,
+            "-m",
+            "chaos.s3_server",
+            "--port",
+            str(self.port),
+            *(["--auth"] if self.auth else []),
+            *[a for b in self.buckets for a in ("--bucket", b)],
+        ]
         self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         assert self.process.stdout is not None
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -148,8 +165,10 @@ class S3Server:
                 self.port = int(json.loads(line)["port"])
                 return self
         self.kill()
-        raise RuntimeError(f"the S3 server ({' '.join(args)}) did not start listening within {START_TIMEOUT_S:g}s; "
-                           "is moto[server] installed? (pip install 'moto[server]')")
+        raise RuntimeError(
+            f"the S3 server ({' '.join(args)}) did not start listening within {START_TIMEOUT_S:g}s; "
+            "is moto[server] installed? (pip install 'moto[server]')"
+        )
 
     def kill(self) -> None:
         """SIGKILL and reap (the "server killed" fault; also the cleanup)."""
@@ -168,16 +187,26 @@ class S3Server:
     def client(self, service: str = "s3", *, access_key: str = "replicaft", secret_key: str = "replicaft") -> Any:
         import boto3
 
-        return boto3.client(service, endpoint_url=self.endpoint, aws_access_key_id=access_key,
-                            aws_secret_access_key=secret_key, region_name="us-east-1")
+        return boto3.client(
+            service,
+            endpoint_url=self.endpoint,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            region_name="us-east-1",
+        )
 
     def create_credentials(self) -> tuple[str, str]:
         """With ``auth``: a user allowed every S3 action and its key (the three free requests)."""
         iam = self.client("iam")
         iam.create_user(UserName="replicaft")
         key = iam.create_access_key(UserName="replicaft")["AccessKey"]
-        iam.put_user_policy(UserName="replicaft", PolicyName="s3", PolicyDocument=json.dumps(
-            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        iam.put_user_policy(
+            UserName="replicaft",
+            PolicyName="s3",
+            PolicyDocument=json.dumps(
+                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
+            ),
+        )
         return key["AccessKeyId"], key["SecretAccessKey"]
 
     def checkpoints(self, bucket: str, prefix: str) -> list[tuple[int, str]]:

@@ -101,31 +101,59 @@ from chaos.random_faults import random_faults_from_dict
 from lighthouse.errors import shown
 
 FaultKind = Literal[
-    "sigkill", "sigkill_rank", "sigstop", "sigterm", "kill_donor_mid_heal", "kill_lighthouse", "kill_all_groups",
-    "corrupt_checkpoint", "fill_disk", "partition", "slow_link", "fault_point",
-    "kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member", "lose_etcd_quorum",
-    "cold_start", "cold_start_corrupt", "preemption_notice",
+    "sigkill",
+    "sigkill_rank",
+    "sigstop",
+    "sigterm",
+    "kill_donor_mid_heal",
+    "kill_lighthouse",
+    "kill_all_groups",
+    "corrupt_checkpoint",
+    "fill_disk",
+    "partition",
+    "slow_link",
+    "fault_point",
+    "kill_lighthouse_leader",
+    "partition_lighthouse_leader",
+    "kill_etcd_member",
+    "lose_etcd_quorum",
+    "cold_start",
+    "cold_start_corrupt",
+    "preemption_notice",
 ]
 FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
 FAULT_POINTS = ("allreduce", "heal", "serve", "commit")
 """Mirrors ``replicaft.process.faults.POINTS``; kept here so loading a scenario does not import torch."""
 
-REPLICATED_LIGHTHOUSE_KINDS = frozenset({"kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member",
-                                        "lose_etcd_quorum"})
+REPLICATED_LIGHTHOUSE_KINDS = frozenset(
+    {"kill_lighthouse_leader", "partition_lighthouse_leader", "kill_etcd_member", "lose_etcd_quorum"}
+)
 """Kinds of the replicated lighthouse (``lighthouse_replicas = 3``; chaos/lighthouse_set.py)."""
 OBJECT_STORE_KINDS = frozenset({"cold_start", "cold_start_corrupt"})
 """Kinds that need the object-store checkpoint tier (the harness starts an S3 server)."""
 CORRUPTING_KINDS = frozenset({"corrupt_checkpoint", "cold_start_corrupt"})
 """Kinds that damage the newest checkpoint: the resume must fall back past it."""
-JOB_WIDE_KINDS = (frozenset({"kill_lighthouse", "kill_all_groups", "corrupt_checkpoint", "fill_disk"})
-                  | REPLICATED_LIGHTHOUSE_KINDS | OBJECT_STORE_KINDS)
+JOB_WIDE_KINDS = (
+    frozenset({"kill_lighthouse", "kill_all_groups", "corrupt_checkpoint", "fill_disk"})
+    | REPLICATED_LIGHTHOUSE_KINDS
+    | OBJECT_STORE_KINDS
+)
 """Kinds that hit the job rather than one group: they take no ``target``."""
 ALL_GROUPS_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint"}) | OBJECT_STORE_KINDS
 """Kinds after which every group resumes from disk (a sanctioned rollback to a checkpoint)."""
 CHECKPOINT_KINDS = frozenset({"kill_all_groups", "corrupt_checkpoint", "fill_disk"}) | OBJECT_STORE_KINDS
 NETWORK_KINDS = frozenset({"partition", "slow_link"})
-TIMED_KINDS = frozenset({"sigstop", "partition", "slow_link", "fill_disk", "partition_lighthouse_leader",
-                         "kill_etcd_member", "lose_etcd_quorum"})
+TIMED_KINDS = frozenset(
+    {
+        "sigstop",
+        "partition",
+        "slow_link",
+        "fill_disk",
+        "partition_lighthouse_leader",
+        "kill_etcd_member",
+        "lose_etcd_quorum",
+    }
+)
 """Kinds that last ``duration_s`` and are then undone."""
 RESTARTING_KINDS = frozenset({"sigkill", "sigterm", "preemption_notice", "kill_donor_mid_heal"})
 """Kinds that the harness injects to have one group restart (with ``warm_standby``, in the standby)."""
@@ -151,8 +179,15 @@ _RANGES: dict[str, tuple[int, int]] = {"groups": (1, MAX_PROCESSES), "ranks_per_
 
 def toml_type(value: Any) -> str:
     """What TOML calls the type of a parsed value, for messages about a scenario file."""
-    names = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", tuple: "array",
-             dict: "table"}
+    names = {
+        bool: "boolean",
+        int: "integer",
+        float: "float",
+        str: "string",
+        list: "array",
+        tuple: "array",
+        dict: "table",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -345,14 +380,21 @@ class Scenario:
         return any(f.kind == "fill_disk" for f in self.faults)
 
     def __post_init__(self) -> None:
-        check_field_types(Scenario, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)},
-                          f"scenario {self.name!r}: ")
+        check_field_types(
+            Scenario, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, f"scenario {self.name!r}: "
+        )
         if not self.name:
-            raise ScenarioError("scenario name is empty; set name = \"...\"")
+            raise ScenarioError('scenario name is empty; set name = "..."')
         for name in ("groups", "ranks_per_group", "steps", "width", "loss_window"):
             if getattr(self, name) < 1:
                 raise ScenarioError(f"scenario {self.name!r}: {name}={getattr(self, name)}; it must be at least 1")
-        for name in ("heartbeat_timeout_s", "progress_timeout_s", "collective_timeout_s", "run_timeout_s", "hang_bound_s"):
+        for name in (
+            "heartbeat_timeout_s",
+            "progress_timeout_s",
+            "collective_timeout_s",
+            "run_timeout_s",
+            "hang_bound_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ScenarioError(f"scenario {self.name!r}: {name}={getattr(self, name)}; it must be positive")
         if self.progress_timeout_s <= self.heartbeat_timeout_s:
@@ -373,9 +415,11 @@ class Scenario:
         if self.checkpoint_interval == "auto":
             self._check_auto_interval()
         if self.deterministic and (self.virtual_shards < self.groups or self.global_batch % self.virtual_shards):
-            raise ScenarioError(f"scenario {self.name!r}: virtual_shards={self.virtual_shards}, global_batch="
-                                f"{self.global_batch} with groups={self.groups}; the deterministic mode needs at least "
-                                "one shard per group and a global batch that the shards divide")
+            raise ScenarioError(
+                f"scenario {self.name!r}: virtual_shards={self.virtual_shards}, global_batch="
+                f"{self.global_batch} with groups={self.groups}; the deterministic mode needs at least "
+                "one shard per group and a global batch that the shards divide"
+            )
         if self.warm_standby and (self.ranks_per_group > 1 or self.needs_network):
             raise ScenarioError(
                 f"scenario {self.name!r}: warm_standby = true with ranks_per_group={self.ranks_per_group} and "
@@ -384,26 +428,36 @@ class Scenario:
                 "standby can be neither; use ranks_per_group = 1 without partition or slow_link, or warm_standby = false"
             )
         if self.lighthouse_replicas not in (1, 3):
-            raise ScenarioError(f"scenario {self.name!r}: lighthouse_replicas={self.lighthouse_replicas!r}; use 1 "
-                                "(the single lighthouse) or 3 (replicated on etcd)")
+            raise ScenarioError(
+                f"scenario {self.name!r}: lighthouse_replicas={self.lighthouse_replicas!r}; use 1 "
+                "(the single lighthouse) or 3 (replicated on etcd)"
+            )
         for i, fault in enumerate(self.faults):
             self._check_fault(i, fault)
             if fault.kind in REPLICATED_LIGHTHOUSE_KINDS and self.lighthouse_replicas == 1:
-                raise ScenarioError(f"scenario {self.name!r}, faults[{i}] ({fault.kind}): needs a replicated "
-                                    "lighthouse; set lighthouse_replicas = 3")
+                raise ScenarioError(
+                    f"scenario {self.name!r}, faults[{i}] ({fault.kind}): needs a replicated "
+                    "lighthouse; set lighthouse_replicas = 3"
+                )
 
     def _check_auto_interval(self) -> None:
-        where = f"scenario {self.name!r}: checkpoint_interval = \"auto\""
+        where = f'scenario {self.name!r}: checkpoint_interval = "auto"'
         if not self.checkpoint_interval_steps or self.ranks_per_group > 1:
-            raise ScenarioError(f"{where} needs checkpoint_interval_steps (the most steps one interval spans) and "
-                                f"ranks_per_group = 1 (got {self.checkpoint_interval_steps}, {self.ranks_per_group})")
+            raise ScenarioError(
+                f"{where} needs checkpoint_interval_steps (the most steps one interval spans) and "
+                f"ranks_per_group = 1 (got {self.checkpoint_interval_steps}, {self.ranks_per_group})"
+            )
         if not 0 < self.checkpoint_interval_min_s <= self.checkpoint_interval_max_s:
-            raise ScenarioError(f"{where}: checkpoint_interval_min_s={self.checkpoint_interval_min_s} must be positive "
-                                f"and at most checkpoint_interval_max_s={self.checkpoint_interval_max_s}")
+            raise ScenarioError(
+                f"{where}: checkpoint_interval_min_s={self.checkpoint_interval_min_s} must be positive "
+                f"and at most checkpoint_interval_max_s={self.checkpoint_interval_max_s}"
+            )
         if self.checkpoint_interval_max_s > self.checkpoint_interval_steps * self.step_delay_s:
-            raise ScenarioError(f"{where}: checkpoint_interval_max_s={self.checkpoint_interval_max_s} spans more than "
-                                f"checkpoint_interval_steps={self.checkpoint_interval_steps} steps of step_delay_s="
-                                f"{self.step_delay_s}; lower it or raise checkpoint_interval_steps")
+            raise ScenarioError(
+                f"{where}: checkpoint_interval_max_s={self.checkpoint_interval_max_s} spans more than "
+                f"checkpoint_interval_steps={self.checkpoint_interval_steps} steps of step_delay_s="
+                f"{self.step_delay_s}; lower it or raise checkpoint_interval_steps"
+            )
 
     def _check_fault(self, i: int, f: FaultSpec) -> None:
         where = f"scenario {self.name!r}, faults[{i}] ({f.kind})"
@@ -423,7 +477,9 @@ class Scenario:
         if f.kind not in TIMED_KINDS and f.duration_s:
             raise ScenarioError(f"{where}: duration_s applies to {sorted(TIMED_KINDS)} only")
         if f.kind in CHECKPOINT_KINDS and not self.checkpoint_interval_steps:
-            raise ScenarioError(f"{where}: {f.kind} needs persistent checkpoints; set checkpoint_interval_steps (e.g. 10)")
+            raise ScenarioError(
+                f"{where}: {f.kind} needs persistent checkpoints; set checkpoint_interval_steps (e.g. 10)"
+            )
         if f.kind in SELF_ARMED_KINDS:
             self._check_self_armed(where, f)
         self._check_kind_fields(where, f)
@@ -438,8 +494,10 @@ class Scenario:
             )
         armed = [g for g in self.faults if g.kind in SELF_ARMED_KINDS and g.target == f.target]
         if len(armed) > 1:
-            raise ScenarioError(f"{where}: only one fault_point or kill_donor_mid_heal per target group "
-                                "(the group is armed once, when it first starts)")
+            raise ScenarioError(
+                f"{where}: only one fault_point or kill_donor_mid_heal per target group "
+                "(the group is armed once, when it first starts)"
+            )
 
     def _check_kind_fields(self, where: str, f: FaultSpec) -> None:
         if f.kind == "fault_point":
@@ -456,11 +514,15 @@ class Scenario:
             raise ScenarioError(f"{where}: rank applies to sigkill_rank only")
         if f.kind == "kill_donor_mid_heal":
             if self.groups < 3:
-                raise ScenarioError(f"{where}: needs 3 groups or more (the healer, the donor that dies, and a donor "
-                                    f"that finishes the heal); got groups={self.groups}")
+                raise ScenarioError(
+                    f"{where}: needs 3 groups or more (the healer, the donor that dies, and a donor "
+                    f"that finishes the heal); got groups={self.groups}"
+                )
             if f.healer not in self.group_ids or f.healer == f.target:
-                raise ScenarioError(f"{where}: healer={f.healer!r}; expected a group other than the target "
-                                    f"{f.target!r}, one of {list(self.group_ids)}")
+                raise ScenarioError(
+                    f"{where}: healer={f.healer!r}; expected a group other than the target "
+                    f"{f.target!r}, one of {list(self.group_ids)}"
+                )
         elif f.healer is not None:
             raise ScenarioError(f"{where}: healer applies to kill_donor_mid_heal only")
         if f.kind == "slow_link":
@@ -508,14 +570,17 @@ def _load_toml(path: Path) -> dict[str, Any]:
     except OSError as e:
         raise ScenarioError(f"cannot read scenario file {path}: {e}") from None
     except UnicodeDecodeError as e:
-        raise ScenarioError(f"scenario file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
-                            f"{e.start}); TOML files are UTF-8") from None
+        raise ScenarioError(
+            f"scenario file {path} is not UTF-8 text (byte {e.object[e.start]:#04x} at offset "
+            f"{e.start}); TOML files are UTF-8"
+        ) from None
     except tomllib.TOMLDecodeError as e:
         raise ScenarioError(f"scenario file {path} is not valid TOML: {e}") from None
     except RecursionError:
         # tomllib recurses per level of nested arrays and tables; a few hundred levels end here.
-        raise ScenarioError(f"scenario file {path} nests arrays or tables deeper than Python can parse; "
-                            "a scenario needs two levels") from None
+        raise ScenarioError(
+            f"scenario file {path} nests arrays or tables deeper than Python can parse; a scenario needs two levels"
+        ) from None
 
 
 def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir: Path | None = None) -> Scenario:
@@ -531,8 +596,9 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir
     data = dict(data)
     raw_faults = data.pop("faults", [])
     if not isinstance(raw_faults, list):
-        raise ScenarioError(f"{where}faults must be an array of tables ([[faults]]), got {toml_type(raw_faults)} "
-                            f"{shown(raw_faults)}")
+        raise ScenarioError(
+            f"{where}faults must be an array of tables ([[faults]]), got {toml_type(raw_faults)} {shown(raw_faults)}"
+        )
     raw_random = data.pop("random_faults", None)
     known = (set(Scenario.__dataclass_fields__) - {"faults"}) | {"random_faults"}
     unknown = sorted(set(data) - known)
@@ -559,8 +625,9 @@ def scenario_from_dict(data: dict[str, Any], *, source: str = "<dict>", base_dir
             raise ScenarioError(f"{source}: faults[{i}] is {shown(raw)}; write each fault as a [[faults]] table")
         bad = sorted(set(raw) - fault_keys)
         if bad:
-            raise ScenarioError(f"{source}: faults[{i}] has unknown keys {shown(bad)}; known keys are "
-                                f"{sorted(fault_keys)}")
+            raise ScenarioError(
+                f"{source}: faults[{i}] has unknown keys {shown(bad)}; known keys are {sorted(fault_keys)}"
+            )
         check_field_types(FaultSpec, raw, f"{where}faults[{i}].")
         if "kind" not in raw:
             raise ScenarioError(f"{where}faults[{i}] has no kind; set kind to one of {list(FAULT_KINDS)}")
@@ -580,7 +647,9 @@ def load_scenario(name_or_path: str) -> Scenario:
         path = SCENARIO_DIR / f"{name_or_path}.toml"
         if not path.exists():
             shipped = sorted(p.stem for p in SCENARIO_DIR.glob("*.toml"))
-            raise ScenarioError(f"no scenario named {name_or_path!r}; shipped scenarios: {shipped}, or pass a .toml path")
+            raise ScenarioError(
+                f"no scenario named {name_or_path!r}; shipped scenarios: {shipped}, or pass a .toml path"
+            )
     try:
         return scenario_from_dict(_load_toml(path), source=str(path), base_dir=path.parent)
     except ScenarioError as e:

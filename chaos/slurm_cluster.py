@@ -48,8 +48,10 @@ def slurm_binaries(*, install: bool = True) -> None:
     if not install:
         raise SlurmNotAvailable("no Slurm here; install Debian's slurm-wlm and munge")
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise SlurmNotAvailable("Slurm is not installed and cannot be installed here (needs root and apt-get); "
-                                "install Debian's slurm-wlm and munge")
+        raise SlurmNotAvailable(
+            "Slurm is not installed and cannot be installed here (needs root and apt-get); "
+            "install Debian's slurm-wlm and munge"
+        )
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install_cmd = ["apt-get", "install", "-y", "-qq", *PACKAGES]
     result = subprocess.run(install_cmd, env=env, capture_output=True, text=True, timeout=900)
@@ -58,8 +60,10 @@ def slurm_binaries(*, install: bool = True) -> None:
         result = subprocess.run(install_cmd, env=env, capture_output=True, text=True, timeout=900)
     missing = [n for n in needed if not _which(n)]
     if result.returncode != 0 or missing:
-        raise SlurmNotAvailable(f"apt-get install {' '.join(PACKAGES)} failed ({result.returncode}; missing "
-                                f"{missing}): {result.stderr[-500:]}")
+        raise SlurmNotAvailable(
+            f"apt-get install {' '.join(PACKAGES)} failed ({result.returncode}; missing "
+            f"{missing}): {result.stderr[-500:]}"
+        )
 
 
 def _which(name: str) -> str | None:
@@ -69,8 +73,9 @@ def _which(name: str) -> str | None:
 class SlurmCluster:
     """``start()`` brings up munge and Slurm and waits until every node is idle; a context manager."""
 
-    def __init__(self, root: Path, *, nodes: int = 1, cpus_per_node: int = 16, memory_mb: int = 16000,
-                 cred_expire_s: int = 120) -> None:
+    def __init__(
+        self, root: Path, *, nodes: int = 1, cpus_per_node: int = 16, memory_mb: int = 16000, cred_expire_s: int = 120
+    ) -> None:
         slurm_binaries()
         self.cred_expire_s = cred_expire_s
         """Slurm's job credential lifetime, which is also how long a requeued job waits before it may
@@ -109,15 +114,18 @@ class SlurmCluster:
             "SchedulerParameters=sched_interval=1,bf_interval=1",
         ]  # fmt: skip
         for name, address, port in zip(self.node_names, self.node_addresses, self.node_ports, strict=True):
-            lines.append(f"NodeName={name} NodeAddr={address} NodeHostname={socket.gethostname()} Port={port} "
-                         f"CPUs={self.cpus_per_node} RealMemory={self.memory_mb} State=UNKNOWN")
+            lines.append(
+                f"NodeName={name} NodeAddr={address} NodeHostname={socket.gethostname()} Port={port} "
+                f"CPUs={self.cpus_per_node} RealMemory={self.memory_mb} State=UNKNOWN"
+            )
         lines.append("PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
 
     def _spawn(self, name: str, args: list[str]) -> None:
         with open(self.root / f"{name}.out", "ab") as out:
-            self.processes[name] = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT,
-                                                    stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+            self.processes[name] = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+            )
 
     def start(self) -> SlurmCluster:
         for d in ("munge", "state", "spool"):
@@ -128,9 +136,19 @@ class SlurmCluster:
         os.chmod(key, 0o400)
         self.conf.write_text(self._conf_text())
         m = self.root / "munge"
-        self._spawn("munged", [_which("munged") or "munged", "--foreground", "--force", f"--socket={self.munge_socket}",
-                               f"--key-file={key}", f"--pid-file={m / 'munged.pid'}", f"--log-file={m / 'munged.log'}",
-                               f"--seed-file={m / 'munged.seed'}"])
+        self._spawn(
+            "munged",
+            [
+                _which("munged") or "munged",
+                "--foreground",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--log-file={m / 'munged.log'}",
+                f"--seed-file={m / 'munged.seed'}",
+            ],
+        )
         self._wait(lambda: self.munge_socket.exists(), "munged's socket")
         self._spawn("slurmctld", [_which("slurmctld") or "slurmctld", "-D", "-i", "-f", str(self.conf)])
         for name in self.node_names:
@@ -148,8 +166,11 @@ class SlurmCluster:
         while not ready():  # type: ignore[operator]
             dead = [n for n, p in self.processes.items() if p.poll() is not None]
             if dead or time.monotonic() > deadline:
-                raise RuntimeError(f"Slurm cluster: no {what} within {timeout_s:g}s"
-                                   + (f"; exited: {dead}" if dead else "") + f"\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"Slurm cluster: no {what} within {timeout_s:g}s"
+                    + (f"; exited: {dead}" if dead else "")
+                    + f"\n{self.log_tail()}"
+                )
             time.sleep(0.2)
 
     def run(self, args: list[str], *, check: bool = True, timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:

@@ -40,16 +40,24 @@ class Reference:
 def reference_from(record: RunRecord, events: Sequence[Event]) -> Reference:
     all_commits = commits(events)
     steps = max((c.step for c in all_commits), default=0)
-    return Reference(goodput(all_commits).value, final_loss(events, record.scenario.loss_window), str(record.out_dir), steps,
-                     steps >= record.scenario.steps, step_digests(events))
+    return Reference(
+        goodput(all_commits).value,
+        final_loss(events, record.scenario.loss_window),
+        str(record.out_dir),
+        steps,
+        steps >= record.scenario.steps,
+        step_digests(events),
+    )
 
 
 def _reference_note(reference: Reference | None, target_steps: int) -> str:
     if reference is None:
         return "null: no fault-free reference run was made (pass --reference to make one)"
     if not reference.finished:
-        return (f"null: the fault-free reference run in {reference.out_dir} did not finish "
-                f"({reference.committed_steps} of {target_steps} steps), so it is no baseline")
+        return (
+            f"null: the fault-free reference run in {reference.out_dir} did not finish "
+            f"({reference.committed_steps} of {target_steps} steps), so it is no baseline"
+        )
     return f"against the fault-free run in {reference.out_dir} (goodput {reference.goodput:.4f})"
 
 
@@ -57,16 +65,20 @@ def resume_verdicts(events: Sequence[Event], started_ts: float) -> list[dict[str
     """One row per ``resume_verdict`` event (replicaft/persistence/resume_check.py), in time order: did each
     resume from disk train on like the run that wrote its checkpoint? A resume whose run ended
     before its verdict has no row (the ``resume`` events say it happened)."""
-    rows = [{
-        "group": e["replica_id"],
-        "group_rank": e["group_rank"],
-        "at_s": round(e["ts"] - started_ts, 3),
-        "checkpoint_step": e.get("checkpoint_step"),
-        "verdict": e.get("verdict"),
-        "deviation": e.get("deviation"),
-        "allowed": e.get("allowed"),
-        "reason": e.get("reason"),
-    } for e in events if e.get("event") == "resume_verdict"]
+    rows = [
+        {
+            "group": e["replica_id"],
+            "group_rank": e["group_rank"],
+            "at_s": round(e["ts"] - started_ts, 3),
+            "checkpoint_step": e.get("checkpoint_step"),
+            "verdict": e.get("verdict"),
+            "deviation": e.get("deviation"),
+            "allowed": e.get("allowed"),
+            "reason": e.get("reason"),
+        }
+        for e in events
+        if e.get("event") == "resume_verdict"
+    ]
     return sorted(rows, key=lambda r: r["at_s"])
 
 
@@ -92,10 +104,17 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
         resume_slack_steps=s.resume_slack_steps,
         ranks_per_group=s.ranks_per_group,
     )
-    verdicts = (*check_all(events, record.faults, record.exits, options),
-                *check_outcomes(events, record.faults, record.exits, outcome_options),
-                check_bitwise_equal(events, baseline.digests if baseline else None, deterministic=s.deterministic,
-                                    target_steps=s.steps, epoch_starts=starts))
+    verdicts = (
+        *check_all(events, record.faults, record.exits, options),
+        *check_outcomes(events, record.faults, record.exits, outcome_options),
+        check_bitwise_equal(
+            events,
+            baseline.digests if baseline else None,
+            deterministic=s.deterministic,
+            target_steps=s.steps,
+            epoch_starts=starts,
+        ),
+    )
     violations = [v.to_dict() for verdict in verdicts for v in verdict.violations]
     recovery: dict[str, list[float]] = defaultdict(list)
     rejoin: dict[str, list[float]] = defaultdict(list)
@@ -106,17 +125,19 @@ def build_summary(record: RunRecord, events: Sequence[Event], reference: Referen
             recovery[f.kind].append(rec)
         if rej is not None:
             rejoin[f.kind].append(rej)
-        fault_rows.append({
-            "kind": f.kind,
-            "target": f.target,
-            "label": f.label,
-            "detail": f.detail,
-            "at_s": round(f.ts - record.started_ts, 3),
-            "step": frontier(all_commits, f.ts),
-            "resumed_at_s": None if f.resumed_ts is None else round(f.resumed_ts - record.started_ts, 3),
-            "recovery_s": None if rec is None else round(rec, 3),
-            "rejoin_s": None if rej is None else round(rej, 3),
-        })
+        fault_rows.append(
+            {
+                "kind": f.kind,
+                "target": f.target,
+                "label": f.label,
+                "detail": f.detail,
+                "at_s": round(f.ts - record.started_ts, 3),
+                "step": frontier(all_commits, f.ts),
+                "resumed_at_s": None if f.resumed_ts is None else round(f.resumed_ts - record.started_ts, 3),
+                "recovery_s": None if rec is None else round(rec, 3),
+                "rejoin_s": None if rej is None else round(rej, 3),
+            }
+        )
     gp = goodput(all_commits)
     ratio = None
     if baseline is not None and baseline.goodput and gp.value is not None:

@@ -36,11 +36,22 @@ from replicaft.state.grad_scaler import GradScalerState
 def build_model(width: int, dropout: float = 0.0) -> nn.Module:
     if not dropout:
         return nn.Sequential(
-            nn.Linear(16, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)
+            nn.Linear(16, width),
+            nn.BatchNorm1d(width),
+            nn.ReLU(),
+            nn.Linear(width, width),
+            nn.ReLU(),
+            nn.Linear(width, 1),
         )
     return nn.Sequential(
-        nn.Linear(16, width), nn.BatchNorm1d(width), nn.ReLU(), nn.Dropout(dropout), nn.Linear(width, width), nn.ReLU(),
-        nn.Dropout(dropout), nn.Linear(width, 1)
+        nn.Linear(16, width),
+        nn.BatchNorm1d(width),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Dropout(dropout),
+        nn.Linear(width, 1),
     )
 
 
@@ -56,13 +67,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda or cuda:N")
-    p.add_argument("--loss-scale", type=float, default=1.0,
-                   help="multiply the loss by this: a changed loss normalisation, which the verification of a resume "
-                        "from disk reports (replicaft/persistence/resume_check.py)")
-    p.add_argument("--dropout", type=float, default=0.0,
-                   help="dropout probability: draws from torch's global generator, which heals and checkpoints carry")
-    p.add_argument("--grad-scaler", action="store_true",
-                   help="scale the loss with torch.amp.GradScaler (growth every 4 steps), registered with the manager")
+    p.add_argument(
+        "--loss-scale",
+        type=float,
+        default=1.0,
+        help="multiply the loss by this: a changed loss normalisation, which the verification of a resume "
+        "from disk reports (replicaft/persistence/resume_check.py)",
+    )
+    p.add_argument(
+        "--dropout",
+        type=float,
+        default=0.0,
+        help="dropout probability: draws from torch's global generator, which heals and checkpoints carry",
+    )
+    p.add_argument(
+        "--grad-scaler",
+        action="store_true",
+        help="scale the loss with torch.amp.GradScaler (growth every 4 steps), registered with the manager",
+    )
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per step (demo pacing)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

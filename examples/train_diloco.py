@@ -59,7 +59,9 @@ def fragments_of(model: GPT, count: int) -> list[nn.Module]:
     output head) go with the first, the final LayerNorm with the last."""
     blocks = list(model.blocks)
     if not 1 <= count <= len(blocks):
-        raise replicaft.OptionsError(f"--fragments {count}: use 1 to {len(blocks)} (the model has {len(blocks)} blocks)")
+        raise replicaft.OptionsError(
+            f"--fragments {count}: use 1 to {len(blocks)} (the model has {len(blocks)} blocks)"
+        )
     per = -(-len(blocks) // count)
     pieces: list[list[nn.Module]] = [blocks[i : i + per] for i in range(0, len(blocks), per)]
     pieces[0] = [model.tok, model.pos, *pieces[0]]
@@ -72,7 +74,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lighthouse", help="host:port of the lighthouse (default: $REPLICAFT_LIGHTHOUSE)")
     p.add_argument("--replica-id", help="this group's name (default: $REPLICAFT_REPLICA_ID)")
     p.add_argument("--syncs", type=int, default=30, help="committed syncs to train for (manager steps)")
-    p.add_argument("--seconds", type=float, default=0.0, help="also stop after this many seconds of training (0: no limit)")
+    p.add_argument(
+        "--seconds", type=float, default=0.0, help="also stop after this many seconds of training (0: no limit)"
+    )
     p.add_argument("--sync-every", type=int, default=20, help="inner steps between two syncs of a fragment (H)")
     p.add_argument("--fragments", type=int, default=1, help="streaming DiLoCo: sync the model in this many pieces")
     p.add_argument("--delay", type=int, default=0, help="inner steps each fragment's all-reduce overlaps (tau)")
@@ -87,8 +91,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=8, help="windows per inner step")
     p.add_argument("--lr", type=float, default=2e-3, help="inner AdamW learning rate")
-    p.add_argument("--warmup-steps", type=int, default=20, help="inner steps of linear LR warm-up, as train_gpt.py's; a restarted group, whose AdamW "
-                   "starts afresh, warms up again")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=20,
+        help="inner steps of linear LR warm-up, as train_gpt.py's; a restarted group, whose AdamW "
+        "starts afresh, warms up again",
+    )
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip-norm", type=float, default=1.0)
     p.add_argument("--eval-windows", type=int, default=32)
@@ -129,14 +138,26 @@ def main(argv: list[str] | None = None) -> int:
         if args.local_sgd:
             algo: DiLoCo = LocalSGD(manager, model, inner, args.sync_every, wire=args.wire, **data)
         else:
-            outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum,
-                                    nesterov=args.outer_momentum > 0)
-            algo = DiLoCo(manager, fragments_of(model, args.fragments), inner, outer, args.sync_every,
-                          fragment_sync_delay=args.delay, fragment_update_alpha=args.alpha, wire=args.wire, **data)
+            outer = torch.optim.SGD(
+                model.parameters(), lr=args.outer_lr, momentum=args.outer_momentum, nesterov=args.outer_momentum > 0
+            )
+            algo = DiLoCo(
+                manager,
+                fragments_of(model, args.fragments),
+                inner,
+                outer,
+                args.sync_every,
+                fragment_sync_delay=args.delay,
+                fragment_update_alpha=args.alpha,
+                wire=args.wire,
+                **data,
+            )
         with algo:
             started = time.monotonic()
             tokens = inner_steps = 0
-            while manager.current_step() < args.syncs and not (args.seconds and time.monotonic() - started > args.seconds):
+            while manager.current_step() < args.syncs and not (
+                args.seconds and time.monotonic() - started > args.seconds
+            ):
                 x, y = train.batch(algo.batch_indices())
                 loss = lm_loss(model(x), y)
                 loss.backward()
@@ -153,15 +174,32 @@ def main(argv: list[str] | None = None) -> int:
                 tokens += x.numel()
                 inner_steps += 1
                 if manager.current_step() != step:
-                    line = {"event": "sync", "replica_id": options.replica_id, "step": manager.current_step(),
-                            "loss": round(loss.item(), 4), "tokens": tokens, "seconds": round(time.monotonic() - started, 3),
-                            "retried": algo.syncs_retried}
+                    line = {
+                        "event": "sync",
+                        "replica_id": options.replica_id,
+                        "step": manager.current_step(),
+                        "loss": round(loss.item(), 4),
+                        "tokens": tokens,
+                        "seconds": round(time.monotonic() - started, 3),
+                        "retried": algo.syncs_retried,
+                    }
                     if args.eval_every and manager.current_step() % args.eval_every == 0:
                         line["held_out_loss"] = round(evaluate(model, held_out, args.eval_windows), 4)
                     print(json.dumps(line), flush=True)
-        print(json.dumps({"event": "final", "replica_id": options.replica_id, "step": manager.current_step(),
-                          "digest": algo.state_digest(), "held_out_loss": round(evaluate(model, held_out, args.eval_windows), 4),
-                          "tokens": tokens, "seconds": round(time.monotonic() - started, 3)}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "event": "final",
+                    "replica_id": options.replica_id,
+                    "step": manager.current_step(),
+                    "digest": algo.state_digest(),
+                    "held_out_loss": round(evaluate(model, held_out, args.eval_windows), 4),
+                    "tokens": tokens,
+                    "seconds": round(time.monotonic() - started, 3),
+                }
+            ),
+            flush=True,
+        )
     return 0
 
 

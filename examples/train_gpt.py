@@ -287,8 +287,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup-steps", type=int, default=20)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--clip-norm", type=float, default=1.0, help="max global gradient norm (0: no clipping)")
-    p.add_argument("--log-every", type=int, default=10,
-                   help="every N committed steps, print the mean training loss since the last print and tokens/s")
+    p.add_argument(
+        "--log-every",
+        type=int,
+        default=10,
+        help="every N committed steps, print the mean training loss since the last print and tokens/s",
+    )
     p.add_argument("--eval-every", type=int, default=50, help="held-out loss every N committed steps (0: never)")
     p.add_argument("--eval-windows", type=int, default=32)
     p.add_argument("--corpus-bytes", type=int, default=0, help="use only the first N bytes of the corpus (0: all)")
@@ -327,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
         manager.register_state("corpus", lambda: {"digest": corpus.digest}, lambda s: check_corpus(s, corpus))
         ddp = replicaft.DistributedDataParallel(manager, model)
         inner = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
-        scheduler = torch.optim.lr_scheduler.LambdaLR(inner, warmup_cosine(args.warmup_steps, args.steps, args.min_lr_ratio))
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            inner, warmup_cosine(args.warmup_steps, args.steps, args.min_lr_ratio)
+        )
         optimizer = replicaft.Optimizer(manager, inner, scheduler)
         sampler = ExactlyOnceSampler(manager, train.count, args.batch_size)
         progress = Progress(args.context)
@@ -359,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
             if args.eval_every and step % args.eval_every == 0:
-                print(f"[{rid}] step {step} held-out loss {evaluate(model, held_out, args.eval_windows):.4f}", flush=True)
+                print(
+                    f"[{rid}] step {step} held-out loss {evaluate(model, held_out, args.eval_windows):.4f}", flush=True
+                )
     return 0
 
 

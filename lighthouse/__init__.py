@@ -35,8 +35,11 @@ if TYPE_CHECKING:
     from lighthouse.replicated.server import ReplicationOptions as ReplicationOptions
     from lighthouse.server.grpc_server import LighthouseServer as LighthouseServer
 
-_SERVERS = {"LighthouseServer": "lighthouse.server.grpc_server", "ReplicatedLighthouse": "lighthouse.replicated.server",
-            "ReplicationOptions": "lighthouse.replicated.server"}
+_SERVERS = {
+    "LighthouseServer": "lighthouse.server.grpc_server",
+    "ReplicatedLighthouse": "lighthouse.replicated.server",
+    "ReplicationOptions": "lighthouse.replicated.server",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -47,6 +50,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'lighthouse' has no attribute {name!r}")
+
 
 __all__ = [
     "PROTOCOL_VERSION",

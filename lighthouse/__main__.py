@@ -31,43 +31,109 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=29510, help="gRPC port; 0 picks a free one")
-    p.add_argument("--status-port", type=int, default=None,
-                   help="HTTP status page and /metrics port; 0 picks a free one (default: off)")
-    p.add_argument("--min-replicas", type=int, default=d.min_replicas,
-                   help="fewest groups a quorum may have (default: %(default)s)")
-    p.add_argument("--join-timeout", type=float, default=d.join_timeout_s, metavar="SECONDS",
-                   help="how long a quorum waits for healthy stragglers (default: %(default)s)")
-    p.add_argument("--heartbeat-timeout", type=float, default=d.heartbeat_timeout_s, metavar="SECONDS",
-                   help="the longest silence after which a group is lost (default: %(default)s)")
-    p.add_argument("--hung-factor", type=float, default=d.hung_factor,
-                   help="a group silent for its longest recent gap between messages plus this many heartbeat intervals less one is hung "
-                        "(default: %(default)s)")
-    p.add_argument("--hung-min", type=float, default=d.hung_min_s, metavar="SECONDS",
-                   help="no group is declared hung on a shorter silence (default: %(default)s)")
-    p.add_argument("--max-commit-lease", type=float, default=d.max_commit_lease_s, metavar="SECONDS",
-                   help="the longest a group may commit a step without asking whether its quorum is still current; "
-                        "a lost group's survivors wait at most this long more for their next quorum; 0: always ask "
-                        "(default: %(default)s)")
-    p.add_argument("--progress-timeout", type=float, default=d.progress_timeout_s, metavar="SECONDS",
-                   help="time without training progress after which a group is lost (default: %(default)s)")
-    p.add_argument("--max-connections", type=int, default=None, metavar="N",
-                   help="incoming connections served at once (default: the open-file limit less a reserve)")
-    p.add_argument("--handshake-timeout", type=float, default=server_defaults.handshake_timeout_s, metavar="SECONDS",
-                   help="close a connection that has not finished its handshake by then (default: %(default)s)")
+    p.add_argument(
+        "--status-port",
+        type=int,
+        default=None,
+        help="HTTP status page and /metrics port; 0 picks a free one (default: off)",
+    )
+    p.add_argument(
+        "--min-replicas",
+        type=int,
+        default=d.min_replicas,
+        help="fewest groups a quorum may have (default: %(default)s)",
+    )
+    p.add_argument(
+        "--join-timeout",
+        type=float,
+        default=d.join_timeout_s,
+        metavar="SECONDS",
+        help="how long a quorum waits for healthy stragglers (default: %(default)s)",
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=d.heartbeat_timeout_s,
+        metavar="SECONDS",
+        help="the longest silence after which a group is lost (default: %(default)s)",
+    )
+    p.add_argument(
+        "--hung-factor",
+        type=float,
+        default=d.hung_factor,
+        help="a group silent for its longest recent gap between messages plus this many heartbeat intervals less one is hung "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--hung-min",
+        type=float,
+        default=d.hung_min_s,
+        metavar="SECONDS",
+        help="no group is declared hung on a shorter silence (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-commit-lease",
+        type=float,
+        default=d.max_commit_lease_s,
+        metavar="SECONDS",
+        help="the longest a group may commit a step without asking whether its quorum is still current; "
+        "a lost group's survivors wait at most this long more for their next quorum; 0: always ask "
+        "(default: %(default)s)",
+    )
+    p.add_argument(
+        "--progress-timeout",
+        type=float,
+        default=d.progress_timeout_s,
+        metavar="SECONDS",
+        help="time without training progress after which a group is lost (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="incoming connections served at once (default: the open-file limit less a reserve)",
+    )
+    p.add_argument(
+        "--handshake-timeout",
+        type=float,
+        default=server_defaults.handshake_timeout_s,
+        metavar="SECONDS",
+        help="close a connection that has not finished its handshake by then (default: %(default)s)",
+    )
     p.add_argument("--token", default=None, help=f"shared secret every RPC must carry (or ${TOKEN_ENV})")
     tls = p.add_argument_group("TLS (optional; all three or none; see README, Security)")
     tls.add_argument("--tls-cert", default=None, metavar="PEM", help=f"the job's certificate (or ${CERT_ENV})")
     tls.add_argument("--tls-key", default=None, metavar="PEM", help=f"its private key (or ${KEY_ENV})")
-    tls.add_argument("--tls-ca", default=None, metavar="PEM",
-                     help=f"the CA that signed the job's certificates; callers must present one (or ${CA_ENV})")
+    tls.add_argument(
+        "--tls-ca",
+        default=None,
+        metavar="PEM",
+        help=f"the CA that signed the job's certificates; callers must present one (or ${CA_ENV})",
+    )
     ha = p.add_argument_group("replicated lighthouse (optional; see README)")
-    ha.add_argument("--etcd", default=None, metavar="HOST:PORT[,HOST:PORT...]",
-                    help="run as one of a replicated set, leading through a lease in this etcd cluster")
-    ha.add_argument("--advertise", default=None, metavar="HOST:PORT",
-                    help="address members reach this lighthouse at (default: --host:--port once bound)")
-    ha.add_argument("--etcd-prefix", default="/replicaft/default", help="this job's keys in etcd (default: %(default)s)")
-    ha.add_argument("--lease-ttl", type=int, default=2, metavar="SECONDS",
-                    help="the leader's etcd lease; a partitioned leader costs about this long (default: %(default)s)")
+    ha.add_argument(
+        "--etcd",
+        default=None,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="run as one of a replicated set, leading through a lease in this etcd cluster",
+    )
+    ha.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="address members reach this lighthouse at (default: --host:--port once bound)",
+    )
+    ha.add_argument(
+        "--etcd-prefix", default="/replicaft/default", help="this job's keys in etcd (default: %(default)s)"
+    )
+    ha.add_argument(
+        "--lease-ttl",
+        type=int,
+        default=2,
+        metavar="SECONDS",
+        help="the leader's etcd lease; a partitioned leader costs about this long (default: %(default)s)",
+    )
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return p
 
@@ -97,8 +163,10 @@ def replication_from_args(args: argparse.Namespace, options: LighthouseOptions) 
     if args.etcd is None:
         return None
     if args.advertise is None and (options.port == 0 or options.host in ("0.0.0.0", "::")):
-        raise OptionsError("--advertise is required with --etcd when --port is 0 or --host is a wildcard: "
-                           "followers and members must be told a reachable host:port")
+        raise OptionsError(
+            "--advertise is required with --etcd when --port is 0 or --host is a wildcard: "
+            "followers and members must be told a reachable host:port"
+        )
     return ReplicationOptions(
         etcd_endpoints=tuple(e.strip() for e in args.etcd.split(",") if e.strip()),
         advertise=args.advertise or f"{options.host}:{options.port}",

@@ -67,47 +67,92 @@ class Manager:
         """With checkpoints: the loss trajectory and the verification of a resume (resume_check.py)."""
         faults = parse_fault_points(o.fault_points)
         self._metrics = ProcessMetrics(o.replica_id, o.group_rank) if o.metrics_port else None
-        self._metrics_server = (MetricsServer(self._metrics.registry, o.host, o.metrics_port + o.group_rank)
-                                if self._metrics is not None else None)
-        self._events = EventLog(o.events_dir, o.replica_id, o.group_rank,
-                                sink=self._metrics.observe if self._metrics is not None else None)
+        self._metrics_server = (
+            MetricsServer(self._metrics.registry, o.host, o.metrics_port + o.group_rank)
+            if self._metrics is not None
+            else None
+        )
+        self._events = EventLog(
+            o.events_dir, o.replica_id, o.group_rank, sink=self._metrics.observe if self._metrics is not None else None
+        )
         progress = self._progress = Progress()
         notices = StepNotices(o.replica_id, lambda reason: self._emit("fenced", reason=reason))
         self._services = RankServices(o, progress, self._deliver_notice, faults, self.current_step)
-        self._column = FaultTolerantProcessGroup(o.backend or ("nccl" if torch.cuda.is_available() else "gloo"),
-                                                 collective_timeout_s=o.collective_timeout_s,
-                                                 connect_timeout_s=o.connect_timeout_s, host=o.host)
+        self._column = FaultTolerantProcessGroup(
+            o.backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+            collective_timeout_s=o.collective_timeout_s,
+            connect_timeout_s=o.connect_timeout_s,
+            host=o.host,
+        )
         spare = SpareBuffer()  # the host buffer a checkpoint's snapshots and a donor's kept chunks reuse
         self._persistence = Persistence(o, self._emit, spare)
         self._healer = Healer(o, self._registry, self._emit)
-        donor = DonorSide(o.replica_id, o.group_rank, self._registry, self._services.state_server, spare, self._emit,
-                          faults)
-        applier = PlanApplier(o, init_sync=init_sync, column=self._column, healer=self._healer, donor=donor,
-                              persistence=self._persistence, notices=notices, emit=self._emit, faults=faults)
+        donor = DonorSide(
+            o.replica_id, o.group_rank, self._registry, self._services.state_server, spare, self._emit, faults
+        )
+        applier = PlanApplier(
+            o,
+            init_sync=init_sync,
+            column=self._column,
+            healer=self._healer,
+            donor=donor,
+            persistence=self._persistence,
+            notices=notices,
+            emit=self._emit,
+            faults=faults,
+        )
         self._boundary = StepBoundary(o.digest_every_steps, self._registry, self._persistence, self._events, self._emit)
         self._notices = notices
-        self._driver = StepDriver(o, registry=self._registry, services=self._services, column=self._column,
-                                  applier=applier, healer=self._healer, donor=donor, persistence=self._persistence,
-                                  boundary=self._boundary, notices=notices, progress=progress, emit=self._emit,
-                                  faults=faults)
+        self._driver = StepDriver(
+            o,
+            registry=self._registry,
+            services=self._services,
+            column=self._column,
+            applier=applier,
+            healer=self._healer,
+            donor=donor,
+            persistence=self._persistence,
+            boundary=self._boundary,
+            notices=notices,
+            progress=progress,
+            emit=self._emit,
+            faults=faults,
+        )
         self._registry.register_state("replicaft", lambda: {"step": self._driver.step}, self._load_own_state)
-        self._registry.register_state(CHECKPOINT_STATE, self._persistence.state_dict, self._persistence.load_state_dict,
-                                      in_digest=False)
+        self._registry.register_state(
+            CHECKPOINT_STATE, self._persistence.state_dict, self._persistence.load_state_dict, in_digest=False
+        )
         if self._persistence.enabled:
             check = self._resume_check = ResumeCheck(
-                num_steps=o.resume_verify_steps, tolerance=o.resume_verify_tolerance, action=o.resume_verify_action,
-                current_step=self.current_step, healing=self.is_healing, labels=self._persistence.labels,
-                emit=self._emit, context=f"{o.replica_id}/{o.group_rank}")
+                num_steps=o.resume_verify_steps,
+                tolerance=o.resume_verify_tolerance,
+                action=o.resume_verify_action,
+                current_step=self.current_step,
+                healing=self.is_healing,
+                labels=self._persistence.labels,
+                emit=self._emit,
+                context=f"{o.replica_id}/{o.group_rank}",
+            )
             self._registry.register_state(TRAJECTORY_STATE, check.state_dict, check.load_state_dict, healed=False)
             self._registry.register_hooks(check)
             self._persistence.on_resumed = check.resumed
         if self._persistence.cadence is not None:
-            self._registry.register_state(CADENCE_STATE, self._persistence.cadence.state_dict,
-                                          self._persistence.cadence.load_state_dict, in_digest=False, optional=True)
+            self._registry.register_state(
+                CADENCE_STATE,
+                self._persistence.cadence.state_dict,
+                self._persistence.cadence.load_state_dict,
+                in_digest=False,
+                optional=True,
+            )
         if init_sync if rng_state is None else rng_state:
-            rng = RngState(available_sources(deterministic=o.deterministic),
-                           lambda: self.plan is not None and bool(self.plan.healers), self.annotate_commit)
-            self._registry.register_state(RNG_STATE, rng.state_dict, rng.load_state_dict, in_digest=False, optional=True)
+            rng = RngState(
+                available_sources(deterministic=o.deterministic),
+                lambda: self.plan is not None and bool(self.plan.healers),
+                self.annotate_commit,
+            )
+            self._registry.register_state(
+                RNG_STATE, rng.state_dict, rng.load_state_dict, in_digest=False, optional=True
+            )
             self._registry.register_hooks(rng)
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -117,9 +162,12 @@ class Manager:
         self._persistence.start()
         metrics_url = self._metrics_server.start() if self._metrics_server is not None else None
         if not self.options.token:
-            logger.warning("[%s/%d] no REPLICAFT_TOKEN: this job's lighthouse and state servers accept any process "
-                           "that can reach them (replicaft-launch makes a secret per job; or set one)",
-                           self.options.replica_id, self.options.group_rank)
+            logger.warning(
+                "[%s/%d] no REPLICAFT_TOKEN: this job's lighthouse and state servers accept any process "
+                "that can reach them (replicaft-launch makes a secret per job; or set one)",
+                self.options.replica_id,
+                self.options.group_rank,
+            )
         self._emit("start", world_size=self.options.group_world_size, pid=os.getpid(), metrics_url=metrics_url)
         logger.info("[%s/%d] started; group manager at %s", self.options.replica_id, self.options.group_rank, address)
         return self
@@ -145,8 +193,9 @@ class Manager:
 
     # -- registration --------------------------------------------------------------------------
 
-    def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn, *,
-                       healed: bool = True) -> None:
+    def register_state(
+        self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn, *, healed: bool = True
+    ) -> None:
         """Add training state that a heal transfers and a checkpoint saves (registry.py):
         ``state_dict()`` returns tensors and plain values only; it runs on the training thread.
         ``healed=False``: state each group legitimately holds its own of (DiLoCo's inner
@@ -157,8 +206,9 @@ class Manager:
         """Add a wrapper's step-boundary callbacks (registry.py, ``StepHooks``)."""
         self._registry.register_hooks(hooks)
 
-    def register_optimizer(self, optimizer: torch.optim.Optimizer,
-                           lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
+    def register_optimizer(
+        self, optimizer: torch.optim.Optimizer, lr_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None
+    ) -> None:
         """The optimizer (and scheduler) a healer's replay steps; their state travels with a heal."""
         self._registry.register_optimizer(optimizer, lr_scheduler)
 

@@ -62,6 +62,7 @@ before the refusal is final. A restarted group whose predecessor's host vanished
 session silent, not closed) is refused until the lighthouse drops that session, at most its
 heartbeat timeout (2 s by default); a second live process is refused every time."""
 
+
 class AsyncLighthouseClient:
     """A replica group's connection to the lighthouse (used by group rank 0's manager)."""
 
@@ -124,7 +125,9 @@ class AsyncLighthouseClient:
         call = self._call
         if call is not None and self._registered.is_set():
             try:
-                await asyncio.wait_for(self._writer.write(call, Heartbeat(self.progress.step, self.progress.count, leaving=True)), 1.0)
+                await asyncio.wait_for(
+                    self._writer.write(call, Heartbeat(self.progress.step, self.progress.count, leaving=True)), 1.0
+                )
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError, LighthouseUnavailable) as e:
                 logger.debug("could not announce leaving to the lighthouse: %s", e)
         if self._session_task is not None:
@@ -200,8 +203,9 @@ class AsyncLighthouseClient:
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
             self.last_quorum_id = max(self.last_quorum_id, quorum.quorum_id)
-            self.commit_lease.granted(quorum.quorum_id, step, lease_s, quorum.standing_steps, quorum.max_commit_lease_s,
-                                      sent_at)
+            self.commit_lease.granted(
+                quorum.quorum_id, step, lease_s, quorum.standing_steps, quorum.max_commit_lease_s, sent_at
+            )
             return quorum
 
     async def _ask(self, request: QuorumRequest, timeout_s: float) -> Quorum:
@@ -220,8 +224,13 @@ class AsyncLighthouseClient:
         # less per request (measured), and the answer's own QuorumTimeout, the lighthouse's
         # reason, is never confused with this side's deadline.
         timer = asyncio.get_running_loop().call_later(
-            timeout_s, pending.fail, QuorumTimeout(f"the lighthouse at {self.address} did not answer quorum request "
-                                                   f"{pending.ask} of {self.replica_id!r} within {timeout_s:g}s"))
+            timeout_s,
+            pending.fail,
+            QuorumTimeout(
+                f"the lighthouse at {self.address} did not answer quorum request "
+                f"{pending.ask} of {self.replica_id!r} within {timeout_s:g}s"
+            ),
+        )
         try:
             await self._writer.write(call, request)
             return await pending.answer
@@ -285,8 +294,12 @@ class AsyncLighthouseClient:
                     if time.monotonic() - refused_since >= self.duplicate_patience_s:
                         self._refuse(error)
                         return
-                    logger.warning("lighthouse refused the session of %s, retrying for up to %gs: %s",
-                                   self.replica_id, self.duplicate_patience_s, error)
+                    logger.warning(
+                        "lighthouse refused the session of %s, retrying for up to %gs: %s",
+                        self.replica_id,
+                        self.duplicate_patience_s,
+                        error,
+                    )
                     pause = self.targets.after_failure()
                 elif isinstance(error, FATAL):
                     self._refuse(error)
@@ -318,14 +331,25 @@ class AsyncLighthouseClient:
     async def _one_session(self) -> bool:
         """One session with ``targets.current``; True if it registered before it ended."""
         channel = self._channel_to(self.targets.current)
-        call = channel.stream_stream(protocol.SESSION_METHOD)(metadata=self._metadata,
-                                                              wait_for_ready=self._wait_for_ready)
+        call = channel.stream_stream(protocol.SESSION_METHOD)(
+            metadata=self._metadata, wait_for_ready=self._wait_for_ready
+        )
         self._asks.new_session()
         self._call = call
         heartbeats: asyncio.Task[None] | None = None
         try:
-            await self._writer.write(call, Register(self.replica_id, self.member_address, self.world_size, self.progress.step,
-                                             self.last_quorum_id, self.instance, self.heartbeat_interval_s))
+            await self._writer.write(
+                call,
+                Register(
+                    self.replica_id,
+                    self.member_address,
+                    self.world_size,
+                    self.progress.step,
+                    self.last_quorum_id,
+                    self.instance,
+                    self.heartbeat_interval_s,
+                ),
+            )
             raw = await call.read()
             if raw is grpc.aio.EOF:
                 return False
@@ -338,8 +362,11 @@ class AsyncLighthouseClient:
             self._registered.set()
             if self.session_epoch > 1:
                 self._notify(first)  # a new session: the step in flight was on the last one
-            heartbeats = asyncio.create_task(self._writer.fill_silences(
-                call, self.progress, lambda: self.heartbeat_interval_s, lambda: self._closing))
+            heartbeats = asyncio.create_task(
+                self._writer.fill_silences(
+                    call, self.progress, lambda: self.heartbeat_interval_s, lambda: self._closing
+                )
+            )
             while True:
                 raw = await call.read()
                 if raw is grpc.aio.EOF:

@@ -39,11 +39,18 @@ class StreamWriter:
                 task = asyncio.current_task()
                 if task is not None and task.cancelling():
                     raise
-                raise LighthouseUnavailable("the session with the lighthouse ended while a message was being sent") from None
+                raise LighthouseUnavailable(
+                    "the session with the lighthouse ended while a message was being sent"
+                ) from None
             self.last_write = time.monotonic()
 
-    async def fill_silences(self, call: grpc.aio.StreamStreamCall, progress: Progress, interval_s: Callable[[], float],
-                            closing: Callable[[], bool]) -> None:
+    async def fill_silences(
+        self,
+        call: grpc.aio.StreamStreamCall,
+        progress: Progress,
+        interval_s: Callable[[], float],
+        closing: Callable[[], bool],
+    ) -> None:
         """Heartbeat when the stream has been quiet for an interval (``interval_s()``, which the
         lighthouse may raise), until ``closing()``: a quorum request tells the lighthouse as much
         as a heartbeat (alive, at this step), so a group that asks at every step of a fast loop

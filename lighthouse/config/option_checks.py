@@ -21,8 +21,16 @@ MAX_SECONDS = 24 * 3600.0
 of the lighthouse may be."""
 
 
-def check_number(name: str, value: Any, lo: float, hi: float, *, integer: bool = False, fix: str = "",
-                 error: type[Exception] = OptionsError) -> None:
+def check_number(
+    name: str,
+    value: Any,
+    lo: float,
+    hi: float,
+    *,
+    integer: bool = False,
+    fix: str = "",
+    error: type[Exception] = OptionsError,
+) -> None:
     """Raise ``error`` naming ``name``, the value and the allowed range unless ``value`` is
     a finite number (an ``int`` when ``integer``) with ``lo <= value <= hi``.
 
@@ -36,8 +44,9 @@ def check_number(name: str, value: Any, lo: float, hi: float, *, integer: bool =
         raise error(f"{name}={value!r} is outside [{lo:g}, {hi:g}]; expected {kind} in that range{hint}")
 
 
-def check_seconds(name: str, value: Any, lo: float = 0.001, hi: float = MAX_SECONDS, *,
-                  error: type[Exception] = OptionsError) -> None:
+def check_seconds(
+    name: str, value: Any, lo: float = 0.001, hi: float = MAX_SECONDS, *, error: type[Exception] = OptionsError
+) -> None:
     """A duration: finite, at least ``lo`` (a millisecond: zero or less would fire at once) and
     at most ``hi``."""
     check_number(name, value, lo, hi, fix=f"give {name} in seconds, e.g. 2.0", error=error)

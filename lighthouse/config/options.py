@@ -54,12 +54,23 @@ class MembershipOptions:
     """The longest commit lease a member is granted with a quorum (commit_lease.py); 0: none."""
 
     def __post_init__(self) -> None:
-        check_number("min_replicas", self.min_replicas, 1, MAX_MEMBERS, integer=True,
-                     fix="the fewest groups a quorum may have, e.g. 1")
+        check_number(
+            "min_replicas",
+            self.min_replicas,
+            1,
+            MAX_MEMBERS,
+            integer=True,
+            fix="the fewest groups a quorum may have, e.g. 1",
+        )
         for name in ("join_timeout_s", "heartbeat_timeout_s", "progress_timeout_s"):
             check_seconds(name, getattr(self, name))
-        check_number("hung_factor", self.hung_factor, 1.5, 100.0,
-                     fix="how many times its longest gap a member may stay silent, e.g. 3")
+        check_number(
+            "hung_factor",
+            self.hung_factor,
+            1.5,
+            100.0,
+            fix="how many times its longest gap a member may stay silent, e.g. 3",
+        )
         check_seconds("hung_min_s", self.hung_min_s, 0.05)
         if self.hung_min_s > self.heartbeat_timeout_s:
             raise OptionsError(
@@ -67,8 +78,13 @@ class MembershipOptions:
                 f"the floor of the silence limit must not exceed its ceiling; set --hung-min at most "
                 f"{self.heartbeat_timeout_s:g}"
             )
-        check_number("max_commit_lease_s", self.max_commit_lease_s, 0.0, MAX_COMMIT_LEASE_S,
-                     fix="how long a member may commit without asking the fence, e.g. 0.1, or 0 for never")
+        check_number(
+            "max_commit_lease_s",
+            self.max_commit_lease_s,
+            0.0,
+            MAX_COMMIT_LEASE_S,
+            fix="how long a member may commit without asking the fence, e.g. 0.1, or 0 for never",
+        )
         if self.progress_timeout_s <= self.heartbeat_timeout_s:
             raise OptionsError(
                 f"progress_timeout_s={self.progress_timeout_s} is not above heartbeat_timeout_s="
@@ -120,13 +136,30 @@ class LighthouseOptions:
             check_number("status_port", self.status_port, 0, 65535, integer=True, fix="a TCP port, 0 for any free one")
         check_number("tick_s", self.tick_s, 0.001, 1.0, fix="seconds between deadline checks, e.g. 0.02")
         check_number("outbox_max_messages", self.outbox_max_messages, 16, 2**20, integer=True)
-        check_number("outbox_max_bytes", self.outbox_max_bytes, MAX_MESSAGE_BYTES, 2**34, integer=True,
-                     fix="at least one full message")
+        check_number(
+            "outbox_max_bytes",
+            self.outbox_max_bytes,
+            MAX_MESSAGE_BYTES,
+            2**34,
+            integer=True,
+            fix="at least one full message",
+        )
         if self.max_connections is not None:
-            check_number("max_connections", self.max_connections, 1, 1 << 20, integer=True,
-                         fix="incoming connections, at least one per member")
-        check_number("handshake_timeout_s", self.handshake_timeout_s, 0.1, 600.0,
-                     fix="seconds a new connection has to finish its handshake, e.g. 10")
+            check_number(
+                "max_connections",
+                self.max_connections,
+                1,
+                1 << 20,
+                integer=True,
+                fix="incoming connections, at least one per member",
+            )
+        check_number(
+            "handshake_timeout_s",
+            self.handshake_timeout_s,
+            0.1,
+            600.0,
+            fix="seconds a new connection has to finish its handshake, e.g. 10",
+        )
         if self.tick_s * 5 > min(self.membership.heartbeat_timeout_s, self.membership.hung_min_s * 2):
             raise OptionsError(
                 f"tick_s={self.tick_s} is too coarse for heartbeat_timeout_s="

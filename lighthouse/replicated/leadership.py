@@ -79,6 +79,8 @@ def takeover_notices(taken_over: tuple[int, frozenset[str]] | None, replica_id: 
     if taken_over is None or replica_id not in taken_over[1]:
         return []
     quorum_id, members = taken_over
-    reason = (f"the lighthouse that formed quorum {quorum_id} is gone; its collectives may never complete, "
-              "and its steps cannot commit")
+    reason = (
+        f"the lighthouse that formed quorum {quorum_id} is gone; its collectives may never complete, "
+        "and its steps cannot commit"
+    )
     return [Notice("member_lost", quorum_id, other, reason, incarnation) for other in sorted(members - {replica_id})]

@@ -73,9 +73,15 @@ class ReplicationOptions:
         if not self.etcd_endpoints:
             raise OptionsError("etcd_endpoints is empty; pass --etcd host:port[,host:port...]")
         if not self.advertise or ":" not in self.advertise or self.advertise.startswith(("0.0.0.0:", "[::]:")):
-            raise OptionsError(f"advertise={self.advertise!r}; give the host:port members reach this lighthouse at "
-                               "(--advertise), not a wildcard address")
-        if isinstance(self.lease_ttl_s, bool) or not isinstance(self.lease_ttl_s, int) or not 1 <= self.lease_ttl_s <= 60:
+            raise OptionsError(
+                f"advertise={self.advertise!r}; give the host:port members reach this lighthouse at "
+                "(--advertise), not a wildcard address"
+            )
+        if (
+            isinstance(self.lease_ttl_s, bool)
+            or not isinstance(self.lease_ttl_s, int)
+            or not 1 <= self.lease_ttl_s <= 60
+        ):
             raise OptionsError(f"lease_ttl_s={self.lease_ttl_s!r}; use whole seconds in [1, 60]")
         if not self.prefix.startswith("/"):
             raise OptionsError(f"prefix={self.prefix!r}; an etcd key prefix starts with / (e.g. /replicaft/job-7)")
@@ -107,9 +113,14 @@ class ReplicatedLighthouse:
         return self._hint
 
     async def publish(self, quorum: Quorum, next_quorum_id: int) -> bool:
-        state = {"incarnation": quorum.incarnation, "next_quorum_id": next_quorum_id, "quorum_id": quorum.quorum_id,
-                 "members": list(quorum.replica_ids), "steps": list(quorum.steps),
-                 "leader": self.replication.advertise}
+        state = {
+            "incarnation": quorum.incarnation,
+            "next_quorum_id": next_quorum_id,
+            "quorum_id": quorum.quorum_id,
+            "members": list(quorum.replica_ids),
+            "steps": list(quorum.steps),
+            "leader": self.replication.advertise,
+        }
         return await self._write_state(state)
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -200,8 +211,9 @@ class ReplicatedLighthouse:
         # the membership then waits as a restarted single lighthouse does if members report
         # quorums this etcd never saw.
         members = tuple(state["members"]) if "members" in state else None
-        if not await self._write_state({**state, "incarnation": incarnation, "next_quorum_id": next_id,
-                                        "leader": self.replication.advertise}):
+        if not await self._write_state(
+            {**state, "incarnation": incarnation, "next_quorum_id": next_id, "leader": self.replication.advertise}
+        ):
             return
         self._leading = True
         self._hint = f"leader: {self.replication.advertise}"
@@ -249,8 +261,10 @@ class ReplicatedLighthouse:
 
     async def _write_state(self, state: dict[str, object]) -> bool:
         result = await self.etcd.txn(
-            [wire.Compare(self._leader_key, wire.CREATE, wire.EQUAL, self._term),
-             wire.Compare(self._state_key, wire.MOD, wire.EQUAL, self._state_revision)],
+            [
+                wire.Compare(self._leader_key, wire.CREATE, wire.EQUAL, self._term),
+                wire.Compare(self._state_key, wire.MOD, wire.EQUAL, self._state_revision),
+            ],
             [wire.request_op_put(wire.put_request(self._state_key, msgpack.packb(state)))],
             [],
             ETCD_TIMEOUT_S,
@@ -266,4 +280,3 @@ class ReplicatedLighthouse:
             logger.warning("lighthouse %s stops leading: %s", self.replication.advertise, reason)
         self._leading = False
         self.server.step_down(reason)
-

@@ -66,8 +66,11 @@ class CommitLeases:
         """A quorum formed: each participant's (session, seconds asked for), and the standing
         steps it was granted. Replaces the leases of the last quorum: a quorum forms only once
         no lease outside it still runs."""
-        self._held = {rid: GrantedLease(session, now + lease_s(seconds, standing_steps, self.max_s))
-                      for rid, (session, seconds) in asked.items() if seconds > 0 and self.max_s > 0}
+        self._held = {
+            rid: GrantedLease(session, now + lease_s(seconds, standing_steps, self.max_s))
+            for rid, (session, seconds) in asked.items()
+            if seconds > 0 and self.max_s > 0
+        }
 
     def holding_out(self, sessions: frozenset[tuple[str, int]], now: float) -> tuple[str, float] | None:
         """A lease that forbids forming a quorum of ``sessions`` (replica id, session) now, as
@@ -113,8 +116,9 @@ class MemberLease:
         interval_s = (now - last[0]) / max(1, step - last[1])
         return min(LEASE_STEPS * interval_s, MAX_COMMIT_LEASE_S)
 
-    def granted(self, quorum_id: int, step: int, asked_s: float, standing_steps: int, max_s: float,
-                sent_at: float) -> None:
+    def granted(
+        self, quorum_id: int, step: int, asked_s: float, standing_steps: int, max_s: float, sent_at: float
+    ) -> None:
         """The answer to a request for ``step`` sent at ``sent_at``, asking ``asked_s``, granted
         ``standing_steps`` under a lighthouse granting at most ``max_s``; counted from the
         sending, the lease ends on this host before it does on the lighthouse."""

@@ -82,20 +82,28 @@ class Silence:
     basis: str
 
 
-def silence_limit(gaps: Iterable[float], num_gaps: int, interval_s: float, rules: LivenessRules,
-                  healing: bool = False) -> Silence:
+def silence_limit(
+    gaps: Iterable[float], num_gaps: int, interval_s: float, rules: LivenessRules, healing: bool = False
+) -> Silence:
     """The silence after which a member that declared a heartbeat interval of ``interval_s``
     (0: none) and whose recent gaps were ``gaps`` is hung; ``healing``: it declared that it
     heals (the ceiling)."""
     if healing:
-        return Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, while it "
-                                                  "heals (loading a heal's state may stall its interpreter)")
+        return Silence(
+            rules.heartbeat_timeout_s,
+            f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, while it "
+            "heals (loading a heal's state may stall its interpreter)",
+        )
     if interval_s <= 0:
-        return Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, "
-                                                  "no heartbeat interval declared")
+        return Silence(
+            rules.heartbeat_timeout_s,
+            f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, no heartbeat interval declared",
+        )
     if num_gaps < rules.min_gaps:
-        return Silence(rules.heartbeat_timeout_s, f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, "
-                                                  f"{num_gaps} of {rules.min_gaps} gaps observed")
+        return Silence(
+            rules.heartbeat_timeout_s,
+            f"heartbeat_timeout_s={rules.heartbeat_timeout_s:g}, {num_gaps} of {rules.min_gaps} gaps observed",
+        )
     longest = max(interval_s, max(gaps))
     missed = rules.hung_factor - 1
     adaptive = longest + missed * interval_s
@@ -108,7 +116,11 @@ def silence_limit(gaps: Iterable[float], num_gaps: int, interval_s: float, rules
 
 
 def is_silent_too_long(
-    silent_s: float, gaps: Iterable[float], num_gaps: int, interval_s: float, rules: LivenessRules,
+    silent_s: float,
+    gaps: Iterable[float],
+    num_gaps: int,
+    interval_s: float,
+    rules: LivenessRules,
     allowance_s: float = 0.0,
 ) -> Silence | None:
     """The limit ``silent_s`` exceeds (extended by ``allowance_s``, the lighthouse's own lag),

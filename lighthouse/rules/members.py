@@ -76,8 +76,13 @@ class MemberState:
         self.heard(now)
         if healing != self.healing:
             self.healing = healing
-            logger.info("replica %s %s healing at step %d: its silence limit is %s", self.replica_id,
-                        "is" if healing else "is done", step, "the heartbeat timeout" if healing else "adaptive again")
+            logger.info(
+                "replica %s %s healing at step %d: its silence limit is %s",
+                self.replica_id,
+                "is" if healing else "is done",
+                step,
+                "the heartbeat timeout" if healing else "adaptive again",
+            )
         if (step, progress) != (self.step, self.progress):
             self.step, self.progress, self.last_progress = step, progress, now
 

@@ -219,7 +219,9 @@ class Membership:
         m = self.members.get(req.replica_id)
         if m is None:
             return False
-        entry = entry_bytes(req.replica_id, req.address, msgpack.packb(req.data, use_bin_type=True) if req.data else b"")
+        entry = entry_bytes(
+            req.replica_id, req.address, msgpack.packb(req.data, use_bin_type=True) if req.data else b""
+        )
         total = self._entry_bytes - m.entry_bytes + entry
         if total > QUORUM_BUDGET_BYTES:
             raise budget_refusal(req.replica_id, req.address, entry, total, len(self.members), QUORUM_BUDGET_BYTES)
@@ -249,8 +251,9 @@ class Membership:
             stuck_s = now - m.last_progress
             if (silence := m.silent_too_long(now, rules, lag_allowance_s)) is not None:
                 lost += self._remove(
-                    m, f"silent for {silent_s:.2f}s, beyond its limit of {silence.limit_s:.2f}s ({silence.basis}): "
-                       "hung (stopped, frozen or cut off) while its connection stays open",
+                    m,
+                    f"silent for {silent_s:.2f}s, beyond its limit of {silence.limit_s:.2f}s ({silence.basis}): "
+                    "hung (stopped, frozen or cut off) while its connection stays open",
                 )
             elif m.replica_id not in self._joins and stuck_s > self.options.progress_timeout_s:
                 lost += self._remove(
@@ -275,17 +278,24 @@ class Membership:
         if decision.participants is not None and self._awaiting_reconnects(now):
             if self._restored is not None:
                 missing = sorted(self._restored - self.members.keys())
-                reason = (f"new leader: waiting for the last quorum's members {missing} to reconnect (at most "
-                          f"join_timeout {self.options.join_timeout_s:g}s) before forming the first quorum")
+                reason = (
+                    f"new leader: waiting for the last quorum's members {missing} to reconnect (at most "
+                    f"join_timeout {self.options.join_timeout_s:g}s) before forming the first quorum"
+                )
             else:
-                reason = ("this lighthouse restarted: waiting join_timeout "
-                          f"{self.options.join_timeout_s:g}s for the members of the last quorum to reconnect "
-                          "before forming the first one")
+                reason = (
+                    "this lighthouse restarted: waiting join_timeout "
+                    f"{self.options.join_timeout_s:g}s for the members of the last quorum to reconnect "
+                    "before forming the first one"
+                )
             decision = QuorumDecision(None, reason)
         sessions = frozenset((rid, self.members[rid].session) for rid in decision.participants or ())
         if decision.participants is not None and (held := self._commit_leases.holding_out(sessions, now)) is not None:
-            decision = QuorumDecision(None, f"waiting {held[1]:.3f}s for the commit lease of {held[0]!r} to run out: "
-                                            "it may still commit its step of the current quorum (commit_lease.py)")
+            decision = QuorumDecision(
+                None,
+                f"waiting {held[1]:.3f}s for the commit lease of {held[0]!r} to run out: "
+                "it may still commit its step of the current quorum (commit_lease.py)",
+            )
         self.last_decision = decision
         if decision.participants is None:
             return None
@@ -300,7 +310,9 @@ class Membership:
             # Standing only on a roster that held for a round already, with every member in it
             # and nobody healing (standing.py).
             steady = len(joins) == len(self.members) and len({j.request.step for j in joins}) == 1
-            standing = standing_steps((j.request.commit_lease_s for j in joins), self._commit_leases.max_s) if steady else 0
+            standing = (
+                standing_steps((j.request.commit_lease_s for j in joins), self._commit_leases.max_s) if steady else 0
+            )
         quorum = Quorum.of(
             quorum_id,
             self.incarnation,
@@ -312,8 +324,14 @@ class Membership:
             max_commit_lease_s=self._commit_leases.max_s,
             standing_steps=standing,
         )
-        self._commit_leases.grant({j.request.replica_id: (self.members[j.request.replica_id].session, j.request.commit_lease_s)
-                                   for j in joins}, now, standing)
+        self._commit_leases.grant(
+            {
+                j.request.replica_id: (self.members[j.request.replica_id].session, j.request.commit_lease_s)
+                for j in joins
+            },
+            now,
+            standing,
+        )
         self._standing.grant(joins[0].request.step, standing)
         for rid in decision.participants:  # the floor is announced with the quorum; intervals only grow
             m = self.members[rid]
@@ -350,7 +368,9 @@ class Membership:
 
     def fence(self, req: FenceRequest) -> FenceResponse:
         """A group may commit only while its quorum is the current one and it is in it."""
-        return fence_answer(self.members.get(req.replica_id), None if self.current is None else self.current.quorum_id, req)
+        return fence_answer(
+            self.members.get(req.replica_id), None if self.current is None else self.current.quorum_id, req
+        )
 
     def _resume_progress_clock(self, replica_id: str, now: float) -> None:
         # Time spent waiting for a quorum is not time without progress: restart the progress
@@ -371,4 +391,3 @@ class Membership:
         self._survivors = None
         self._joins.pop(m.replica_id, None)
         return [Lost(m.replica_id, m.session, reason, m.quorum_id, graceful)]
-

@@ -85,9 +85,7 @@ def decide_quorum(view: QuorumView, now: float, rules: QuorumRules) -> QuorumDec
     if not candidates:
         return QuorumDecision(None, f"no member is waiting {counts}")
     if len(candidates) < rules.min_replicas:
-        return QuorumDecision(
-            None, f"{len(candidates)} waiting is below min_replicas={rules.min_replicas} {counts}"
-        )
+        return QuorumDecision(None, f"{len(candidates)} waiting is below min_replicas={rules.min_replicas} {counts}")
     voters = view.healthy - (view.newcomers - waiting.keys())
     if len(candidates) <= len(voters) // 2:
         return QuorumDecision(

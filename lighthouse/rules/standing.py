@@ -94,8 +94,12 @@ class StandingTerm:
     def end(self, req: QuorumRequest, current: Quorum | None) -> Quorum | None:
         """``current`` if ``req`` ends its standing (its member asks for a step the quorum
         stands for), so that its others are told (``standing_ended``); else None."""
-        if (self.through is None or current is None or req.step > self.through
-                or req.replica_id not in current.replica_ids):
+        if (
+            self.through is None
+            or current is None
+            or req.step > self.through
+            or req.replica_id not in current.replica_ids
+        ):
             return None
         self.through = None
         self.ended = True

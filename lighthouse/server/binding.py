@@ -74,8 +74,13 @@ async def bind_grpc(options: LighthouseOptions, handler: grpc.GenericRpcHandler)
             "this machine (127.0.0.1, 0.0.0.0, ::) or a name that resolves to one"
         ) from e
     cap = default_max_connections() if max_connections is None else max_connections
-    server = grpc.aio.server(options=[*SERVER_OPTIONS, ("grpc.max_allowed_incoming_connections", cap),
-                                      ("grpc.server_handshake_timeout_ms", round(options.handshake_timeout_s * 1000))])
+    server = grpc.aio.server(
+        options=[
+            *SERVER_OPTIONS,
+            ("grpc.max_allowed_incoming_connections", cap),
+            ("grpc.server_handshake_timeout_ms", round(options.handshake_timeout_s * 1000)),
+        ]
+    )
     server.add_generic_rpc_handlers((handler,))
     bind = f"[{host}]" if ":" in host else host
     cause: Exception | None = None

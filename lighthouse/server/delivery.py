@@ -36,12 +36,21 @@ class Delivery:
     def encode(self, quorum: Quorum) -> bytes:
         encoded = envelope.encode(quorum)
         if len(encoded) > QUORUM_BUDGET_BYTES:  # the join budget (membership.py) makes this unreachable
-            logger.error("quorum %d is %d bytes, over the %d-byte budget", quorum.quorum_id, len(encoded),
-                         QUORUM_BUDGET_BYTES)
+            logger.error(
+                "quorum %d is %d bytes, over the %d-byte budget", quorum.quorum_id, len(encoded), QUORUM_BUDGET_BYTES
+            )
         return encoded
 
-    def send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter], *, new_id: bool, reason: str,
-             heartbeat_floor_s: float) -> None:
+    def send(
+        self,
+        quorum: Quorum,
+        encoded: bytes,
+        waiters: list[Waiter],
+        *,
+        new_id: bool,
+        reason: str,
+        heartbeat_floor_s: float,
+    ) -> None:
         roster = (quorum.replica_ids, quorum.addresses, quorum.world_sizes, quorum.data)
         if roster != self._roster:  # one O(N) comparison per round; members compare versions
             self._roster, self._roster_version = roster, self._roster_version + 1
@@ -52,8 +61,14 @@ class Delivery:
             return
         self._metrics.quorum_ids_issued += 1
         logger.info("quorum %d formed with %s (%s)", quorum.quorum_id, list(quorum.replica_ids), reason)
-        notice = envelope.encode(Notice("quorum_formed", quorum_id=quorum.quorum_id, incarnation=quorum.incarnation,
-                                        heartbeat_interval_s=heartbeat_floor_s))
+        notice = envelope.encode(
+            Notice(
+                "quorum_formed",
+                quorum_id=quorum.quorum_id,
+                incarnation=quorum.incarnation,
+                heartbeat_interval_s=heartbeat_floor_s,
+            )
+        )
         for rid in quorum.replica_ids:
             session = self._sessions.get(rid)
             if session is not None:

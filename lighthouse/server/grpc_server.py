@@ -106,14 +106,19 @@ class LighthouseServer:
             self._status = StatusServer(lambda: status_snapshot(self.membership, self.metrics), self.metrics.render)
             try:
                 status = await self._status.start(
-                    o.host, o.status_port, o.tls.server_context(client_cert=False) if o.tls else None)
+                    o.host, o.status_port, o.tls.server_context(client_cert=False) if o.tls else None
+                )
             except OSError:
                 self._status = None
                 await self.stop(0)
                 raise
         grpc_address = f"{bind}:{port}"
-        logger.info("lighthouse incarnation %d serving gRPC at %s%s", self.incarnation, grpc_address,
-                    " over TLS" if o.tls else "")
+        logger.info(
+            "lighthouse incarnation %d serving gRPC at %s%s",
+            self.incarnation,
+            grpc_address,
+            " over TLS" if o.tls else "",
+        )
         return ServingAddresses(grpc_address, status)
 
     async def stop(self, grace_s: float = 1.0) -> None:
@@ -128,7 +133,9 @@ class LighthouseServer:
 
     # -- handlers ---------------------------------------------------------------------------
 
-    async def _session(self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    async def _session(
+        self, request_iterator: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
         await self._authenticate(context)
         await require_leader(context, self.leadership)
         try:
@@ -137,8 +144,13 @@ class LighthouseServer:
                 return
             reg = Register.decode(first)
         except (asyncio.TimeoutError, ProtocolError) as e:  # not the builtin before 3.11
-            await reject(context, self._refused, e if isinstance(e, ProtocolError) else ProtocolError(
-                f"no Register message within {REGISTER_TIMEOUT_S:g}s of opening a session"))
+            await reject(
+                context,
+                self._refused,
+                e
+                if isinstance(e, ProtocolError)
+                else ProtocolError(f"no Register message within {REGISTER_TIMEOUT_S:g}s of opening a session"),
+            )
             return
         try:
             serial, lost = self.membership.register(reg, time.monotonic(), peer=context.peer())
@@ -158,8 +170,16 @@ class LighthouseServer:
         reader = asyncio.create_task(self._read_session(session, context))
         reader.add_done_callback(lambda _: session.close())
         try:
-            await context.write(envelope.encode(Notice("registered", incarnation=self.incarnation, replica_id=reg.replica_id,
-                                                       heartbeat_interval_s=self.membership.heartbeat_floor_s)))
+            await context.write(
+                envelope.encode(
+                    Notice(
+                        "registered",
+                        incarnation=self.incarnation,
+                        replica_id=reg.replica_id,
+                        heartbeat_interval_s=self.membership.heartbeat_floor_s,
+                    )
+                )
+            )
             if self.membership.current is None:  # a new leader, before its first quorum
                 for notice in takeover_notices(self._taken_over, reg.replica_id, self.incarnation):
                     await context.write(envelope.encode(notice))
@@ -197,8 +217,11 @@ class LighthouseServer:
                 if not self._join_on_session(session, message):
                     return None
             elif message.leaving:
-                self._handle_lost(self.membership.close_session(session.replica_id, session.serial,
-                                                                "left cleanly after its last step", graceful=True))
+                self._handle_lost(
+                    self.membership.close_session(
+                        session.replica_id, session.serial, "left cleanly after its last step", graceful=True
+                    )
+                )
                 self._decide()
                 return None
             elif not self.membership.heartbeat(session.replica_id, session.serial, message, time.monotonic()):
@@ -220,8 +243,10 @@ class LighthouseServer:
         result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         waiter = Waiter.on_future(req, result)
         if not self._join(req, waiter):
-            await context.abort(grpc.StatusCode.NOT_FOUND,
-                                f"replica {req.replica_id!r} has no open session; open a Session before asking for a quorum")
+            await context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"replica {req.replica_id!r} has no open session; open a Session before asking for a quorum",
+            )
         try:
             return await result
         except WaitFailed as e:
@@ -268,8 +293,10 @@ class LighthouseServer:
     def _expire_waits(self, now: float) -> None:
         for waiter in self._waits.expired(now):
             self.membership.leave(waiter.replica_id, now)
-            waiter.fail("timeout", f"no quorum with {waiter.replica_id!r} formed within {waiter.timeout_s:g}s: "
-                                   f"{self._last_reason()}")
+            waiter.fail(
+                "timeout",
+                f"no quorum with {waiter.replica_id!r} formed within {waiter.timeout_s:g}s: {self._last_reason()}",
+            )
 
     def _decide(self) -> None:
         if not self.serving():
@@ -290,15 +317,27 @@ class LighthouseServer:
             # A new quorum id reaches members only once etcd holds it (lighthouse/replicated/server.py).
             asyncio.create_task(self._publish_then_send(quorum, encoded, waiters))
         else:
-            self._delivery.send(quorum, encoded, waiters, new_id=new_id, reason=self._last_reason(),
-                                heartbeat_floor_s=self.membership.heartbeat_floor_s)
+            self._delivery.send(
+                quorum,
+                encoded,
+                waiters,
+                new_id=new_id,
+                reason=self._last_reason(),
+                heartbeat_floor_s=self.membership.heartbeat_floor_s,
+            )
 
     async def _publish_then_send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter]) -> None:
         assert self.leadership is not None
         published = await self.leadership.publish(quorum, self.membership.next_quorum_id)
         if published and self.serving() and self.membership.current is quorum:
-            self._delivery.send(quorum, encoded, waiters, new_id=True, reason=self._last_reason(),
-                                heartbeat_floor_s=self.membership.heartbeat_floor_s)
+            self._delivery.send(
+                quorum,
+                encoded,
+                waiters,
+                new_id=True,
+                reason=self._last_reason(),
+                heartbeat_floor_s=self.membership.heartbeat_floor_s,
+            )
             return
         why = "this lighthouse lost the lead" if not published else "a newer quorum replaced it"
         for w in waiters:
@@ -307,8 +346,13 @@ class LighthouseServer:
     # -- guards (guards.py) -----------------------------------------------------------------
 
     async def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        await require_token(context, self.options.token, server="lighthouse", refused=self._refused,
-                            fix="; start the manager with the lighthouse's token (--token or REPLICAFT_TOKEN)")
+        await require_token(
+            context,
+            self.options.token,
+            server="lighthouse",
+            refused=self._refused,
+            fix="; start the manager with the lighthouse's token (--token or REPLICAFT_TOKEN)",
+        )
 
     def _refused(self) -> None:
         self.metrics.rejected_requests += 1
@@ -329,8 +373,12 @@ class LighthouseServer:
         self.membership.restore(last_quorum, next_quorum_id, time.monotonic())
         self._taken_over = (last_quorum_id, frozenset(last_quorum)) if last_quorum else None
         self._waits.round_started = None
-        logger.warning("lighthouse leads (incarnation %d): quorum ids from %d; waiting for %s", incarnation,
-                       next_quorum_id, sorted(last_quorum) if last_quorum is not None else "no recorded quorum")
+        logger.warning(
+            "lighthouse leads (incarnation %d): quorum ids from %d; waiting for %s",
+            incarnation,
+            next_quorum_id,
+            sorted(last_quorum) if last_quorum is not None else "no recorded quorum",
+        )
 
     def step_down(self, reason: str) -> None:
         """Stop serving: every session ends (told where the leader is) and every wait fails.

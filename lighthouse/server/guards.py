@@ -19,8 +19,14 @@ from lighthouse.replicated.leadership import Leadership
 logger = logging.getLogger(__name__)
 
 
-async def require_token(context: grpc.aio.ServicerContext, token: str | None, *, server: str, fix: str = "",
-                        refused: Callable[[], None] | None = None) -> None:
+async def require_token(
+    context: grpc.aio.ServicerContext,
+    token: str | None,
+    *,
+    server: str,
+    fix: str = "",
+    refused: Callable[[], None] | None = None,
+) -> None:
     """Abort UNAUTHENTICATED unless the call carries ``token`` (None: any caller)."""
     problem = token_problem(context.invocation_metadata(), token)
     if problem is None:
@@ -35,11 +41,15 @@ async def reject(context: grpc.aio.ServicerContext, refused: Callable[[], None],
     """Abort a call whose message was malformed (or of another protocol version)."""
     refused()
     logger.warning("rejected a message from %s: %s", context.peer(), error)
-    code = grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, VersionMismatch) else grpc.StatusCode.INVALID_ARGUMENT
+    code = (
+        grpc.StatusCode.FAILED_PRECONDITION if isinstance(error, VersionMismatch) else grpc.StatusCode.INVALID_ARGUMENT
+    )
     await context.abort(code, str(error))
 
 
 async def require_leader(context: grpc.aio.ServicerContext, leadership: Leadership | None) -> None:
     """Abort UNAVAILABLE, naming the leader, on a lighthouse of a replicated set that does not lead."""
     if leadership is not None and not leadership.serving():
-        await context.abort(grpc.StatusCode.UNAVAILABLE, f"this lighthouse is not the leader ({leadership.leader_hint()})")
+        await context.abort(
+            grpc.StatusCode.UNAVAILABLE, f"this lighthouse is not the leader ({leadership.leader_hint()})"
+        )

@@ -25,12 +25,21 @@ _COUNTERS = (
     ("quorum_ids", "quorum_ids_issued", "Distinct quorum ids issued."),
     ("members_lost", "members_lost", "Members declared lost."),
     ("rejected_requests", "rejected_requests", "Requests rejected as invalid or unauthenticated."),
-    ("duplicate_replicas_refused", "duplicate_replicas_refused",
-     "Sessions refused because another live process holds the replica id."),
-    ("sessions_ended_not_reading", "sessions_ended_not_reading",
-     "Sessions ended because the member did not read its stream."),
-    ("fences_answered", "fences_answered",
-     "Fence questions answered: commits of steps that outlasted their commit lease, or asked for none."),
+    (
+        "duplicate_replicas_refused",
+        "duplicate_replicas_refused",
+        "Sessions refused because another live process holds the replica id.",
+    ),
+    (
+        "sessions_ended_not_reading",
+        "sessions_ended_not_reading",
+        "Sessions ended because the member did not read its stream.",
+    ),
+    (
+        "fences_answered",
+        "fences_answered",
+        "Fence questions answered: commits of steps that outlasted their commit lease, or asked for none.",
+    ),
     ("quorums_standing", "quorums_standing", "Quorums formed standing for further steps (standing.py)."),
     ("standing_ended", "standing_ended", "Standing quorums ended early by a member asking again."),
 )
@@ -54,9 +63,12 @@ class Metrics:
     """From the first join of a round to the quorum forming."""
 
     def __post_init__(self) -> None:
-        self.quorum_latency_s = Histogram("replicaft_lighthouse_quorum_latency_seconds",
-                                          "From the first join of a round to the quorum forming.",
-                                          buckets=QUORUM_LATENCY_BUCKETS_S, registry=self.registry)
+        self.quorum_latency_s = Histogram(
+            "replicaft_lighthouse_quorum_latency_seconds",
+            "From the first join of a round to the quorum forming.",
+            buckets=QUORUM_LATENCY_BUCKETS_S,
+            registry=self.registry,
+        )
         self.registry.register(_FieldCollector(self))
 
     def render(self) -> str:

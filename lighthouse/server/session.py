@@ -91,8 +91,11 @@ class SentQuorum:
         key = (whole, ask)
         if (encoded := self._replies.get(key)) is None:
             q = self.quorum
-            message = (QuorumAnswer(ask, self.encoded) if whole else
-                       QuorumUpdate(ask, q.quorum_id, q.incarnation, q.created_unix_s, self.steps, q.standing_steps))
+            message = (
+                QuorumAnswer(ask, self.encoded)
+                if whole
+                else QuorumUpdate(ask, q.quorum_id, q.incarnation, q.created_unix_s, self.steps, q.standing_steps)
+            )
             encoded = self._replies[key] = envelope.encode(message)
         return encoded
 

@@ -42,8 +42,10 @@ WRITE_TIMEOUT_S = 5.0
 """The most sending one reply may take (the page is tens of KB; a reader takes it in a moment)."""
 MAX_CONNECTIONS = 32
 """Connections served at once: a browser or two and a few Prometheus scrapers need a handful."""
-BUSY_REPLY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
-              b"Content-Length: 27\r\nConnection: close\r\n\r\ntoo many connections; retry\n")
+BUSY_REPLY = (
+    b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Content-Length: 27\r\nConnection: close\r\n\r\ntoo many connections; retry\n"
+)
 
 
 def status_snapshot(m: Membership, metrics: Metrics) -> dict[str, Any]:
@@ -117,7 +119,9 @@ def render_html(snap: dict[str, Any]) -> str:
         for h in snap["history"][:20]
     )
     quorum = (
-        "none yet" if q is None else f"<b>{q['quorum_id']}</b> with {e(', '.join(q['participants']))} ({q['age_s']:.1f}s ago)"
+        "none yet"
+        if q is None
+        else f"<b>{q['quorum_id']}</b> with {e(', '.join(q['participants']))} ({q['age_s']:.1f}s ago)"
     )
     o = snap["options"]
     return f"""<!doctype html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="1">
@@ -127,11 +131,11 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}} th{{background:#f
 tr.waiting td{{background:#fff7d6}} tr.in-quorum td{{background:#e6f6e6}} code{{background:#f3f3f3;padding:1px 4px}}
 </style></head><body>
 <h1>replicaft lighthouse</h1>
-<p>incarnation <code>{snap['incarnation']}</code> · min_replicas {o['min_replicas']} · join timeout {o['join_timeout_s']}s ·
-heartbeat timeout {o['heartbeat_timeout_s']}s · progress timeout {o['progress_timeout_s']}s</p>
+<p>incarnation <code>{snap["incarnation"]}</code> · min_replicas {o["min_replicas"]} · join timeout {o["join_timeout_s"]}s ·
+heartbeat timeout {o["heartbeat_timeout_s"]}s · progress timeout {o["progress_timeout_s"]}s</p>
 <p>Current quorum: {quorum}</p>
-<p>Next quorum: <code>{e(snap['next_quorum_reason'])}</code></p>
-<h2>Members ({len(snap['members'])})</h2>
+<p>Next quorum: <code>{e(snap["next_quorum_reason"])}</code></p>
+<h2>Members ({len(snap["members"])})</h2>
 <table><tr><th>replica</th><th>step</th><th>state</th><th>heartbeat</th><th>progress</th><th>address</th><th>ranks</th></tr>{rows}</table>
 <h2>Quorum history</h2>
 <table><tr><th>id</th><th>participants</th><th>path</th><th>formed</th><th>reason</th></tr>{history}</table>
@@ -143,9 +147,15 @@ class StatusServer:
     """Serves the page; ``snapshot`` and ``render_metrics`` are called on every request, on
     the event loop that runs this server (the lighthouse's, so they read its state safely)."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], render_metrics: Callable[[], str], *,
-                 max_connections: int = MAX_CONNECTIONS, read_timeout_s: float = READ_TIMEOUT_S,
-                 write_timeout_s: float = WRITE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        snapshot: Callable[[], dict[str, Any]],
+        render_metrics: Callable[[], str],
+        *,
+        max_connections: int = MAX_CONNECTIONS,
+        read_timeout_s: float = READ_TIMEOUT_S,
+        write_timeout_s: float = WRITE_TIMEOUT_S,
+    ) -> None:
         self._snapshot = snapshot
         self._render_metrics = render_metrics
         self._max_connections = max_connections
@@ -161,8 +171,13 @@ class StatusServer:
         """Serve on ``host:port`` (HTTPS with ``tls``); the page's URL."""
         try:
             self._server = await asyncio.start_server(
-                self._handle, host, port, ssl=tls, ssl_handshake_timeout=self._read_timeout_s if tls else None,
-                limit=MAX_REQUEST_BYTES)
+                self._handle,
+                host,
+                port,
+                ssl=tls,
+                ssl_handshake_timeout=self._read_timeout_s if tls else None,
+                limit=MAX_REQUEST_BYTES,
+            )
         except OSError as e:
             raise OSError(
                 f"lighthouse could not serve its status page on {host}:{port} "
@@ -181,8 +196,11 @@ class StatusServer:
         if self.num_connections >= self._max_connections:
             self.num_refused += 1
             if self.num_refused == 1 or self.num_refused % 1000 == 0:
-                logger.warning("status page: %d connections open, its limit; answered 503 (%d so far)",
-                               self.num_connections, self.num_refused)
+                logger.warning(
+                    "status page: %d connections open, its limit; answered 503 (%d so far)",
+                    self.num_connections,
+                    self.num_refused,
+                )
             writer.write(BUSY_REPLY)
             writer.close()
             return
@@ -208,7 +226,8 @@ class StatusServer:
         data = body.encode()
         writer.write(
             f"HTTP/1.0 {status}\r\nContent-Type: {ctype}; charset=utf-8\r\nContent-Length: {len(data)}\r\n"
-            "Cache-Control: no-store\r\nConnection: close\r\n\r\n".encode() + data
+            "Cache-Control: no-store\r\nConnection: close\r\n\r\n".encode()
+            + data
         )
         try:
             await asyncio.wait_for(writer.drain(), self._write_timeout_s)

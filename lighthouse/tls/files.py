@@ -74,12 +74,16 @@ class TlsFiles:
                     f"{_WHAT[field]} (PEM), readable by this process"
                 ) from e
             if b"-----BEGIN " not in head:
-                raise OptionsError(f"{_SPELLINGS[field]} = {path!r} holds no PEM block; give {_WHAT[field]} in PEM form")
+                raise OptionsError(
+                    f"{_SPELLINGS[field]} = {path!r} holds no PEM block; give {_WHAT[field]} in PEM form"
+                )
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         try:
             context.load_verify_locations(cafile=self.ca)
         except ssl.SSLError as e:
-            raise OptionsError(f"{_SPELLINGS['ca']} = {self.ca!r} is not a CA certificate OpenSSL can load ({e})") from e
+            raise OptionsError(
+                f"{_SPELLINGS['ca']} = {self.ca!r} is not a CA certificate OpenSSL can load ({e})"
+            ) from e
         try:
             context.load_cert_chain(self.cert, self.key)
         except ssl.SSLError as e:
@@ -107,13 +111,19 @@ class TlsFiles:
 
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] = os.environ, *, cert: str | None = None, key: str | None = None,
+        cls,
+        environ: Mapping[str, str] = os.environ,
+        *,
+        cert: str | None = None,
+        key: str | None = None,
         ca: str | None = None,
     ) -> TlsFiles | None:
         """The files given explicitly (flags), each else named by ``$REPLICAFT_TLS_CERT`` /
         ``_KEY`` / ``_CA`` (an empty variable counts as unset); None when none is given."""
         return cls.from_values(
-            cert or environ.get(CERT_ENV) or None, key or environ.get(KEY_ENV) or None, ca or environ.get(CA_ENV) or None
+            cert or environ.get(CERT_ENV) or None,
+            key or environ.get(KEY_ENV) or None,
+            ca or environ.get(CA_ENV) or None,
         )
 
     # -- contexts ----------------------------------------------------------------------------

@@ -42,8 +42,9 @@ def _subject_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
     return names
 
 
-def make_throwaway_ca(directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = (), days: int = 30,
-                      name: str = "replicaft job") -> TlsFiles:
+def make_throwaway_ca(
+    directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = (), days: int = 30, name: str = "replicaft job"
+) -> TlsFiles:
     """Write ``ca.pem``, ``cert.pem`` and ``key.pem`` (mode 0600) into ``directory`` (made if
     missing) and return them as checked :class:`TlsFiles`."""
     out = Path(directory)
@@ -53,24 +54,45 @@ def make_throwaway_ca(directory: str | os.PathLike[str], *, hosts: tuple[str, ..
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} throw-away CA")])
     ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                                     data_encipherment=False, key_agreement=False, key_cert_sign=True,
-                                     crl_sign=True, encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
         .add_extension(x509.SubjectAlternativeName(_subject_names(hosts)), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
-                       critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
         .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
@@ -88,12 +110,17 @@ def _write(path: Path, data: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lighthouse.tls.throwaway_ca",
-                                description="Make a throw-away CA and a job certificate for TLS on this machine.")
+    p = argparse.ArgumentParser(
+        prog="python -m lighthouse.tls.throwaway_ca",
+        description="Make a throw-away CA and a job certificate for TLS on this machine.",
+    )
     p.add_argument("directory", help="where ca.pem, cert.pem and key.pem are written")
-    p.add_argument("--host", action="append", default=[],
-                   help="another address or name the certificate must name (repeatable); "
-                        f"{', '.join(LOCAL_HOSTS)} always are")
+    p.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help=f"another address or name the certificate must name (repeatable); {', '.join(LOCAL_HOSTS)} always are",
+    )
     p.add_argument("--days", type=int, default=30, help="validity (default: %(default)s)")
     args = p.parse_args(argv)
     if args.days < 1:

@@ -48,6 +48,7 @@ MAX_WORLD_SIZE = 65536
 MAX_REASON_CHARS = 4096
 MAX_TIMEOUT_S = 24 * 3600.0
 
+
 def check_data(msg: str, name: str, value: Any) -> dict[str, Any]:
     check_map(msg, name, value)
     size = len(msgpack.packb(value))
@@ -71,9 +72,7 @@ def unpack(raw: bytes, msg: str) -> dict[str, Any]:
     if len(raw) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"{msg} is {len(raw)} bytes; the limit is {MAX_MESSAGE_BYTES}")
     try:
-        obj = msgpack.unpackb(
-            raw, raw=False, strict_map_key=True, use_list=True
-        )
+        obj = msgpack.unpackb(raw, raw=False, strict_map_key=True, use_list=True)
     except Exception as e:  # msgpack raises several unrelated types for bad input
         raise ProtocolError(f"{msg} is not valid msgpack ({type(e).__name__}: {e})") from e
     if not isinstance(obj, dict):
@@ -108,16 +107,13 @@ def encode(message: Any) -> bytes:
     return msgpack.packb(body, use_bin_type=True)
 
 
-
 def check_str(msg: str, name: str, value: Any, max_chars: int, allow_empty: bool = False) -> str:
     if not isinstance(value, str):
         raise ProtocolError(f"{msg}.{name} is {type(value).__name__} {shown(value)}; expected a string")
     if not value and not allow_empty:
         raise ProtocolError(f"{msg}.{name} is empty; expected a non-empty string")
     if len(value) > max_chars:
-        raise ProtocolError(
-            f"{msg}.{name} is {len(value)} characters long; the limit is {max_chars}"
-        )
+        raise ProtocolError(f"{msg}.{name} is {len(value)} characters long; the limit is {max_chars}")
     return value
 
 

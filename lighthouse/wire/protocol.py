@@ -51,7 +51,8 @@ FENCE_METHOD = f"/{SERVICE}/Fence"
 
 NoticeKind = Literal["registered", "member_lost", "member_left", "quorum_formed", "fenced"]
 NOTICE_KINDS: frozenset[str] = frozenset(
-    {"registered", "member_lost", "member_left", "quorum_formed", "fenced", "standing_ended"})
+    {"registered", "member_lost", "member_left", "quorum_formed", "fenced", "standing_ended"}
+)
 """``member_lost``: a member failed (survivors abandon in-flight collectives with it);
 ``member_left``: a member shut down cleanly after finishing its step (nothing to abandon);
 ``standing_ended``: a member asked for a new quorum while its quorum stood (standing.py): the
@@ -99,8 +100,9 @@ class Register:
             step=check_int(m, "step", require(o, m, "step"), 0),
             last_quorum_id=check_int(m, "last_quorum_id", o.get("last_quorum_id", -1), -1),
             instance=_check_address(m, "instance", o.get("instance", "")),
-            heartbeat_interval_s=check_float(m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0,
-                                             MAX_TIMEOUT_S),
+            heartbeat_interval_s=check_float(
+                m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0, MAX_TIMEOUT_S
+            ),
         )
 
 
@@ -167,8 +169,9 @@ class Notice:
             replica_id=_optional_replica_id(m, o.get("replica_id", "")),
             reason=check_str(m, "reason", o.get("reason", ""), MAX_REASON_CHARS, True),
             incarnation=check_int(m, "incarnation", o.get("incarnation", 0), 0),
-            heartbeat_interval_s=check_float(m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0,
-                                             MAX_TIMEOUT_S),
+            heartbeat_interval_s=check_float(
+                m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0, MAX_TIMEOUT_S
+            ),
         )
 
 
@@ -260,8 +263,16 @@ class Quorum:
     ask at the next step."""
 
     @classmethod
-    def of(cls, quorum_id: int, incarnation: int, created_unix_s: float, participants: Iterable[Member], *,
-           max_commit_lease_s: float = 0.0, standing_steps: int = 0) -> Quorum:
+    def of(
+        cls,
+        quorum_id: int,
+        incarnation: int,
+        created_unix_s: float,
+        participants: Iterable[Member],
+        *,
+        max_commit_lease_s: float = 0.0,
+        standing_steps: int = 0,
+    ) -> Quorum:
         members = tuple(participants)
         return cls(
             quorum_id=quorum_id,
@@ -310,8 +321,9 @@ class Quorum:
             steps=check_int_column(m, "steps", require(o, m, "steps"), n, 0),
             world_sizes=check_int_column(m, "world_sizes", require(o, m, "world_sizes"), n, 1, MAX_WORLD_SIZE),
             data=check_bytes_column(m, "data", require(o, m, "data"), n, MAX_DATA_BYTES),
-            max_commit_lease_s=check_float(m, "max_commit_lease_s", o.get("max_commit_lease_s", 0.0), 0.0,
-                                           MAX_COMMIT_LEASE_S),
+            max_commit_lease_s=check_float(
+                m, "max_commit_lease_s", o.get("max_commit_lease_s", 0.0), 0.0, MAX_COMMIT_LEASE_S
+            ),
             standing_steps=check_int(m, "standing_steps", o.get("standing_steps", 0), 0, MAX_STANDING_STEPS),
         )
 

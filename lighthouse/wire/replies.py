@@ -140,11 +140,17 @@ class QuorumUpdate:
             count = check_int("QuorumUpdate", f"steps[{i}][1]", run[1], 1, len(last.replica_ids) - len(steps))
             steps += [step] * count
         if len(steps) != len(last.replica_ids):
-            raise ProtocolError(f"QuorumUpdate.steps covers {len(steps)} members; the roster it updates has "
-                                f"{len(last.replica_ids)}")
-        return dataclasses.replace(last, quorum_id=self.quorum_id, incarnation=self.incarnation,
-                                   created_unix_s=self.created_unix_s, steps=tuple(steps),
-                                   standing_steps=self.standing_steps)
+            raise ProtocolError(
+                f"QuorumUpdate.steps covers {len(steps)} members; the roster it updates has {len(last.replica_ids)}"
+            )
+        return dataclasses.replace(
+            last,
+            quorum_id=self.quorum_id,
+            incarnation=self.incarnation,
+            created_unix_s=self.created_unix_s,
+            steps=tuple(steps),
+            standing_steps=self.standing_steps,
+        )
 
 
 def decode_session_reply(raw: bytes) -> Notice | QuorumAnswer | QuorumUpdate | QuorumFailed:

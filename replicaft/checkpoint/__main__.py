@@ -61,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     verify_cmd = commands.add_parser("verify", help="check every file of one checkpoint against its manifest")
     verify_cmd.add_argument("checkpoint", type=Path, help="a checkpoint directory, e.g. DIR/step-000000400-…")
     export_cmd = commands.add_parser("export", help="write a checkpoint's model (and optimizer) as safetensors")
-    export_cmd.add_argument("checkpoint", type=Path, help="a checkpoint directory, or a directory of checkpoints (the newest valid)")
+    export_cmd.add_argument(
+        "checkpoint", type=Path, help="a checkpoint directory, or a directory of checkpoints (the newest valid)"
+    )
     export_cmd.add_argument("--format", choices=["safetensors"], default="safetensors")
     export_cmd.add_argument("--out", type=Path, required=True, help="directory for <entry>.safetensors")
     export_cmd.add_argument("--optimizer", action="store_true", help="also write optimizer.safetensors")
@@ -81,8 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     find_cmd.add_argument("--min-step", type=int)
     find_cmd.add_argument("--max-step", type=int)
     find_cmd.add_argument("--best", metavar="METRIC", help="only checkpoints with METRIC, best first")
-    find_cmd.add_argument("--mode", choices=["min", "max"], default="min", help="with --best: lower or higher is better")
-    find_cmd.add_argument("--top", type=int, default=None, help="at most this many (default: 1 with --best, all without)")
+    find_cmd.add_argument(
+        "--mode", choices=["min", "max"], default="min", help="with --best: lower or higher is better"
+    )
+    find_cmd.add_argument(
+        "--top", type=int, default=None, help="at most this many (default: 1 with --best, all without)"
+    )
     show_cmd = commands.add_parser("show", help="one checkpoint's catalog row")
     show_cmd.add_argument("checkpoint", type=Path, help="a checkpoint directory, e.g. DIR/step-000000400-…")
     tag_cmd = commands.add_parser("tag", help="add tags to a checkpoint")
@@ -123,8 +129,10 @@ def _list(directory: Path, verify_files: bool) -> int:
         print(f"no published checkpoints in {directory}")
     for info in infos:
         validity = {True: "valid", False: f"INVALID: {info.reason}", None: "not verified"}[info.valid]
-        print(f"{info.step:>10}  {lineage_label(info.lineage):>14}  {_size(info.num_bytes):>10}  "
-              f"{_age(info.age_s):>7} ago  {validity}")
+        print(
+            f"{info.step:>10}  {lineage_label(info.lineage):>14}  {_size(info.num_bytes):>10}  "
+            f"{_age(info.age_s):>7} ago  {validity}"
+        )
     for path, why in reader.ignored():
         print(f"{path.name}: {why}")
     partial = sorted(e.path.name for e in scan(directory) if e.is_dir and is_tmp_dirname(e.path.name))
@@ -171,9 +179,11 @@ def _catalog_of(directory: Path) -> Catalog:
 
 def _row(entry: CatalogEntry) -> str:
     metrics = " ".join(f"{k}={v:.6g}" for k, v in entry.metrics.items()) or "-"
-    return (f"{entry.name}  {entry.step:>10}  {'-' if entry.epoch is None else entry.epoch:>5}  "
-            f"{entry.experiment or '-':>12}  {','.join(entry.roles) or '-':>16}  {','.join(entry.tiers):>12}  "
-            f"{_size(entry.num_bytes):>10}  {metrics}")
+    return (
+        f"{entry.name}  {entry.step:>10}  {'-' if entry.epoch is None else entry.epoch:>5}  "
+        f"{entry.experiment or '-':>12}  {','.join(entry.roles) or '-':>16}  {','.join(entry.tiers):>12}  "
+        f"{_size(entry.num_bytes):>10}  {metrics}"
+    )
 
 
 def _catalog(args: argparse.Namespace) -> int:
@@ -193,8 +203,14 @@ def _catalog(args: argparse.Namespace) -> int:
 def _find(args: argparse.Namespace) -> int:
     top = args.top if args.top is not None else (1 if args.best else None)
     entries = _catalog_of(args.directory).find(
-        experiment=args.experiment, lineage=args.lineage, tags=dict(args.tag), min_step=args.min_step,
-        max_step=args.max_step, best=args.best, mode=args.mode, limit=top,
+        experiment=args.experiment,
+        lineage=args.lineage,
+        tags=dict(args.tag),
+        min_step=args.min_step,
+        max_step=args.max_step,
+        best=args.best,
+        mode=args.mode,
+        limit=top,
     )
     if not entries:
         print(f"no checkpoint in {args.directory} matches")
@@ -207,15 +223,25 @@ def _find(args: argparse.Namespace) -> int:
 def _show(checkpoint: Path) -> int:
     entry = _catalog_of(checkpoint.parent).get(checkpoint.name)
     if entry is None:
-        print(f"{checkpoint.name} is not in the catalog of {checkpoint.parent} (published and intact? see "
-              f"`replicaft-ckpt list {checkpoint.parent}`)")
+        print(
+            f"{checkpoint.name} is not in the catalog of {checkpoint.parent} (published and intact? see "
+            f"`replicaft-ckpt list {checkpoint.parent}`)"
+        )
         return EXIT_INVALID
     print(f"path: {checkpoint}")
-    for label, value in (("step", entry.step), ("epoch", entry.epoch), ("lineage", lineage_label(entry.lineage)),
-                         ("experiment", entry.experiment), ("config hash", entry.config_hash),
-                         ("code version", entry.code_version), ("roles", ", ".join(entry.roles)),
-                         ("tiers", ", ".join(entry.tiers)), ("size", f"{_size(entry.num_bytes)} ({entry.num_bytes} bytes)"),
-                         ("kind", entry.save_kind), ("format version", entry.format_version)):
+    for label, value in (
+        ("step", entry.step),
+        ("epoch", entry.epoch),
+        ("lineage", lineage_label(entry.lineage)),
+        ("experiment", entry.experiment),
+        ("config hash", entry.config_hash),
+        ("code version", entry.code_version),
+        ("roles", ", ".join(entry.roles)),
+        ("tiers", ", ".join(entry.tiers)),
+        ("size", f"{_size(entry.num_bytes)} ({entry.num_bytes} bytes)"),
+        ("kind", entry.save_kind),
+        ("format version", entry.format_version),
+    ):
         print(f"{label}: {'-' if value is None or value == '' else value}")
     for key, value in entry.metrics.items():
         print(f"metric {key}: {value:.10g}")

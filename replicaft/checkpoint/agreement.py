@@ -52,9 +52,13 @@ def agree_prepared(process_group: dist.ProcessGroup | None, prepared: Prepared |
         wire = {"tmp": str(prepared.tmp) if prepared.tmp is not None else None, "refusal": refusal}
         wire["parent"], wire["chain_position"], wire["name"] = prepared.parent, prepared.chain_position, prepared.name
     d = _broadcast_from_rank0(process_group, wire)
-    return Prepared(Path(d["tmp"]) if d["tmp"] is not None else None,
-                    SaveResult.from_wire(d["refusal"]) if d["refusal"] is not None else None,
-                    d["parent"], d["chain_position"], d["name"])
+    return Prepared(
+        Path(d["tmp"]) if d["tmp"] is not None else None,
+        SaveResult.from_wire(d["refusal"]) if d["refusal"] is not None else None,
+        d["parent"],
+        d["chain_position"],
+        d["name"],
+    )
 
 
 def agree_result(process_group: dist.ProcessGroup | None, result: SaveResult | None) -> SaveResult:
@@ -71,6 +75,10 @@ def _broadcast_from_rank0(process_group: dist.ProcessGroup, value: dict[str, Any
     payload = msgpack.packb(value, use_bin_type=True) if value is not None else b""
     size = torch.tensor([len(payload)], dtype=torch.int64)
     dist.broadcast(size, src=src, group=process_group)
-    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if value is not None else torch.empty(int(size), dtype=torch.uint8)
+    data = (
+        torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        if value is not None
+        else torch.empty(int(size), dtype=torch.uint8)
+    )
     dist.broadcast(data, src=src, group=process_group)
     return msgpack.unpackb(data.numpy().tobytes(), raw=False)

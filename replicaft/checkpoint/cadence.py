@@ -77,32 +77,48 @@ class CadenceLimits:
 def check_cadence_limits(min_s: float, max_s: float, prior_mtbf_s: float, min_total_failures: int = 2) -> None:
     """Raise OptionsError naming the option, its value and the fix."""
     if not min_s > 0:
-        raise OptionsError(f"checkpoint_interval_min_s={min_s}; it must be positive (seconds between saves at most often)")
+        raise OptionsError(
+            f"checkpoint_interval_min_s={min_s}; it must be positive (seconds between saves at most often)"
+        )
     if max_s < min_s:
-        raise OptionsError(f"checkpoint_interval_max_s={max_s} is below checkpoint_interval_min_s={min_s}; "
-                           f"set it to at least {min_s}")
+        raise OptionsError(
+            f"checkpoint_interval_max_s={max_s} is below checkpoint_interval_min_s={min_s}; set it to at least {min_s}"
+        )
     if not prior_mtbf_s > 0:
-        raise OptionsError(f"checkpoint_mtbf_prior_s={prior_mtbf_s}; it must be positive (the assumed mean "
-                           "time between failures of every group at once, in seconds)")
+        raise OptionsError(
+            f"checkpoint_mtbf_prior_s={prior_mtbf_s}; it must be positive (the assumed mean "
+            "time between failures of every group at once, in seconds)"
+        )
     if min_total_failures < 1:
         raise OptionsError(f"min_total_failures={min_total_failures}; it must be at least 1")
 
 
-def check_cadence_options(interval: str, interval_steps: int, interval_s: float, group_world_size: int,
-                          min_s: float, max_s: float, prior_mtbf_s: float) -> None:
+def check_cadence_options(
+    interval: str,
+    interval_steps: int,
+    interval_s: float,
+    group_world_size: int,
+    min_s: float,
+    max_s: float,
+    prior_mtbf_s: float,
+) -> None:
     """The manager's ``checkpoint_interval`` and the options it combines with (OptionsError)."""
     if interval not in ("fixed", "auto"):
         raise OptionsError(f"checkpoint_interval={interval!r}; use 'fixed' (checkpoint_interval_steps/_s) or 'auto'")
     if interval == "fixed":
         return
     if interval_steps or interval_s:
-        raise OptionsError(f"checkpoint_interval='auto' with checkpoint_interval_steps={interval_steps} and "
-                           f"checkpoint_interval_s={interval_s}: 'auto' chooses the interval itself; unset those "
-                           "(bound it with checkpoint_interval_min_s/_max_s instead)")
+        raise OptionsError(
+            f"checkpoint_interval='auto' with checkpoint_interval_steps={interval_steps} and "
+            f"checkpoint_interval_s={interval_s}: 'auto' chooses the interval itself; unset those "
+            "(bound it with checkpoint_interval_min_s/_max_s instead)"
+        )
     if group_world_size > 1:
-        raise OptionsError(f"checkpoint_interval='auto' with group_world_size={group_world_size}: the ranks of a "
-                           "group must save the same steps, and an interval in seconds can differ between them; "
-                           "use checkpoint_interval_steps")
+        raise OptionsError(
+            f"checkpoint_interval='auto' with group_world_size={group_world_size}: the ranks of a "
+            "group must save the same steps, and an interval in seconds can differ between them; "
+            "use checkpoint_interval_steps"
+        )
     check_cadence_limits(min_s, max_s, prior_mtbf_s)
 
 
@@ -164,16 +180,20 @@ def estimate_total_mtbf(history: FailureHistory, limits: CadenceLimits) -> MtbfE
     """The mean time between total failures to plan for (module docstring)."""
     n = history.total_failures
     if n >= limits.min_total_failures and history.observed_s > 0:
-        return MtbfEstimate(history.observed_s / n, "observed",
-                            f"{n} total failures in {history.observed_s:.0f}s observed")
+        return MtbfEstimate(
+            history.observed_s / n, "observed", f"{n} total failures in {history.observed_s:.0f}s observed"
+        )
     independent = member_loss_mtbf_s(history)
     waiting = f"{n} of {limits.min_total_failures} total failures observed"
     if independent is not None and independent < limits.prior_mtbf_s:
-        return MtbfEstimate(independent, "member_losses",
-                            f"{history.member_losses} member losses, {history.groups_now} of {history.max_groups} "
-                            f"groups taking part, in "
-                            f"{history.observed_s:.0f}s (down {history.degraded_s:.0f}s) give {independent:.0f}s, "
-                            f"below the prior {limits.prior_mtbf_s:g}s; {waiting}")
+        return MtbfEstimate(
+            independent,
+            "member_losses",
+            f"{history.member_losses} member losses, {history.groups_now} of {history.max_groups} "
+            f"groups taking part, in "
+            f"{history.observed_s:.0f}s (down {history.degraded_s:.0f}s) give {independent:.0f}s, "
+            f"below the prior {limits.prior_mtbf_s:g}s; {waiting}",
+        )
     return MtbfEstimate(limits.prior_mtbf_s, "prior", f"the prior {limits.prior_mtbf_s:g}s; {waiting}")
 
 
@@ -200,15 +220,21 @@ class CadenceDecision:
     reason: str
 
 
-def decide_interval(*, blocked_s: float | None, write_s: float | None, history: FailureHistory,
-                    limits: CadenceLimits) -> CadenceDecision:
+def decide_interval(
+    *, blocked_s: float | None, write_s: float | None, history: FailureHistory, limits: CadenceLimits
+) -> CadenceDecision:
     """The interval between saves, from the last saves' measured ``blocked_s`` and ``write_s``
     (None before any save finished) and the failures observed."""
     mtbf = estimate_total_mtbf(history, limits)
     if blocked_s is None or write_s is None:
-        return CadenceDecision(limits.min_s, None, None, mtbf,
-                               f"no save measured yet: the lower bound {limits.min_s:g}s, so the first save "
-                               f"measures the cost; MTBF {mtbf.reason}")
+        return CadenceDecision(
+            limits.min_s,
+            None,
+            None,
+            mtbf,
+            f"no save measured yet: the lower bound {limits.min_s:g}s, so the first save "
+            f"measures the cost; MTBF {mtbf.reason}",
+        )
     cost_s = blocked_s + write_s
     rule_s = daly_interval_s(cost_s, mtbf.seconds)
     floor_s = max(limits.min_s, write_s)
@@ -218,6 +244,6 @@ def decide_interval(*, blocked_s: float | None, write_s: float | None, history: 
     if rule_s > ceiling_s:
         why += f", capped at the upper bound {ceiling_s:g}s"
     elif rule_s < floor_s:
-        bound = (f"one write ({write_s:.3g}s)" if write_s > limits.min_s else f"the lower bound {limits.min_s:g}s")
+        bound = f"one write ({write_s:.3g}s)" if write_s > limits.min_s else f"the lower bound {limits.min_s:g}s"
         why += f", raised to {bound}"
     return CadenceDecision(interval_s, rule_s, cost_s, mtbf, f"{why}; MTBF {mtbf.reason}")

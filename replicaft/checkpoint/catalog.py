@@ -67,8 +67,21 @@ CREATE TABLE IF NOT EXISTS checkpoints(
 CREATE TABLE IF NOT EXISTS tags(name TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY(name, key));
 CREATE TABLE IF NOT EXISTS metrics(name TEXT NOT NULL, key TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY(name, key));
 """
-_COLUMNS = ("name", "lineage", "step", "epoch", "experiment", "config_hash", "code_version", "roles", "tiers",
-            "num_bytes", "format_version", "save_kind", "created_unix_s")
+_COLUMNS = (
+    "name",
+    "lineage",
+    "step",
+    "epoch",
+    "experiment",
+    "config_hash",
+    "code_version",
+    "roles",
+    "tiers",
+    "num_bytes",
+    "format_version",
+    "save_kind",
+    "created_unix_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +110,28 @@ def tag_text(value: TagValue) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def entry_of(name: str, manifest: CheckpointManifest, *, tiers: Iterable[Tier] = ("local",),
-             roles: Iterable[str] = ()) -> CatalogEntry:
+def entry_of(
+    name: str, manifest: CheckpointManifest, *, tiers: Iterable[Tier] = ("local",), roles: Iterable[str] = ()
+) -> CatalogEntry:
     """The catalog row of checkpoint ``name`` (a directory name), from its manifest. Pure."""
     labels = labels_of(manifest.metadata)
     all_roles = set(roles) | ({"emergency"} if manifest.metadata.get("reason") == "preemption" else set())
     return CatalogEntry(
-        name, manifest.lineage, manifest.step, labels.epoch, labels.experiment, labels.config_hash,
-        labels.code_version, tuple(sorted(all_roles)), tuple(sorted(set(tiers))), manifest.num_bytes,
-        manifest.version, manifest.kind, manifest.created_unix_s,
-        {k: tag_text(v) for k, v in labels.tags.items()}, dict(labels.metrics),
+        name,
+        manifest.lineage,
+        manifest.step,
+        labels.epoch,
+        labels.experiment,
+        labels.config_hash,
+        labels.code_version,
+        tuple(sorted(all_roles)),
+        tuple(sorted(set(tiers))),
+        manifest.num_bytes,
+        manifest.version,
+        manifest.kind,
+        manifest.created_unix_s,
+        {k: tag_text(v) for k, v in labels.tags.items()},
+        dict(labels.metrics),
     )
 
 
@@ -115,8 +140,13 @@ def code_version() -> str:
     """``git describe --always --dirty --tags`` of the working directory, else the installed
     replicaft's version: what a checkpoint's code was. Computed once per process."""
     try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty", "--tags"], capture_output=True, text=True,
-                              timeout=GIT_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--tags"],
+            capture_output=True,
+            text=True,
+            timeout=GIT_TIMEOUT_S,
+            check=False,
+        )
         if done.returncode == 0 and done.stdout.strip():
             return done.stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
@@ -191,7 +221,9 @@ class Catalog:
             except CheckpointCorrupt as e:
                 logger.warning("catalog rebuild leaves out %s: %s", path, e)
                 continue
-            entries.append(entry_of(path.name, manifest, tiers=("local", "tier2") if path.name in tier2 else ("local",)))
+            entries.append(
+                entry_of(path.name, manifest, tiers=("local", "tier2") if path.name in tier2 else ("local",))
+            )
         self._discard_file()
         with self._transaction() as db:
             for entry in entries:
@@ -202,12 +234,14 @@ class Catalog:
 
     # -- the writer's changes (each one transaction; never raises) ---------------------------
 
-    def record(self, entry: CatalogEntry, *, roles: Mapping[str, Iterable[str]] | None = None,
-               removed: Iterable[str] = ()) -> None:
+    def record(
+        self, entry: CatalogEntry, *, roles: Mapping[str, Iterable[str]] | None = None, removed: Iterable[str] = ()
+    ) -> None:
         """Add or replace the row of a just-published checkpoint, with retention's verdicts of
         the same save: the roles of the checkpoints it keeps (an emergency save stays one) and
         the rows of those it deleted dropped. One transaction a save: each costs a connection
         and a commit, a few milliseconds of every save."""
+
         def change(db: sqlite3.Connection) -> None:
             _insert(db, entry)
             for name, new in (roles or {}).items():
@@ -218,16 +252,19 @@ class Catalog:
             for name in removed:
                 for table in ("checkpoints", "tags", "metrics"):
                     db.execute(f"DELETE FROM {table} WHERE name = ?", (name,))
+
         self._safely("record " + entry.name, change)
 
     def set_tier(self, names: Iterable[str], tier: Tier, present: bool) -> None:
         """Note that the named checkpoints are (``present``) or are no longer in ``tier``."""
+
         def change(db: sqlite3.Connection) -> None:
             for name in names:
                 row = db.execute("SELECT tiers FROM checkpoints WHERE name = ?", (name,)).fetchone()
                 if row is not None:
                     tiers = set(_split(row[0])) | {tier} if present else set(_split(row[0])) - {tier}
                     db.execute("UPDATE checkpoints SET tiers = ? WHERE name = ?", (_join(tiers), name))
+
         self._safely(f"update tier {tier}", change)
 
     # -- an operator's changes and queries (raise CatalogError) ------------------------------
@@ -238,11 +275,15 @@ class Catalog:
         checkpoint, CatalogError when the catalog cannot be written."""
         from replicaft.checkpoint.durable import fsync_dir
 
-        checked = {key: tag_text(check_tag(key, int(value) if key == EPOCH_TAG and value.isdigit() else value))
-                   for key, value in tags.items()}
+        checked = {
+            key: tag_text(check_tag(key, int(value) if key == EPOCH_TAG and value.isdigit() else value))
+            for key, value in tags.items()
+        }
         if self.get(name) is None:
-            raise ValueError(f"{name} is not in the catalog of {self.directory}; see `replicaft-ckpt catalog "
-                             f"{self.directory}` (or --rebuild it if the checkpoint exists)")
+            raise ValueError(
+                f"{name} is not in the catalog of {self.directory}; see `replicaft-ckpt catalog "
+                f"{self.directory}` (or --rebuild it if the checkpoint exists)"
+            )
         line = json.dumps({"name": name, "tags": checked}, sort_keys=True) + "\n"
         tags_file = self.directory / USER_TAGS_FILE
         with open(tags_file, "a", encoding="utf-8") as f:
@@ -258,9 +299,17 @@ class Catalog:
         return rows[0] if rows else None
 
     def find(
-        self, *, name: str | None = None, experiment: str | None = None, lineage: str | None = None,
-        tags: Mapping[str, str] | None = None, min_step: int | None = None, max_step: int | None = None,
-        best: str | None = None, mode: Literal["min", "max"] = "min", limit: int | None = None,
+        self,
+        *,
+        name: str | None = None,
+        experiment: str | None = None,
+        lineage: str | None = None,
+        tags: Mapping[str, str] | None = None,
+        min_step: int | None = None,
+        max_step: int | None = None,
+        best: str | None = None,
+        mode: Literal["min", "max"] = "min",
+        limit: int | None = None,
     ) -> list[CatalogEntry]:
         """Rows matching every filter given, newest first; with ``best``, only rows that have
         that metric, best first (ties: the newer first, as keep-best retention breaks them)."""
@@ -283,15 +332,19 @@ class Catalog:
             join = "JOIN metrics m ON m.name = c.name AND m.key = ?"
             args.insert(0, best)
             order = f"m.value {'ASC' if mode == 'min' else 'DESC'}, c.step DESC"
-        sql = (f"SELECT {', '.join('c.' + c for c in _COLUMNS)} FROM checkpoints c {join} "
-               f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY {order}"
-               f"{f' LIMIT {int(limit)}' if limit is not None else ''}")
+        sql = (
+            f"SELECT {', '.join('c.' + c for c in _COLUMNS)} FROM checkpoints c {join} "
+            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY {order}"
+            f"{f' LIMIT {int(limit)}' if limit is not None else ''}"
+        )
         try:
             with self._connect() as db:
                 return [self._entry(db, row) for row in db.execute(sql, args).fetchall()]
         except sqlite3.Error as e:
-            raise CatalogError(f"cannot read the catalog {self.path}: {e}; rebuild it with "
-                               f"`replicaft-ckpt catalog --rebuild {self.directory}`") from e
+            raise CatalogError(
+                f"cannot read the catalog {self.path}: {e}; rebuild it with "
+                f"`replicaft-ckpt catalog --rebuild {self.directory}`"
+            ) from e
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -327,8 +380,14 @@ class Catalog:
                 return
             except sqlite3.DatabaseError as e:
                 if attempt == 2 or isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-                    logger.warning("catalog %s: could not %s: %s; the checkpoints are unaffected (rebuild it with "
-                                   "`replicaft-ckpt catalog --rebuild %s`)", self.path, what, e, self.directory)
+                    logger.warning(
+                        "catalog %s: could not %s: %s; the checkpoints are unaffected (rebuild it with "
+                        "`replicaft-ckpt catalog --rebuild %s`)",
+                        self.path,
+                        what,
+                        e,
+                        self.directory,
+                    )
                     return
                 logger.warning("catalog %s cannot be read (%s); rebuilding it from the manifests", self.path, e)
                 try:

@@ -59,10 +59,15 @@ def decide_chain(parent: Parent | None, *, chain_length: int, key_id: str | None
     if not parent.intact:
         return ChainDecision("base", None, 1, f"{parent.name} cannot be built on: {parent.why_not}")
     if parent.key_id != key_id:
-        return ChainDecision("base", None, 1, f"{parent.name} was encrypted under key {parent.key_id or 'none'}, "
-                                              f"this save under {key_id or 'none'}")
+        return ChainDecision(
+            "base",
+            None,
+            1,
+            f"{parent.name} was encrypted under key {parent.key_id or 'none'}, this save under {key_id or 'none'}",
+        )
     if parent.chain_position >= chain_length:
-        return ChainDecision("base", None, 1, f"{parent.name} ends a chain of {parent.chain_position} "
-                                              f"(chain_length={chain_length})")
+        return ChainDecision(
+            "base", None, 1, f"{parent.name} ends a chain of {parent.chain_position} (chain_length={chain_length})"
+        )
     position = parent.chain_position + 1
     return ChainDecision("increment", parent.name, position, f"increment {position} of {chain_length} on {parent.name}")

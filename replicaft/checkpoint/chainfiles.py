@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 
 def files_present(path: Path, manifest: CheckpointManifest) -> str:
-    """"" when every file of checkpoint ``path`` and of its chain is there with its listed
+    """ "" when every file of checkpoint ``path`` and of its chain is there with its listed
     size (``stat`` only, no hashing); else what is missing."""
     chain = [(path, manifest)]
     for name in manifest.requires:
@@ -94,5 +94,10 @@ def retention_facts(directory: Path, lineage: str, pending_upload: Collection[st
 def facts_of(step: int, manifest: CheckpointManifest, *, pending_upload: bool = False) -> CheckpointFacts:
     """Retention's view of the checkpoint of ``step``, from its manifest."""
     labels = labels_of(manifest.metadata)
-    return CheckpointFacts(step, labels.epoch, labels.metrics,
-                           tuple(n.step for r in manifest.requires if (n := parse_dirname(r)) is not None), pending_upload)
+    return CheckpointFacts(
+        step,
+        labels.epoch,
+        labels.metrics,
+        tuple(n.step for r in manifest.requires if (n := parse_dirname(r)) is not None),
+        pending_upload,
+    )

@@ -100,11 +100,16 @@ class ChunkCodec:
                 raise CheckpointCorrupt(f"{where}: chunk is encrypted but its checkpoint says it is not")
             if len(payload) < _NONCE_BYTES + _TAG_BYTES:
                 # AESGCM raises ValueError, not InvalidTag, for a nonce under 8 bytes (issue 19).
-                raise CheckpointCorrupt(f"{where}: encrypted chunk record is {len(stored)} bytes, shorter than "
-                                        f"its flags, nonce and tag ({1 + _NONCE_BYTES + _TAG_BYTES})")
+                raise CheckpointCorrupt(
+                    f"{where}: encrypted chunk record is {len(stored)} bytes, shorter than "
+                    f"its flags, nonce and tag ({1 + _NONCE_BYTES + _TAG_BYTES})"
+                )
             try:
-                payload = memoryview(self._aead.decrypt(bytes(payload[:_NONCE_BYTES]), bytes(payload[_NONCE_BYTES:]),
-                                                        chunk_id + bytes([flags])))
+                payload = memoryview(
+                    self._aead.decrypt(
+                        bytes(payload[:_NONCE_BYTES]), bytes(payload[_NONCE_BYTES:]), chunk_id + bytes([flags])
+                    )
+                )
             except InvalidTag:
                 # The key id matched (checked per checkpoint), so this is damage, not a wrong key.
                 raise CheckpointCorrupt(f"{where}: chunk fails its AES-GCM authentication (damaged)") from None

@@ -109,12 +109,16 @@ def open_regular(path: Path, where: str) -> BinaryIO:
     except OSError as e:
         found = judge(path).kind
         if found != "file":
-            raise CheckpointCorrupt(f"{where} is a {found}, not a regular file; a checkpoint holds only regular files") from e
+            raise CheckpointCorrupt(
+                f"{where} is a {found}, not a regular file; a checkpoint holds only regular files"
+            ) from e
         raise CheckpointCorrupt(f"{where} cannot be opened ({e})") from e
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise CheckpointCorrupt(f"{where} is a {kind_of(mode)}, not a regular file; a checkpoint holds only regular files")
+            raise CheckpointCorrupt(
+                f"{where} is a {kind_of(mode)}, not a regular file; a checkpoint holds only regular files"
+            )
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -135,6 +139,8 @@ def read_small(path: Path, where: str, max_bytes: int = MAX_SMALL_FILE_BYTES) ->
         except OSError as e:
             raise CheckpointCorrupt(f"{where} cannot be read ({e})") from e
     if len(data) > size:
-        raise CheckpointCorrupt(f"{where} grew past {size} bytes while being read; a published checkpoint's "
-                                "files never change (is another process writing it?)")
+        raise CheckpointCorrupt(
+            f"{where} grew past {size} bytes while being read; a published checkpoint's "
+            "files never change (is another process writing it?)"
+        )
     return data

@@ -110,7 +110,9 @@ def read_safetensors(path: Path) -> tuple[str, Any]:
         names = json.loads(metadata[NAMES_KEY])
         return entry, unflatten(decoded, [tensors[n] for n in names])
     except (ValueError, KeyError, TypeError, StateError) as e:
-        raise CheckpointCorrupt(f"{path}: its {SKELETON_KEY} does not match its tensors ({type(e).__name__}: {e})") from e
+        raise CheckpointCorrupt(
+            f"{path}: its {SKELETON_KEY} does not match its tensors ({type(e).__name__}: {e})"
+        ) from e
 
 
 def imported_state(paths: Sequence[Path], step: int) -> dict[str, Any]:
@@ -124,8 +126,9 @@ def imported_state(paths: Sequence[Path], step: int) -> dict[str, Any]:
     return state
 
 
-def import_safetensors(paths: Sequence[Path], directory: Path, *, step: int = 0,
-                       encryption_key: EncryptionKey | None = None) -> Path:
+def import_safetensors(
+    paths: Sequence[Path], directory: Path, *, step: int = 0, encryption_key: EncryptionKey | None = None
+) -> Path:
     """Write a checkpoint of ``paths`` into ``directory`` (a new lineage); return its path."""
     from replicaft.checkpoint.writer import CheckpointWriter
     from replicaft.transfer.snapshot import Snapshot
@@ -133,7 +136,9 @@ def import_safetensors(paths: Sequence[Path], directory: Path, *, step: int = 0,
     state = imported_state(paths, step)
     snapshot = Snapshot.capture(flatten(state), step=step, quorum_id=-1, replica_id="import")
     with CheckpointWriter(directory, encryption_key=encryption_key, writer_id="import") as writer:
-        result = writer.save_async(snapshot, step, {IMPORTED: True, "imported_from": [str(p) for p in paths]}).wait(3600)
+        result = writer.save_async(snapshot, step, {IMPORTED: True, "imported_from": [str(p) for p in paths]}).wait(
+            3600
+        )
     if not result.ok or result.path is None:
         raise CheckpointCorrupt(f"writing the imported checkpoint into {directory} failed: {result.reason}")
     return result.path

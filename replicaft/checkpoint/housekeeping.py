@@ -58,7 +58,9 @@ class Housekeeper:
         self.writer_id = writer_id
         self._cleaned: set[Path] = set()
 
-    def after_publish(self, final: Path, manifest: CheckpointManifest) -> tuple[Path | None, str | None, tuple[int, ...]]:
+    def after_publish(
+        self, final: Path, manifest: CheckpointManifest
+    ) -> tuple[Path | None, str | None, tuple[int, ...]]:
         """Copy, upload, catalog and retain after ``final`` was published.
 
         Returns the tier-2 copy (None without tier 2 or when the copy failed), the tier-2
@@ -70,9 +72,11 @@ class Housekeeper:
             self.uploader.submit(final)
         decision, deleted = self._apply_retention(self.directory, manifest.step, manifest.lineage)
         if self.catalog is not None:
-            self.catalog.record(entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)),
-                                roles={checkpoint_dirname(v.step, manifest.lineage): v.kept_as for v in decision.verdicts if v.keep},
-                                removed=[checkpoint_dirname(old, manifest.lineage) for old in deleted])
+            self.catalog.record(
+                entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)),
+                roles={checkpoint_dirname(v.step, manifest.lineage): v.kept_as for v in decision.verdicts if v.keep},
+                removed=[checkpoint_dirname(old, manifest.lineage) for old in deleted],
+            )
         return tier2_path, tier2_error, deleted
 
     def remove_leftovers_once(self, directory: Path) -> None:
@@ -85,8 +89,9 @@ class Housekeeper:
             try:
                 self.uploader.resume_pending()
             except ObjectStoreError as e:
-                logger.error("[%s] cannot list %s to resume unfinished uploads: %s", self.writer_id,
-                             self.uploader.store.url, e)
+                logger.error(
+                    "[%s] cannot list %s to resume unfinished uploads: %s", self.writer_id, self.uploader.store.url, e
+                )
         for name in remove_leftovers(directory):
             logger.info("[%s] removed %s/%s, left by an interrupted save or delete", self.writer_id, directory, name)
 
@@ -103,7 +108,9 @@ class Housekeeper:
             return None, error
         _, deleted = self._apply_retention(self.tier2_directory, manifest.step, manifest.lineage)
         if self.catalog is not None:
-            self.catalog.set_tier([checkpoint_dirname(old, manifest.lineage) for old in deleted], "tier2", present=False)
+            self.catalog.set_tier(
+                [checkpoint_dirname(old, manifest.lineage) for old in deleted], "tier2", present=False
+            )
         return copy, None
 
     def _apply_retention(self, directory: Path, step: int, lineage: str) -> tuple[RetentionDecision, tuple[int, ...]]:

@@ -72,18 +72,35 @@ def encode_index(metadata: Metadata, pieces: dict[MetadataIndex, StoredPiece]) -
     tensors = {}
     for fqn, entry in metadata.state_dict_metadata.items():
         if not isinstance(entry, TensorStorageMetadata):
-            raise TypeError(f"{fqn} is a {type(entry).__name__}; checkpoints hold tensors only (plain values go to state.msgpack)")
-        tensors[fqn] = [dtype_name(entry.properties.dtype), list(entry.size),
-                        [[list(c.offsets), list(c.sizes)] for c in entry.chunks]]
+            raise TypeError(
+                f"{fqn} is a {type(entry).__name__}; checkpoints hold tensors only (plain values go to state.msgpack)"
+            )
+        tensors[fqn] = [
+            dtype_name(entry.properties.dtype),
+            list(entry.size),
+            [[list(c.offsets), list(c.sizes)] for c in entry.chunks],
+        ]
     locations: dict[str, int] = {}
     stored = []
     for index, piece in pieces.items():
-        refs = [[locations.setdefault(r.location, len(locations)), r.pack, r.offset, r.stored_len, r.raw_len, r.chunk_id]
-                for r in piece.chunks]
-        stored.append([index.fqn, list(index.offset) if index.offset is not None else None, index.index,
-                       piece.dtype, list(piece.shape), refs])
-    return msgpack.packb({"version": INDEX_VERSION, "tensors": tensors, "locations": list(locations), "stored": stored},
-                         use_bin_type=True)
+        refs = [
+            [locations.setdefault(r.location, len(locations)), r.pack, r.offset, r.stored_len, r.raw_len, r.chunk_id]
+            for r in piece.chunks
+        ]
+        stored.append(
+            [
+                index.fqn,
+                list(index.offset) if index.offset is not None else None,
+                index.index,
+                piece.dtype,
+                list(piece.shape),
+                refs,
+            ]
+        )
+    return msgpack.packb(
+        {"version": INDEX_VERSION, "tensors": tensors, "locations": list(locations), "stored": stored},
+        use_bin_type=True,
+    )
 
 
 def decode_index(raw: bytes, where: str) -> tuple[Metadata, dict[MetadataIndex, StoredPiece]]:
@@ -101,35 +118,69 @@ def decode_index(raw: bytes, where: str) -> tuple[Metadata, dict[MetadataIndex, 
         raise CheckpointCorrupt(f"{where}: locations {shown(locations)} are not all checkpoint names")
     state_dict_metadata: dict[str, Any] = {}
     for fqn, entry in tensors.items():
-        ok = (isinstance(entry, list) and len(entry) == 3 and _dtype(entry[0]) and _dims(entry[1])
-              and isinstance(entry[2], list) and all(isinstance(c, list) and len(c) == 2 and _dims(c[0]) and _dims(c[1])
-                                                     and len(c[0]) == len(c[1]) == len(entry[1]) for c in entry[2]))
+        ok = (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and _dtype(entry[0])
+            and _dims(entry[1])
+            and isinstance(entry[2], list)
+            and all(
+                isinstance(c, list)
+                and len(c) == 2
+                and _dims(c[0])
+                and _dims(c[1])
+                and len(c[0]) == len(c[1]) == len(entry[1])
+                for c in entry[2]
+            )
+        )
         if not ok:
             raise CheckpointCorrupt(f"{where}: tensor {shown(fqn)} = {shown(entry)} is not [dtype, size, pieces]")
         state_dict_metadata[fqn] = TensorStorageMetadata(
-            TensorProperties(dtype=DTYPES[entry[0]]), torch.Size(entry[1]),
+            TensorProperties(dtype=DTYPES[entry[0]]),
+            torch.Size(entry[1]),
             [ChunkStorageMetadata(torch.Size(c[0]), torch.Size(c[1])) for c in entry[2]],
         )
     pieces = {}
     for i, s in enumerate(stored):
-        ok = (isinstance(s, list) and len(s) == 6 and isinstance(s[0], str) and s[0] in tensors
-              and (s[1] is None or _dims(s[1])) and (s[2] is None or _count(s[2])) and _dtype(s[3]) and _dims(s[4])
-              and isinstance(s[5], list))
+        ok = (
+            isinstance(s, list)
+            and len(s) == 6
+            and isinstance(s[0], str)
+            and s[0] in tensors
+            and (s[1] is None or _dims(s[1]))
+            and (s[2] is None or _count(s[2]))
+            and _dtype(s[3])
+            and _dims(s[4])
+            and isinstance(s[5], list)
+        )
         if not ok:
             raise CheckpointCorrupt(f"{where}: stored[{i}] is not [fqn, offset, index, dtype, shape, chunks]")
         refs = tuple(_ref(r, locations, f"{where}: stored[{i}] ({s[0]})") for r in s[5])
         num_bytes = _numel(s[4]) * DTYPES[s[3]].itemsize
         if sum(r.raw_len for r in refs) != num_bytes:
-            raise CheckpointCorrupt(f"{where}: {s[0]}'s chunks hold {sum(r.raw_len for r in refs)} bytes, its shape {num_bytes}")
+            raise CheckpointCorrupt(
+                f"{where}: {s[0]}'s chunks hold {sum(r.raw_len for r in refs)} bytes, its shape {num_bytes}"
+            )
         index = MetadataIndex(s[0], torch.Size(s[1]) if s[1] is not None else None, s[2])
         pieces[index] = StoredPiece(s[3], tuple(s[4]), refs)
     return Metadata(state_dict_metadata, storage_data=pieces), pieces
 
 
 def _ref(r: Any, locations: list[str], where: str) -> ChunkRef:
-    ok = (isinstance(r, list) and len(r) == 6 and _count(r[0]) and r[0] < len(locations) and _count(r[1])
-          and r[1] < MAX_RANKS and _count(r[2]) and _count(r[3]) and _count(r[4]) and 0 < r[4] <= CHUNK_BYTES
-          and isinstance(r[5], bytes) and len(r[5]) == ID_BYTES)
+    ok = (
+        isinstance(r, list)
+        and len(r) == 6
+        and _count(r[0])
+        and r[0] < len(locations)
+        and _count(r[1])
+        and r[1] < MAX_RANKS
+        and _count(r[2])
+        and _count(r[3])
+        and _count(r[4])
+        and 0 < r[4] <= CHUNK_BYTES
+        and isinstance(r[5], bytes)
+        and len(r[5]) == ID_BYTES
+    )
     if not ok:
         raise CheckpointCorrupt(f"{where}: chunk reference {shown(r)} is malformed")
     return ChunkRef(locations[r[0]], r[1], r[2], r[3], r[4], r[5])

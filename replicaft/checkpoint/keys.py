@@ -77,7 +77,9 @@ def parse_key(text: str | bytes, where: str) -> EncryptionKey:
 
 
 def load_key(
-    *, key_file: str | os.PathLike[str] | None = None, key: str | None = None,
+    *,
+    key_file: str | os.PathLike[str] | None = None,
+    key: str | None = None,
     data_directories: tuple[str | os.PathLike[str] | None, ...] = (),
 ) -> EncryptionKey | None:
     """The checkpoint key from ``key_file`` or ``key`` (its text); None when neither is given.
@@ -108,5 +110,6 @@ def key_from_env(
 ) -> EncryptionKey | None:
     """:func:`load_key` from ``REPLICAFT_CHECKPOINT_KEY_FILE`` / ``REPLICAFT_CHECKPOINT_KEY``
     (for command-line entry points; the manager gets both through its options)."""
-    return load_key(key_file=environ.get(KEY_FILE_ENV) or None, key=environ.get(KEY_ENV) or None,
-                    data_directories=data_directories)
+    return load_key(
+        key_file=environ.get(KEY_FILE_ENV) or None, key=environ.get(KEY_ENV) or None, data_directories=data_directories
+    )

@@ -79,7 +79,9 @@ def check_tag(key: object, value: object) -> TagValue:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"checkpoint tag {key}={value!r} must be finite")
     if not isinstance(value, str | int | float | bool):
-        raise ValueError(f"checkpoint tag {key}={value!r} is a {type(value).__name__}; tags are str, int, float or bool")
+        raise ValueError(
+            f"checkpoint tag {key}={value!r} is a {type(value).__name__}; tags are str, int, float or bool"
+        )
     return value
 
 
@@ -130,13 +132,15 @@ def labels_of(metadata: Mapping[str, Any]) -> Labels:
     tags = _valid(metadata.get(TAGS_KEY), check_tag)
     metrics = _valid(metadata.get(METRICS_KEY), check_metric)
     hashed, version = metadata.get(CONFIG_HASH_KEY), metadata.get(CODE_VERSION_KEY)
-    return Labels(tags, metrics, hashed if isinstance(hashed, str) else None, version if isinstance(version, str) else None)
+    return Labels(
+        tags, metrics, hashed if isinstance(hashed, str) else None, version if isinstance(version, str) else None
+    )
 
 
 def _valid(raw: object, check: Callable[[object, object], T]) -> dict[str, T]:
     """The items of ``raw`` (if a dict) that ``check`` accepts, as it returns them."""
     valid: dict[str, T] = {}
-    for key, value in (raw.items() if isinstance(raw, dict) else ()):
+    for key, value in raw.items() if isinstance(raw, dict) else ():
         try:
             valid[key] = check(key, value)
         except ValueError:

@@ -93,7 +93,8 @@ def read_dcp_metadata(path: Path, listed_files: Collection[str]) -> dcp_metadata
     except Exception as e:  # a damaged pickle fails in many ways; none is a program error
         raise CheckpointCorrupt(f"{where} cannot be decoded ({type(e).__name__}: {e})") from e
     if not isinstance(metadata, dcp_metadata.Metadata) or not isinstance(
-            _attribute(metadata, "state_dict_metadata", where), dict):
+        _attribute(metadata, "state_dict_metadata", where), dict
+    ):
         raise CheckpointCorrupt(f"{where} does not hold DCP metadata (found {type(metadata).__name__})")
     for key, entry in metadata.state_dict_metadata.items():
         if not isinstance(key, str) or not isinstance(entry, dcp_metadata.TensorStorageMetadata):
@@ -115,8 +116,9 @@ def read_dcp_metadata(path: Path, listed_files: Collection[str]) -> dcp_metadata
             )
         place = (_attribute(info, "offset", where), _attribute(info, "length", where))
         if not all(type(n) is int and 0 <= n < 1 << 62 for n in place):
-            raise CheckpointCorrupt(f"{where}: {fqn!r:.200} is stored at offset, length {place!r:.200}; expected "
-                                    "two byte counts")
+            raise CheckpointCorrupt(
+                f"{where}: {fqn!r:.200} is stored at offset, length {place!r:.200}; expected two byte counts"
+            )
     return metadata
 
 

@@ -159,17 +159,30 @@ class CheckpointManifest:
         level, key_id = codec.get("compression_level"), codec.get("key_id")
         names = [parse_dirname(r) if isinstance(r, str) else None for r in requires]
         if kind not in ("base", "increment") or (kind == "base") != (not requires) or position < 1:
-            raise CheckpointCorrupt(f"{where}: kind {shown(kind)} with requires {shown(requires)}, chain position "
-                                    f"{position}")
+            raise CheckpointCorrupt(
+                f"{where}: kind {shown(kind)} with requires {shown(requires)}, chain position {position}"
+            )
         if not all(n is not None and n.lineage == lineage and n.step < step for n in names):
-            raise CheckpointCorrupt(f"{where}: requires {shown(requires)} are not earlier checkpoints of lineage "
-                                    f"{lineage}")
+            raise CheckpointCorrupt(
+                f"{where}: requires {shown(requires)} are not earlier checkpoints of lineage {lineage}"
+            )
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= 22:
             raise CheckpointCorrupt(f"{where}: codec compression_level {shown(level)} is not 0..22")
         if key_id is not None and not (isinstance(key_id, str) and _KEY_ID.fullmatch(key_id)):
             raise CheckpointCorrupt(f"{where}: codec key_id {shown(key_id)} is not a key id")
-        return cls(step, float(created), tuple(files), metadata, lineage, version, kind, tuple(requires), position,
-                   level, key_id)
+        return cls(
+            step,
+            float(created),
+            tuple(files),
+            metadata,
+            lineage,
+            version,
+            kind,
+            tuple(requires),
+            position,
+            level,
+            key_id,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,7 +83,7 @@ _FATAL_CODES = {
     "SignatureDoesNotMatch": "the secret key does not match the access key; check AWS_SECRET_ACCESS_KEY",
     "AccessDenied": "the credentials may not do this; grant s3:GetObject, PutObject, ListBucket, DeleteObject",
     "Forbidden": "the store refused the credentials (a HEAD has no body to say why); check AWS_ACCESS_KEY_ID and "
-                 "AWS_SECRET_ACCESS_KEY, and that they may read and write the bucket",
+    "AWS_SECRET_ACCESS_KEY, and that they may read and write the bucket",
     "NoSuchBucket": "the bucket does not exist; create it, or fix the checkpoint object store URL",
     "InvalidBucketName": "the bucket name is not valid",
 }
@@ -102,7 +102,9 @@ class StoreLocation:
             raise ObjectStoreError(f"checkpoint object store {url!r} is not an s3:// URL (s3://bucket/prefix)")
         bucket, _, prefix = url.removeprefix("s3://").partition("/")
         if not 3 <= len(bucket) <= 63:
-            raise ObjectStoreError(f"checkpoint object store {url!r}: bucket name {bucket!r} must have 3 to 63 characters")
+            raise ObjectStoreError(
+                f"checkpoint object store {url!r}: bucket name {bucket!r} must have 3 to 63 characters"
+            )
         return cls(bucket, prefix.strip("/"))
 
     def key(self, *parts: str) -> str:
@@ -117,14 +119,21 @@ class ObjectStore:
     """One bucket and prefix of an S3-API store. Thread-safe; no I/O until the first call."""
 
     def __init__(
-        self, url: str, *, endpoint_url: str | None = None, part_bytes: int = PART_BYTES,
-        max_concurrency: int = MAX_CONCURRENCY, retry: RetryPolicy | None = None,
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        part_bytes: int = PART_BYTES,
+        max_concurrency: int = MAX_CONCURRENCY,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.location = StoreLocation.parse(url)
         self.url = url
         self.endpoint_url = endpoint_url
         if part_bytes < 5 * 1024 * 1024 or max_concurrency < 1:
-            raise ObjectStoreError(f"part_bytes={part_bytes} (S3 needs >= 5 MiB) / max_concurrency={max_concurrency} (>= 1)")
+            raise ObjectStoreError(
+                f"part_bytes={part_bytes} (S3 needs >= 5 MiB) / max_concurrency={max_concurrency} (>= 1)"
+            )
         self.part_bytes = part_bytes
         self.max_concurrency = max_concurrency
         self.retry = retry or RetryPolicy()
@@ -147,10 +156,14 @@ class ObjectStore:
                 from botocore.config import Config
 
                 self._client_obj = boto3.session.Session().client(
-                    "s3", endpoint_url=self.endpoint_url,
+                    "s3",
+                    endpoint_url=self.endpoint_url,
                     config=Config(
-                        retries={"total_max_attempts": 1}, max_pool_connections=2 * self.max_concurrency,
-                        connect_timeout=10, read_timeout=60, request_checksum_calculation="when_required",
+                        retries={"total_max_attempts": 1},
+                        max_pool_connections=2 * self.max_concurrency,
+                        connect_timeout=10,
+                        read_timeout=60,
+                        request_checksum_calculation="when_required",
                         response_checksum_validation="when_required",
                     ),
                 )
@@ -173,20 +186,38 @@ class ObjectStore:
                     raise _UploadGone(what) from e
                 if code in _FATAL_CODES or (400 <= status < 500 and code not in _TRANSIENT_4XX):
                     fix = _FATAL_CODES.get(code, _FATAL_CODES["Forbidden"] if status == 403 else "")
-                    raise ObjectStoreError(f"{self._where()}: {what} was refused: {code} (HTTP {status}){'; ' + fix if fix else ''}") from e
+                    raise ObjectStoreError(
+                        f"{self._where()}: {what} was refused: {code} (HTTP {status}){'; ' + fix if fix else ''}"
+                    ) from e
                 error: Exception = e
             except bex.NoCredentialsError as e:
-                raise ObjectStoreError(f"{self._where()}: no credentials for {what}; set AWS_ACCESS_KEY_ID and "
-                                       "AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)") from e
-            except (bex.ConnectionError, bex.HTTPClientError, bex.IncompleteReadError, bex.ResponseStreamingError,
-                    Transient) as e:
+                raise ObjectStoreError(
+                    f"{self._where()}: no credentials for {what}; set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)"
+                ) from e
+            except (
+                bex.ConnectionError,
+                bex.HTTPClientError,
+                bex.IncompleteReadError,
+                bex.ResponseStreamingError,
+                Transient,
+            ) as e:
                 error = e
             delay = next_delay(self.retry, attempt=attempt, started=started, now=time.monotonic(), draw=random.random())
             if delay is None:
-                raise ObjectStoreError(f"{self._where()}: {what} failed {attempt} times in {time.monotonic() - started:.1f}s; "
-                                       f"last: {type(error).__name__}: {error}") from error
-            logger.warning("%s: %s failed (%s: %s); retry %d in %.2fs", self._where(), what, type(error).__name__,
-                           error, attempt, delay)
+                raise ObjectStoreError(
+                    f"{self._where()}: {what} failed {attempt} times in {time.monotonic() - started:.1f}s; "
+                    f"last: {type(error).__name__}: {error}"
+                ) from error
+            logger.warning(
+                "%s: %s failed (%s: %s); retry %d in %.2fs",
+                self._where(),
+                what,
+                type(error).__name__,
+                error,
+                attempt,
+                delay,
+            )
             time.sleep(delay)
 
     def _where(self) -> str:
@@ -217,8 +248,13 @@ class ObjectStore:
         md5 = hashlib.md5(data, usedforsecurity=False)
 
         def put() -> None:
-            r = self.client().put_object(Bucket=self.location.bucket, Key=key, Body=data,
-                                         ContentMD5=base64.b64encode(md5.digest()).decode(), Metadata={SHA256_META: sha256})
+            r = self.client().put_object(
+                Bucket=self.location.bucket,
+                Key=key,
+                Body=data,
+                ContentMD5=base64.b64encode(md5.digest()).decode(),
+                Metadata={SHA256_META: sha256},
+            )
             check_etag(r, md5.hexdigest(), key)
 
         self.call(f"PUT {key}", put)
@@ -253,8 +289,10 @@ class ObjectStore:
     def delete_keys(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
             batch = [{"Key": k} for k in keys[start : start + 1000]]
-            self.call(f"DELETE {len(batch)} objects",
-                      lambda b=batch: self.client().delete_objects(Bucket=self.location.bucket, Delete={"Objects": b}))
+            self.call(
+                f"DELETE {len(batch)} objects",
+                lambda b=batch: self.client().delete_objects(Bucket=self.location.bucket, Delete={"Objects": b}),
+            )
 
     # -- files ------------------------------------------------------------------------
 
@@ -270,23 +308,29 @@ class ObjectStore:
             try:
                 part_crcs = self._multipart(path, key, num_bytes, sha256, resume=True)
             except _UploadGone:
-                logger.warning("%s: the server forgot the multipart upload of %s; uploading it again", self._where(), key)
+                logger.warning(
+                    "%s: the server forgot the multipart upload of %s; uploading it again", self._where(), key
+                )
                 part_crcs = self._multipart(path, key, num_bytes, sha256, resume=False)
         found = self._head(key)
         if found is None:
             raise ObjectStoreError(f"{self._where()}: {key} is missing right after its upload")
         size, meta = int(found["ContentLength"]), found.get("Metadata", {})
         if size != num_bytes or meta.get(SHA256_META) != sha256:
-            raise ObjectStoreError(f"{self._where()}: {key} reads back as {size} bytes with sha256 "
-                                   f"{meta.get(SHA256_META)!r} after its upload, not {num_bytes} bytes with sha256 {sha256[:8]}…")
+            raise ObjectStoreError(
+                f"{self._where()}: {key} reads back as {size} bytes with sha256 "
+                f"{meta.get(SHA256_META)!r} after its upload, not {num_bytes} bytes with sha256 {sha256[:8]}…"
+            )
         stored = stored_composite_crc32(found)
         if part_crcs is not None and stored is not None and stored != composite_crc32(part_crcs):
             # Deleted, or the next attempt would take it for an upload finished before a crash
             # (objecttier.py skips a file whose size and SHA-256 metadata match).
             self.delete_keys([key])
-            raise ObjectStoreError(f"{self._where()}: {key} was stored with composite CRC32 {stored}, but its "
-                                   f"{len(part_crcs)} parts as read from {path} give {composite_crc32(part_crcs)} "
-                                   "(the store holds other bytes); deleted, to be uploaded again by the next attempt")
+            raise ObjectStoreError(
+                f"{self._where()}: {key} was stored with composite CRC32 {stored}, but its "
+                f"{len(part_crcs)} parts as read from {path} give {composite_crc32(part_crcs)} "
+                "(the store holds other bytes); deleted, to be uploaded again by the next attempt"
+            )
 
     def _multipart(self, path: Path, key: str, num_bytes: int, sha256: str, *, resume: bool) -> list[int]:
         """Upload ``path`` in parts; the parts' CRC32s, in order (for the composite check)."""
@@ -295,11 +339,16 @@ class ObjectStore:
         parts = [(n + 1, off, min(size, num_bytes - off)) for n, off in enumerate(range(0, num_bytes, size))]
         upload_id, done = self._open_upload(key) if resume else (None, {})
         if upload_id is None:
-            upload_id = self.call(f"start multipart {key}", lambda: client().create_multipart_upload(
-                Bucket=bucket, Key=key, Metadata={SHA256_META: sha256}, ChecksumAlgorithm=PART_CHECKSUM)["UploadId"])
+            upload_id = self.call(
+                f"start multipart {key}",
+                lambda: client().create_multipart_upload(
+                    Bucket=bucket, Key=key, Metadata={SHA256_META: sha256}, ChecksumAlgorithm=PART_CHECKSUM
+                )["UploadId"],
+            )
         else:
-            logger.info("%s: resuming the upload of %s: %d of %d parts already there", self._where(), key,
-                        len(done), len(parts))
+            logger.info(
+                "%s: resuming the upload of %s: %d of %d parts already there", self._where(), key, len(done), len(parts)
+            )
         with open(path, "rb") as f:
             fd = f.fileno()
 
@@ -312,8 +361,15 @@ class ObjectStore:
                     return crc, {**sent, "ETag": done[number].etag}
 
                 def put() -> dict[str, Any]:
-                    r = client().upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=data,
-                                             ChecksumAlgorithm=PART_CHECKSUM, ChecksumCRC32=sent["ChecksumCRC32"])
+                    r = client().upload_part(
+                        Bucket=bucket,
+                        Key=key,
+                        UploadId=upload_id,
+                        PartNumber=number,
+                        Body=data,
+                        ChecksumAlgorithm=PART_CHECKSUM,
+                        ChecksumCRC32=sent["ChecksumCRC32"],
+                    )
                     check_part(r, data, sent["ChecksumCRC32"], f"{key} part {number}")
                     return {**sent, "ETag": r["ETag"]}
 
@@ -327,8 +383,12 @@ class ObjectStore:
                 if not self._upload_exists(key, upload_id):
                     raise _UploadGone(key) from None
                 raise
-        self.call(f"complete multipart {key}", lambda: client().complete_multipart_upload(
-            Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": [p for _, p in results]}))
+        self.call(
+            f"complete multipart {key}",
+            lambda: client().complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": [p for _, p in results]}
+            ),
+        )
         return [crc for crc, _ in results]
 
     def _open_upload(self, key: str) -> tuple[str | None, dict[int, ListedPart]]:
@@ -337,25 +397,34 @@ class ObjectStore:
         the store would refuse to mix with ours) is aborted."""
         bucket, client = self.location.bucket, self.client
         r = self.call(f"LIST uploads {key}", lambda: client().list_multipart_uploads(Bucket=bucket, Prefix=key))
-        uploads = sorted((u for u in r.get("Uploads", []) if u["Key"] == key), key=lambda u: u["Initiated"], reverse=True)
+        uploads = sorted(
+            (u for u in r.get("Uploads", []) if u["Key"] == key), key=lambda u: u["Initiated"], reverse=True
+        )
         usable = [u for u in uploads[:1] if u.get("ChecksumAlgorithm") == PART_CHECKSUM]
-        for stale in uploads[len(usable):]:
-            self.call(f"abort {key}", lambda u=stale: client().abort_multipart_upload(Bucket=bucket, Key=key, UploadId=u["UploadId"]))
+        for stale in uploads[len(usable) :]:
+            self.call(
+                f"abort {key}",
+                lambda u=stale: client().abort_multipart_upload(Bucket=bucket, Key=key, UploadId=u["UploadId"]),
+            )
         if not usable:
             return None, {}
         upload_id = usable[0]["UploadId"]
         done: dict[int, ListedPart] = {}
         marker = 0
         while True:
-            page = self.call(f"LIST parts {key}", lambda m=marker: client().list_parts(
-                Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=m))
+            page = self.call(
+                f"LIST parts {key}",
+                lambda m=marker: client().list_parts(Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=m),
+            )
             done.update({p["PartNumber"]: ListedPart(p["ETag"], p.get("ChecksumCRC32")) for p in page.get("Parts", [])})
             if not page.get("IsTruncated"):
                 return upload_id, done
             marker = page["NextPartNumberMarker"]
 
     def _upload_exists(self, key: str, upload_id: str) -> bool:
-        r = self.call(f"LIST uploads {key}", lambda: self.client().list_multipart_uploads(Bucket=self.location.bucket, Prefix=key))
+        r = self.call(
+            f"LIST uploads {key}", lambda: self.client().list_multipart_uploads(Bucket=self.location.bucket, Prefix=key)
+        )
         return any(u["UploadId"] == upload_id for u in r.get("Uploads", []))
 
     def download_file(self, key: str, dest: Path, *, num_bytes: int, sha256: str) -> None:
@@ -368,7 +437,9 @@ class ObjectStore:
         if found is None:
             raise CheckpointCorrupt(f"{self._where()}: {key} is missing")
         if found[0] != num_bytes:
-            raise CheckpointCorrupt(f"{self._where()}: {key} is {found[0]} bytes, the manifest says {num_bytes} (truncated?)")
+            raise CheckpointCorrupt(
+                f"{self._where()}: {key} is {found[0]} bytes, the manifest says {num_bytes} (truncated?)"
+            )
         ranges = [(off, min(self.part_bytes, num_bytes - off)) for off in range(0, num_bytes, self.part_bytes)]
         with open(dest, "wb") as f:
             f.truncate(num_bytes)
@@ -378,8 +449,9 @@ class ObjectStore:
                 offset, length = rng
 
                 def get() -> None:
-                    r = self.client().get_object(Bucket=self.location.bucket, Key=key,
-                                                 Range=f"bytes={offset}-{offset + length - 1}")
+                    r = self.client().get_object(
+                        Bucket=self.location.bucket, Key=key, Range=f"bytes={offset}-{offset + length - 1}"
+                    )
                     data = r["Body"].read()
                     if len(data) != length:
                         raise Transient(f"GET {key} bytes {offset}+{length} returned {len(data)} bytes")
@@ -395,5 +467,7 @@ class ObjectStore:
             while chunk := f.read(READ_BYTES):
                 h.update(chunk)
         if h.hexdigest() != sha256:
-            raise CheckpointCorrupt(f"{self._where()}: {key} downloaded with sha256 {h.hexdigest()[:8]}…, the manifest "
-                                    f"says {sha256[:8]}… (the object is damaged)")
+            raise CheckpointCorrupt(
+                f"{self._where()}: {key} downloaded with sha256 {h.hexdigest()[:8]}…, the manifest "
+                f"says {sha256[:8]}… (the object is damaged)"
+            )

@@ -75,7 +75,9 @@ def stored_checkpoints(store: ObjectStore) -> list[str]:
 
 def stored_manifest(store: ObjectStore, name: str) -> CheckpointManifest:
     where = f"{store.url}/{name}/{MANIFEST_FILE}"
-    return CheckpointManifest.decode(store.get_bytes(store.location.key(name, MANIFEST_FILE), MAX_MANIFEST_BYTES), where)
+    return CheckpointManifest.decode(
+        store.get_bytes(store.location.key(name, MANIFEST_FILE), MAX_MANIFEST_BYTES), where
+    )
 
 
 def fetch_checkpoint(store: ObjectStore, name: str, directory: Path) -> Path:
@@ -101,8 +103,9 @@ def fetch_checkpoint(store: ObjectStore, name: str, directory: Path) -> Path:
     started = time.monotonic()
     try:
         for entry in manifest.files:
-            store.download_file(store.location.key(name, entry.name), tmp / entry.name,
-                                num_bytes=entry.num_bytes, sha256=entry.sha256)
+            store.download_file(
+                store.location.key(name, entry.name), tmp / entry.name, num_bytes=entry.num_bytes, sha256=entry.sha256
+            )
         write_durably(tmp / MANIFEST_FILE, raw)
         check(tmp, expected=parse_dirname(name))
         if judge(final).kind != "missing" and not _intact(final):
@@ -118,7 +121,9 @@ def fetch_checkpoint(store: ObjectStore, name: str, directory: Path) -> Path:
     except BaseException:
         remove_partial(tmp)
         raise
-    logger.info("fetched %s from %s (%d bytes in %.2fs)", name, store.url, manifest.num_bytes, time.monotonic() - started)
+    logger.info(
+        "fetched %s from %s (%d bytes in %.2fs)", name, store.url, manifest.num_bytes, time.monotonic() - started
+    )
     return final
 
 
@@ -138,7 +143,9 @@ class Uploader:
     Call its methods from one thread (the writer's); :meth:`pop_finished` from any.
     """
 
-    def __init__(self, store: ObjectStore, directory: Path, *, retention: RetentionPolicy, writer_id: str = "-") -> None:
+    def __init__(
+        self, store: ObjectStore, directory: Path, *, retention: RetentionPolicy, writer_id: str = "-"
+    ) -> None:
         self.store = store
         self.directory = directory
         self.retention = retention
@@ -171,8 +178,13 @@ class Uploader:
         for path in missing:
             self.submit(path)
         if missing:
-            logger.info("[%s] %d local checkpoint(s) not yet in %s queued for upload: %s", self.writer_id, len(missing),
-                        self.store.url, ", ".join(p.name for p in missing))
+            logger.info(
+                "[%s] %d local checkpoint(s) not yet in %s queued for upload: %s",
+                self.writer_id,
+                len(missing),
+                self.store.url,
+                ", ".join(p.name for p in missing),
+            )
         return len(missing)
 
     def pending(self) -> int:
@@ -217,8 +229,13 @@ class Uploader:
             try:
                 result = self._upload(path, started)
             except (ObjectStoreError, CheckpointCorrupt, OSError) as e:
-                result = UploadResult(path.name, _step(path.name), False, f"uploading {path.name} to {self.store.url} "
-                                      f"failed: {e}; the local checkpoint is unaffected", seconds=time.monotonic() - started)
+                result = UploadResult(
+                    path.name,
+                    _step(path.name),
+                    False,
+                    f"uploading {path.name} to {self.store.url} failed: {e}; the local checkpoint is unaffected",
+                    seconds=time.monotonic() - started,
+                )
                 logger.error("[%s] %s", self.writer_id, result.reason)
             except Exception as e:  # a bug here must not kill the thread and stop every later upload
                 logger.exception("[%s] checkpoint uploader error", self.writer_id)
@@ -264,7 +281,11 @@ class Uploader:
     def _apply_retention(self, lineage: str) -> None:
         """Retention in the store, for this lineage; a failure is logged, never raised."""
         try:
-            names = [n for n in stored_checkpoints(self.store) if (p := parse_dirname(n)) is not None and p.lineage == lineage]
+            names = [
+                n
+                for n in stored_checkpoints(self.store)
+                if (p := parse_dirname(n)) is not None and p.lineage == lineage
+            ]
             facts = []
             for name in names:
                 try:

@@ -47,7 +47,12 @@ def check_seconds(name: str, value: object, *, fix: str = "") -> float:
 
 
 def check_fraction(name: str, value: object, *, maximum: float = 10.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or not 0 <= value <= maximum:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or not 0 <= value <= maximum
+    ):
         raise OptionsError(f"{name}={value!r} must be a finite number between 0 and {maximum:g} (0.1 = 10%)")
     return float(value)
 
@@ -87,17 +92,23 @@ class RetentionPolicy:
         check_count("keep_geometric_from", self.keep_geometric_from, fix="; use 0 for no geometric spacing")
         check_count("keep_best_k", self.keep_best_k, fix="; use 0 to keep no best checkpoints")
         if self.keep_best_mode not in ("min", "max"):
-            raise OptionsError(f"keep_best_mode={self.keep_best_mode!r} must be 'min' (lower is better, a loss) "
-                               "or 'max' (higher is better, an accuracy)")
+            raise OptionsError(
+                f"keep_best_mode={self.keep_best_mode!r} must be 'min' (lower is better, a loss) "
+                "or 'max' (higher is better, an accuracy)"
+            )
         metric = self.keep_best_metric
         if metric is not None and (not isinstance(metric, str) or not metric):
             raise OptionsError(f"keep_best_metric={metric!r} must be a metric name such as 'loss', or None")
         if self.keep_best_k and metric is None:
-            raise OptionsError(f"keep_best_k={self.keep_best_k} needs keep_best_metric, the metric to rank "
-                               "checkpoints by (e.g. keep_best_metric='loss')")
+            raise OptionsError(
+                f"keep_best_k={self.keep_best_k} needs keep_best_metric, the metric to rank "
+                "checkpoints by (e.g. keep_best_metric='loss')"
+            )
         if metric is not None and not self.keep_best_k:
-            raise OptionsError(f"keep_best_metric={metric!r} is set but keep_best_k=0, so no checkpoint is kept "
-                               "for it; set keep_best_k >= 1 or drop the metric")
+            raise OptionsError(
+                f"keep_best_metric={metric!r} is set but keep_best_k=0, so no checkpoint is kept "
+                "for it; set keep_best_k >= 1 or drop the metric"
+            )
 
 
 def _same_place(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
@@ -141,15 +152,19 @@ class CheckpointOptions:
         check_count("chain_length", self.chain_length, minimum=1, fix="; 1 makes every save a full base")
         check_count("compression_level", self.compression_level, fix="; 0 (off) or a zstd level 1-22")
         if self.compression_level > MAX_COMPRESSION_LEVEL:
-            raise OptionsError(f"compression_level={self.compression_level}; zstd levels go from 1 to "
-                               f"{MAX_COMPRESSION_LEVEL} (0 = off)")
+            raise OptionsError(
+                f"compression_level={self.compression_level}; zstd levels go from 1 to "
+                f"{MAX_COMPRESSION_LEVEL} (0 = off)"
+            )
         for name in ("directory", "tier2_directory"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str | os.PathLike) or not str(value)):
                 raise OptionsError(f"checkpoint {name}={value!r} must be a non-empty path or None")
         if self.tier2_directory is not None:
             if self.directory is None:
-                raise OptionsError(f"tier2_directory={self.tier2_directory!r} is set without a checkpoint directory; set both")
+                raise OptionsError(
+                    f"tier2_directory={self.tier2_directory!r} is set without a checkpoint directory; set both"
+                )
             if _same_place(self.directory, self.tier2_directory):
                 raise OptionsError(
                     f"tier2_directory is the checkpoint directory itself ({self.directory}); give another one or None"
@@ -159,9 +174,13 @@ class CheckpointOptions:
     def retention(self) -> RetentionPolicy:
         """The retention fields as one policy (checked when built)."""
         return RetentionPolicy(
-            keep_last=self.keep_last, milestone_every=self.milestone_every,
-            milestone_at_epoch_end=self.milestone_at_epoch_end, keep_geometric_from=self.keep_geometric_from,
-            keep_best_k=self.keep_best_k, keep_best_metric=self.keep_best_metric, keep_best_mode=self.keep_best_mode,
+            keep_last=self.keep_last,
+            milestone_every=self.milestone_every,
+            milestone_at_epoch_end=self.milestone_at_epoch_end,
+            keep_geometric_from=self.keep_geometric_from,
+            keep_best_k=self.keep_best_k,
+            keep_best_metric=self.keep_best_metric,
+            keep_best_mode=self.keep_best_mode,
         )
 
 
@@ -193,10 +212,14 @@ def check_checkpoint_options(
     if object_store is not None:
         bucket = object_store.removeprefix("s3://").partition("/")[0]
         if not object_store.startswith("s3://") or not 3 <= len(bucket) <= 63:
-            raise OptionsError(f"checkpoint_object_store={object_store!r} is not s3://bucket/prefix (bucket: 3-63 characters)")
+            raise OptionsError(
+                f"checkpoint_object_store={object_store!r} is not s3://bucket/prefix (bucket: 3-63 characters)"
+            )
         if directory is None:
-            raise OptionsError("checkpoint_object_store is set without checkpoint_dir: checkpoints are written locally "
-                               "first, then uploaded; set checkpoint_dir too")
+            raise OptionsError(
+                "checkpoint_object_store is set without checkpoint_dir: checkpoints are written locally "
+                "first, then uploaded; set checkpoint_dir too"
+            )
     return CheckpointOptions(
         directory=directory,
         tier2_directory=tier2_directory,

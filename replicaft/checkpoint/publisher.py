@@ -148,8 +148,9 @@ class Publisher:
                 )
                 self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
                 return Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
-            chain = decide_chain(find_parent(self.directory, request.lineage), chain_length=self.chain_length,
-                                 key_id=self.codec.key_id)
+            chain = decide_chain(
+                find_parent(self.directory, request.lineage), chain_length=self.chain_length, key_id=self.codec.key_id
+            )
             self._log(logging.DEBUG, step, "checkpoint is a %s: %s", chain.kind, chain.reason)
             tmp = self.directory / tmp_dirname(checkpoint_dirname(step, request.lineage), new_token())
             tmp.mkdir()
@@ -159,8 +160,15 @@ class Publisher:
             return Prepared(None, SaveResult(step, "failed", reason))
         return Prepared(tmp, None, chain.parent, chain.chain_position, checkpoint_dirname(step, request.lineage))
 
-    def publish(self, request: SaveRequest, layout: StateLayout, tensors: list[torch.Tensor],
-                hashes: Sequence[Sequence[bytes]], prepared: Prepared, started: float) -> SaveResult:
+    def publish(
+        self,
+        request: SaveRequest,
+        layout: StateLayout,
+        tensors: list[torch.Tensor],
+        hashes: Sequence[Sequence[bytes]],
+        prepared: Prepared,
+        started: float,
+    ) -> SaveResult:
         """After every rank's ``dcp.save`` returned: seal, verify, rename, then tier 2 and retention.
 
         ``hashes`` are ``tensors``' content hashes (replicaft/state/content.py), for the digest.
@@ -175,8 +183,11 @@ class Publisher:
         where = f"{tmp.name}/{TENSORS_FILE}"
         index, pieces = decode_index(read_small(tmp / TENSORS_FILE, where), where)
         saved = index.state_dict_metadata
-        expected = [dcp_key(t.name, rank if t.own else None) for t in layout.tensors
-                    for rank in range(layout.own_ranks if t.own else 1)]
+        expected = [
+            dcp_key(t.name, rank if t.own else None)
+            for t in layout.tensors
+            for rank in range(layout.own_ranks if t.own else 1)
+        ]
         missing = [key for key in expected if key not in saved]
         if missing:
             raise CheckpointCorrupt(f"{tmp.name}: the tensor index lacks {len(missing)} tensors, e.g. {missing[:3]}")
@@ -185,25 +196,54 @@ class Publisher:
         name = checkpoint_dirname(step, request.lineage)
         requires = tuple(sorted({ref.location for piece in pieces.values() for ref in piece.chunks} - {name}))
         manifest = CheckpointManifest(
-            step, time.time(), files, {**self._base_metadata(request, state_digest), **request.metadata},
-            request.lineage, FORMAT_VERSION, "increment" if requires else "base", requires,
-            prepared.chain_position if requires else 1, self.codec.compression_level, self.codec.key_id,
+            step,
+            time.time(),
+            files,
+            {**self._base_metadata(request, state_digest), **request.metadata},
+            request.lineage,
+            FORMAT_VERSION,
+            "increment" if requires else "base",
+            requires,
+            prepared.chain_position if requires else 1,
+            self.codec.compression_level,
+            self.codec.key_id,
         )
         write_durably(tmp / MANIFEST_FILE, manifest.encode())
         final = self.directory / checkpoint_dirname(step, request.lineage)
         if self._already_published(final, manifest, step):
             remove_partial(tmp)
-            return SaveResult(step, "published", f"{final} already published", final, manifest.num_bytes, time.monotonic() - started)
+            return SaveResult(
+                step, "published", f"{final} already published", final, manifest.num_bytes, time.monotonic() - started
+            )
         identity = _identity(tmp / TENSORS_FILE)
         publish(tmp, final)
-        self._last_chunks = final.name, identity, {ref.chunk_id: ref for piece in pieces.values() for ref in piece.chunks}
+        self._last_chunks = (
+            final.name,
+            identity,
+            {ref.chunk_id: ref for piece in pieces.values() for ref in piece.chunks},
+        )
         seconds = time.monotonic() - started
-        self._log(logging.INFO, step, "checkpoint published: %s (%s, %d bytes in %.2fs)", final, manifest.kind,
-                  manifest.num_bytes, seconds)
+        self._log(
+            logging.INFO,
+            step,
+            "checkpoint published: %s (%s, %d bytes in %.2fs)",
+            final,
+            manifest.kind,
+            manifest.num_bytes,
+            seconds,
+        )
         tier2_path, tier2_error, deleted = self.housekeeper.after_publish(final, manifest)
         return SaveResult(
-            step, "published", f"published {final}", final, manifest.num_bytes, time.monotonic() - started,
-            tier2_path, tier2_error, deleted, manifest.kind,
+            step,
+            "published",
+            f"published {final}",
+            final,
+            manifest.num_bytes,
+            time.monotonic() - started,
+            tier2_path,
+            tier2_error,
+            deleted,
+            manifest.kind,
         )
 
     def fail(self, request: SaveRequest, tmp: Path, error: BaseException, estimated: int, started: float) -> SaveResult:
@@ -221,11 +261,17 @@ class Publisher:
                 f"full (ENOSPC); free space there or lower keep_last={self.housekeeper.retention.keep_last}"
             )
         remove_partial(tmp)
-        previous = [name for name, _ in scan_checkpoints(self.directory).found
-                    if name.lineage == request.lineage and name.step != request.step]
+        previous = [
+            name
+            for name, _ in scan_checkpoints(self.directory).found
+            if name.lineage == request.lineage and name.step != request.step
+        ]
         self._log(
-            logging.ERROR, request.step, "checkpoint failed: %s; partial files removed, last checkpoint of this history: %s",
-            reason, str(previous[0]) if previous else "none",
+            logging.ERROR,
+            request.step,
+            "checkpoint failed: %s; partial files removed, last checkpoint of this history: %s",
+            reason,
+            str(previous[0]) if previous else "none",
         )
         return SaveResult(request.step, "failed", reason, seconds=time.monotonic() - started)
 
@@ -247,16 +293,29 @@ class Publisher:
             discard(final, step)
             return False
         if existing.metadata.get("digest_scheme") != DIGEST_SCHEME:
-            self._log(logging.INFO, step, "replacing %s: an older release wrote it, with another kind of state digest, "
-                      "so it cannot be told equal to this save", final)
+            self._log(
+                logging.INFO,
+                step,
+                "replacing %s: an older release wrote it, with another kind of state digest, "
+                "so it cannot be told equal to this save",
+                final,
+            )
             discard(final, step)
             return False
         if existing.metadata.get("digest") == manifest.metadata["digest"]:
             self._log(logging.INFO, step, "checkpoint %s already published and intact; kept it", final)
             return True
-        self._log(logging.WARNING, step, "replacing %s: it holds another state of step %d (digest %s, this save's %s) "
-                  "from a trajectory of lineage %s that no run continues", final, step, existing.metadata.get("digest"),
-                  manifest.metadata["digest"], lineage_label(manifest.lineage))
+        self._log(
+            logging.WARNING,
+            step,
+            "replacing %s: it holds another state of step %d (digest %s, this save's %s) "
+            "from a trajectory of lineage %s that no run continues",
+            final,
+            step,
+            existing.metadata.get("digest"),
+            manifest.metadata["digest"],
+            lineage_label(manifest.lineage),
+        )
         discard(final, step)
         return False
 

@@ -99,7 +99,9 @@ def read_manifest(path: Path) -> CheckpointManifest:
         raw = read_small(path / MANIFEST_FILE, where)
     except CheckpointCorrupt as e:
         if str(e) == f"{where} is missing":
-            raise CheckpointCorrupt(f"{where} is missing: the save never finished publishing, or the file was deleted") from None
+            raise CheckpointCorrupt(
+                f"{where} is missing: the save never finished publishing, or the file was deleted"
+            ) from None
         raise
     return CheckpointManifest.decode(raw, where)
 
@@ -142,7 +144,9 @@ def check(path: Path, *, expected: CheckpointName | None = None) -> CheckpointMa
         where = f"{path.name}/{entry.name}"
         size, got = _sha256(path / entry.name, where)
         if size != entry.num_bytes:
-            raise CheckpointCorrupt(f"{where} is {size} bytes, the manifest says {entry.num_bytes} (truncated or overwritten)")
+            raise CheckpointCorrupt(
+                f"{where} is {size} bytes, the manifest says {entry.num_bytes} (truncated or overwritten)"
+            )
         if got != entry.sha256:
             raise CheckpointCorrupt(f"{where} checksum mismatch (expected {entry.sha256[:8]}…, got {got[:8]}…)")
     return manifest
@@ -222,7 +226,9 @@ def _storage_reader(path: Path, manifest: CheckpointManifest, codec: ChunkCodec)
 
     def locate(location: str) -> Path:
         if location not in chain:
-            raise CheckpointCorrupt(f"{path.name}/{TENSORS_FILE} refers to {location}, which is not in its chain {sorted(chain)}")
+            raise CheckpointCorrupt(
+                f"{path.name}/{TENSORS_FILE} refers to {location}, which is not in its chain {sorted(chain)}"
+            )
         return path.parent / location
 
     return ChunkStorageReader(path, codec=codec, locate=locate)
@@ -250,8 +256,13 @@ def load(
     codec = codec_for(manifest, key, path.name)
     try:
         where = f"{path.name}/{STATE_FILE}"
-        raw = open_blob(codec, read_small(path / STATE_FILE, where), encrypted=manifest.key_id is not None,
-                        max_bytes=MAX_SMALL_FILE_BYTES, where=where)
+        raw = open_blob(
+            codec,
+            read_small(path / STATE_FILE, where),
+            encrypted=manifest.key_id is not None,
+            max_bytes=MAX_SMALL_FILE_BYTES,
+            where=where,
+        )
         layout = StateLayout.decode(raw, where)
         to_load, tensors = _targets(path, layout, _template_tensors(template), rank)
         dcp.load(to_load, storage_reader=_storage_reader(path, manifest, codec), no_dist=True)
@@ -269,7 +280,9 @@ def load(
         raise CheckpointCorrupt(f"{path.name}: could not load the tensors ({type(e).__name__}: {e})") from e
     if not isinstance(state, dict):
         raise CheckpointCorrupt(f"{path.name}/{STATE_FILE} holds a {type(state).__name__}, not a state dict")
-    return LoadedCheckpoint(manifest.step, state, path, manifest.lineage, imported=manifest.metadata.get("imported") is True)
+    return LoadedCheckpoint(
+        manifest.step, state, path, manifest.lineage, imported=manifest.metadata.get("imported") is True
+    )
 
 
 def _targets(

@@ -40,18 +40,31 @@ class SaveResult:
     def to_wire(self) -> dict[str, Any]:
         """Plain values (msgpack), for group rank 0 to tell the other ranks (no pickle)."""
         return {
-            "step": self.step, "status": self.status, "reason": self.reason,
-            "path": str(self.path) if self.path is not None else None, "num_bytes": self.num_bytes,
-            "seconds": self.seconds, "tier2_path": str(self.tier2_path) if self.tier2_path is not None else None,
-            "tier2_error": self.tier2_error, "deleted_steps": list(self.deleted_steps), "kind": self.kind,
+            "step": self.step,
+            "status": self.status,
+            "reason": self.reason,
+            "path": str(self.path) if self.path is not None else None,
+            "num_bytes": self.num_bytes,
+            "seconds": self.seconds,
+            "tier2_path": str(self.tier2_path) if self.tier2_path is not None else None,
+            "tier2_error": self.tier2_error,
+            "deleted_steps": list(self.deleted_steps),
+            "kind": self.kind,
         }
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> SaveResult:
         return cls(
-            d["step"], d["status"], d["reason"], Path(d["path"]) if d["path"] is not None else None, d["num_bytes"],
-            d["seconds"], Path(d["tier2_path"]) if d["tier2_path"] is not None else None, d["tier2_error"],
-            tuple(d["deleted_steps"]), d["kind"],
+            d["step"],
+            d["status"],
+            d["reason"],
+            Path(d["path"]) if d["path"] is not None else None,
+            d["num_bytes"],
+            d["seconds"],
+            Path(d["tier2_path"]) if d["tier2_path"] is not None else None,
+            d["tier2_error"],
+            tuple(d["deleted_steps"]),
+            d["kind"],
         )
 
 

@@ -97,12 +97,13 @@ def decide_retention(checkpoints: Iterable[CheckpointFacts], policy: RetentionPo
     steps = [f.step for f in facts]
     if len(set(steps)) != len(steps):
         duplicated = sorted({s for s in steps if steps.count(s) > 1})
-        raise ValueError(f"retention was given steps {duplicated} more than once; pass one lineage's checkpoints, "
-                         "one fact per step")
+        raise ValueError(
+            f"retention was given steps {duplicated} more than once; pass one lineage's checkpoints, one fact per step"
+        )
     if not facts:
         return RetentionDecision((), "no published checkpoints")
     kept: dict[int, dict[KeptAs, str]] = {s: {} for s in steps}
-    recent = steps[-max(policy.keep_last, 1):]
+    recent = steps[-max(policy.keep_last, 1) :]
     for step in recent:
         kept[step]["latest"] = "the newest" if step == steps[-1] else f"among the newest {policy.keep_last}"
     if policy.milestone_every:
@@ -114,12 +115,15 @@ def decide_retention(checkpoints: Iterable[CheckpointFacts], policy: RetentionPo
             kept[step]["epoch_end"] = f"the last of epoch {epoch}"
     if policy.keep_geometric_from:
         for step, mark in _geometric(steps, policy.keep_geometric_from):
-            kept[step].setdefault("geometric", f"the first at or after step {mark} (geometric from "
-                                               f"{policy.keep_geometric_from})")
+            kept[step].setdefault(
+                "geometric", f"the first at or after step {mark} (geometric from {policy.keep_geometric_from})"
+            )
     if policy.keep_best_k and policy.keep_best_metric is not None:
         for rank, (step, value) in enumerate(_best(facts, policy), 1):
-            kept[step]["best"] = (f"{policy.keep_best_metric}={value:g} is number {rank} of the best "
-                                  f"{policy.keep_best_k} ({policy.keep_best_mode})")
+            kept[step]["best"] = (
+                f"{policy.keep_best_metric}={value:g} is number {rank} of the best "
+                f"{policy.keep_best_k} ({policy.keep_best_mode})"
+            )
     for f in facts:
         if f.pending_upload:
             kept[f.step]["pending_upload"] = "its upload to the object store is pending"

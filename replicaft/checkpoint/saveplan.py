@@ -36,8 +36,10 @@ def plan_save(snapshot: Snapshot, group_world_size: int) -> SavePlan:
     own_ranks = group_world_size if sharded and group_world_size > 1 else 0
     layout = StateLayout(
         snapshot.manifest.skeleton,
-        tuple(SavedTensor(t.name, t.dtype, tuple(sh.shape) if sh is not None else t.shape, bool(own_ranks) and sh is None)
-              for t, sh in zip(snapshot.manifest.tensors, shardings, strict=True)),
+        tuple(
+            SavedTensor(t.name, t.dtype, tuple(sh.shape) if sh is not None else t.shape, bool(own_ranks) and sh is None)
+            for t, sh in zip(snapshot.manifest.tensors, shardings, strict=True)
+        ),
         own_ranks,
     )
     # Replicated tensors are written once; every rank writes its shards and own values.

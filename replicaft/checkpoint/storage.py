@@ -73,16 +73,27 @@ class ChunkStorageWriter(StorageWriter):
     snapshot being saved guarantees; any other tensor (a copy, a narrowed shard) is hashed here.
     """
 
-    def __init__(self, directory: Path, *, rank: int, location: str, codec: ChunkCodec, known: dict[bytes, ChunkRef],
-                 content: Iterable[tuple[torch.Tensor, Sequence[bytes]]] = ()) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        location: str,
+        codec: ChunkCodec,
+        known: dict[bytes, ChunkRef],
+        content: Iterable[tuple[torch.Tensor, Sequence[bytes]]] = (),
+    ) -> None:
         super().__init__()
         self.directory = directory
         self.rank = rank
         self.location = location
         self.codec = codec
         self.known = dict(known)
-        self.content = {(t.data_ptr(), t.numel() * t.element_size()): h for t, h in content
-                        if t.numel() and t.is_contiguous()} if codec.key is None else {}
+        self.content = (
+            {(t.data_ptr(), t.numel() * t.element_size()): h for t, h in content if t.numel() and t.is_contiguous()}
+            if codec.key is None
+            else {}
+        )
         self.num_new_bytes = 0
         """Bytes this rank wrote to its pack (what the save cost)."""
 
@@ -193,8 +204,10 @@ class ChunkStorageReader(StorageReader):
                 tensor = narrow_tensor_by_index(self._assemble(piece, packs), req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != tensor.size():
-                    raise CheckpointCorrupt(f"{self.path.name}: {req.storage_index.fqn} is {list(tensor.size())} in the "
-                                            f"checkpoint, {list(target.size())} where it is loaded")
+                    raise CheckpointCorrupt(
+                        f"{self.path.name}: {req.storage_index.fqn} is {list(tensor.size())} in the "
+                        f"checkpoint, {list(target.size())} where it is loaded"
+                    )
                 target.copy_(tensor)
                 planner.commit_tensor(req, target)
         finally:

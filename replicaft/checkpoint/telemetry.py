@@ -96,9 +96,14 @@ def _slow_save(history: Sequence[SaveRecord]) -> Anomaly | None:
     threshold = SLOW_SAVE_FACTOR * median
     if latest.duration_s <= threshold:
         return None
-    return Anomaly("slow_save", f"the save of step {latest.step} took {latest.duration_s:.3g}s, more than "
-                   f"{SLOW_SAVE_FACTOR:g}x the median {median:.3g}s of the {len(previous)} saves before it; "
-                   "is the checkpoint disk shared, failing or throttled?", latest.duration_s, threshold)
+    return Anomaly(
+        "slow_save",
+        f"the save of step {latest.step} took {latest.duration_s:.3g}s, more than "
+        f"{SLOW_SAVE_FACTOR:g}x the median {median:.3g}s of the {len(previous)} saves before it; "
+        "is the checkpoint disk shared, failing or throttled?",
+        latest.duration_s,
+        threshold,
+    )
 
 
 def _median_gap_s(history: Sequence[SaveRecord]) -> float | None:
@@ -124,24 +129,38 @@ def _disk_filling(history: Sequence[SaveRecord]) -> Anomaly | None:
     needed = float(latest.num_bytes)
     if projected >= needed:
         return None
-    return Anomaly("disk_filling", f"free space fell by {-slope * gap:.4g} bytes per save over the last "
-                   f"{len(readings)} saves and projects to {max(projected, 0.0):.4g} bytes at the next save "
-                   f"(in ~{gap:.3g}s), less than the {latest.num_bytes} bytes it needs; free space there or "
-                   "lower keep_last", projected, needed)
+    return Anomaly(
+        "disk_filling",
+        f"free space fell by {-slope * gap:.4g} bytes per save over the last "
+        f"{len(readings)} saves and projects to {max(projected, 0.0):.4g} bytes at the next save "
+        f"(in ~{gap:.3g}s), less than the {latest.num_bytes} bytes it needs; free space there or "
+        "lower keep_last",
+        projected,
+        needed,
+    )
 
 
 def _tier_behind(history: Sequence[SaveRecord]) -> Anomaly | None:
     latest = history[-1]
     gap = _median_gap_s(history)
     if gap is not None and latest.uploads_pending and latest.upload_lag_s > gap:
-        return Anomaly("tier_behind", f"the oldest of {latest.uploads_pending} pending uploads has waited "
-                       f"{latest.upload_lag_s:.3g}s, longer than the {gap:.3g}s between saves; the object tier "
-                       "falls behind (raise the interval or the store's bandwidth)", latest.upload_lag_s, gap)
+        return Anomaly(
+            "tier_behind",
+            f"the oldest of {latest.uploads_pending} pending uploads has waited "
+            f"{latest.upload_lag_s:.3g}s, longer than the {gap:.3g}s between saves; the object tier "
+            "falls behind (raise the interval or the store's bandwidth)",
+            latest.upload_lag_s,
+            gap,
+        )
     recent = [r.uploads_pending for r in history[-PENDING_GROWTH_SAVES:]]
     if len(recent) == PENDING_GROWTH_SAVES and all(a < b for a, b in zip(recent, recent[1:], strict=False)):
-        return Anomaly("tier_behind", f"pending uploads grew over the last {PENDING_GROWTH_SAVES} saves "
-                       f"({' -> '.join(map(str, recent))}); the object tier falls behind the saves",
-                       float(recent[-1]), float(recent[0]))
+        return Anomaly(
+            "tier_behind",
+            f"pending uploads grew over the last {PENDING_GROWTH_SAVES} saves "
+            f"({' -> '.join(map(str, recent))}); the object tier falls behind the saves",
+            float(recent[-1]),
+            float(recent[0]),
+        )
     return None
 
 
@@ -164,9 +183,14 @@ def load_fields(state: dict[str, Any], path: Path, tier2_directory: str | None, 
     """The figures a ``resume`` event carries: a load blocks training for all of it."""
     num_bytes = _tensor_bytes(state)
     in_tier2 = tier2_directory is not None and path.parent.resolve() == Path(tier2_directory).resolve()
-    return {"duration_s": round(duration_s, 6), "blocked_s": round(duration_s, 6), "num_bytes": num_bytes,
-            "throughput_mb_s": throughput_mb_s(num_bytes, duration_s), "tier": "tier2" if in_tier2 else "local",
-            "host_bytes": _tensor_bytes(state, device="cpu")}
+    return {
+        "duration_s": round(duration_s, 6),
+        "blocked_s": round(duration_s, 6),
+        "num_bytes": num_bytes,
+        "throughput_mb_s": throughput_mb_s(num_bytes, duration_s),
+        "tier": "tier2" if in_tier2 else "local",
+        "host_bytes": _tensor_bytes(state, device="cpu"),
+    }
 
 
 def _tensor_bytes(value: Any, device: str | None = None) -> int:
@@ -201,8 +225,9 @@ class CheckpointTelemetry:
     def uploaded(self, step: int) -> None:
         self._unuploaded.pop(step, None)
 
-    def finished(self, result: SaveResult, blocked_s: float | None,
-                 now: float | None = None) -> tuple[dict[str, Any], tuple[Anomaly, ...]]:
+    def finished(
+        self, result: SaveResult, blocked_s: float | None, now: float | None = None
+    ) -> tuple[dict[str, Any], tuple[Anomaly, ...]]:
         """The event fields of ``result``, and the anomalies it shows (only a published save is judged)."""
         now = time.monotonic() if now is None else now
         fields = save_fields(result, blocked_s, self._host_bytes.pop(result.step, 0))
@@ -213,8 +238,9 @@ class CheckpointTelemetry:
         if self._has_object_tier:
             self._unuploaded[result.step] = now
         oldest = min(self._unuploaded.values(), default=now)
-        self._history.append(SaveRecord(result.step, now, result.seconds, result.num_bytes, free,
-                                        len(self._unuploaded), now - oldest))
+        self._history.append(
+            SaveRecord(result.step, now, result.seconds, result.num_bytes, free, len(self._unuploaded), now - oldest)
+        )
         return fields, detect_anomalies(tuple(self._history))
 
     def _free_bytes(self) -> int | None:

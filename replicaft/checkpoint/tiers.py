@@ -45,8 +45,12 @@ class CheckpointReader:
     """
 
     def __init__(
-        self, directory: str | Path, *, tier2_directory: str | Path | None = None,
-        encryption_key: EncryptionKey | None = None, object_store: ObjectStore | None = None,
+        self,
+        directory: str | Path,
+        *,
+        tier2_directory: str | Path | None = None,
+        encryption_key: EncryptionKey | None = None,
+        object_store: ObjectStore | None = None,
     ) -> None:
         self.directory = Path(directory)
         self.tier2_directory = Path(tier2_directory) if tier2_directory is not None else None
@@ -69,8 +73,11 @@ class CheckpointReader:
                 infos.append(CheckpointInfo(name.step, path, 0, now - mtime(path, now), False, str(e), name.lineage))
                 continue
             valid, reason = verify(path) if verify_files else (None, "not verified")
-            infos.append(CheckpointInfo(name.step, path, manifest.num_bytes, now - manifest.created_unix_s, valid,
-                                        reason, name.lineage))
+            infos.append(
+                CheckpointInfo(
+                    name.step, path, manifest.num_bytes, now - manifest.created_unix_s, valid, reason, name.lineage
+                )
+            )
         return infos
 
     def ignored(self) -> list[tuple[Path, str]]:
@@ -147,11 +154,17 @@ class CheckpointReader:
                 logger.warning("%s; skipping step %d, %s", e, candidate.step, following)
                 continue
             newest = max(c.step for c, _ in candidates if c.lineage == candidate.lineage)
-            logger.info("loaded checkpoint of step %d (lineage %s) from %s", candidate.step,
-                        lineage_label(candidate.lineage), path)
+            logger.info(
+                "loaded checkpoint of step %d (lineage %s) from %s",
+                candidate.step,
+                lineage_label(candidate.lineage),
+                path,
+            )
             return loaded._replace(newest_in_lineage=candidate.step == newest)
         if candidates:
-            logger.error("none of the %d checkpoints in %s is intact; starting without one", len(candidates), self.directory)
+            logger.error(
+                "none of the %d checkpoints in %s is intact; starting without one", len(candidates), self.directory
+            )
         return None
 
     def _stored_candidates(self, store: ObjectStore) -> dict[Candidate, Path]:
@@ -169,5 +182,7 @@ class CheckpointReader:
                 created: float | None = stored_manifest(store, stored).created_unix_s
             except (CheckpointCorrupt, ObjectStoreError):
                 created = None
-            found[Candidate(name.step, name.lineage, created, OBJECT_TIER, f"{store.url}/{stored}")] = self.directory / stored
+            found[Candidate(name.step, name.lineage, created, OBJECT_TIER, f"{store.url}/{stored}")] = (
+                self.directory / stored
+            )
         return found

@@ -153,11 +153,20 @@ class CheckpointWriter:
         object_store: ObjectStore | None = None,
     ) -> None:
         options = CheckpointOptions(
-            directory=str(directory), tier2_directory=str(tier2_directory) if tier2_directory is not None else None,
-            interval_steps=interval_steps, interval_s=interval_s, keep_last=keep_last, milestone_every=milestone_every,
-            milestone_at_epoch_end=milestone_at_epoch_end, keep_geometric_from=keep_geometric_from,
-            keep_best_k=keep_best_k, keep_best_metric=keep_best_metric, keep_best_mode=keep_best_mode,
-            free_space_margin=free_space_margin, chain_length=chain_length, compression_level=compression_level,
+            directory=str(directory),
+            tier2_directory=str(tier2_directory) if tier2_directory is not None else None,
+            interval_steps=interval_steps,
+            interval_s=interval_s,
+            keep_last=keep_last,
+            milestone_every=milestone_every,
+            milestone_at_epoch_end=milestone_at_epoch_end,
+            keep_geometric_from=keep_geometric_from,
+            keep_best_k=keep_best_k,
+            keep_best_metric=keep_best_metric,
+            keep_best_mode=keep_best_mode,
+            free_space_margin=free_space_margin,
+            chain_length=chain_length,
+            compression_level=compression_level,
         )
         self.directory = Path(directory)
         self.tier2_directory = Path(tier2_directory) if tier2_directory is not None else None
@@ -174,16 +183,30 @@ class CheckpointWriter:
         self._pg = process_group
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
         self._world_size = dist.get_world_size(process_group) if process_group is not None else 1
-        self.uploader = (Uploader(object_store, self.directory, retention=self.retention, writer_id=writer_id)
-                         if object_store is not None and self._rank == 0 else None)
+        self.uploader = (
+            Uploader(object_store, self.directory, retention=self.retention, writer_id=writer_id)
+            if object_store is not None and self._rank == 0
+            else None
+        )
         """Group rank 0's background upload of each published checkpoint to the object store."""
         self.catalog = Catalog(self.directory, tier2_directory=self.tier2_directory) if self._rank == 0 else None
         """Group rank 0 registers each publish and retention's verdicts there (catalog.py)."""
         self._publisher = Publisher(
-            self.directory, codec=self._codec, chain_length=chain_length, free_space_margin=free_space_margin,
-            free_bytes=free_bytes, group_world_size=self._world_size, writer_id=writer_id,
-            housekeeper=Housekeeper(self.directory, tier2_directory=self.tier2_directory, retention=self.retention,
-                                    uploader=self.uploader, catalog=self.catalog, writer_id=writer_id),
+            self.directory,
+            codec=self._codec,
+            chain_length=chain_length,
+            free_space_margin=free_space_margin,
+            free_bytes=free_bytes,
+            group_world_size=self._world_size,
+            writer_id=writer_id,
+            housekeeper=Housekeeper(
+                self.directory,
+                tier2_directory=self.tier2_directory,
+                retention=self.retention,
+                uploader=self.uploader,
+                catalog=self.catalog,
+                writer_id=writer_id,
+            ),
         )
         """Group rank 0's stages of each save (publisher.py); the others only ask it for a parent's chunks."""
         self.wait_when_busy_s = wait_when_busy_s
@@ -243,8 +266,15 @@ class CheckpointWriter:
         last_step, last_time = self._baseline
         previous = self._last_handle
         if self.wait_when_busy_s is not None and previous is not None and not previous.done():
-            probe = should_save(step=step, now=now, last_saved_step=last_step, last_saved_time=last_time,
-                                interval_steps=self.interval_steps, interval_s=self.interval_s, save_in_progress=False)
+            probe = should_save(
+                step=step,
+                now=now,
+                last_saved_step=last_step,
+                last_saved_time=last_time,
+                interval_steps=self.interval_steps,
+                interval_s=self.interval_s,
+                save_in_progress=False,
+            )
             if probe.action == "save":
                 try:
                     previous.wait(self.wait_when_busy_s)
@@ -267,8 +297,12 @@ class CheckpointWriter:
                 self._stats = replace(self._stats, num_skipped=self._stats.num_skipped + 1)
                 skipped = self._stats.num_skipped
             self._log(
-                logging.WARNING, step, "%s (%d skipped so far; if this repeats, raise interval_steps/interval_s "
-                "or give %s more bandwidth)", decision.reason, skipped, self.directory,
+                logging.WARNING,
+                step,
+                "%s (%d skipped so far; if this repeats, raise interval_steps/interval_s or give %s more bandwidth)",
+                decision.reason,
+                skipped,
+                self.directory,
             )
         return decision
 
@@ -288,7 +322,9 @@ class CheckpointWriter:
         raises for I/O: see the handle.
         """
         if self._closed:
-            raise RuntimeError(f"the checkpoint writer for {self.directory} is closed; build a new one to save step {step}")
+            raise RuntimeError(
+                f"the checkpoint writer for {self.directory} is closed; build a new one to save step {step}"
+            )
         lineage = self.lineage if lineage is None else lineage
         if not is_lineage(lineage):
             raise ValueError(f"lineage={lineage!r} for step {step} is not a lineage id")
@@ -336,12 +372,19 @@ class CheckpointWriter:
             else:
                 logger.warning(
                     "[%s] checkpoint writer for %s still busy after %gs; abandoning its save (the previous "
-                    "checkpoint is intact)", self.writer_id, self.directory, timeout_s,
+                    "checkpoint is intact)",
+                    self.writer_id,
+                    self.directory,
+                    timeout_s,
                 )
         uploaded = self.uploader.close(max(0.0, deadline - time.monotonic())) if self.uploader is not None else True
         if not uploaded:
-            logger.warning("[%s] uploads to %s still pending after %gs; the next writer resumes them", self.writer_id,
-                           self.uploader.store.url if self.uploader else "", timeout_s)
+            logger.warning(
+                "[%s] uploads to %s still pending after %gs; the next writer resumes them",
+                self.writer_id,
+                self.uploader.store.url if self.uploader else "",
+                timeout_s,
+            )
         return saved and uploaded
 
     def __enter__(self) -> CheckpointWriter:
@@ -375,19 +418,31 @@ class CheckpointWriter:
         assert prepared.tmp is not None
         tensors = tensors_from_buffer(request.snapshot.buffer, request.snapshot.manifest)
         try:
-            hashes = buffer_hashes(request.snapshot.buffer.numpy().data, [(t.offset, t.num_bytes) for t in
-                                   request.snapshot.manifest.tensors], request.snapshot.content)  # ids and digest: one pass
-            storage = ChunkStorageWriter(prepared.tmp, rank=self._rank, location=prepared.name, codec=self._codec,
-                                         known=self._publisher.known_chunks(prepared.parent),
-                                         content=zip(tensors, hashes, strict=True))
+            hashes = buffer_hashes(
+                request.snapshot.buffer.numpy().data,
+                [(t.offset, t.num_bytes) for t in request.snapshot.manifest.tensors],
+                request.snapshot.content,
+            )  # ids and digest: one pass
+            storage = ChunkStorageWriter(
+                prepared.tmp,
+                rank=self._rank,
+                location=prepared.name,
+                codec=self._codec,
+                known=self._publisher.known_chunks(prepared.parent),
+                content=zip(tensors, hashes, strict=True),
+            )
             dcp.save(
-                {dcp_key(spec.name, self._rank if spec.own else None): sh.wrap(t) if sh is not None else t
-                 for spec, t, sh in zip(plan.layout.tensors, tensors, plan.shardings, strict=True)},
+                {
+                    dcp_key(spec.name, self._rank if spec.own else None): sh.wrap(t) if sh is not None else t
+                    for spec, t, sh in zip(plan.layout.tensors, tensors, plan.shardings, strict=True)
+                },
                 storage_writer=storage,
                 process_group=self._pg,
                 no_dist=self._pg is None,
             )
-            result = self._publisher.publish(request, plan.layout, tensors, hashes, prepared, started) if leader else None
+            result = (
+                self._publisher.publish(request, plan.layout, tensors, hashes, prepared, started) if leader else None
+            )
         # DCP's CheckpointException derives from BaseException, so name it; the rest are
         # OSError (ENOSPC, EIO), CheckpointCorrupt, and torch's RuntimeErrors from torch.save.
         except (Exception, dcp.CheckpointException) as e:
@@ -396,4 +451,3 @@ class CheckpointWriter:
 
     def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)
-

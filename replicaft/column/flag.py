@@ -101,8 +101,10 @@ class FlagMesh:
         except (OSError, RuntimeError, UnicodeDecodeError, ValueError) as e:
             connected = sorted(self._peers)
             self.close_peers()
-            raise FlagError(f"ok-flag mesh of quorum {quorum_id}: rank {rank} connected to "
-                            f"{connected} of {world_size - 1} peers: {e}") from e
+            raise FlagError(
+                f"ok-flag mesh of quorum {quorum_id}: rank {rank} connected to "
+                f"{connected} of {world_size - 1} peers: {e}"
+            ) from e
         for peer, sock in self._peers.items():
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
@@ -118,14 +120,20 @@ class FlagMesh:
             return
         magic, quorum, peer = HELLO.unpack(hello)
         if magic != MAGIC or quorum != quorum_id or not rank < peer < world_size or peer in self._peers:
-            logger.warning("ok-flag mesh of quorum %d: dropped a hello for quorum %d from rank %d (magic %r)",
-                           quorum_id, quorum, peer, magic)
+            logger.warning(
+                "ok-flag mesh of quorum %d: dropped a hello for quorum %d from rank %d (magic %r)",
+                quorum_id,
+                quorum,
+                peer,
+                magic,
+            )
             sock.close()
             return
         self._peers[peer] = sock
 
-    def reduce(self, value: float, step: int, deadline: float, abort: threading.Event,
-               tick: Callable[[], None] | None = None) -> float:
+    def reduce(
+        self, value: float, step: int, deadline: float, abort: threading.Event, tick: Callable[[], None] | None = None
+    ) -> float:
         """The sum of every rank's ``value`` for ``step``, added in rank order (so every rank
         gets the same float); raises FlagError on any failure."""
         message = MESSAGE.pack(self._quorum_id, step, value)
@@ -178,10 +186,14 @@ class FlagMesh:
             return buffered
         quorum, their_step, flag = MESSAGE.unpack(buffered)
         if quorum != self._quorum_id or their_step != step:
-            raise FlagError(f"ok flag: column rank {peer} sent quorum {quorum} step {their_step}, "
-                            f"expected quorum {self._quorum_id} step {step}")
+            raise FlagError(
+                f"ok flag: column rank {peer} sent quorum {quorum} step {their_step}, "
+                f"expected quorum {self._quorum_id} step {step}"
+            )
         if flag not in FLAG_VALUES:
-            raise FlagError(f"ok flag of step {step}: column rank {peer} sent {flag!r}, not one of {sorted(FLAG_VALUES)}")
+            raise FlagError(
+                f"ok flag of step {step}: column rank {peer} sent {flag!r}, not one of {sorted(FLAG_VALUES)}"
+            )
         return flag
 
     def close_peers(self) -> None:

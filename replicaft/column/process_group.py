@@ -164,7 +164,9 @@ class ManagedWork:
 class FaultTolerantProcessGroup:
     """One rank's view of its column across the groups of the current quorum."""
 
-    def __init__(self, backend: str, *, collective_timeout_s: float, connect_timeout_s: float, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, backend: str, *, collective_timeout_s: float, connect_timeout_s: float, host: str = "127.0.0.1"
+    ) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={backend!r}; expected 'gloo' or 'nccl'")
         self.backend = backend
@@ -265,8 +267,9 @@ class FaultTolerantProcessGroup:
         self._pending.append(work)
         return CollectiveHandle(self, work, op)
 
-    def reduce_flag(self, value: float, step: int, deadline: float, abort: threading.Event,
-                    tick: Callable[[], None] | None = None) -> float:
+    def reduce_flag(
+        self, value: float, step: int, deadline: float, abort: threading.Event, tick: Callable[[], None] | None = None
+    ) -> float:
         """The column's "ok" flag: the sum of every rank's ``value`` for ``step``, exchanged
         over the column's flag mesh (replicaft/column/flag.py), not this group; raises CollectiveError
         (and breaks the group) if it fails."""
@@ -312,5 +315,7 @@ class FaultTolerantProcessGroup:
         self._pending = []
         self._parked = [(pg, ws) for pg, ws in self._parked if not all(w.is_completed() for w in ws)]
         if len(self._parked) > MAX_PARKED:
-            logger.warning("%d broken column groups still have pending operations; releasing the oldest", len(self._parked))
+            logger.warning(
+                "%d broken column groups still have pending operations; releasing the oldest", len(self._parked)
+            )
             self._parked.pop(0)

@@ -46,7 +46,11 @@ environment (Slurm's ``--export=ALL``), so they must not read as misspellings.""
 
 def known_variable_names(option_fields: Iterable[str]) -> frozenset[str]:
     """Every ``REPLICAFT_*`` name the project reads, given the names of ``ManagerOptions``' fields."""
-    return frozenset(ENV_PREFIX + name.upper() for name in option_fields) | READ_ELSEWHERE | READ_OUTSIDE_THE_LIBRARY.keys()
+    return (
+        frozenset(ENV_PREFIX + name.upper() for name in option_fields)
+        | READ_ELSEWHERE
+        | READ_OUTSIDE_THE_LIBRARY.keys()
+    )
 
 
 def check_variable_names(environ: Iterable[str], known: frozenset[str]) -> None:

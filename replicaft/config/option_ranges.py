@@ -50,7 +50,11 @@ NUMBER_RANGES: Mapping[str, tuple[float, float, str]] = {
     "preemption_grace_s": (0.001, MAX_SECONDS, "seconds, e.g. 30.0"),
     "preemption_poll_s": (0.01, 3600.0, "seconds between two looks at preemption_notice; AWS suggests 5"),
     "heal_connections": (1, MAX_HEAL_CONNECTIONS, "at least 1 per donor host"),
-    "heal_replay_steps": (0, MAX_HEAL_REPLAY_STEPS, "0 or more (0 and 0 bytes: a heal holds the donors from its second try)"),
+    "heal_replay_steps": (
+        0,
+        MAX_HEAL_REPLAY_STEPS,
+        "0 or more (0 and 0 bytes: a heal holds the donors from its second try)",
+    ),
     "heal_replay_bytes": (0, MAX_HEAL_REPLAY_BYTES, "0 or more bytes"),
     "max_quorum_failures": (1, MAX_QUORUM_FAILURES, "at least 1"),
     "digest_every_steps": (0, MAX_STEPS, "use 0 (off) or more"),

@@ -58,6 +58,7 @@ count per donor: the healer's cores bound what it can receive, and two donors pu
 two connections each (four receiving threads on two cores) healed no faster than one donor
 over two."""
 
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ManagerOptions:
     lighthouse: str
@@ -215,16 +216,20 @@ class ManagerOptions:
                 check_option_number(f.name, value, f.name)
             elif f.type in ("str", "str | None") and not (value is None and f.type == "str | None"):
                 if not isinstance(value, str) or "\x00" in value:
-                    raise OptionsError(f"{f.name}={value!r} is not a string without NUL bytes; give a string"
-                                       + (" or leave it unset" if f.type == "str | None" else ""))
+                    raise OptionsError(
+                        f"{f.name}={value!r} is not a string without NUL bytes; give a string"
+                        + (" or leave it unset" if f.type == "str | None" else "")
+                    )
         for name in ("deterministic", "checkpoint_milestone_at_epoch_end"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionsError(f"{name}={getattr(self, name)!r}; give True or False")
         self.tls()
         check_replica_id(self.replica_id, where="replica_id", error=OptionsError)
         if not all(_is_host_port(a.strip()) for a in self.lighthouse.split(",")):
-            raise OptionsError(f"lighthouse={self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510), or every "
-                               "lighthouse of a replicated set as host:port,host:port,...")
+            raise OptionsError(
+                f"lighthouse={self.lighthouse!r} is not host:port (e.g. 127.0.0.1:29510), or every "
+                "lighthouse of a replicated set as host:port,host:port,..."
+            )
         if self.token is not None and not self.token:
             raise OptionsError("token is empty; pass a non-empty token or none at all")
         if not self.group_rank < self.group_world_size:
@@ -245,26 +250,46 @@ class ManagerOptions:
         parse_fault_points(self.fault_points)
         check_notice_options(self.preemption_notice, self.preemption_notice_kind)
         if self.resume_verify_action not in ("warn", "stop"):
-            raise OptionsError(f"resume_verify_action={self.resume_verify_action!r}; use 'warn' (log and emit the "
-                               "verdict) or 'stop' (also stop the group when the loss diverged after a resume)")
-        check_cadence_options(self.checkpoint_interval, self.checkpoint_interval_steps, self.checkpoint_interval_s,
-                              self.group_world_size, self.checkpoint_interval_min_s, self.checkpoint_interval_max_s,
-                              self.checkpoint_mtbf_prior_s)
-        if (self.checkpoint_dir is not None and self.checkpoint_interval == "fixed"
-                and not (self.checkpoint_interval_steps or self.checkpoint_interval_s)):
+            raise OptionsError(
+                f"resume_verify_action={self.resume_verify_action!r}; use 'warn' (log and emit the "
+                "verdict) or 'stop' (also stop the group when the loss diverged after a resume)"
+            )
+        check_cadence_options(
+            self.checkpoint_interval,
+            self.checkpoint_interval_steps,
+            self.checkpoint_interval_s,
+            self.group_world_size,
+            self.checkpoint_interval_min_s,
+            self.checkpoint_interval_max_s,
+            self.checkpoint_mtbf_prior_s,
+        )
+        if (
+            self.checkpoint_dir is not None
+            and self.checkpoint_interval == "fixed"
+            and not (self.checkpoint_interval_steps or self.checkpoint_interval_s)
+        ):
             object.__setattr__(self, "checkpoint_interval_steps", 100)
         check_checkpoint_options(
-            directory=self.checkpoint_dir, tier2_directory=self.checkpoint_tier2_dir,
-            interval_steps=self.checkpoint_interval_steps, interval_s=self.checkpoint_interval_s,
-            keep_last=self.checkpoint_keep_last, milestone_every=self.checkpoint_milestone_every,
-            chain_length=self.checkpoint_chain_length, compression_level=self.checkpoint_compression_level,
-            object_store=self.checkpoint_object_store, milestone_at_epoch_end=self.checkpoint_milestone_at_epoch_end,
-            keep_geometric_from=self.checkpoint_keep_geometric_from, keep_best_k=self.checkpoint_keep_best_k,
-            keep_best_metric=self.checkpoint_keep_best_metric, keep_best_mode=self.checkpoint_keep_best_mode,
+            directory=self.checkpoint_dir,
+            tier2_directory=self.checkpoint_tier2_dir,
+            interval_steps=self.checkpoint_interval_steps,
+            interval_s=self.checkpoint_interval_s,
+            keep_last=self.checkpoint_keep_last,
+            milestone_every=self.checkpoint_milestone_every,
+            chain_length=self.checkpoint_chain_length,
+            compression_level=self.checkpoint_compression_level,
+            object_store=self.checkpoint_object_store,
+            milestone_at_epoch_end=self.checkpoint_milestone_at_epoch_end,
+            keep_geometric_from=self.checkpoint_keep_geometric_from,
+            keep_best_k=self.checkpoint_keep_best_k,
+            keep_best_metric=self.checkpoint_keep_best_metric,
+            keep_best_mode=self.checkpoint_keep_best_mode,
         )
         if self.deterministic and self.group_world_size > 1:
-            raise OptionsError(f"deterministic=True with group_world_size={self.group_world_size}: the deterministic "
-                               "mode supports groups of one rank (the DDP wrapper) only; unset it or use W=1")
+            raise OptionsError(
+                f"deterministic=True with group_world_size={self.group_world_size}: the deterministic "
+                "mode supports groups of one rank (the DDP wrapper) only; unset it or use W=1"
+            )
 
     def _check_timeout_hierarchy(self) -> None:
         if self.collective_timeout_s <= self.heartbeat_interval_s:
@@ -326,9 +351,7 @@ class ManagerOptions:
         values.update(given)
         for required in ("lighthouse", "replica_id"):
             if required not in values:
-                raise OptionsError(
-                    f"{required} is not set; pass it or set {ENV_PREFIX}{required.upper()}"
-                )
+                raise OptionsError(f"{required} is not set; pass it or set {ENV_PREFIX}{required.upper()}")
         return cls(**values)
 
 
@@ -367,4 +390,3 @@ def _parse(env_name: str, type_name: str, raw: str) -> Any:
         kind = "an integer" if type_name.startswith("int") else "a number"
         raise OptionsError(f"{env_name}={raw!r} is not {kind}; set it to {kind} or unset it") from None
     return raw
-

@@ -14,5 +14,13 @@ from replicaft.data.sampler import epoch_permutation as epoch_permutation
 from replicaft.data.sampler import sample_ids as sample_ids
 from replicaft.data.sampler import shard_share as shard_share
 
-__all__ = ["BatchPolicy", "ExactlyOnceSampler", "Share", "StepDataLoader", "assign_share", "epoch_permutation",
-           "sample_ids", "shard_share"]
+__all__ = [
+    "BatchPolicy",
+    "ExactlyOnceSampler",
+    "Share",
+    "StepDataLoader",
+    "assign_share",
+    "epoch_permutation",
+    "sample_ids",
+    "shard_share",
+]

@@ -62,9 +62,11 @@ class StepDataLoader:
         if sampler.deterministic:
             shard_size = check_shards(sampler.batch_size, sampler.num_shards)
             if micro_batch_size not in (None, shard_size):
-                raise OptionsError(f"micro_batch_size={micro_batch_size} with deterministic=True: each micro-batch is "
-                                   f"one virtual shard ({sampler.batch_size} / {sampler.num_shards} = {shard_size} "
-                                   "samples); leave micro_batch_size unset")
+                raise OptionsError(
+                    f"micro_batch_size={micro_batch_size} with deterministic=True: each micro-batch is "
+                    f"one virtual shard ({sampler.batch_size} / {sampler.num_shards} = {shard_size} "
+                    "samples); leave micro_batch_size unset"
+                )
             micro_batch_size = shard_size
         self.sampler = sampler
         self.dataset = dataset

@@ -140,9 +140,11 @@ class ExactlyOnceSampler(StepHooks):
         self.num_shards = manager.options.virtual_shards
         if self.deterministic:
             if policy != "global":
-                raise OptionsError(f"policy={policy!r} with deterministic=True: the deterministic mode cuts a fixed "
-                                   "global batch into virtual shards; use policy='global' (batch_size is then the "
-                                   "global batch)")
+                raise OptionsError(
+                    f"policy={policy!r} with deterministic=True: the deterministic mode cuts a fixed "
+                    "global batch into virtual shards; use policy='global' (batch_size is then the "
+                    "global batch)"
+                )
             check_shards(batch_size, self.num_shards)
         self.manager = manager
         self.dataset_len = dataset_len
@@ -162,7 +164,9 @@ class ExactlyOnceSampler(StepHooks):
         """This rank's share of the current step (blocks until the quorum is known)."""
         if self._share is None and self.deterministic:
             shards = step_shards(self.manager.wait_quorum(), self.num_shards)
-            self._share = shard_share(self.cursor, batch_size=self.batch_size, num_shards=self.num_shards, shards=shards)
+            self._share = shard_share(
+                self.cursor, batch_size=self.batch_size, num_shards=self.num_shards, shards=shards
+            )
         if self._share is None:
             plan = self.manager.wait_quorum()
             num = plan.num_contributors if plan is not None else 1

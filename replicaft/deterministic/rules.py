@@ -58,12 +58,16 @@ def check_shards(batch_size: int, num_shards: int) -> int:
     Equal shards make the global average the plain mean of the shard gradients (each the
     gradient of its shard's mean loss), with no per-shard weight to round differently."""
     if num_shards < 1:
-        raise OptionsError(f"virtual_shards={num_shards}; the deterministic mode needs at least 1 "
-                           "(at least the most groups the job will have)")
+        raise OptionsError(
+            f"virtual_shards={num_shards}; the deterministic mode needs at least 1 "
+            "(at least the most groups the job will have)"
+        )
     if batch_size % num_shards:
-        raise OptionsError(f"batch_size={batch_size} is not a multiple of virtual_shards={num_shards}; the "
-                           f"deterministic mode cuts the global batch into equal shards: use a batch_size of "
-                           f"{(batch_size // num_shards + 1) * num_shards} or a virtual_shards that divides {batch_size}")
+        raise OptionsError(
+            f"batch_size={batch_size} is not a multiple of virtual_shards={num_shards}; the "
+            f"deterministic mode cuts the global batch into equal shards: use a batch_size of "
+            f"{(batch_size // num_shards + 1) * num_shards} or a virtual_shards that divides {batch_size}"
+        )
     return batch_size // num_shards
 
 

@@ -97,9 +97,11 @@ class ShardGradients:
         expected = max(len(owned), 1)
         self._done += 1
         if self._done > expected:
-            raise GroupError(f"backward ran {self._done} times in one step; the deterministic mode takes one "
-                             f"backward per virtual shard this group owns ({len(owned)}: shards "
-                             f"{list(owned)}), as StepDataLoader.micro_batches() hands them out")
+            raise GroupError(
+                f"backward ran {self._done} times in one step; the deterministic mode takes one "
+                f"backward per virtual shard this group owns ({len(owned)}: shards "
+                f"{list(owned)}), as StepDataLoader.micro_batches() hands them out"
+            )
         if self._done <= len(owned):
             self._grads.append([b.buffer.clone() for b in buckets])
             if self._buffers.backup:
@@ -120,9 +122,12 @@ class ShardGradients:
         self._active = False
         if self._manager.errored() is None:
             expected = max(len(self.owned()), 1)
-            self._manager.report_error(GroupError(
-                f"backward ran {self._done} of the {expected} times this step takes in the deterministic mode (one per "
-                "virtual shard this group owns, as StepDataLoader.micro_batches() hands them out)"))
+            self._manager.report_error(
+                GroupError(
+                    f"backward ran {self._done} of the {expected} times this step takes in the deterministic mode (one per "
+                    "virtual shard this group owns, as StepDataLoader.micro_batches() hands them out)"
+                )
+            )
         self._reduce(buckets)
 
     def _reduce(self, buckets: Sequence[Bucket]) -> None:

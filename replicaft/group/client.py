@@ -106,8 +106,9 @@ class LocalGroupChannel:
         except TimeoutError as e:
             raise GroupError(f"group vote: {e}") from None
 
-    def _vote_alone(self, step: int, quorum_id: int, ok: bool, reason: str, timeout_s: float,
-                    leaving: bool) -> gp.VoteResponse:
+    def _vote_alone(
+        self, step: int, quorum_id: int, ok: bool, reason: str, timeout_s: float, leaving: bool
+    ) -> gp.VoteResponse:
         """A group of one: the rule the coordinator applies to a full round, on this thread."""
         assert self._fence is not None
         decision = check_votes([Vote(0, step, quorum_id, ok, reason)], 1)
@@ -145,8 +146,10 @@ class RemoteGroupChannel:
         req = gp.GroupQuorumRequest(self.group_rank, step, timeout_s, commit_failures, rank_data)
         asked_at = time.monotonic()
         call = self._channel.unary_unary(gp.QUORUM_METHOD).future(
-            envelope.encode(req), timeout=timeout_s + RPC_GRACE_S, metadata=self._metadata,
-            wait_for_ready=self._wait_for_ready
+            envelope.encode(req),
+            timeout=timeout_s + RPC_GRACE_S,
+            metadata=self._metadata,
+            wait_for_ready=self._wait_for_ready,
         )
         answer: concurrent.futures.Future[QuorumAnswer] = concurrent.futures.Future()
 
@@ -167,8 +170,10 @@ class RemoteGroupChannel:
         req = gp.VoteRequest(self.group_rank, step, quorum_id, ok, reason, timeout_s, leaving)
         try:
             raw = self._channel.unary_unary(gp.VOTE_METHOD)(
-                envelope.encode(req), timeout=timeout_s + RPC_GRACE_S, metadata=self._metadata,
-                wait_for_ready=self._wait_for_ready
+                envelope.encode(req),
+                timeout=timeout_s + RPC_GRACE_S,
+                metadata=self._metadata,
+                wait_for_ready=self._wait_for_ready,
             )
         except grpc.RpcError as e:
             raise self._error(gp.VOTE_METHOD, e) from None
@@ -180,8 +185,11 @@ class RemoteGroupChannel:
 
         def pump() -> None:
             try:
-                for raw in call(envelope.encode(gp.WatchRequest(self.group_rank)), metadata=self._metadata,
-                                wait_for_ready=self._wait_for_ready):
+                for raw in call(
+                    envelope.encode(gp.WatchRequest(self.group_rank)),
+                    metadata=self._metadata,
+                    wait_for_ready=self._wait_for_ready,
+                ):
                     on_notice(Notice.decode(raw))
             except grpc.RpcError as e:
                 if e.code() != grpc.StatusCode.CANCELLED:
@@ -206,8 +214,13 @@ class RemoteGroupChannel:
 def group_store(address: str, timeout_s: float) -> dist.TCPStore:
     """A client of the group's rendezvous store (torchrun's ``MASTER_ADDR:MASTER_PORT``)."""
     host, port = address.rsplit(":", 1)
-    return dist.TCPStore(host.strip("[]"), int(port), is_master=False,
-                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+    return dist.TCPStore(
+        host.strip("[]"),
+        int(port),
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
 
 
 def publish_group_server(store: dist.TCPStore, address: str, token: str) -> None:

@@ -212,7 +212,9 @@ class GroupCoordinator:
             outbox.put_nowait(notice)
 
     @staticmethod
-    def _settle(answer: asyncio.Future | None, *, result: object = None, exception: BaseException | None = None) -> None:
+    def _settle(
+        answer: asyncio.Future | None, *, result: object = None, exception: BaseException | None = None
+    ) -> None:
         if answer is None or answer.done():
             return
         if exception is not None:

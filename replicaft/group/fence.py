@@ -36,9 +36,16 @@ from lighthouse.wire.protocol import FenceRequest, FenceResponse
 class BlockingFence:
     """Asks the lighthouse whether ``replica_id`` may commit a step; one owner, any one thread."""
 
-    def __init__(self, replica_id: str, current_address: Callable[[], str],
-                 commit_lease_covers: Callable[[int, int], bool], *, token: str | None, tls: TlsFiles | None,
-                 wait_for_ready: bool) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        current_address: Callable[[], str],
+        commit_lease_covers: Callable[[int, int], bool],
+        *,
+        token: str | None,
+        tls: TlsFiles | None,
+        wait_for_ready: bool,
+    ) -> None:
         self.replica_id = replica_id
         self._current_address = current_address
         """The lighthouse the session talks to now (read on the caller's thread: a str swap)."""
@@ -66,8 +73,11 @@ class BlockingFence:
                 channel = self._channels[address] = grpc_channel(address, self._tls, CHANNEL_OPTIONS)
         try:
             raw = channel.unary_unary(protocol.FENCE_METHOD)(
-                envelope.encode(FenceRequest(self.replica_id, quorum_id, step)), timeout=timeout_s,
-                metadata=self._metadata, wait_for_ready=self._wait_for_ready)
+                envelope.encode(FenceRequest(self.replica_id, quorum_id, step)),
+                timeout=timeout_s,
+                metadata=self._metadata,
+                wait_for_ready=self._wait_for_ready,
+            )
         except grpc.RpcError as e:
             return FenceResponse(False, f"lighthouse did not confirm the quorum: {translate(e, address)}")
         return FenceResponse.decode(raw)

@@ -129,10 +129,15 @@ class GroupRounds:
             self._quorum = None
         missing = sorted(set(range(self.world_size)) - set(r.asks))
         if not missing:
-            return Refusal("expired", f"group {self.replica_id!r} asked the lighthouse for the quorum of step {r.step} "
-                           "and had no answer by the deadline (too few groups asked: min_replicas, or the others "
-                           "left or ran ahead)")
-        return Refusal("expired", f"ranks {missing} of group {self.replica_id!r} never asked for the quorum of step {r.step}")
+            return Refusal(
+                "expired",
+                f"group {self.replica_id!r} asked the lighthouse for the quorum of step {r.step} "
+                "and had no answer by the deadline (too few groups asked: min_replicas, or the others "
+                "left or ran ahead)",
+            )
+        return Refusal(
+            "expired", f"ranks {missing} of group {self.replica_id!r} never asked for the quorum of step {r.step}"
+        )
 
     def join_vote(self, req: VoteRequest) -> VoteJoin:
         bad = self._rank_problem(req.group_rank, "voted")
@@ -144,8 +149,16 @@ class GroupRounds:
         r = self._vote
         if r is None or r.step != req.step or req.group_rank in r.votes:
             if r is not None:
-                superseded = ((r, CommitDecision(False, f"rank {req.group_rank} voted for step {req.step} before "
-                                                        f"ranks {sorted(r.votes)} finished step {r.step}")),)
+                superseded = (
+                    (
+                        r,
+                        CommitDecision(
+                            False,
+                            f"rank {req.group_rank} voted for step {req.step} before "
+                            f"ranks {sorted(r.votes)} finished step {r.step}",
+                        ),
+                    ),
+                )
             r = self._vote = VoteRound(req.step)
         r.votes[req.group_rank] = Vote(req.group_rank, req.step, req.quorum_id, req.ok, req.reason)
         r.leaving |= req.leaving
@@ -169,10 +182,15 @@ class GroupRounds:
         if bad is not None:
             return bad
         if rank == 0:
-            return Refusal("invalid", f"group {self.replica_id!r}: rank 0 hosts the group manager and has no notice stream")
+            return Refusal(
+                "invalid", f"group {self.replica_id!r}: rank 0 hosts the group manager and has no notice stream"
+            )
         if rank in self._watching:
-            return Refusal("invalid", f"group {self.replica_id!r}: rank {rank} already has a notice stream; "
-                                      "is a second process running with its RANK?")
+            return Refusal(
+                "invalid",
+                f"group {self.replica_id!r}: rank {rank} already has a notice stream; "
+                "is a second process running with its RANK?",
+            )
         self._watching.add(rank)
         return None
 
@@ -182,13 +200,18 @@ class GroupRounds:
         self._watching.discard(rank)
         if self.broken is not None:
             return None
-        self.broken = (f"rank {rank} of group {self.replica_id!r} is gone (its connection to the group manager "
-                       "closed); the group cannot commit again and must be restarted whole")
+        self.broken = (
+            f"rank {rank} of group {self.replica_id!r} is gone (its connection to the group manager "
+            "closed); the group cannot commit again and must be restarted whole"
+        )
         self._quorum = self._vote = None
         return self.broken
 
     def _rank_problem(self, rank: int, what: str) -> Refusal | None:
         if 0 <= rank < self.world_size:
             return None
-        return Refusal("invalid", f"group {self.replica_id!r}: rank {rank} {what}, but the group has "
-                                  f"{self.world_size} rank(s) (0..{self.world_size - 1}); check RANK and WORLD_SIZE")
+        return Refusal(
+            "invalid",
+            f"group {self.replica_id!r}: rank {rank} {what}, but the group has "
+            f"{self.world_size} rank(s) (0..{self.world_size - 1}); check RANK and WORLD_SIZE",
+        )

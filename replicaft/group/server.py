@@ -71,8 +71,16 @@ _REFUSAL_STATUS = {
 class GroupServer:
     """Serves ``coordinator`` on ``loop``; ``start()`` returns the address ranks connect to."""
 
-    def __init__(self, coordinator: GroupCoordinator, loop: LoopThread, *, host: str, token: str,
-                 tls: TlsFiles | None = None, handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        coordinator: GroupCoordinator,
+        loop: LoopThread,
+        *,
+        host: str,
+        token: str,
+        tls: TlsFiles | None = None,
+        handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+    ) -> None:
         """``handshake_timeout_s``: how long a new connection may take to send its HTTP/2 settings."""
         self._coordinator = coordinator
         self._handshake_timeout_s = handshake_timeout_s
@@ -97,9 +105,13 @@ class GroupServer:
     async def _start(self) -> str:
         world_size = self._coordinator.options.group_world_size
         self._server = grpc.aio.server(
-            options=[*CHANNEL_OPTIONS[:2], ("grpc.max_allowed_incoming_connections", max_connections(world_size)),
-                     ("grpc.server_handshake_timeout_ms", round(self._handshake_timeout_s * 1000))],
-            maximum_concurrent_rpcs=max_concurrent_rpcs(world_size))
+            options=[
+                *CHANNEL_OPTIONS[:2],
+                ("grpc.max_allowed_incoming_connections", max_connections(world_size)),
+                ("grpc.server_handshake_timeout_ms", round(self._handshake_timeout_s * 1000)),
+            ],
+            maximum_concurrent_rpcs=max_concurrent_rpcs(world_size),
+        )
         handler = grpc.method_handlers_generic_handler(
             gp.SERVICE,
             {

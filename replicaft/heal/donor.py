@@ -78,8 +78,14 @@ class DonorSide:
             bases[rid] = base if isinstance(base, int) else plan.max_step
         if plan.max_step in bases.values() and plan.max_step not in self._server.published_steps:
             readers = frozenset(rid for rid, base in bases.items() if base == plan.max_step)
-            self._serving = LiveSnapshot(self._registry.flat(healed_only=True), step=plan.max_step, quorum_id=plan.quorum_id,
-                                         replica_id=self._replica_id, readers=readers, spare=self._spare)
+            self._serving = LiveSnapshot(
+                self._registry.flat(healed_only=True),
+                step=plan.max_step,
+                quorum_id=plan.quorum_id,
+                replica_id=self._replica_id,
+                readers=readers,
+                spare=self._spare,
+            )
             self._server.publish(self._serving)
             reached(self._faults, "serve", step)
             if write_served_due(self._faults, step):
@@ -99,9 +105,17 @@ class DonorSide:
         if served is None:
             return None
         why = served.seal(HEAL_WAIT_FRACTION * own_s if self._registry.fetch_beside_collectives(served.step) else 0.0)
-        self._emit("serve_end", served_step=served.step, readers=sorted(served.readers), waited_s=served.waited_s,
-                   kept_bytes=served.kept_bytes, reused_buffer=served.reused_buffer, shut=served.shut, ok=not why,
-                   error=why or None)
+        self._emit(
+            "serve_end",
+            served_step=served.step,
+            readers=sorted(served.readers),
+            waited_s=served.waited_s,
+            kept_bytes=served.kept_bytes,
+            reused_buffer=served.reused_buffer,
+            shut=served.shut,
+            ok=not why,
+            error=why or None,
+        )
         if not why:
             if self._withdrawn == served.step:
                 self._withdrawn = None  # served again, whole this time
@@ -113,8 +127,11 @@ class DonorSide:
 
 def _write_largest_optimizer_tensor(flat: Flat) -> None:
     """The ``write_served`` fault (faults.py): state written in place while it is served."""
-    candidates = [t for n, t in zip(flat.names, flat.tensors, strict=True)
-                  if n.startswith("state.optimizer") and t.is_floating_point()]
+    candidates = [
+        t
+        for n, t in zip(flat.names, flat.tensors, strict=True)
+        if n.startswith("state.optimizer") and t.is_floating_point()
+    ]
     if candidates:
         with torch.no_grad():
             max(candidates, key=torch.Tensor.numel).add_(1.0)

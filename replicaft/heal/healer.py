@@ -103,23 +103,39 @@ class Healer:
         one was started. ``withdrawn(base)``: the donors withdrew the snapshot of that step."""
         cu = self._catchup
         if cu is not None and withdrawn(cu.base_step):
-            self._drop("a donor withdrew the snapshot this heal fetched: its state changed while it was served; "
-                       "healing again from the current step")
+            self._drop(
+                "a donor withdrew the snapshot this heal fetched: its state changed while it was served; "
+                "healing again from the current step"
+            )
         if self._catchup is not None:
             return False
         targets = self._targets()
         own = self._registry.flat(healed_only=True)
-        expected = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape))
-                    for name, t in zip(own.names, own.tensors, strict=True)}
+        expected = {
+            name: (str(t.dtype).removeprefix("torch."), tuple(t.shape))
+            for name, t in zip(own.names, own.tensors, strict=True)
+        }
         max_bytes = HEAL_SIZE_FACTOR * sum(t.numel() * t.element_size() for t in own.tensors) + HEAL_SIZE_SLACK_BYTES
         self._torn = self._torn or bool(targets)
         deferred = not self._registry.fetch_beside_collectives(plan.max_step)
-        self._emit("heal_start", quorum_id=plan.quorum_id, donors=list(plan.donors), max_step=plan.max_step,
-                   hold=self._hold_next, deferred=deferred)
+        self._emit(
+            "heal_start",
+            quorum_id=plan.quorum_id,
+            donors=list(plan.donors),
+            max_step=plan.max_step,
+            hold=self._hold_next,
+            deferred=deferred,
+        )
         future: concurrent.futures.Future[HealResult] = concurrent.futures.Future()
-        self._catchup = CatchUp(plan.max_step, future, targets=targets, versions={n: t._version for n, t in targets.items()},
-                                hold=self._hold_next, max_records=self._options.heal_replay_steps,
-                                max_record_bytes=self._options.heal_replay_bytes)
+        self._catchup = CatchUp(
+            plan.max_step,
+            future,
+            targets=targets,
+            versions={n: t._version for n, t in targets.items()},
+            hold=self._hold_next,
+            max_records=self._options.heal_replay_steps,
+            max_record_bytes=self._options.heal_replay_bytes,
+        )
 
         progress = self._catchup.progress
 
@@ -182,8 +198,10 @@ class Healer:
         written = cu.written_meanwhile(result.in_place)
         if written:
             self._not_in_place |= set(written)
-            self._drop(f"this group's own steps wrote {written[:3]} while they were being received in place; "
-                       "healing again with them received into new memory")
+            self._drop(
+                f"this group's own steps wrote {written[:3]} while they were being received in place; "
+                "healing again with them received into new memory"
+            )
             return False
         if not cu.leads_to(plan.max_step):
             self._drop(f"base {cu.base_step} + {len(cu.records)} recorded steps != {plan.max_step}")
@@ -198,7 +216,9 @@ class Healer:
         recorded = cu.record(plan.max_step, captured)
         if recorded != "recorded":
             self._hold_next = recorded == "full"
-            self._drop(f"recorded steps {recorded}; restarting the heal" + (" holding the donors" if self._hold_next else ""))
+            self._drop(
+                f"recorded steps {recorded}; restarting the heal" + (" holding the donors" if self._hold_next else "")
+            )
 
     def apply(self) -> None:
         """The group commits this step: load the verified base state, then replay the steps the
@@ -213,9 +233,18 @@ class Healer:
         replayed = self._registry.replay(cu.records)
         self._catchup = None
         self._torn = self._hold_next = False
-        self._emit("heal_end", ok=True, num_bytes=r.manifest.total_bytes, in_place_bytes=r.in_place_bytes,
-                   seconds=r.seconds, bytes_by_donor=r.bytes_by_donor, refetched_stripes=r.refetched_stripes,
-                   taken_over_stripes=r.taken_over_stripes, replayed_steps=replayed, base_step=cu.base_step)
+        self._emit(
+            "heal_end",
+            ok=True,
+            num_bytes=r.manifest.total_bytes,
+            in_place_bytes=r.in_place_bytes,
+            seconds=r.seconds,
+            bytes_by_donor=r.bytes_by_donor,
+            refetched_stripes=r.refetched_stripes,
+            taken_over_stripes=r.taken_over_stripes,
+            replayed_steps=replayed,
+            base_step=cu.base_step,
+        )
 
     def _drop(self, why: str) -> None:
         self._catchup = None
@@ -227,12 +256,19 @@ class Healer:
         place elsewhere), minus any seen written during an earlier fetch."""
         flat = self._registry.flat(healed_only=True)
         return {
-            name: t for name, t in zip(flat.names, flat.tensors, strict=True)
+            name: t
+            for name, t in zip(flat.names, flat.tensors, strict=True)
             if name not in self._not_in_place and t.numel() * t.element_size() >= SMALL_TENSOR_BYTES
         }
 
-    def _fetch(self, plan: StepPlan, targets: dict[str, torch.Tensor], expected: dict[str, tuple[str, tuple[int, ...]]],
-               max_bytes: int, progress: FetchProgress) -> HealResult:
+    def _fetch(
+        self,
+        plan: StepPlan,
+        targets: dict[str, torch.Tensor],
+        expected: dict[str, tuple[str, tuple[int, ...]]],
+        max_bytes: int,
+        progress: FetchProgress,
+    ) -> HealResult:
         """On the heal thread: pull and verify the donors' snapshot of ``plan.max_step``."""
         r = self._options.group_rank
         donors = []

@@ -58,8 +58,15 @@ class Child:
     :meth:`join_output` waits for it. Its stdin is ``/dev/null``, or a pipe with ``stdin_pipe``.
     """
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], on_line: Callable[[str], None], *,
-                 stdin_pipe: bool = False, settings: SpawnSettings = DEFAULT_SPAWN) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        on_line: Callable[[str], None],
+        *,
+        stdin_pipe: bool = False,
+        settings: SpawnSettings = DEFAULT_SPAWN,
+    ) -> None:
         self.on_line = on_line
         self.popen = subprocess.Popen(
             list(argv),

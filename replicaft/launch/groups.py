@@ -108,19 +108,34 @@ class GroupSupervisor:
     (whose ``started`` must include :meth:`children`) stops processes; ``write_line`` shows a
     standby's own output before it becomes a group."""
 
-    def __init__(self, replica_ids: Sequence[str], hooks: GroupHooks, *, reaper: Reaper,
-                 base_env: Callable[[], Mapping[str, str]], standby_script: Sequence[str], num_standbys: int,
-                 standby_reserve: bool, write_line: Callable[[str], None],
-                 settings: SpawnSettings = DEFAULT_SPAWN) -> None:
+    def __init__(
+        self,
+        replica_ids: Sequence[str],
+        hooks: GroupHooks,
+        *,
+        reaper: Reaper,
+        base_env: Callable[[], Mapping[str, str]],
+        standby_script: Sequence[str],
+        num_standbys: int,
+        standby_reserve: bool,
+        write_line: Callable[[str], None],
+        settings: SpawnSettings = DEFAULT_SPAWN,
+    ) -> None:
         self.groups = {rid: Group(rid) for rid in replica_ids}
         self._hooks = hooks
         self._reaper = reaper
         self._base_env = base_env
         self._settings = settings
         self._latest_start = time.monotonic()
-        self.standbys = StandbyPool(standby_script, num_standbys=num_standbys, reserve=standby_reserve,
-                                    env=base_env, write_line=write_line,
-                                    discard=lambda standby: reaper.kill([standby]), settings=settings)
+        self.standbys = StandbyPool(
+            standby_script,
+            num_standbys=num_standbys,
+            reserve=standby_reserve,
+            env=base_env,
+            write_line=write_line,
+            discard=lambda standby: reaper.kill([standby]),
+            settings=settings,
+        )
 
     # -- the owner's loop
 
@@ -216,6 +231,7 @@ class GroupSupervisor:
             group.child = standby
             group.num_standby_restarts += 1
         else:
-            group.child = Child(self._hooks.cold_argv(group), {**self._base_env(), **variables}, on_line,
-                                settings=self._settings)
+            group.child = Child(
+                self._hooks.cold_argv(group), {**self._base_env(), **variables}, on_line, settings=self._settings
+            )
         self._hooks.started(group)

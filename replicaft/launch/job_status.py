@@ -52,6 +52,11 @@ class EventProgress:
         if kind == "commit" and event.get("committed") and isinstance(replica_id, str) and isinstance(step, int):
             # The latest commit, not the highest: a restarted group starts again from 0.
             self.steps[replica_id] = step
-        elif kind == "quorum" and isinstance(ts, (int, float)) and isinstance(num_replicas, int) and ts >= self._quorum_ts:
+        elif (
+            kind == "quorum"
+            and isinstance(ts, (int, float))
+            and isinstance(num_replicas, int)
+            and ts >= self._quorum_ts
+        ):
             self._quorum_ts = ts
             self.num_replicas = num_replicas

@@ -25,8 +25,13 @@ TICK_S = 0.1
 class LighthouseKeeper:
     """Starts ``python -m lighthouse`` and keeps it running; ``write_line`` shows its output."""
 
-    def __init__(self, options: LaunchOptions, env: Mapping[str, str], write_line: Callable[[str], None],
-                 stopping: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        options: LaunchOptions,
+        env: Mapping[str, str],
+        write_line: Callable[[str], None],
+        stopping: Callable[[], bool],
+    ) -> None:
         self.options = options
         self._env = dict(env)
         self._write_line = write_line
@@ -50,7 +55,9 @@ class LighthouseKeeper:
             if self._stopping():
                 return False
             if self.child.popen.poll() is not None:
-                logger.error("the lighthouse %s before printing its address", describe_exit(self.child.popen.returncode))
+                logger.error(
+                    "the lighthouse %s before printing its address", describe_exit(self.child.popen.returncode)
+                )
                 return False
             if time.monotonic() >= deadline:
                 logger.error("the lighthouse printed no address within %gs", START_TIMEOUT_S)
@@ -70,8 +77,11 @@ class LighthouseKeeper:
             return True
         if self._restart_at is None:
             decision = decide_restart(
-                self.child.popen.returncode, self._restarts, may_finish=False,
-                max_restarts=self.options.max_restarts, restart_delay_s=self.options.restart_delay_s,
+                self.child.popen.returncode,
+                self._restarts,
+                may_finish=False,
+                max_restarts=self.options.max_restarts,
+                restart_delay_s=self.options.restart_delay_s,
             )
             logger.warning("lighthouse %s", decision.reason)
             if decision.action == "give_up":

@@ -72,8 +72,15 @@ class LaunchOptions:
         for name, (flag, lo, hi) in NUMBER_FLAGS.items():
             value, kind = getattr(self, name), _FIELD_TYPES[name]
             if value is not None or not kind.endswith("| None"):
-                check_number(flag, value, lo, hi, integer=kind.startswith("int"), error=OptionsError,
-                             fix="in seconds" if kind.startswith("float") else "")
+                check_number(
+                    flag,
+                    value,
+                    lo,
+                    hi,
+                    integer=kind.startswith("int"),
+                    error=OptionsError,
+                    fix="in seconds" if kind.startswith("float") else "",
+                )
         if not isinstance(self.standby_reserve, bool):
             raise OptionsError(f"standby_reserve={self.standby_reserve!r}; give True or False (--no-standby-reserve)")
         if self.lighthouse is not None:
@@ -95,8 +102,11 @@ class LaunchOptions:
         if not isinstance(self.replica_prefix, str):
             raise OptionsError(f"--replica-prefix {self.replica_prefix!r}; give a string such as 'g'")
         # The one rule for replica ids (lighthouse/wire/replica_id.py); the last id is the longest.
-        check_replica_id(f"{self.replica_prefix}{self.num_groups - 1}", error=OptionsError,
-                         where=f"--replica-prefix {self.replica_prefix!r}: the replica id")
+        check_replica_id(
+            f"{self.replica_prefix}{self.num_groups - 1}",
+            error=OptionsError,
+            where=f"--replica-prefix {self.replica_prefix!r}: the replica id",
+        )
 
     def replica_ids(self) -> list[str]:
         return [f"{self.replica_prefix}{i}" for i in range(self.num_groups)]
@@ -125,29 +135,67 @@ def parse_args(argv: Sequence[str] | None = None) -> LaunchOptions:
     d = LaunchOptions(script=Path())
     p = _Parser(prog=PROG, description="Run a lighthouse and N replica groups of SCRIPT; restart groups that die.")
     p.add_argument("--lighthouse", metavar="HOST:PORT", help="use this lighthouse instead of starting one")
-    p.add_argument("--groups", type=int, default=d.num_groups, metavar="N", help="replica groups (default: %(default)s)")
-    p.add_argument("--ranks-per-group", type=int, default=d.ranks_per_group, metavar="W",
-                   help="ranks per group; above 1 runs each group under torchrun (default: %(default)s)")
-    p.add_argument("--restart-delay", type=float, default=d.restart_delay_s, metavar="S",
-                   help="seconds before a dead group is restarted (default: %(default)s)")
-    p.add_argument("--max-restarts", type=int, default=d.max_restarts, metavar="K",
-                   help="restarts per group before it is left down (default: %(default)s)")
+    p.add_argument(
+        "--groups", type=int, default=d.num_groups, metavar="N", help="replica groups (default: %(default)s)"
+    )
+    p.add_argument(
+        "--ranks-per-group",
+        type=int,
+        default=d.ranks_per_group,
+        metavar="W",
+        help="ranks per group; above 1 runs each group under torchrun (default: %(default)s)",
+    )
+    p.add_argument(
+        "--restart-delay",
+        type=float,
+        default=d.restart_delay_s,
+        metavar="S",
+        help="seconds before a dead group is restarted (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=d.max_restarts,
+        metavar="K",
+        help="restarts per group before it is left down (default: %(default)s)",
+    )
     p.add_argument("--events-dir", type=Path, metavar="DIR", help="keep the groups' event logs here")
     p.add_argument("--min-replicas", type=int, metavar="M", help="fewest groups a quorum may have")
     p.add_argument("--replica-prefix", default=d.replica_prefix, help="replica ids are PREFIX0, PREFIX1, ...")
-    p.add_argument("--status-interval", type=float, default=d.status_interval_s, metavar="S",
-                   help="period of the status line when stderr is not a terminal (default: %(default)s)")
-    p.add_argument("--stop-grace", type=float, default=d.stop_grace_s, metavar="S",
-                   help="seconds between SIGTERM and SIGKILL when stopping (default: %(default)s)")
-    p.add_argument("--standbys", type=int, metavar="K",
-                   help="warm standby processes (torch already imported) that restarted groups run in; "
-                   "W = 1 only (default: 1 with W = 1, else 0)")
-    p.add_argument("--no-standby-reserve", dest="standby_reserve", action="store_false",
-                   help="do not have standbys fault in memory the size of a group's state for its restart "
-                   "(each then holds ~300 MB instead of that much more)")
-    p.add_argument("--torchft", action="store_true",
-                   help="SCRIPT is a torchft program: `import torchft` runs on replicaft's shim, and each group "
-                   "gets REPLICA_GROUP_ID and NUM_REPLICA_GROUPS")
+    p.add_argument(
+        "--status-interval",
+        type=float,
+        default=d.status_interval_s,
+        metavar="S",
+        help="period of the status line when stderr is not a terminal (default: %(default)s)",
+    )
+    p.add_argument(
+        "--stop-grace",
+        type=float,
+        default=d.stop_grace_s,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL when stopping (default: %(default)s)",
+    )
+    p.add_argument(
+        "--standbys",
+        type=int,
+        metavar="K",
+        help="warm standby processes (torch already imported) that restarted groups run in; "
+        "W = 1 only (default: 1 with W = 1, else 0)",
+    )
+    p.add_argument(
+        "--no-standby-reserve",
+        dest="standby_reserve",
+        action="store_false",
+        help="do not have standbys fault in memory the size of a group's state for its restart "
+        "(each then holds ~300 MB instead of that much more)",
+    )
+    p.add_argument(
+        "--torchft",
+        action="store_true",
+        help="SCRIPT is a torchft program: `import torchft` runs on replicaft's shim, and each group "
+        "gets REPLICA_GROUP_ID and NUM_REPLICA_GROUPS",
+    )
     p.add_argument("script", metavar="SCRIPT", help="training script")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for SCRIPT")
     args = p.parse_args(argv)

@@ -33,8 +33,9 @@ class Reaper:
     other children of its own (the chaos runner's lighthouse): only what is below the children
     asked for is stopped."""
 
-    def __init__(self, started: Callable[[], Sequence[Child]], kill_now: Callable[[], bool], *,
-                 leftovers: bool = True) -> None:
+    def __init__(
+        self, started: Callable[[], Sequence[Child]], kill_now: Callable[[], bool], *, leftovers: bool = True
+    ) -> None:
         self._started = started
         self._kill_now = kill_now
         self._leftovers = leftovers
@@ -74,8 +75,9 @@ class Reaper:
             child.popen.poll()
         table = read_process_table()
         started = {child.pid for child in self._started()}
-        leftovers = [info for info in table.values()
-                     if self._leftovers and info.ppid == os.getpid() and info.pid not in started]
+        leftovers = [
+            info for info in table.values() if self._leftovers and info.ppid == os.getpid() and info.pid not in started
+        ]
         for info in leftovers:
             if info.zombie:
                 try:

@@ -33,7 +33,9 @@ def decide_restart(
         return RestartDecision("done", 0.0, how)
     if num_restarts >= max_restarts:
         return RestartDecision(
-            "give_up", 0.0, f"{how}; restarted {num_restarts} times already (--max-restarts {max_restarts}), leaving it down"
+            "give_up",
+            0.0,
+            f"{how}; restarted {num_restarts} times already (--max-restarts {max_restarts}), leaving it down",
         )
     return RestartDecision(
         "restart", restart_delay_s, f"{how}; restart {num_restarts + 1} of {max_restarts} in {restart_delay_s:g}s"

@@ -34,9 +34,17 @@ class StandbyPool:
     be used. Used by :class:`~replicaft.launch.groups.GroupSupervisor`, for the launcher and the
     chaos harness alike."""
 
-    def __init__(self, script: Sequence[str], *, num_standbys: int, reserve: bool,
-                 env: Callable[[], Mapping[str, str]], write_line: Callable[[str], None],
-                 discard: Callable[[Child], None], settings: SpawnSettings = DEFAULT_SPAWN) -> None:
+    def __init__(
+        self,
+        script: Sequence[str],
+        *,
+        num_standbys: int,
+        reserve: bool,
+        env: Callable[[], Mapping[str, str]],
+        write_line: Callable[[str], None],
+        discard: Callable[[Child], None],
+        settings: SpawnSettings = DEFAULT_SPAWN,
+    ) -> None:
         self._script = list(script)
         self._num_standbys = num_standbys
         self._reserve = reserve
@@ -90,8 +98,11 @@ class StandbyPool:
                 self._reserve_asked.pop(standby.pid, None)
                 self._ready.discard(standby.pid)
                 self.off = True
-                logger.warning("warm standby pid %d %s before it was used; restarts start cold from now on",
-                               standby.pid, describe_exit(code))
+                logger.warning(
+                    "warm standby pid %d %s before it was used; restarts start cold from now on",
+                    standby.pid,
+                    describe_exit(code),
+                )
         if self.off or not quiet:
             return
         self._ask_reserves()

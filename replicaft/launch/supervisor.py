@@ -58,8 +58,12 @@ class Launcher:
         self._work_dir: Path | None = None
         self._events_dir: Path | None = options.events_dir
         self._reaper = Reaper(self._children, lambda: self._kill_now)
-        self._lighthouse = LighthouseKeeper(options, {**os.environ, **self._job_secret}, console.write_line,
-                                            stopping=lambda: self._stop_signal is not None)
+        self._lighthouse = LighthouseKeeper(
+            options,
+            {**os.environ, **self._job_secret},
+            console.write_line,
+            stopping=lambda: self._stop_signal is not None,
+        )
         self._groups = GroupSupervisor(
             options.replica_ids(), self, reaper=self._reaper, base_env=self._base_env,
             standby_script=[str(options.script), *options.script_args], num_standbys=options.num_standbys(),
@@ -75,7 +79,9 @@ class Launcher:
 
     def run(self) -> int:
         if not become_subreaper():
-            logger.warning("prctl(PR_SET_CHILD_SUBREAPER) failed: ranks orphaned by a dead torchrun will not be stopped")
+            logger.warning(
+                "prctl(PR_SET_CHILD_SUBREAPER) failed: ranks orphaned by a dead torchrun will not be stopped"
+            )
         self._work_dir = Path(tempfile.mkdtemp(prefix="replicaft-launch-"))
         if self._events_dir is None:
             self._events_dir = self._work_dir / "events"
@@ -83,8 +89,13 @@ class Launcher:
         try:
             if self.options.lighthouse is None and not self._lighthouse.start():
                 return self._signal_exit_code() or 1
-            logger.info("lighthouse at %s; %d groups of %d ranks; events in %s", self._lighthouse_address(),
-                        len(self._groups.groups), self.options.ranks_per_group, self._events_dir)
+            logger.info(
+                "lighthouse at %s; %d groups of %d ranks; events in %s",
+                self._lighthouse_address(),
+                len(self._groups.groups),
+                self.options.ranks_per_group,
+                self._events_dir,
+            )
             return self._supervise()
         finally:
             self._stop_all()
@@ -158,8 +169,12 @@ class Launcher:
             logger.info("started %s (pid %d)%s", group.replica_id, group.child.pid, restart)
 
     def exited(self, group: Group, exit_code: int, now: float) -> RestartDecision:
-        decision = decide_restart(exit_code, group.num_restarts, max_restarts=self.options.max_restarts,
-                                  restart_delay_s=self.options.restart_delay_s)
+        decision = decide_restart(
+            exit_code,
+            group.num_restarts,
+            max_restarts=self.options.max_restarts,
+            restart_delay_s=self.options.restart_delay_s,
+        )
         level = logging.INFO if decision.action == "done" else logging.WARNING
         logger.log(level, "%s %s", group.replica_id, decision.reason)
         return decision
@@ -188,10 +203,12 @@ class Launcher:
                 progress.apply(event)
                 self._groups.note_event(event)
             if self.console.live or now >= next_status:
-                statuses = [GroupStatus(g.replica_id, g.state, g.num_restarts, progress.steps.get(g.replica_id))
-                            for g in groups]
-                self.console.show_status(render_status(statuses, num_replicas=progress.num_replicas,
-                                                       elapsed_s=now - started))
+                statuses = [
+                    GroupStatus(g.replica_id, g.state, g.num_restarts, progress.steps.get(g.replica_id)) for g in groups
+                ]
+                self.console.show_status(
+                    render_status(statuses, num_replicas=progress.num_replicas, elapsed_s=now - started)
+                )
                 next_status = now + self.options.status_interval_s
             time.sleep(TICK_S)
         logger.warning("stopping on %s", signal.Signals(self._stop_signal).name)
@@ -221,12 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler.setFormatter(logging.Formatter("[launcher] %(message)s"))
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     launcher = Launcher(options, console)
-    previous = {sig: signal.signal(sig, lambda signum, _frame: launcher.request_stop(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda signum, _frame: launcher.request_stop(signum))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         return launcher.run()
     finally:
         for sig, handler_before in previous.items():
             signal.signal(sig, handler_before)
-
-

@@ -114,11 +114,19 @@ class DiLoCo(StepHooks):
         modules = [model_fragments] if isinstance(model_fragments, nn.Module) else list(model_fragments)
         outers = list(outer_optimizer) if isinstance(outer_optimizer, Sequence) else [outer_optimizer] * len(modules)
         if len(outers) != len(modules):
-            raise OptionsError(f"{len(outers)} outer optimizers for {len(modules)} model fragments; pass one, or one per fragment")
+            raise OptionsError(
+                f"{len(outers)} outer optimizers for {len(modules)} model fragments; pass one, or one per fragment"
+            )
         if not 0.0 <= fragment_update_alpha <= 1.0:
-            raise OptionsError(f"fragment_update_alpha={fragment_update_alpha}; it mixes local into global weights, so 0 <= alpha <= 1")
-        if (dataset_len is None) != (batch_size is None) or (batch_size is not None and (batch_size < 1 or dataset_len < 1)):  # type: ignore[operator]
-            raise OptionsError(f"dataset_len={dataset_len}, batch_size={batch_size}: set both (>= 1) for exactly-once data, or neither")
+            raise OptionsError(
+                f"fragment_update_alpha={fragment_update_alpha}; it mixes local into global weights, so 0 <= alpha <= 1"
+            )
+        if (dataset_len is None) != (batch_size is None) or (
+            batch_size is not None and (batch_size < 1 or dataset_len < 1)
+        ):  # type: ignore[operator]
+            raise OptionsError(
+                f"dataset_len={dataset_len}, batch_size={batch_size}: set both (>= 1) for exactly-once data, or neither"
+            )
         self.manager = manager
         self.schedule = SyncSchedule(sync_every, len(modules), fragment_sync_delay)
         self.fragments = [Fragment(i, m, o) for i, (m, o) in enumerate(zip(modules, outers, strict=True))]
@@ -149,8 +157,9 @@ class DiLoCo(StepHooks):
         # ("donors disagree on the state ... no version has a majority"; issue 21). A healer
         # keeps its own, fresh after a restart, as a new DiLoCo worker starts; checkpoints
         # still carry it.
-        manager.register_state(f"{state_name}_inner", inner_optimizer.state_dict, inner_optimizer.load_state_dict,
-                               healed=False)
+        manager.register_state(
+            f"{state_name}_inner", inner_optimizer.state_dict, inner_optimizer.load_state_dict, healed=False
+        )
         manager.register_hooks(self)
 
     # -- the loop's side -------------------------------------------------------------------------
@@ -161,7 +170,9 @@ class DiLoCo(StepHooks):
         self._hook = self.inner.register_step_post_hook(lambda *_: self.after_inner_step())
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
@@ -175,7 +186,9 @@ class DiLoCo(StepHooks):
         """Count an inner step; start, finish or run the sync it makes due (the optimizer hook)."""
         if not self._joined:
             if self._join_on_enter:
-                raise GroupError("an inner step before DiLoCo joined the job: enter `with DiLoCo(...)` (or call join()) first")
+                raise GroupError(
+                    "an inner step before DiLoCo joined the job: enter `with DiLoCo(...)` (or call join()) first"
+                )
             self.join()
             return
         self.local_step += 1
@@ -275,16 +288,18 @@ class DiLoCo(StepHooks):
             for f in self.fragments:
                 f.load_synced_flat(weights[offset : offset + f.numel])
                 offset += f.numel
-        self.leases, _ = lease_rules.settle(self.leases, record.participants, record.contributors,
-                                            self.schedule.interval * self.batch_size)
+        self.leases, _ = lease_rules.settle(
+            self.leases, record.participants, record.contributors, self.schedule.interval * self.batch_size
+        )
 
     def _annotate(self, record: _Record) -> None:
         fields: dict[str, Any] = {"fragment": record.fragment}
         if self._losses:
             fields["loss"] = sum(self._losses) / len(self._losses)
         if self.batch_size:
-            after, consumed = lease_rules.settle(self.leases, record.participants, record.contributors,
-                                                 self.schedule.interval * self.batch_size)
+            after, consumed = lease_rules.settle(
+                self.leases, record.participants, record.contributors, self.schedule.interval * self.batch_size
+            )
             fields["sample_ranges"] = [list(r) for r in consumed]
             fields["samples_open"] = [list(r) for r in after.open_ranges()]
             fields["samples_cursor"] = after.cursor
@@ -305,7 +320,9 @@ class DiLoCo(StepHooks):
         if record is None or record.average is None:
             # The donors committed a sync whose average this healer never received (its own
             # all-reduce failed, theirs did not): replaying without it would diverge silently.
-            raise StateError("a recorded sync has no averaged pseudo-gradient to replay; restart the group to heal again")
+            raise StateError(
+                "a recorded sync has no averaged pseudo-gradient to replay; restart the group to heal again"
+            )
         self._apply(record)
 
     def state_digest(self) -> str:
@@ -343,7 +360,9 @@ class LocalSGD(DiLoCo):
     is the mean of the groups' parameters, with the same quorum, retry and heal.
     """
 
-    def __init__(self, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer, sync_every: int, **kwargs: Any) -> None:
+    def __init__(
+        self, manager: Manager, model: nn.Module, optimizer: torch.optim.Optimizer, sync_every: int, **kwargs: Any
+    ) -> None:
         super().__init__(manager, model, optimizer, torch.optim.SGD(model.parameters(), lr=1.0), sync_every, **kwargs)
 
 

@@ -109,7 +109,9 @@ class Fragment:
     @contextlib.contextmanager
     def _only_own_gradients(self) -> Iterator[None]:
         own = {id(p) for _, p in self.named}
-        hidden = [(p, p.grad) for g in self.outer.param_groups for p in g["params"] if id(p) not in own and p.grad is not None]
+        hidden = [
+            (p, p.grad) for g in self.outer.param_groups for p in g["params"] if id(p) not in own and p.grad is not None
+        ]
         for p, _ in hidden:
             p.grad = None
         try:

@@ -54,7 +54,9 @@ class Leases:
         )
 
 
-def settle(leases: Leases, participants: Sequence[str], contributors: Collection[str], per_group: int) -> tuple[Leases, tuple[Range, ...]]:
+def settle(
+    leases: Leases, participants: Sequence[str], contributors: Collection[str], per_group: int
+) -> tuple[Leases, tuple[Range, ...]]:
     """A sync committed: consume the contributors' leases, lease the next round to ``participants``.
 
     Returns the new leases and the consumed ranges (sorted, for the commit event).

@@ -70,7 +70,9 @@ def encode_int8(values: torch.Tensor, scales: torch.Tensor, bias: int) -> torch.
     return codes[:, 0] + codes[:, 1] * _LANE + codes[:, 2] * (_LANE * _LANE)
 
 
-def decode_int8(averaged_words: torch.Tensor, scales: torch.Tensor, bias: int, num_contributors: int, numel: int) -> torch.Tensor:
+def decode_int8(
+    averaged_words: torch.Tensor, scales: torch.Tensor, bias: int, num_contributors: int, numel: int
+) -> torch.Tensor:
     """The average of the contributors' values from the averaged packed words."""
     words = torch.round(averaged_words.double() * num_contributors).long()
     lanes = torch.stack([words % _LANE, (words // _LANE) % _LANE, words // (_LANE * _LANE)], dim=1).reshape(-1)

@@ -50,8 +50,9 @@ CHANGE_TO_REPORT = 0.1
 class AutoCadence:
     """The training thread calls everything but :meth:`notice` (any thread)."""
 
-    def __init__(self, limits: CadenceLimits, emit: Callable[..., None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, limits: CadenceLimits, emit: Callable[..., None], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limits = limits
         self._emit = emit
         self._clock = clock
@@ -105,9 +106,13 @@ class AutoCadence:
             write = sum(w for _, w in self._saves) / len(self._saves)
         decision = decide_interval(blocked_s=blocked, write_s=write, history=self._history, limits=self.limits)
         previous = self._reported
-        if (previous is None or previous.mtbf.source != decision.mtbf.source or previous.cost_s is None
-                and decision.cost_s is not None
-                or abs(decision.interval_s - previous.interval_s) > CHANGE_TO_REPORT * previous.interval_s):
+        if (
+            previous is None
+            or previous.mtbf.source != decision.mtbf.source
+            or previous.cost_s is None
+            and decision.cost_s is not None
+            or abs(decision.interval_s - previous.interval_s) > CHANGE_TO_REPORT * previous.interval_s
+        ):
             self._reported = decision
             self._report(decision, blocked, write)
         return decision.interval_s
@@ -115,11 +120,23 @@ class AutoCadence:
     def _report(self, d: CadenceDecision, blocked_s: float | None, write_s: float | None) -> None:
         logger.info("checkpoint interval %.3gs: %s", d.interval_s, d.reason)
         h = self._history
-        self._emit("checkpoint_cadence", interval_s=d.interval_s, rule_s=d.rule_s, cost_s=d.cost_s, blocked_s=blocked_s,
-                   write_s=write_s, num_saves_measured=len(self._saves), mtbf_s=d.mtbf.seconds,
-                   mtbf_source=d.mtbf.source, min_s=self.limits.min_s, max_s=self.limits.max_s,
-                   prior_mtbf_s=self.limits.prior_mtbf_s, min_total_failures=self.limits.min_total_failures,
-                   history=asdict(h), reason=d.reason)
+        self._emit(
+            "checkpoint_cadence",
+            interval_s=d.interval_s,
+            rule_s=d.rule_s,
+            cost_s=d.cost_s,
+            blocked_s=blocked_s,
+            write_s=write_s,
+            num_saves_measured=len(self._saves),
+            mtbf_s=d.mtbf.seconds,
+            mtbf_source=d.mtbf.source,
+            min_s=self.limits.min_s,
+            max_s=self.limits.max_s,
+            prior_mtbf_s=self.limits.prior_mtbf_s,
+            min_total_failures=self.limits.min_total_failures,
+            history=asdict(h),
+            reason=d.reason,
+        )
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -133,8 +150,12 @@ class AutoCadence:
         for f in fields(FailureHistory):
             value = state.get(f.name) if isinstance(state, dict) else None
             if not isinstance(value, int | float) or isinstance(value, bool) or not value >= 0:
-                logger.warning("ignoring the loaded checkpoint cadence history %r (%s=%r is not a count >= 0)",
-                               state, f.name, value)
+                logger.warning(
+                    "ignoring the loaded checkpoint cadence history %r (%s=%r is not a count >= 0)",
+                    state,
+                    f.name,
+                    value,
+                )
                 return
             values[f.name] = type(getattr(FailureHistory(), f.name))(value)
         self._history = FailureHistory(**values)

@@ -92,8 +92,13 @@ class Persistence:
         self._noticed_at: float | None = None
         self._sigterm_at: float | None = None
         source = parse_notice_source(options.preemption_notice, options.preemption_notice_kind)
-        self._watcher = (PreemptionWatcher(source, options.preemption_poll_s, self.preempt, emit,
-                                           f"{options.replica_id}/{options.group_rank}") if source else None)
+        self._watcher = (
+            PreemptionWatcher(
+                source, options.preemption_poll_s, self.preempt, emit, f"{options.replica_id}/{options.group_rank}"
+            )
+            if source
+            else None
+        )
         self._previous_sigterm: Any = None
         self._in_flight: Snapshot | None = None
         self._capture: BackgroundCapture | None = None
@@ -101,9 +106,18 @@ class Persistence:
         """Tensors a background copy saw written mid-step: copied at once from then on."""
         self._lineage = new_lineage() if options.checkpoint_dir is not None else LEGACY_LINEAGE
         """The history this group's state belongs to (see the module docstring)."""
-        self.cadence = (AutoCadence(CadenceLimits(options.checkpoint_interval_min_s, options.checkpoint_interval_max_s,
-                                                  options.checkpoint_mtbf_prior_s), emit)
-                        if options.checkpoint_interval == "auto" and options.checkpoint_dir is not None else None)
+        self.cadence = (
+            AutoCadence(
+                CadenceLimits(
+                    options.checkpoint_interval_min_s,
+                    options.checkpoint_interval_max_s,
+                    options.checkpoint_mtbf_prior_s,
+                ),
+                emit,
+            )
+            if options.checkpoint_interval == "auto" and options.checkpoint_dir is not None
+            else None
+        )
         """``checkpoint_interval="auto"``: chooses the writer's interval (cadence.py)."""
         self._blocked_s: dict[int, float] = {}
         """Seconds the training thread spent on each periodic save in flight, by step."""
@@ -111,7 +125,9 @@ class Persistence:
         """Tags and metrics for the next checkpoint (``Manager.checkpoint_tags``/``report_metrics``)."""
         self._capture_labels: dict[str, Any] = {}
         """The labels taken for the save whose background copy is running (see :meth:`settle`)."""
-        self.telemetry = CheckpointTelemetry(options.checkpoint_dir, has_object_tier=bool(options.checkpoint_object_store))
+        self.telemetry = CheckpointTelemetry(
+            options.checkpoint_dir, has_object_tier=bool(options.checkpoint_object_store)
+        )
         """Each save's figures and anomalies (``checkpoint``/``checkpoint_anomaly`` events)."""
         self.on_resumed: Callable[[int], None] | None = None
         """Told the checkpoint step after :meth:`load_latest` loaded one, before its state is
@@ -192,8 +208,12 @@ class Persistence:
         """Adopt the lineage of a donor's state (a heal) or of a loaded checkpoint."""
         lineage = state.get("lineage") if isinstance(state, dict) else None
         if not is_lineage(lineage):
-            logger.warning("[%s] ignoring lineage %r in the loaded state (not a lineage id); keeping %s",
-                           self.options.replica_id, lineage, lineage_label(self._lineage))
+            logger.warning(
+                "[%s] ignoring lineage %r in the loaded state (not a lineage id); keeping %s",
+                self.options.replica_id,
+                lineage,
+                lineage_label(self._lineage),
+            )
             return
         assert isinstance(lineage, str)
         if lineage != LEGACY_LINEAGE or self.options.checkpoint_dir is None:
@@ -218,10 +238,18 @@ class Persistence:
             return None
         if loaded.lineage == LEGACY_LINEAGE or not loaded.newest_in_lineage:
             self._lineage = forked_lineage(loaded.lineage, loaded.step, occasion)
-            why = ("it was written before lineages existed" if loaded.lineage == LEGACY_LINEAGE
-                   else f"newer checkpoints of lineage {loaded.lineage} did not load")
-            logger.warning("[%s] resumed from step %d; %s, so this run continues as the new lineage %s",
-                           self.options.replica_id, loaded.step, why, self._lineage)
+            why = (
+                "it was written before lineages existed"
+                if loaded.lineage == LEGACY_LINEAGE
+                else f"newer checkpoints of lineage {loaded.lineage} did not load"
+            )
+            logger.warning(
+                "[%s] resumed from step %d; %s, so this run continues as the new lineage %s",
+                self.options.replica_id,
+                loaded.step,
+                why,
+                self._lineage,
+            )
         else:
             self._lineage = loaded.lineage
         if STATE_NAME in template:
@@ -230,13 +258,19 @@ class Persistence:
             self.on_resumed(loaded.step)
         if loaded.imported:
             kept = sorted(set(template) - set(loaded.state))
-            logger.warning("[%s] %s was imported (replicaft-ckpt import) and holds %s; keeping this job's own %s",
-                           self.options.replica_id, loaded.path.name, sorted(loaded.state), kept)
+            logger.warning(
+                "[%s] %s was imported (replicaft-ckpt import) and holds %s; keeping this job's own %s",
+                self.options.replica_id,
+                loaded.path.name,
+                sorted(loaded.state),
+                kept,
+            )
             loaded.state.update({name: template[name] for name in kept})
         return loaded
 
-    def after_commit(self, step: int, is_writer: bool, state: Callable[[], dict[str, Any]], quorum_id: int,
-                     num_groups: int = 1) -> None:
+    def after_commit(
+        self, step: int, is_writer: bool, state: Callable[[], dict[str, Any]], quorum_id: int, num_groups: int = 1
+    ) -> None:
         """Called at the step boundary after a commit, with the committed state in place.
 
         A due save copies the state to a host snapshot, reusing the previous save's buffer once
@@ -261,9 +295,15 @@ class Persistence:
                 host_bytes = self._in_flight.buffer.numel()
             else:
                 self._capture_labels = self.labels.take()
-                self._capture = BackgroundCapture(flatten(state()), step=step, quorum_id=quorum_id,
-                                                  replica_id=self.options.replica_id, out=spare, copy_now=self._copy_now,
-                                                  content=content)
+                self._capture = BackgroundCapture(
+                    flatten(state()),
+                    step=step,
+                    quorum_id=quorum_id,
+                    replica_id=self.options.replica_id,
+                    out=spare,
+                    copy_now=self._copy_now,
+                    content=content,
+                )
                 deferred = self._capture.deferred_bytes
                 host_bytes = self._capture.buffer.numel()
             self._blocked_s[step] = time.monotonic() - started
@@ -283,11 +323,24 @@ class Persistence:
             self._copy_now |= capture.changed
             if not capture.running:  # a copy still running would write into a reused buffer
                 self._spare.give(capture.buffer)
-            logger.warning("[%s] checkpoint not saved: %s; those tensors are copied at once from now on",
-                           self.options.replica_id, why)
-            figures, _ = self.telemetry.finished(SaveResult(capture.step, "failed", why), self._blocked_s.pop(capture.step, None))
-            self._emit("checkpoint", checkpoint_step=capture.step, ok=False, status="failed", reason=why, path=None, num_bytes=0,
-                       **figures)
+            logger.warning(
+                "[%s] checkpoint not saved: %s; those tensors are copied at once from now on",
+                self.options.replica_id,
+                why,
+            )
+            figures, _ = self.telemetry.finished(
+                SaveResult(capture.step, "failed", why), self._blocked_s.pop(capture.step, None)
+            )
+            self._emit(
+                "checkpoint",
+                checkpoint_step=capture.step,
+                ok=False,
+                status="failed",
+                reason=why,
+                path=None,
+                num_bytes=0,
+                **figures,
+            )
             return
         self._in_flight = snapshot
         self._writer.save_async(snapshot, snapshot.manifest.step, self._capture_labels, lineage=self._lineage)
@@ -296,8 +349,12 @@ class Persistence:
         self.settle()
         if self._writer is None:
             return
-        handle = self._writer.save_async(self._snapshot(state, step, quorum_id, None), step, {"reason": "preemption", **self.labels.take()},
-                                         lineage=self._lineage)
+        handle = self._writer.save_async(
+            self._snapshot(state, step, quorum_id, None),
+            step,
+            {"reason": "preemption", **self.labels.take()},
+            lineage=self._lineage,
+        )
         deadline = time.monotonic() + self.options.preemption_grace_s
         try:
             handle.wait(timeout_s=self.options.preemption_grace_s)
@@ -306,17 +363,33 @@ class Persistence:
         # A preempted machine takes its disk with it: what is not in the object store is lost.
         uploader = self._writer.uploader
         if uploader is not None and not uploader.wait_idle(max(0.0, deadline - time.monotonic())):
-            logger.error("[%s] preemption: the upload of the emergency checkpoint to %s did not finish within "
-                         "preemption_grace_s=%g; the next writer resumes it if this disk survives",
-                         self.options.replica_id, uploader.store.url, self.options.preemption_grace_s)
+            logger.error(
+                "[%s] preemption: the upload of the emergency checkpoint to %s did not finish within "
+                "preemption_grace_s=%g; the next writer resumes it if this disk survives",
+                self.options.replica_id,
+                uploader.store.url,
+                self.options.preemption_grace_s,
+            )
         self._report()
 
-    def _snapshot(self, state: Callable[[], dict[str, Any]], step: int, quorum_id: int,
-                  out: torch.Tensor | None, content: BufferHashes | None = None) -> Snapshot:
+    def _snapshot(
+        self,
+        state: Callable[[], dict[str, Any]],
+        step: int,
+        quorum_id: int,
+        out: torch.Tensor | None,
+        content: BufferHashes | None = None,
+    ) -> Snapshot:
         """A synchronous host copy of the state (no checksums: the writer checksums its files)."""
-        return Snapshot.capture(flatten(state()), step=step, quorum_id=quorum_id,
-                                replica_id=self.options.replica_id, with_checksums=False, out=out,
-                                content=content)
+        return Snapshot.capture(
+            flatten(state()),
+            step=step,
+            quorum_id=quorum_id,
+            replica_id=self.options.replica_id,
+            with_checksums=False,
+            out=out,
+            content=content,
+        )
 
     def _report(self) -> None:
         if self._writer is None:
@@ -343,15 +416,29 @@ class Persistence:
             )
             for a in anomalies:
                 logger.warning("[%s] checkpoint anomaly (%s): %s", self.options.replica_id, a.kind, a.reason)
-                self._emit("checkpoint_anomaly", checkpoint_step=r.step, kind=a.kind, reason=a.reason, value=a.value,
-                           threshold=a.threshold)
+                self._emit(
+                    "checkpoint_anomaly",
+                    checkpoint_step=r.step,
+                    kind=a.kind,
+                    reason=a.reason,
+                    value=a.value,
+                    threshold=a.threshold,
+                )
         for u in self._writer.uploader.pop_finished() if self._writer.uploader is not None else ():
             if u.ok and self._writer.catalog is not None:
                 self._writer.catalog.set_tier([u.name], "object", present=True)
             if u.ok:
                 self.telemetry.uploaded(u.step)
-            self._emit("checkpoint_upload", checkpoint_step=u.step, name=u.name, ok=u.ok, reason=u.reason,
-                       num_bytes=u.num_bytes, seconds=u.seconds, tier="object")
+            self._emit(
+                "checkpoint_upload",
+                checkpoint_step=u.step,
+                name=u.name,
+                ok=u.ok,
+                reason=u.reason,
+                num_bytes=u.num_bytes,
+                seconds=u.seconds,
+                tier="object",
+            )
 
 
 def open_checkpoints(
@@ -365,12 +452,19 @@ def open_checkpoints(
     from replicaft.checkpoint.keys import load_key
     from replicaft.checkpoint.objectstore import ObjectStore
 
-    key = load_key(key_file=o.checkpoint_key_file, key=o.checkpoint_key,
-                   data_directories=(o.checkpoint_dir, o.checkpoint_tier2_dir))
-    store = (ObjectStore(o.checkpoint_object_store, endpoint_url=o.checkpoint_object_store_endpoint)
-             if o.checkpoint_object_store else None)
-    reader = CheckpointReader(o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir, encryption_key=key,
-                              object_store=store)
+    key = load_key(
+        key_file=o.checkpoint_key_file,
+        key=o.checkpoint_key,
+        data_directories=(o.checkpoint_dir, o.checkpoint_tier2_dir),
+    )
+    store = (
+        ObjectStore(o.checkpoint_object_store, endpoint_url=o.checkpoint_object_store_endpoint)
+        if o.checkpoint_object_store
+        else None
+    )
+    reader = CheckpointReader(
+        o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir, encryption_key=key, object_store=store
+    )
     writer = CheckpointWriter(
         o.checkpoint_dir,
         tier2_directory=o.checkpoint_tier2_dir,

@@ -86,16 +86,22 @@ def parse_notice_source(notice: str | None, kind: str = "auto") -> NoticeSource 
     if notice.startswith("file:"):
         path = notice.removeprefix("file:").removeprefix("//")
         if not Path(path).is_absolute() or kind not in ("auto", "file"):
-            raise OptionsError(f"preemption_notice={notice!r} with preemption_notice_kind={kind!r}: a file source "
-                               "is file:/absolute/path and its kind 'file' (or 'auto')")
+            raise OptionsError(
+                f"preemption_notice={notice!r} with preemption_notice_kind={kind!r}: a file source "
+                "is file:/absolute/path and its kind 'file' (or 'auto')"
+            )
         return NoticeSource("file", path)
     url = urllib.parse.urlsplit(notice)
     if url.scheme not in ("http", "https") or not url.netloc:
-        raise OptionsError(f"preemption_notice={notice!r} is not a source; use 'gce', 'aws', an http(s):// URL of "
-                           "the metadata service, or file:/path/of/a/notice/file")
+        raise OptionsError(
+            f"preemption_notice={notice!r} is not a source; use 'gce', 'aws', an http(s):// URL of "
+            "the metadata service, or file:/path/of/a/notice/file"
+        )
     if kind == "file":
-        raise OptionsError(f"preemption_notice={notice!r} is a URL but preemption_notice_kind='file'; "
-                           "use file:/path, or a kind among gce, aws, http, auto")
+        raise OptionsError(
+            f"preemption_notice={notice!r} is a URL but preemption_notice_kind='file'; "
+            "use file:/path, or a kind among gce, aws, http, auto"
+        )
     if kind != "auto":
         return NoticeSource(_URL_KINDS[kind], notice)
     if url.path.endswith("/instance/preempted"):
@@ -166,8 +172,14 @@ class PreemptionWatcher:
     event sink; ``context`` prefixes log lines (``replica_id/group_rank``).
     """
 
-    def __init__(self, source: NoticeSource, poll_s: float, on_notice: Callable[[str], None],
-                 emit: Callable[..., None], context: str) -> None:
+    def __init__(
+        self,
+        source: NoticeSource,
+        poll_s: float,
+        on_notice: Callable[[str], None],
+        emit: Callable[..., None],
+        context: str,
+    ) -> None:
         self.source = source
         self.poll_s = poll_s
         self.timeout_s = min(max(poll_s / 4, MIN_REQUEST_TIMEOUT_S), MAX_REQUEST_TIMEOUT_S)
@@ -210,8 +222,13 @@ class PreemptionWatcher:
             except Exception as e:  # a watcher must never end training: logged once, retried
                 reading, problem = None, f"{type(e).__name__}: {e}"
             if problem is not None and trouble is None:
-                logger.warning("[%s] preemption notices from %s cannot be read: %s; retrying every %gs",
-                               self._context, self.source, problem, self.poll_s)
+                logger.warning(
+                    "[%s] preemption notices from %s cannot be read: %s; retrying every %gs",
+                    self._context,
+                    self.source,
+                    problem,
+                    self.poll_s,
+                )
                 self._emit("preemption_source_error", source=self.source.location, kind=self.source.kind, error=problem)
             elif problem is None and trouble is not None:
                 logger.info("[%s] preemption notices from %s readable again", self._context, self.source)
@@ -222,8 +239,12 @@ class PreemptionWatcher:
             self._stop.wait(self.poll_s)
 
     def _announce(self, reading: Reading) -> None:
-        logger.warning("[%s] preemption notice from %s: %s; leaving at the next step boundary",
-                       self._context, self.source, reading.reason)
+        logger.warning(
+            "[%s] preemption notice from %s: %s; leaving at the next step boundary",
+            self._context,
+            self.source,
+            reading.reason,
+        )
         self._emit("preemption_notice", source=self.source.location, kind=self.source.kind, reason=reading.reason)
         self._on_notice(f"notice from {self.source}: {reading.reason}")
 
@@ -246,8 +267,11 @@ class PreemptionWatcher:
         if self._aws_token is not None and now < self._aws_token[1]:
             return self._aws_token[0]
         url = urllib.parse.urlsplit(self.source.location)._replace(path="/latest/api/token", query="").geturl()
-        status, body = self._request(urllib.request.Request(
-            url, method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)}))
+        status, body = self._request(
+            urllib.request.Request(
+                url, method="PUT", headers={"X-aws-ec2-metadata-token-ttl-seconds": str(AWS_TOKEN_TTL_S)}
+            )
+        )
         self._aws_token = (body.strip(), now + AWS_TOKEN_TTL_S / 2) if status == 200 and body.strip() else None
         return self._aws_token[0] if self._aws_token else None
 

@@ -99,28 +99,48 @@ class ResumeVerdict:
 
     def fields(self) -> dict[str, Any]:
         """The event's fields (rounded where a float's last digits only add noise)."""
+
         def r(x: float | None) -> float | None:
             return None if x is None else round(x, 6)
-        return {"verdict": self.verdict, "checkpoint_step": self.checkpoint_step,
-                "reference_steps": list(self.reference_steps), "reference_mean": r(self.reference_mean),
-                "reference_spread": r(self.reference_spread), "new_losses": [r(x) for x in self.new_losses],
-                "new_mean": r(self.new_mean), "deviation": r(self.deviation), "allowed": r(self.allowed),
-                "tolerance": self.tolerance, "reason": self.reason}
+
+        return {
+            "verdict": self.verdict,
+            "checkpoint_step": self.checkpoint_step,
+            "reference_steps": list(self.reference_steps),
+            "reference_mean": r(self.reference_mean),
+            "reference_spread": r(self.reference_spread),
+            "new_losses": [r(x) for x in self.new_losses],
+            "new_mean": r(self.new_mean),
+            "deviation": r(self.deviation),
+            "allowed": r(self.allowed),
+            "tolerance": self.tolerance,
+            "reason": self.reason,
+        }
 
 
-def decide_resume(trajectory: Sequence[tuple[int, float]], checkpoint_step: int, new_losses: Sequence[float], *,
-                  num_steps: int, tolerance: float) -> ResumeVerdict:
+def decide_resume(
+    trajectory: Sequence[tuple[int, float]],
+    checkpoint_step: int,
+    new_losses: Sequence[float],
+    *,
+    num_steps: int,
+    tolerance: float,
+) -> ResumeVerdict:
     """Judge the first ``num_steps`` losses after a resume from ``checkpoint_step`` against the
     ``trajectory`` the checkpoint carried ((step, loss) pairs, any order). Pure."""
-    reference = sorted(p for p in trajectory if p[0] <= checkpoint_step)[-2 * num_steps:]
+    reference = sorted(p for p in trajectory if p[0] <= checkpoint_step)[-2 * num_steps :]
     steps = tuple(s for s, _ in reference)
     new = tuple(new_losses[:num_steps])
     if len(reference) < MIN_REFERENCE or len(new) < num_steps:
-        why = (f"the checkpoint of step {checkpoint_step} carries {len(reference)} loss(es) of the steps before it; "
-               f"{MIN_REFERENCE} are needed (a checkpoint written before losses were reported, or too early)"
-               if len(reference) < MIN_REFERENCE else
-               f"{len(new)} of {num_steps} losses after the resume were reported")
-        return ResumeVerdict("not_enough_data", checkpoint_step, steps, None, None, new, None, None, None, tolerance, why)
+        why = (
+            f"the checkpoint of step {checkpoint_step} carries {len(reference)} loss(es) of the steps before it; "
+            f"{MIN_REFERENCE} are needed (a checkpoint written before losses were reported, or too early)"
+            if len(reference) < MIN_REFERENCE
+            else f"{len(new)} of {num_steps} losses after the resume were reported"
+        )
+        return ResumeVerdict(
+            "not_enough_data", checkpoint_step, steps, None, None, new, None, None, None, tolerance, why
+        )
     losses = [loss for _, loss in reference]
     ref_mean = math.fsum(losses) / len(losses)
     spread = max(losses) - min(losses)
@@ -128,12 +148,15 @@ def decide_resume(trajectory: Sequence[tuple[int, float]], checkpoint_step: int,
     deviation = abs(new_mean - ref_mean)
     allowed = tolerance * abs(ref_mean) + spread
     outcome: Outcome = "ok" if deviation <= allowed else "diverged"
-    reason = (f"mean loss of steps {checkpoint_step + 1}-{checkpoint_step + len(new)} after the resume is {new_mean:.4g}; "
-              f"before it (steps {steps[0]}-{steps[-1]}) {ref_mean:.4g}, spread {spread:.4g}: off by {deviation:.4g}, "
-              f"{'within' if outcome == 'ok' else 'beyond'} the {allowed:.4g} allowed "
-              f"(resume_verify_tolerance={tolerance:g} x |mean| + spread)")
-    return ResumeVerdict(outcome, checkpoint_step, steps, ref_mean, spread, new, new_mean, deviation, allowed, tolerance,
-                         reason)
+    reason = (
+        f"mean loss of steps {checkpoint_step + 1}-{checkpoint_step + len(new)} after the resume is {new_mean:.4g}; "
+        f"before it (steps {steps[0]}-{steps[-1]}) {ref_mean:.4g}, spread {spread:.4g}: off by {deviation:.4g}, "
+        f"{'within' if outcome == 'ok' else 'beyond'} the {allowed:.4g} allowed "
+        f"(resume_verify_tolerance={tolerance:g} x |mean| + spread)"
+    )
+    return ResumeVerdict(
+        outcome, checkpoint_step, steps, ref_mean, spread, new, new_mean, deviation, allowed, tolerance, reason
+    )
 
 
 class ResumeCheck(StepHooks):
@@ -143,8 +166,18 @@ class ResumeCheck(StepHooks):
     forwards reported losses to :meth:`report_loss`, and replicaft/persistence/duties.py calls :meth:`resumed`.
     """
 
-    def __init__(self, *, num_steps: int, tolerance: float, action: Action, current_step: Callable[[], int],
-                 healing: Callable[[], bool], labels: CheckpointLabels, emit: Callable[..., None], context: str) -> None:
+    def __init__(
+        self,
+        *,
+        num_steps: int,
+        tolerance: float,
+        action: Action,
+        current_step: Callable[[], int],
+        healing: Callable[[], bool],
+        labels: CheckpointLabels,
+        emit: Callable[..., None],
+        context: str,
+    ) -> None:
         self._num_steps = num_steps
         self._tolerance = tolerance
         self._action = action
@@ -187,8 +220,11 @@ class ResumeCheck(StepHooks):
         self._new.append(loss)
         if len(self._new) >= self._num_steps:
             resumed_at, self._resumed_at = self._resumed_at, None
-            self._judge(decide_resume(self._trajectory, resumed_at, self._new, num_steps=self._num_steps,
-                                      tolerance=self._tolerance))
+            self._judge(
+                decide_resume(
+                    self._trajectory, resumed_at, self._new, num_steps=self._num_steps, tolerance=self._tolerance
+                )
+            )
 
     def _judge(self, verdict: ResumeVerdict) -> None:
         self._emit("resume_verdict", action=self._action, **verdict.fields())
@@ -197,12 +233,15 @@ class ResumeCheck(StepHooks):
         if verdict.verdict != "diverged":
             logger.info("[%s] resume verification: %s (%s)", self._context, verdict.verdict, verdict.reason)
             return
-        logger.warning("[%s] resume verification: the loss diverged after the resume: %s", self._context, verdict.reason)
+        logger.warning(
+            "[%s] resume verification: the loss diverged after the resume: %s", self._context, verdict.reason
+        )
         if self._action == "stop":
             raise ResumeDiverged(
                 f"[{self._context}] after the resume from checkpoint step {verdict.checkpoint_step} the loss diverged: "
                 f"{verdict.reason}. Check that the run resumed with the data, model and loss of the run that wrote "
-                "it, or raise resume_verify_tolerance, or set resume_verify_action=warn to train on")
+                "it, or raise resume_verify_tolerance, or set resume_verify_action=warn to train on"
+            )
 
     # -- registered state ----------------------------------------------------------------------
 
@@ -213,9 +252,13 @@ class ResumeCheck(StepHooks):
         """Adopt a checkpoint's or a donor's trajectory; a malformed one is dropped with a warning
         (it only informs a verdict, never decides what is loaded)."""
         steps, losses = (state.get("steps"), state.get("losses")) if isinstance(state, dict) else (None, None)
-        if (not isinstance(steps, list) or not isinstance(losses, list) or len(steps) != len(losses)
-                or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
-                or not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in losses)):
+        if (
+            not isinstance(steps, list)
+            or not isinstance(losses, list)
+            or len(steps) != len(losses)
+            or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+            or not all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in losses)
+        ):
             logger.warning("[%s] ignoring a malformed loss trajectory in the loaded state", self._context)
             self._trajectory.clear()
             return

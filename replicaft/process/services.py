@@ -49,15 +49,25 @@ logger = logging.getLogger(__name__)
 class RankServices:
     """What one rank runs for its manager; see the module docstring."""
 
-    def __init__(self, options: ManagerOptions, progress: Progress, on_notice: Callable[[Notice], None],
-                 faults: frozenset[tuple[str, int]], current_step: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        options: ManagerOptions,
+        progress: Progress,
+        on_notice: Callable[[Notice], None],
+        faults: frozenset[tuple[str, int]],
+        current_step: Callable[[], int],
+    ) -> None:
         self.options = options
         self._progress = progress
         self._on_notice = on_notice
         self.store: dist.TCPStore | None = None
         self.tls = options.tls()
-        self.state_server = StateServer(options.host, options.token, fault_hook=slow_serve_hook(faults, current_step),
-                                        tls=self.tls.server_context() if self.tls else None)
+        self.state_server = StateServer(
+            options.host,
+            options.token,
+            fault_hook=slow_serve_hook(faults, current_step),
+            tls=self.tls.server_context() if self.tls else None,
+        )
         self.channel: GroupChannel | None = None
         self.rank_addresses: dict[str, str] = {}
         self._loop: LoopThread | None = None
@@ -87,9 +97,14 @@ class RankServices:
         if o.group_world_size == 1:
             lighthouse = self._coordinator.lighthouse
             assert lighthouse is not None
-            fence = BlockingFence(o.replica_id, lambda: lighthouse.targets.current, lighthouse.commit_lease.covers,
-                                  token=o.token, tls=self.tls,
-                                  wait_for_ready=not lighthouse.targets.replicated and self.tls is None)
+            fence = BlockingFence(
+                o.replica_id,
+                lambda: lighthouse.targets.current,
+                lighthouse.commit_lease.covers,
+                token=o.token,
+                tls=self.tls,
+                wait_for_ready=not lighthouse.targets.replicated and self.tls is None,
+            )
             self.channel = LocalGroupChannel(self._coordinator, self._loop, fence)
             return "in-process"
         self.channel = LocalGroupChannel(self._coordinator, self._loop)

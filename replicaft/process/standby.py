@@ -122,8 +122,10 @@ def reserve_refusal(num_bytes: int, meminfo: str) -> str | None:
         return None
     headroom = max(RESERVE_HEADROOM_BYTES, int(fields["MemTotal"] * RESERVE_HEADROOM_FRACTION))
     if num_bytes > fields["MemAvailable"] - headroom:
-        return (f"only {fields['MemAvailable']} bytes of memory are available, and {headroom} of them are kept "
-                "free for the training processes")
+        return (
+            f"only {fields['MemAvailable']} bytes of memory are available, and {headroom} of them are kept "
+            "free for the training processes"
+        )
     return None
 
 
@@ -191,7 +193,11 @@ def wait_for_activation(fd: int) -> Activation | None:
         except (OSError, ValueError) as e:
             why = str(e)
         if why is not None:  # the restart still works, on fresh memory
-            print(f"replicaft.process.standby: no reserve of {message.num_bytes} bytes: {why}", file=sys.stderr, flush=True)
+            print(
+                f"replicaft.process.standby: no reserve of {message.num_bytes} bytes: {why}",
+                file=sys.stderr,
+                flush=True,
+            )
             continue
         print(f"{RESERVED_LINE} {message.num_bytes} bytes, pid {os.getpid()}", flush=True)
 
@@ -237,8 +243,12 @@ def main(argv: Sequence[str]) -> int:
     if activation is None:
         return 0
     if group_oom_score_adj and not _set_oom_score_adj(group_oom_score_adj):
-        print(f"replicaft.process.standby: could not set oom_score_adj back to {group_oom_score_adj}; this group is the "
-              "OOM killer's first choice", file=sys.stderr, flush=True)
+        print(
+            f"replicaft.process.standby: could not set oom_score_adj back to {group_oom_score_adj}; this group is the "
+            "OOM killer's first choice",
+            file=sys.stderr,
+            flush=True,
+        )
     os.environ.update(activation.env)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)

@@ -17,13 +17,22 @@ from replicaft.ray.script import run_script
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m replicaft.ray", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m replicaft.ray", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--groups", type=int, default=2, help="replica groups, one Ray Train worker each (default: 2)")
-    p.add_argument("--max-restarts", type=int, default=10,
-                   help="group restarts Ray may make in all before it fails the job; -1: no limit (default: 10)")
-    p.add_argument("--lighthouse-args", default="", metavar="FLAGS",
-                   help="replicaft-lighthouse flags for the job's lighthouse, e.g. \"--min-replicas 2\"")
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=10,
+        help="group restarts Ray may make in all before it fails the job; -1: no limit (default: 10)",
+    )
+    p.add_argument(
+        "--lighthouse-args",
+        default="",
+        metavar="FLAGS",
+        help='replicaft-lighthouse flags for the job\'s lighthouse, e.g. "--min-replicas 2"',
+    )
     p.add_argument("--replica-prefix", default="g", help="replica ids are this and the group's number (default: g)")
     p.add_argument("--cpus-per-group", type=float, default=1, help="Ray CPUs each group holds (default: 1)")
     p.add_argument("--gpu", action="store_true", help="one GPU per group (NCCL)")
@@ -39,9 +48,18 @@ def main(argv: list[str] | None = None) -> int:
     import ray.train  # after parsing: --help needs no Ray
 
     try:
-        run_script(args.script, args.script_args, groups=args.groups, max_restarts=args.max_restarts,
-                   lighthouse_args=shlex.split(args.lighthouse_args), replica_prefix=args.replica_prefix,
-                   cpus_per_group=args.cpus_per_group, gpu=args.gpu, storage_path=args.storage_path, name=args.name)
+        run_script(
+            args.script,
+            args.script_args,
+            groups=args.groups,
+            max_restarts=args.max_restarts,
+            lighthouse_args=shlex.split(args.lighthouse_args),
+            replica_prefix=args.replica_prefix,
+            cpus_per_group=args.cpus_per_group,
+            gpu=args.gpu,
+            storage_path=args.storage_path,
+            name=args.name,
+        )
     except ValueError as e:
         print(f"replicaft.ray: error: {e}", file=sys.stderr)
         return 2

@@ -52,13 +52,22 @@ def run_group(config: dict[str, Any]) -> None:
         runpy.run_path(config["script"], run_name="__main__")
     except SystemExit as e:
         if e.code not in (0, None):
-            raise GroupExited(f"{os.environ.get('REPLICAFT_REPLICA_ID')}: {config['script']} exited with "
-                              f"status {e.code}") from None
+            raise GroupExited(
+                f"{os.environ.get('REPLICAFT_REPLICA_ID')}: {config['script']} exited with status {e.code}"
+            ) from None
 
 
 def run_script(
-    script: str, args: Sequence[str], *, groups: int, max_restarts: int = 10, lighthouse_args: Sequence[str] = (),
-    replica_prefix: str = "g", cpus_per_group: float = 1, gpu: bool = False, storage_path: str | None = None,
+    script: str,
+    args: Sequence[str],
+    *,
+    groups: int,
+    max_restarts: int = 10,
+    lighthouse_args: Sequence[str] = (),
+    replica_prefix: str = "g",
+    cpus_per_group: float = 1,
+    gpu: bool = False,
+    storage_path: str | None = None,
     name: str | None = None,
 ) -> ray.train.Result:
     """Train ``script`` in ``groups`` replica groups on the Ray cluster ``ray.init`` connects to
@@ -74,6 +83,8 @@ def run_script(
         train_loop_config={"script": str(Path(script).resolve()), "args": list(args), "cwd": os.getcwd()},
         scaling_config=ScalingConfig(num_workers=groups, use_gpu=gpu, resources_per_worker=resources),
         torch_config=ReplicaftConfig(lighthouse_args=lighthouse_args, replica_prefix=replica_prefix),
-        run_config=RunConfig(name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=max_restarts)),
+        run_config=RunConfig(
+            name=name, storage_path=storage_path, failure_config=FailureConfig(max_failures=max_restarts)
+        ),
     )
     return trainer.fit()

@@ -46,8 +46,10 @@ def chunk_hashes(buffers: Sequence[memoryview]) -> list[tuple[bytes, ...]]:
     pieces = [(b, start) for b, buf in enumerate(buffers) for start in range(0, len(buf), CHUNK_BYTES)]
     out: list[bytes] = [b""] * len(pieces)
     total = sum(len(buf) for buf in buffers)
-    runs = _runs([min(CHUNK_BYTES, len(buffers[b]) - start) for b, start in pieces],
-                 hash_threads() if total >= 2 * CHUNK_BYTES else 1)
+    runs = _runs(
+        [min(CHUNK_BYTES, len(buffers[b]) - start) for b, start in pieces],
+        hash_threads() if total >= 2 * CHUNK_BYTES else 1,
+    )
     errors: list[BaseException] = []
 
     def hash_run(first: int, stop: int) -> None:
@@ -93,14 +95,20 @@ goes through :func:`copy_changed`, so it travels with the buffer only between th
 writer and the next checkpoint capture (transfer/spare.py); any other user drops it."""
 
 
-def buffer_hashes(buffer: memoryview, spans: Sequence[tuple[int, int]], known: BufferHashes | None) -> list[tuple[bytes, ...]]:
+def buffer_hashes(
+    buffer: memoryview, spans: Sequence[tuple[int, int]], known: BufferHashes | None
+) -> list[tuple[bytes, ...]]:
     """The content hashes of the tensors at ``spans`` (``(offset, num_bytes)``) of ``buffer``.
 
     Pieces ``known`` holds are not read; the others are hashed (:func:`chunk_hashes`) and
     added to ``known``, so the next capture into this buffer can keep them.
     """
     known = {} if known is None else known
-    keys = [(offset + start, min(CHUNK_BYTES, size - start)) for offset, size in spans for start in range(0, size, CHUNK_BYTES)]
+    keys = [
+        (offset + start, min(CHUNK_BYTES, size - start))
+        for offset, size in spans
+        for start in range(0, size, CHUNK_BYTES)
+    ]
     missing = [key for key in keys if key not in known]
     for key, (h,) in zip(missing, chunk_hashes([buffer[o : o + n] for o, n in missing]), strict=True):
         known[key] = h
@@ -112,8 +120,9 @@ def buffer_hashes(buffer: memoryview, spans: Sequence[tuple[int, int]], known: B
     return out
 
 
-def copy_changed(src: torch.Tensor, dst: torch.Tensor, *, offset: int, lo: int, size: int, known: BufferHashes,
-                 kept: BufferHashes) -> None:
+def copy_changed(
+    src: torch.Tensor, dst: torch.Tensor, *, offset: int, lo: int, size: int, known: BufferHashes, kept: BufferHashes
+) -> None:
     """Copy bytes ``[lo, lo + len(src))`` of a tensor of ``size`` bytes (uint8 ``src``) into
     ``dst``, its place in a buffer at ``offset``, except the whole pieces ``dst`` already
     holds: a piece with a hash in ``known`` whose bytes are equal is left alone and its hash

@@ -41,8 +41,13 @@ from replicaft.state.registry import StepHooks
 
 STATE_NAME = "grad_scaler"
 
-_FIELDS: dict[str, type] = {"scale": float, "growth_factor": float, "backoff_factor": float,
-                            "growth_interval": int, "_growth_tracker": int}
+_FIELDS: dict[str, type] = {
+    "scale": float,
+    "growth_factor": float,
+    "backoff_factor": float,
+    "growth_interval": int,
+    "_growth_tracker": int,
+}
 
 
 class GradScalerState(StepHooks):
@@ -54,8 +59,13 @@ class GradScalerState(StepHooks):
     has no state; it is registered as such, so every group's registry has the same entries.
     """
 
-    def __init__(self, manager: Manager, scaler: torch.amp.GradScaler,
-                 optimizer: torch.optim.Optimizer | Any, name: str = STATE_NAME) -> None:
+    def __init__(
+        self,
+        manager: Manager,
+        scaler: torch.amp.GradScaler,
+        optimizer: torch.optim.Optimizer | Any,
+        name: str = STATE_NAME,
+    ) -> None:
         self.scaler = scaler
         self.name = name
         self._param_groups = optimizer.param_groups
@@ -128,8 +138,10 @@ def check_state(state: Any, *, enabled: bool, where: str) -> dict[str, Any]:
     if not isinstance(state, dict) or not isinstance(state.get("enabled"), bool):
         raise StateError(f"{where} must be a map with a bool 'enabled'; got {state!r:.200}")
     if state["enabled"] != enabled:
-        raise StateError(f"{where} is from a scaler with enabled={state['enabled']}, this one has enabled={enabled}; "
-                         "build the GradScaler the same way in every group")
+        raise StateError(
+            f"{where} is from a scaler with enabled={state['enabled']}, this one has enabled={enabled}; "
+            "build the GradScaler the same way in every group"
+        )
     values = {k: v for k, v in state.items() if k != "enabled"}
     if not enabled:
         if values:
@@ -154,6 +166,7 @@ def finite_update(state: dict[str, Any]) -> dict[str, Any]:
     ``update`` itself runs (so the float32 rounding of the grown scale is the same)."""
     scale = torch.tensor([state["scale"]], dtype=torch.float32)
     tracker = torch.tensor([state["_growth_tracker"]], dtype=torch.int32)
-    torch._amp_update_scale_(scale, tracker, torch.zeros(1), state["growth_factor"], state["backoff_factor"],
-                             state["growth_interval"])
+    torch._amp_update_scale_(
+        scale, tracker, torch.zeros(1), state["growth_factor"], state["backoff_factor"], state["growth_interval"]
+    )
     return {**state, "scale": scale.item(), "_growth_tracker": int(tracker.item())}

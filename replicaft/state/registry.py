@@ -90,8 +90,16 @@ class StateRegistry:
         self._hooks: list[StepHooks] = []
         self._steppers: list[_Stepper] = []
 
-    def register_state(self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn, *,
-                       in_digest: bool = True, optional: bool = False, healed: bool = True) -> None:
+    def register_state(
+        self,
+        name: str,
+        state_dict: StateDictFn,
+        load_state_dict: LoadStateDictFn,
+        *,
+        in_digest: bool = True,
+        optional: bool = False,
+        healed: bool = True,
+    ) -> None:
         """``in_digest=False``: bookkeeping that travels with the state but is not training
         state, so the digest that says two groups hold the same state leaves it out (the
         checkpoint lineage: a resume that forks a new history changes it, not the state).

@@ -95,6 +95,7 @@ def available_sources(*, deterministic: bool = False) -> tuple[Source, ...]:
 
 # -- one source each: capture (native form), encode (plain + tensors), decode (checked) ------------
 
+
 def _capture(source: Source) -> Any:
     if source == "python":
         return random.getstate()
@@ -127,8 +128,13 @@ def _encode(source: Source, native: Any) -> Any:
         return {"version": version, "words": torch.tensor(words, dtype=torch.int64), "gauss_next": gauss_next}
     if source == "numpy":
         algorithm, key, pos, has_gauss, cached_gaussian = native
-        return {"algorithm": algorithm, "key": torch.from_numpy(key.astype("int64")), "pos": int(pos),
-                "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)}
+        return {
+            "algorithm": algorithm,
+            "key": torch.from_numpy(key.astype("int64")),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        }
     if source == "torch":
         return native
     return list(native)
@@ -168,10 +174,14 @@ def _decode(source: Source, value: Any, where: str) -> Any:
         raise StateError(f"{where} is a {type(value).__name__}; expected a list of CUDA generator states")
     generators = torch.cuda.default_generators
     if len(value) != len(generators):
-        raise StateError(f"{where} holds {len(value)} CUDA generator states, this process sees {len(generators)} "
-                         "devices; heal and resume on the same number of visible devices per rank")
-    return [_byte_state(v, g.get_state().numel(), f"{where}[{i}]")
-            for i, (v, g) in enumerate(zip(value, generators, strict=True))]
+        raise StateError(
+            f"{where} holds {len(value)} CUDA generator states, this process sees {len(generators)} "
+            "devices; heal and resume on the same number of visible devices per rank"
+        )
+    return [
+        _byte_state(v, g.get_state().numel(), f"{where}[{i}]")
+        for i, (v, g) in enumerate(zip(value, generators, strict=True))
+    ]
 
 
 def _expect_keys(value: Any, keys: set[str], where: str) -> None:
@@ -199,11 +209,17 @@ def _check_int(value: Any, low: int, high: int, where: str) -> None:
 
 
 def _byte_state(value: Any, num_bytes: int, where: str) -> torch.Tensor:
-    if (not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.dim() != 1
-            or value.numel() > MAX_TORCH_STATE_BYTES or value.numel() != num_bytes):
+    if (
+        not isinstance(value, torch.Tensor)
+        or value.dtype != torch.uint8
+        or value.dim() != 1
+        or value.numel() > MAX_TORCH_STATE_BYTES
+        or value.numel() != num_bytes
+    ):
         got = f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
-        raise StateError(f"{where} must be a uint8 tensor of shape ({num_bytes},) (this torch's generator state); "
-                         f"got {got}")
+        raise StateError(
+            f"{where} must be a uint8 tensor of shape ({num_bytes},) (this torch's generator state); got {got}"
+        )
     # A copy, never the tensor as it came: a heal's tensors are views into one receive buffer,
     # and on torch 2.13 Generator.set_state on a view with a storage offset segfaults (seen: a
     # healer died in set_rng_state); a copy also keeps no reference into that buffer.
@@ -211,6 +227,7 @@ def _byte_state(value: Any, num_bytes: int, where: str) -> torch.Tensor:
 
 
 # -- all sources together -----------------------------------------------------------------------
+
 
 def capture(sources: tuple[Source, ...]) -> dict[Source, Any]:
     """The generators of ``sources`` now, in their native forms (cheap: a few KiB of copies)."""
@@ -267,8 +284,9 @@ class RngState(StepHooks):
     digest cannot show, leaving them out. Training thread only.
     """
 
-    def __init__(self, sources: tuple[Source, ...], heal_in_step: Callable[[], bool],
-                 annotate: Callable[..., None] | None = None) -> None:
+    def __init__(
+        self, sources: tuple[Source, ...], heal_in_step: Callable[[], bool], annotate: Callable[..., None] | None = None
+    ) -> None:
         self.sources = sources
         self._heal_in_step = heal_in_step
         self._annotate = annotate

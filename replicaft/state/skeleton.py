@@ -52,8 +52,10 @@ def check_skeleton(skeleton: Any, num_tensors: int) -> None:
         if TENSOR in value:
             index = value[TENSOR]
             if len(value) != 1 or type(index) is not int or not 0 <= index < num_tensors or index in seen:
-                raise SkeletonError(f"state skeleton at {_path(where)}: tensor reference {shown(value)} is not one "
-                                    f"of the {num_tensors} tensors, each named once")
+                raise SkeletonError(
+                    f"state skeleton at {_path(where)}: tensor reference {shown(value)} is not one "
+                    f"of the {num_tensors} tensors, each named once"
+                )
             seen.add(index)
         elif TUPLE in value:
             items = value[TUPLE]
@@ -62,20 +64,30 @@ def check_skeleton(skeleton: Any, num_tensors: int) -> None:
             stack.extend((v, (where, i), depth + 1) for i, v in enumerate(items))
         elif DICT in value:
             pairs = value[DICT]
-            if len(value) != 1 or not isinstance(pairs, list) or not all(
+            if (
+                len(value) != 1
+                or not isinstance(pairs, list)
+                or not all(
                     isinstance(p, list) and len(p) == 2 and (p[0] is None or isinstance(p[0], (str, int, float, bool)))
-                    for p in pairs):
-                raise SkeletonError(f"state skeleton at {_path(where)}: a keyed map must be "
-                                    f"{{{DICT!r}: [[key, value], ...]}} with plain keys")
+                    for p in pairs
+                )
+            ):
+                raise SkeletonError(
+                    f"state skeleton at {_path(where)}: a keyed map must be "
+                    f"{{{DICT!r}: [[key, value], ...]}} with plain keys"
+                )
             stack.extend((v, (where, (k,)), depth + 1) for k, v in pairs)
         else:
             for k, v in value.items():
                 if not isinstance(k, str):
-                    raise SkeletonError(f"state skeleton at {_path(where)}: key {shown(k)} of a plain map is not a "
-                                        "string")
+                    raise SkeletonError(
+                        f"state skeleton at {_path(where)}: key {shown(k)} of a plain map is not a string"
+                    )
                 stack.append((v, (where, k), depth + 1))
     if len(seen) != num_tensors:
-        raise SkeletonError(f"state skeleton names {len(seen)} of its {num_tensors} tensors; every tensor must be named")
+        raise SkeletonError(
+            f"state skeleton names {len(seen)} of its {num_tensors} tensors; every tensor must be named"
+        )
 
 
 def _path(where: Where) -> str:

@@ -37,8 +37,9 @@ Emit = Callable[..., None]
 class StepBoundary:
     """One rank's boundary duties. Training thread only."""
 
-    def __init__(self, digest_every_steps: int, registry: StateRegistry, persistence: Persistence,
-                 events: EventLog, emit: Emit) -> None:
+    def __init__(
+        self, digest_every_steps: int, registry: StateRegistry, persistence: Persistence, events: EventLog, emit: Emit
+    ) -> None:
         self._digest_every_steps = digest_every_steps
         self._registry = registry
         self._persistence = persistence
@@ -62,17 +63,25 @@ class StepBoundary:
             if not self._state_size_reported:
                 self._state_size_reported = True
                 self._report_state_size()
-        self._persistence.after_commit(step, is_writer=plan is not None and plan.replica_rank == 0,
-                                       state=self._registry.state_dict,
-                                       quorum_id=plan.quorum_id if plan is not None else -1,
-                                       num_groups=plan.num_replicas if plan is not None else 1)
+        self._persistence.after_commit(
+            step,
+            is_writer=plan is not None and plan.replica_rank == 0,
+            state=self._registry.state_dict,
+            quorum_id=plan.quorum_id if plan is not None else -1,
+            num_groups=plan.num_replicas if plan is not None else 1,
+        )
 
     def _report_state_size(self) -> None:
         """Once per process, after its first commit (the optimizer's state exists by then)."""
         sizes = [(t.numel() * t.element_size(), t.device.type) for t in self._registry.flat().tensors]
         held = reserve.installed()
-        self._emit("state_size", num_bytes=sum(n for n, _ in sizes), cpu_bytes=sum(n for n, d in sizes if d == "cpu"),
-                   reserve_bytes=held.num_bytes if held else 0, reserve_used_bytes=held.used_bytes if held else 0)
+        self._emit(
+            "state_size",
+            num_bytes=sum(n for n, _ in sizes),
+            cpu_bytes=sum(n for n, d in sizes if d == "cpu"),
+            reserve_bytes=held.num_bytes if held else 0,
+            reserve_used_bytes=held.used_bytes if held else 0,
+        )
 
     def resume_from_disk(self, plan: StepPlan, report_error: Callable[[Exception], None]) -> None:
         """Load the newest valid checkpoint; the step that loaded it does not commit."""
@@ -86,9 +95,13 @@ class StepBoundary:
         load_s = time.monotonic() - started
         if self._persistence.cadence is not None:
             self._persistence.cadence.resumed()  # after the loaded history: a total failure
-        self._emit("resume", checkpoint_step=loaded.step, path=str(loaded.path),
-                   digest=digest(self._registry.flat(in_digest_only=True)),
-                   **load_fields(loaded.state, loaded.path, self._persistence.options.checkpoint_tier2_dir, load_s))
+        self._emit(
+            "resume",
+            checkpoint_step=loaded.step,
+            path=str(loaded.path),
+            digest=digest(self._registry.flat(in_digest_only=True)),
+            **load_fields(loaded.state, loaded.path, self._persistence.options.checkpoint_tier2_dir, load_s),
+        )
         report_error(GroupError(f"resumed from checkpoint step {loaded.step} ({loaded.path}); this step only loaded"))
 
     def leave_preempted(self, step: int, plan: StepPlan | None) -> NoReturn:

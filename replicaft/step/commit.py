@@ -69,7 +69,9 @@ def decide_commit(local: CommitDecision, fence_ok: bool, fence_reason: str) -> C
         return local
     if not fence_ok:
         return CommitDecision(False, f"fenced: {fence_reason}")
-    return CommitDecision(True, "every rank voted ok and the quorum is current" + (f" ({fence_reason})" if fence_reason else ""))
+    return CommitDecision(
+        True, "every rank voted ok and the quorum is current" + (f" ({fence_reason})" if fence_reason else "")
+    )
 
 
 HOLD_FLAG = 1.0 / 1024
@@ -94,12 +96,18 @@ class RankInputs:
     """Why this rank's step failed (a collective, the quorum, a heal), if it did."""
 
     @classmethod
-    def of(cls, plan: StepPlan | None, *, caught_up: bool, holding: bool, min_replicas: int,
-           error: Exception | None) -> RankInputs:
+    def of(
+        cls, plan: StepPlan | None, *, caught_up: bool, holding: bool, min_replicas: int, error: Exception | None
+    ) -> RankInputs:
         healing = plan is not None and plan.healing
-        return cls(has_plan=plan is not None, healing=healing, caught_up=caught_up or not healing, holding=holding,
-                   enough_replicas=plan is not None and plan.num_replicas >= min_replicas,
-                   error=None if error is None else str(error))
+        return cls(
+            has_plan=plan is not None,
+            healing=healing,
+            caught_up=caught_up or not healing,
+            holding=holding,
+            enough_replicas=plan is not None and plan.num_replicas >= min_replicas,
+            error=None if error is None else str(error),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,10 +87,23 @@ Emit = Callable[..., None]
 class StepDriver:
     """One rank's steps. Built by the Manager; every method runs on the training thread."""
 
-    def __init__(self, options: ManagerOptions, *, registry: StateRegistry, services: RankServices,
-                 column: FaultTolerantProcessGroup, applier: PlanApplier, healer: Healer, donor: DonorSide,
-                 persistence: Persistence, boundary: StepBoundary, notices: StepNotices, progress: Progress,
-                 emit: Emit, faults: frozenset[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        options: ManagerOptions,
+        *,
+        registry: StateRegistry,
+        services: RankServices,
+        column: FaultTolerantProcessGroup,
+        applier: PlanApplier,
+        healer: Healer,
+        donor: DonorSide,
+        persistence: Persistence,
+        boundary: StepBoundary,
+        notices: StepNotices,
+        progress: Progress,
+        emit: Emit,
+        faults: frozenset[tuple[str, int]],
+    ) -> None:
         self.options = options
         self._registry = registry
         self._services = services
@@ -138,12 +151,17 @@ class StepDriver:
         self._registry.step_started()
         self._progress.record(self.step)
         assert self._services.channel is not None, "start() the manager first"
-        rank_data: dict[str, Any] = {**self._services.rank_addresses, **self._healer.rank_data(), **self._donor.rank_data()}
+        rank_data: dict[str, Any] = {
+            **self._services.rank_addresses,
+            **self._healer.rank_data(),
+            **self._donor.rank_data(),
+        }
         if self._last_own_s is not None:
             rank_data["own_step_s"] = self._last_own_s
         s.quorum_timeout_s = self.options.quorum_timeout_s if timeout_s is None else timeout_s
-        s.quorum = self._services.channel.ask_quorum(self.step, s.quorum_timeout_s,
-                                                     commit_failures=self._commit_failures, rank_data=rank_data)
+        s.quorum = self._services.channel.ask_quorum(
+            self.step, s.quorum_timeout_s, commit_failures=self._commit_failures, rank_data=rank_data
+        )
 
     # -- 2. the plan ---------------------------------------------------------------------------
 
@@ -156,8 +174,9 @@ class StepDriver:
         try:
             o = self.options
             with s.timed("quorum"):
-                answer = _wait_for_answer(s.quorum, s.quorum_timeout_s + o.connect_timeout_s + QUORUM_WAIT_GRACE_S,
-                                          self._still_waiting)
+                answer = _wait_for_answer(
+                    s.quorum, s.quorum_timeout_s + o.connect_timeout_s + QUORUM_WAIT_GRACE_S, self._still_waiting
+                )
             if isinstance(answer, str):
                 self.report_error(GroupError(answer))
             else:
@@ -212,14 +231,23 @@ class StepDriver:
             self.report_error(e)
             return ManagedWork(tensor, lambda: False)
         reached(self._faults, "allreduce", self.step)
-        return ManagedWork(tensor, lambda: self._wait_collective(s, handle, "allreduce") and not failed
-                           and _divide(tensor, plan.num_contributors if average else 1))
+        return ManagedWork(
+            tensor,
+            lambda: (
+                self._wait_collective(s, handle, "allreduce")
+                and not failed
+                and _divide(tensor, plan.num_contributors if average else 1)
+            ),
+        )
 
     def _wait_collective(self, s: StepRecord, handle: CollectiveHandle, phase: str) -> bool:
         try:
             with s.timed(phase):
-                handle.wait(time.monotonic() + self.options.collective_timeout_s, self._notices.abort,
-                            lambda: self._progress.record(self.step))
+                handle.wait(
+                    time.monotonic() + self.options.collective_timeout_s,
+                    self._notices.abort,
+                    lambda: self._progress.record(self.step),
+                )
             return True
         except CollectiveError as e:
             self.report_error(e, abandoned=True)
@@ -257,8 +285,13 @@ class StepDriver:
         ready = self._healer.ready(plan) if plan is not None and plan.healing else True
         if isinstance(ready, Exception):
             self.report_error(ready)
-        inputs = RankInputs.of(plan, caught_up=ready is True, holding=self._healer.holding,
-                               min_replicas=self.options.min_replicas, error=s.error)
+        inputs = RankInputs.of(
+            plan,
+            caught_up=ready is True,
+            holding=self._healer.holding,
+            min_replicas=self.options.min_replicas,
+            error=s.error,
+        )
         verdict = rank_verdict(inputs)
         flag = self._reduce_flag(plan, verdict.flag)
         # A fetch deferred past the collectives starts here: every donor sealed its snapshot
@@ -294,14 +327,21 @@ class StepDriver:
             return None
         try:
             with self.current.timed("flag"):
-                total = self._column.reduce_flag(value, plan.max_step, time.monotonic() + self.options.collective_timeout_s,
-                                                 self._notices.abort, lambda: self._progress.record(self.step))
+                total = self._column.reduce_flag(
+                    value,
+                    plan.max_step,
+                    time.monotonic() + self.options.collective_timeout_s,
+                    self._notices.abort,
+                    lambda: self._progress.record(self.step),
+                )
         except CollectiveError as e:
             self.report_error(e)
             return None
         reading = read_flag(total)
         if reading.failures:
-            self.report_error(GroupError(f"{reading.failures} participant rank(s) of this column reported a failed step"))
+            self.report_error(
+                GroupError(f"{reading.failures} participant rank(s) of this column reported a failed step")
+            )
         return reading
 
     def _vote(self, plan: StepPlan | None, ok: bool, reason: str, timeout_s: float | None) -> VoteResponse:
@@ -310,9 +350,14 @@ class StepDriver:
         leaving = self._persistence.preempted.is_set()
         assert self._services.channel is not None
         try:
-            return self._services.channel.vote(self.step, plan.quorum_id if plan is not None else 0, ok, reason,
-                                               self.options.collective_timeout_s if timeout_s is None else timeout_s,
-                                               leaving=leaving)
+            return self._services.channel.vote(
+                self.step,
+                plan.quorum_id if plan is not None else 0,
+                ok,
+                reason,
+                self.options.collective_timeout_s if timeout_s is None else timeout_s,
+                leaving=leaving,
+            )
         except GroupError as e:
             return VoteResponse(False, f"vote failed: {e}", leaving)
 
@@ -329,9 +374,16 @@ class StepDriver:
             self._commit_failures += failed
         s.phases["total"] = time.monotonic() - s.started
         self.last_phases = s.phases
-        self._emit("commit", quorum_id=plan.quorum_id if plan else -1, committed=commit, reason=reason,
-                   num_contributors=plan.num_contributors if plan else 0, healing=bool(plan and plan.healing),
-                   step_time_s=s.phases["total"], **s.fields)
+        self._emit(
+            "commit",
+            quorum_id=plan.quorum_id if plan else -1,
+            committed=commit,
+            reason=reason,
+            num_contributors=plan.num_contributors if plan else 0,
+            healing=bool(plan and plan.healing),
+            step_time_s=s.phases["total"],
+            **s.fields,
+        )
         self._progress.healing = self._healer.healing
         self._progress.record(self.step)
 
@@ -342,12 +394,20 @@ class StepDriver:
 
     def _log(self, level: int, msg: str, *args: Any) -> None:
         o, plan = self.options, self.current.plan
-        logger.log(level, "[%s/%d step=%d quorum=%s] " + msg, o.replica_id, o.group_rank, self.step,
-                   plan.quorum_id if plan is not None else "-", *args)
+        logger.log(
+            level,
+            "[%s/%d step=%d quorum=%s] " + msg,
+            o.replica_id,
+            o.group_rank,
+            self.step,
+            plan.quorum_id if plan is not None else "-",
+            *args,
+        )
 
 
-def _wait_for_answer(future: concurrent.futures.Future[QuorumAnswer], timeout_s: float,
-                     still_waiting: Callable[[], str | None]) -> QuorumAnswer | str:
+def _wait_for_answer(
+    future: concurrent.futures.Future[QuorumAnswer], timeout_s: float, still_waiting: Callable[[], str | None]
+) -> QuorumAnswer | str:
     """The quorum's answer (raising what forming it raised), or why the wait stopped: a reason
     ``still_waiting`` gave (it runs every ``POLL_S``), or no answer within ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -34,9 +34,19 @@ Emit = Callable[..., None]
 class PlanApplier:
     """Applies each step's plan for one rank. Training thread only."""
 
-    def __init__(self, options: ManagerOptions, *, init_sync: bool, column: FaultTolerantProcessGroup,
-                 healer: Healer, donor: DonorSide, persistence: Persistence, notices: StepNotices, emit: Emit,
-                 faults: frozenset[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        options: ManagerOptions,
+        *,
+        init_sync: bool,
+        column: FaultTolerantProcessGroup,
+        healer: Healer,
+        donor: DonorSide,
+        persistence: Persistence,
+        notices: StepNotices,
+        emit: Emit,
+        faults: frozenset[tuple[str, int]],
+    ) -> None:
         self._options = options
         self._init_sync = init_sync
         self._column = column
@@ -55,14 +65,18 @@ class PlanApplier:
         plan = plan_step(answer.quorum, self._options.replica_id)
         if self._first_quorum:
             self._first_quorum = False
-            self.resume_pending = plan.max_step == 0 and self._persistence.enabled and self._persistence.has_checkpoint()
+            self.resume_pending = (
+                plan.max_step == 0 and self._persistence.enabled and self._persistence.has_checkpoint()
+            )
         if self._init_sync and plan.max_step == 0 and len(plan.donors) > 1 and not self.resume_pending:
             plan = plan.with_one_donor()
         self._notices.bind(plan)
         sizes = sorted({m.world_size for m in plan.participants})
         if sizes != [self._options.group_world_size]:
-            raise GroupError(f"groups of the quorum have {sizes} ranks; every group must have the same W "
-                             f"(this one has {self._options.group_world_size})")
+            raise GroupError(
+                f"groups of the quorum have {sizes} ranks; every group must have the same W "
+                f"(this one has {self._options.group_world_size})"
+            )
         # The heal's fetch first: it runs on its own thread while the column group's rendezvous
         # (a new quorum's) blocks this one.
         if plan.healing:
@@ -75,7 +89,15 @@ class PlanApplier:
         reconfigured = column.spec is None or column.spec.quorum_id != plan.quorum_id or column.broken is not None
         if reconfigured:
             column.configure(ColumnSpec.for_plan(plan, self._options.group_rank), self._notices.abort)
-        self._emit("quorum", quorum_id=plan.quorum_id, latency_s=answer.latency_s, num_replicas=plan.num_replicas,
-                   replica_rank=plan.replica_rank, max_step=plan.max_step, healing=plan.healing,
-                   participants=[m.replica_id for m in plan.participants], reconfigured=reconfigured)
+        self._emit(
+            "quorum",
+            quorum_id=plan.quorum_id,
+            latency_s=answer.latency_s,
+            num_replicas=plan.num_replicas,
+            replica_rank=plan.replica_rank,
+            max_step=plan.max_step,
+            healing=plan.healing,
+            participants=[m.replica_id for m in plan.participants],
+            reconfigured=reconfigured,
+        )
         return plan

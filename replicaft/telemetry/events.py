@@ -96,8 +96,14 @@ class EventLog:
     into training.
     """
 
-    def __init__(self, directory: str | os.PathLike[str] | None, replica_id: str, group_rank: int, *,
-                 sink: Callable[[dict[str, Any]], None] | None = None) -> None:
+    def __init__(
+        self,
+        directory: str | os.PathLike[str] | None,
+        replica_id: str,
+        group_rank: int,
+        *,
+        sink: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
         self.replica_id = replica_id
         self._sink = sink
         self.group_rank = group_rank
@@ -155,7 +161,7 @@ _EVENT_START = '{"ts":'
 
 def parse_line(line: str) -> dict[str, Any] | None:
     """One event from one line, recovering an event glued to a truncated predecessor."""
-    for candidate in (line, line[line.rfind(_EVENT_START):] if _EVENT_START in line else ""):
+    for candidate in (line, line[line.rfind(_EVENT_START) :] if _EVENT_START in line else ""):
         if not candidate:
             continue
         try:

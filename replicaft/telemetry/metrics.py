@@ -46,47 +46,70 @@ class ProcessMetrics:
 
     def __init__(self, replica_id: str, group_rank: int) -> None:
         r = self.registry = CollectorRegistry()
-        Gauge("replicaft_process_info", "Always 1; names this process's replica group and rank.",
-              ["replica_id", "group_rank"], registry=r).labels(replica_id, str(group_rank)).set(1)
+        Gauge(
+            "replicaft_process_info",
+            "Always 1; names this process's replica group and rank.",
+            ["replica_id", "group_rank"],
+            registry=r,
+        ).labels(replica_id, str(group_rank)).set(1)
         self.step = Gauge("replicaft_step", "The step this process is at (after its last commit).", registry=r)
-        self.step_seconds = Histogram("replicaft_step_seconds", "Wall time of a step, quorum to commit vote.",
-                                      buckets=STEP_BUCKETS_S, registry=r)
+        self.step_seconds = Histogram(
+            "replicaft_step_seconds", "Wall time of a step, quorum to commit vote.", buckets=STEP_BUCKETS_S, registry=r
+        )
         self.commits = Counter("replicaft_commits", "Steps committed.", registry=r)
         self.aborts = Counter("replicaft_aborts", "Steps aborted (not committed), by any cause.", registry=r)
-        self.quorum_seconds = Histogram("replicaft_quorum_seconds", "From a quorum request to its answer.",
-                                        buckets=STEP_BUCKETS_S, registry=r)
+        self.quorum_seconds = Histogram(
+            "replicaft_quorum_seconds", "From a quorum request to its answer.", buckets=STEP_BUCKETS_S, registry=r
+        )
         self.heals = Counter("replicaft_heals", "Heals finished, by outcome.", ["outcome"], registry=r)
         self.heal_bytes = Counter("replicaft_heal_bytes", "Bytes of state received by heals.", registry=r)
-        self.heal_seconds = Histogram("replicaft_heal_seconds", "Duration of a successful heal's transfer.",
-                                      buckets=SAVE_BUCKETS_S, registry=r)
-        self.saves = Counter("replicaft_checkpoint_saves", "Checkpoint saves finished, by status.", ["status"],
-                             registry=r)
-        self.save_seconds = Histogram("replicaft_checkpoint_save_seconds", "Duration of a published save.",
-                                      buckets=SAVE_BUCKETS_S, registry=r)
-        self.blocked_seconds = Histogram("replicaft_checkpoint_blocked_seconds",
-                                         "Training time blocked by a save (host copy) or a load.",
-                                         ["operation"], buckets=STEP_BUCKETS_S, registry=r)
-        self.saved_bytes = Counter("replicaft_checkpoint_saved_bytes", "Bytes written by published saves.",
-                                   registry=r)
-        self.throughput = Gauge("replicaft_checkpoint_throughput_mb_per_second",
-                                "Throughput of the last save or load (10**6 bytes per second).", ["operation"],
-                                registry=r)
-        self.host_bytes = Gauge("replicaft_checkpoint_host_bytes",
-                                "Host memory taken by the last checkpoint snapshot.", registry=r)
-        self.free_bytes = Gauge("replicaft_checkpoint_free_bytes",
-                                "Free bytes of the checkpoint directory after the last save.", registry=r)
-        self.last_step = Gauge("replicaft_checkpoint_last_step", "Step of the last published checkpoint.",
-                               registry=r)
-        self.uploads = Counter("replicaft_checkpoint_uploads", "Uploads to the object tier, by outcome.",
-                               ["outcome"], registry=r)
+        self.heal_seconds = Histogram(
+            "replicaft_heal_seconds", "Duration of a successful heal's transfer.", buckets=SAVE_BUCKETS_S, registry=r
+        )
+        self.saves = Counter(
+            "replicaft_checkpoint_saves", "Checkpoint saves finished, by status.", ["status"], registry=r
+        )
+        self.save_seconds = Histogram(
+            "replicaft_checkpoint_save_seconds", "Duration of a published save.", buckets=SAVE_BUCKETS_S, registry=r
+        )
+        self.blocked_seconds = Histogram(
+            "replicaft_checkpoint_blocked_seconds",
+            "Training time blocked by a save (host copy) or a load.",
+            ["operation"],
+            buckets=STEP_BUCKETS_S,
+            registry=r,
+        )
+        self.saved_bytes = Counter("replicaft_checkpoint_saved_bytes", "Bytes written by published saves.", registry=r)
+        self.throughput = Gauge(
+            "replicaft_checkpoint_throughput_mb_per_second",
+            "Throughput of the last save or load (10**6 bytes per second).",
+            ["operation"],
+            registry=r,
+        )
+        self.host_bytes = Gauge(
+            "replicaft_checkpoint_host_bytes", "Host memory taken by the last checkpoint snapshot.", registry=r
+        )
+        self.free_bytes = Gauge(
+            "replicaft_checkpoint_free_bytes", "Free bytes of the checkpoint directory after the last save.", registry=r
+        )
+        self.last_step = Gauge("replicaft_checkpoint_last_step", "Step of the last published checkpoint.", registry=r)
+        self.uploads = Counter(
+            "replicaft_checkpoint_uploads", "Uploads to the object tier, by outcome.", ["outcome"], registry=r
+        )
         self.loads = Counter("replicaft_checkpoint_loads", "Checkpoints loaded (resumes from disk).", registry=r)
-        self.load_seconds = Histogram("replicaft_checkpoint_load_seconds", "Duration of a checkpoint load.",
-                                      buckets=SAVE_BUCKETS_S, registry=r)
-        self.anomalies = Counter("replicaft_checkpoint_anomalies", "checkpoint_anomaly warnings, by kind.",
-                                 ["kind"], registry=r)
+        self.load_seconds = Histogram(
+            "replicaft_checkpoint_load_seconds", "Duration of a checkpoint load.", buckets=SAVE_BUCKETS_S, registry=r
+        )
+        self.anomalies = Counter(
+            "replicaft_checkpoint_anomalies", "checkpoint_anomaly warnings, by kind.", ["kind"], registry=r
+        )
         self._handlers: Mapping[str, Callable[[Mapping[str, Any]], None]] = {
-            "commit": self._commit, "quorum": self._quorum, "heal_end": self._heal_end,
-            "checkpoint": self._checkpoint, "checkpoint_upload": self._upload, "resume": self._resume,
+            "commit": self._commit,
+            "quorum": self._quorum,
+            "heal_end": self._heal_end,
+            "checkpoint": self._checkpoint,
+            "checkpoint_upload": self._upload,
+            "resume": self._resume,
             "checkpoint_anomaly": self._anomaly,
         }
 
@@ -157,9 +180,11 @@ class MetricsServer:
         try:
             self._server, self._thread = start_http_server(self._port, addr=self._host, registry=self._registry)
         except (OSError, OverflowError) as e:  # OverflowError: metrics_port + group_rank > 65535
-            raise OSError(f"cannot serve Prometheus metrics on {self._host}:{self._port} ({e}); set "
-                          "REPLICAFT_METRICS_PORT (metrics_port) to a free port, rank r takes metrics_port + r, "
-                          "or 0 for no metrics endpoint") from e
+            raise OSError(
+                f"cannot serve Prometheus metrics on {self._host}:{self._port} ({e}); set "
+                "REPLICAFT_METRICS_PORT (metrics_port) to a free port, rank r takes metrics_port + r, "
+                "or 0 for no metrics endpoint"
+            ) from e
         host = f"[{self._host}]" if ":" in self._host else self._host
         url = f"http://{host}:{self._server.server_port}/metrics"
         logger.info("serving Prometheus metrics at %s", url)

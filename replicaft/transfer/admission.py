@@ -65,8 +65,10 @@ class ServerLimits:
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_unauthenticated <= self.max_connections:
-            raise ValueError(f"max_unauthenticated={self.max_unauthenticated} with max_connections="
-                             f"{self.max_connections}; it must be between 1 and max_connections")
+            raise ValueError(
+                f"max_unauthenticated={self.max_unauthenticated} with max_connections="
+                f"{self.max_connections}; it must be between 1 and max_connections"
+            )
         for name in ("handshake_timeout_s", "request_timeout_s", "idle_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}={getattr(self, name)}; it must be positive")
@@ -89,13 +91,22 @@ def admit(num_open: int, num_unauthenticated: int, limits: ServerLimits) -> Admi
     if num_open < limits.max_connections and num_unauthenticated < limits.max_unauthenticated:
         return Admission("accept", "")
     if num_unauthenticated > 0:
-        which = ("max_unauthenticated", limits.max_unauthenticated) if num_unauthenticated >= \
-            limits.max_unauthenticated else ("max_connections", limits.max_connections)
-        return Admission("evict_oldest", f"{num_unauthenticated} of {num_open} open connections have not sent a "
-                                         f"request; the limit {which[0]}={which[1]} is reached, so the oldest of "
-                                         "them is closed for a newer one")
-    return Admission("refuse", f"the state server holds {num_open} authenticated connections, its limit "
-                               f"(max_connections={limits.max_connections}); retry at the next quorum")
+        which = (
+            ("max_unauthenticated", limits.max_unauthenticated)
+            if num_unauthenticated >= limits.max_unauthenticated
+            else ("max_connections", limits.max_connections)
+        )
+        return Admission(
+            "evict_oldest",
+            f"{num_unauthenticated} of {num_open} open connections have not sent a "
+            f"request; the limit {which[0]}={which[1]} is reached, so the oldest of "
+            "them is closed for a newer one",
+        )
+    return Admission(
+        "refuse",
+        f"the state server holds {num_open} authenticated connections, its limit "
+        f"(max_connections={limits.max_connections}); retry at the next quorum",
+    )
 
 
 @dataclass(frozen=True, slots=True)

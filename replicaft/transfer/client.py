@@ -108,8 +108,10 @@ def _connect(address: str, deadline: float, tls: ssl.SSLContext | None) -> socke
         return tls.wrap_socket(sock, server_hostname=host)
     except (ssl.SSLError, ssl.CertificateError, ConnectionError) as e:
         sock.close()
-        raise TlsRefused(f"TLS handshake with the state server at {address} failed ({e}); donors and healers "
-                         "must run with TLS and certificates from the same CA (tls_ca)") from e
+        raise TlsRefused(
+            f"TLS handshake with the state server at {address} failed ({e}); donors and healers "
+            "must run with TLS and certificates from the same CA (tls_ca)"
+        ) from e
 
 
 def _request(sock: socket.socket, body: dict, token: str | None, what: str) -> int:
@@ -133,8 +135,14 @@ def _read_reply(sock: socket.socket, what: str) -> int:
     return num_bytes
 
 
-def wait_for_manifest(donor: Donor, step: int, token: str | None, deadline: float, enough: threading.Event,
-                      tls: ssl.SSLContext | None = None) -> Manifest:
+def wait_for_manifest(
+    donor: Donor,
+    step: int,
+    token: str | None,
+    deadline: float,
+    enough: threading.Event,
+    tls: ssl.SSLContext | None = None,
+) -> Manifest:
     """The donor's manifest of ``step``, retried while the donor says it has no snapshot yet.
 
     A donor captures its snapshot on its quorum thread while the healer, which learned of the
@@ -153,8 +161,9 @@ def wait_for_manifest(donor: Donor, step: int, token: str | None, deadline: floa
             pause = min(pause * 2, 0.2)
 
 
-def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float,
-                   tls: ssl.SSLContext | None = None) -> Manifest:
+def fetch_manifest(
+    donor: Donor, step: int, token: str | None, deadline: float, tls: ssl.SSLContext | None = None
+) -> Manifest:
     with _connect(donor.address, deadline, tls) as sock:
         sock.settimeout(max(0.1, deadline - time.monotonic()))
         num_bytes = _request(sock, {"op": "manifest", "step": step}, token, f"manifest from {donor.replica_id}")
@@ -170,8 +179,15 @@ def fetch_manifest(donor: Donor, step: int, token: str | None, deadline: float,
     return manifest
 
 
-def _receive_verified(sock: socket.socket, placement: Placement, start: int, stop: int, donor: str,
-                      deadline: float, progress: FetchProgress) -> None:
+def _receive_verified(
+    sock: socket.socket,
+    placement: Placement,
+    start: int,
+    stop: int,
+    donor: str,
+    deadline: float,
+    progress: FetchProgress,
+) -> None:
     """Receive [start, stop) chunk by chunk, checking each chunk's digest as soon as it is in.
 
     Raises ProtocolError at the first bad chunk, without reading the rest of the stripe: the
@@ -194,8 +210,10 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
                 for piece in landing.pieces:
                     recv_exact_into(sock, piece)
                 if not chunk_ok(landing.pieces, manifest.checksums[chunk_start // c]):
-                    raise ProtocolError(f"chunk {chunk_start // c} (bytes {chunk_start}..{chunk_stop}) from donor "
-                                        f"{donor} fails its checksum")
+                    raise ProtocolError(
+                        f"chunk {chunk_start // c} (bytes {chunk_start}..{chunk_stop}) from donor "
+                        f"{donor} fails its checksum"
+                    )
                 landing.land()  # staged bytes go on to the device while the next chunk is received
             finally:
                 landing.drop()
@@ -205,8 +223,17 @@ def _receive_verified(sock: socket.socket, placement: Placement, start: int, sto
         raise
 
 
-def _pull(donor: Donor, board: StripeBoard, placement: Placement, step: int, token: str | None, deadline: float,
-          reader: str | None, tls: ssl.SSLContext | None, progress: FetchProgress) -> int:
+def _pull(
+    donor: Donor,
+    board: StripeBoard,
+    placement: Placement,
+    step: int,
+    token: str | None,
+    deadline: float,
+    reader: str | None,
+    tls: ssl.SSLContext | None,
+    progress: FetchProgress,
+) -> int:
     """Fetch stripes from ``donor`` over one connection until the board has none for it
     (each of a donor's connections runs one of these).
 
@@ -228,8 +255,17 @@ def _pull(donor: Donor, board: StripeBoard, placement: Placement, step: int, tok
                 if sock is None:
                     sock = _connect(donor.address, deadline, tls)
                 sock.settimeout(max(0.1, deadline - time.monotonic()))
-                _send_request(sock, {"op": "range", "step": step, "start": task.stripe.start, "stop": task.stripe.stop,
-                                     "reader": reader}, token)
+                _send_request(
+                    sock,
+                    {
+                        "op": "range",
+                        "step": step,
+                        "start": task.stripe.start,
+                        "stop": task.stripe.stop,
+                        "reader": reader,
+                    },
+                    token,
+                )
             if not requested or sock is None:
                 return received
             s = requested[0].stripe
@@ -252,15 +288,16 @@ def _pull(donor: Donor, board: StripeBoard, placement: Placement, step: int, tok
             sock.close()
 
 
-def _tell_done(donors: Sequence[Donor], step: int, token: str | None, reader: str,
-               tls: ssl.SSLContext | None) -> None:
+def _tell_done(donors: Sequence[Donor], step: int, token: str | None, reader: str, tls: ssl.SSLContext | None) -> None:
     """Tell each donor that ``reader`` has verified the whole state of ``step``. Best effort:
     a donor not told waits (bounded) at its seal and keeps a copy, as before the notice."""
     for donor in donors:
         try:
             with _connect(donor.address, time.monotonic() + DONE_NOTICE_TIMEOUT_S, tls) as sock:
                 sock.settimeout(DONE_NOTICE_TIMEOUT_S)
-                _request(sock, {"op": "done", "step": step, "reader": reader}, token, f"done notice to {donor.replica_id}")
+                _request(
+                    sock, {"op": "done", "step": step, "reader": reader}, token, f"done notice to {donor.replica_id}"
+                )
         except (OSError, ProtocolError) as e:
             logger.debug("heal: donor %s was not told step %d is done: %s", donor.replica_id, step, e)
 
@@ -329,7 +366,9 @@ def fetch_state(
             if grace is not None:
                 grace.cancel()
         if not manifests:
-            raise HealError(f"no donor of {sorted(by_id)} served the manifest of step {step} ({refusals or 'no answer'})")
+            raise HealError(
+                f"no donor of {sorted(by_id)} served the manifest of step {step} ({refusals or 'no answer'})"
+            )
         usable = agreed_donors(manifests, step)
         manifest = manifests[usable[0]]
         check_against_own(manifest, expected, max_bytes)
@@ -343,8 +382,12 @@ def fetch_state(
         board = StripeBoard(chunk_stripes(manifest, readers, healer_index, max(streams.values())), usable)
         progress.begin(manifest.total_bytes)
         if reader is not None and spares:
-            threading.Thread(target=_tell_done, args=([by_id[rid] for rid in spares], step, token, reader, tls),
-                             name="replicaft-heal-spares", daemon=True).start()
+            threading.Thread(
+                target=_tell_done,
+                args=([by_id[rid] for rid in spares], step, token, reader, tls),
+                name="replicaft-heal-spares",
+                daemon=True,
+            ).start()
 
         def pull(rid: str) -> Future[int]:
             return pool.submit(_pull, by_id[rid], board, placement, step, token, deadline, reader, tls, progress)
@@ -374,7 +417,15 @@ def fetch_state(
         )
     partial = [by_id[rid] for rid in usable if rid not in spares and received.get(rid, 0) < manifest.total_bytes]
     if reader is not None and partial:
-        threading.Thread(target=_tell_done, args=(partial, step, token, reader, tls), name="replicaft-heal-done",
-                         daemon=True).start()
-    return HealResult(manifest, placement.tensors(), frozenset(placement.in_place), time.monotonic() - started,
-                      received, board.refetched, board.taken_over)
+        threading.Thread(
+            target=_tell_done, args=(partial, step, token, reader, tls), name="replicaft-heal-done", daemon=True
+        ).start()
+    return HealResult(
+        manifest,
+        placement.tensors(),
+        frozenset(placement.in_place),
+        time.monotonic() - started,
+        received,
+        board.refetched,
+        board.taken_over,
+    )

@@ -217,8 +217,10 @@ class StagingPool:
         with self._cond:
             while self.changes == seen:
                 if not self._cond.wait(max(0.0, deadline - time.monotonic())):
-                    raise CopyTimeout(f"no staging buffer of {self.buffer_bytes} bytes was released in time "
-                                      f"(all {self.max_buffers} in use)")
+                    raise CopyTimeout(
+                        f"no staging buffer of {self.buffer_bytes} bytes was released in time "
+                        f"(all {self.max_buffers} in use)"
+                    )
 
     def _take(self) -> torch.Tensor | None:
         if self._free:
@@ -315,8 +317,10 @@ def stream_for(device: torch.device) -> CopyStream:
         stream = _streams.get(device)
         if stream is None:
             if device.type != "cuda":
-                raise StateError(f"no copy stream for device {device}: replicaft stages CUDA tensors only; "
-                                 "move the state to the CPU or a CUDA device")
+                raise StateError(
+                    f"no copy stream for device {device}: replicaft stages CUDA tensors only; "
+                    "move the state to the CPU or a CUDA device"
+                )
             stream = _streams[device] = CudaCopyStream(device)
         return stream
 
@@ -335,6 +339,8 @@ def device_of(tensors: Iterable[torch.Tensor]) -> torch.device | None:
     """The one accelerator device among ``tensors`` (None if all are on the CPU)."""
     devices = {t.device for t in tensors if on_accelerator(t)}
     if len(devices) > 1:
-        raise StateError(f"the state spans several devices ({sorted(map(str, devices))}); a rank's registered "
-                         "state must live on one device (its own GPU) or the CPU")
+        raise StateError(
+            f"the state spans several devices ({sorted(map(str, devices))}); a rank's registered "
+            "state must live on one device (its own GPU) or the CPU"
+        )
     return next(iter(devices), None)

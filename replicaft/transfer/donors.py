@@ -51,8 +51,10 @@ def streams_by_donor(connections: int, donors: Sequence[Donor], healer_index: in
     by_host: dict[str, list[str]] = {}
     for donor in donors:
         by_host.setdefault(host_port(donor.address)[0], []).append(donor.replica_id)
-    return {by_host[host][healer_index % len(by_host[host])]: share
-            for host, share in _deal(connections, list(by_host)).items()}
+    return {
+        by_host[host][healer_index % len(by_host[host])]: share
+        for host, share in _deal(connections, list(by_host)).items()
+    }
 
 
 def agreed_donors(manifests: Mapping[str, Manifest], step: int) -> list[str]:
@@ -62,17 +64,24 @@ def agreed_donors(manifests: Mapping[str, Manifest], step: int) -> list[str]:
     votes = Counter(state_digest(m) for m in manifests.values())
     (agreed, count), *others = votes.most_common()
     if others and others[0][1] == count:
-        raise HealError(f"donors {sorted(manifests)} disagree on the state of step {step} and no version has a "
-                        "majority; not healing from any of them")
+        raise HealError(
+            f"donors {sorted(manifests)} disagree on the state of step {step} and no version has a "
+            "majority; not healing from any of them"
+        )
     usable = sorted(rid for rid, m in manifests.items() if state_digest(m) == agreed)
     if len(usable) < len(manifests):
-        logger.error("heal: donors disagree on the state of step %d; %s are outvoted, using %s", step,
-                     sorted(set(manifests) - set(usable)), usable)
+        logger.error(
+            "heal: donors disagree on the state of step %d; %s are outvoted, using %s",
+            step,
+            sorted(set(manifests) - set(usable)),
+            usable,
+        )
     return usable
 
 
-def check_against_own(manifest: Manifest, expected: Mapping[str, tuple[str, tuple[int, ...]]] | None,
-                      max_bytes: int | None) -> None:
+def check_against_own(
+    manifest: Manifest, expected: Mapping[str, tuple[str, tuple[int, ...]]] | None, max_bytes: int | None
+) -> None:
     """Refuse a manifest whose size exceeds ``max_bytes`` or whose tensors differ in dtype or
     shape from the healer's own of the same name (HealError naming the first such tensor)."""
     who = f"the manifest of step {manifest.step} from {manifest.replica_id}"
@@ -81,5 +90,6 @@ def check_against_own(manifest: Manifest, expected: Mapping[str, tuple[str, tupl
     for t in manifest.tensors if expected else ():
         own = expected.get(t.name)  # type: ignore[union-attr]
         if own is not None and own != (t.dtype, t.shape):
-            raise HealError(f"{who} describes {t.name} as {t.dtype}{list(t.shape)}; this rank's is "
-                            f"{own[0]}{list(own[1])}")
+            raise HealError(
+                f"{who} describes {t.name} as {t.dtype}{list(t.shape)}; this rank's is {own[0]}{list(own[1])}"
+            )

@@ -82,8 +82,11 @@ class LiveSnapshot:
         self._plan = CopyPlan(flat, spare.take() if spare is not None else None)
         # Tensors not readable in place (device or strided: tensor_bytes copies them whole) go
         # to the host buffer at once, with those not deferrable.
-        live = {i for i, t in enumerate(flat.tensors)
-                if deferrable(t, copy_now_bytes) and t.device.type == "cpu" and t.is_contiguous()}
+        live = {
+            i
+            for i, t in enumerate(flat.tensors)
+            if deferrable(t, copy_now_bytes) and t.device.type == "cpu" and t.is_contiguous()
+        }
         now = [i for i in range(len(flat.tensors)) if i not in live]
         self._live = live
         self._versions = {i: version_counter(flat.tensors[i]) for i in live}
@@ -222,8 +225,10 @@ class LiveSnapshot:
     def _kept_bytes(self, start: int, stop: int) -> memoryview:
         c = self.manifest.chunk_bytes
         if not all(self._kept[start // c : -(-stop // c)]):
-            raise NotServed(f"bytes {start}..{stop} of the snapshot of step {self.step} are not kept: every expected "
-                             f"healer ({sorted(self.readers)}) was sent them before the step ended")
+            raise NotServed(
+                f"bytes {start}..{stop} of the snapshot of step {self.step} are not kept: every expected "
+                f"healer ({sorted(self.readers)}) was sent them before the step ended"
+            )
         return memoryview(self._plan.buffer.numpy())[start:stop]
 
     def _kept_read_done(self) -> None:

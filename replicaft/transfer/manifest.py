@@ -134,13 +134,17 @@ class Manifest:
                 check_int(m, f"tensors[{i}].num_bytes", num_bytes, 0, total),
             )
             if first_index.setdefault(spec.name, i) != i:
-                raise ProtocolError(f"Manifest.tensors[{i}].name {spec.name!r} repeats tensors[{first_index[spec.name]}]; "
-                                    "each tensor of a state has its own name")
+                raise ProtocolError(
+                    f"Manifest.tensors[{i}].name {spec.name!r} repeats tensors[{first_index[spec.name]}]; "
+                    "each tensor of a state has its own name"
+                )
             if spec.offset + spec.num_bytes > total:
                 raise ProtocolError(f"Manifest.tensors[{i}] ({spec.name}) ends past total_bytes={total}")
             if specs and spec.offset < specs[-1].offset + specs[-1].num_bytes:
-                raise ProtocolError(f"Manifest.tensors[{i}] ({spec.name}) at offset {spec.offset} overlaps or "
-                                    f"precedes the tensor before it; tensors must be in ascending byte order")
+                raise ProtocolError(
+                    f"Manifest.tensors[{i}] ({spec.name}) at offset {spec.offset} overlaps or "
+                    f"precedes the tensor before it; tensors must be in ascending byte order"
+                )
             specs.append(spec)
         skeleton = require(o, m, "skeleton")
         try:
@@ -162,9 +166,21 @@ class Manifest:
 
 def state_digest(m: Manifest) -> bytes:
     """One digest over all of the state ``m`` describes (module docstring)."""
-    return hashlib.blake2b(msgpack.packb(
-        [m.step, m.skeleton, [[t.name, t.dtype, list(t.shape), t.offset, t.num_bytes] for t in m.tensors],
-         m.total_bytes, m.chunk_bytes, m.checksum, list(m.checksums)], use_bin_type=True), digest_size=16).digest()
+    return hashlib.blake2b(
+        msgpack.packb(
+            [
+                m.step,
+                m.skeleton,
+                [[t.name, t.dtype, list(t.shape), t.offset, t.num_bytes] for t in m.tensors],
+                m.total_bytes,
+                m.chunk_bytes,
+                m.checksum,
+                list(m.checksums),
+            ],
+            use_bin_type=True,
+        ),
+        digest_size=16,
+    ).digest()
 
 
 def layout(sizes: Sequence[int]) -> tuple[list[int], int]:
@@ -201,8 +217,11 @@ def chunk_stripes(
     ``STRIPES_PER_DONOR`` for each of a donor's streams, so that a stream that finishes early
     takes a stripe its sibling has not started."""
     c = manifest.chunk_bytes
-    stripes = assign_stripes(manifest.num_chunks, donors, healer_index=healer_index, min_stripe_bytes=1,
-                             stripes_per_donor=STRIPES_PER_DONOR * streams_per_donor)
-    return [
-        ByteStripe(s.donor, s.start * c, min(s.stop * c, manifest.total_bytes)) for s in stripes
-    ]
+    stripes = assign_stripes(
+        manifest.num_chunks,
+        donors,
+        healer_index=healer_index,
+        min_stripe_bytes=1,
+        stripes_per_donor=STRIPES_PER_DONOR * streams_per_donor,
+    )
+    return [ByteStripe(s.donor, s.start * c, min(s.stop * c, manifest.total_bytes)) for s in stripes]

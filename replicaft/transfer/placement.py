@@ -45,8 +45,9 @@ from replicaft.transfer.snapshot import spec_dtype
 
 
 class Placement:
-    def __init__(self, manifest: Manifest, into: Mapping[str, torch.Tensor] | None = None,
-                 stream: CopyStream | None = None) -> None:
+    def __init__(
+        self, manifest: Manifest, into: Mapping[str, torch.Tensor] | None = None, stream: CopyStream | None = None
+    ) -> None:
         """``stream``: the copy stream staging targets go through (default: the process's
         stream for the device of ``into``'s device tensors, if any)."""
         into = into or {}

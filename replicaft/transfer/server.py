@@ -90,8 +90,15 @@ def _cut(text: str) -> str:
 
 
 class StateServer:
-    def __init__(self, host: str, token: str | None = None, *, fault_hook: RangeHook | None = None,
-                 tls: ssl.SSLContext | None = None, limits: ServerLimits | None = None) -> None:
+    def __init__(
+        self,
+        host: str,
+        token: str | None = None,
+        *,
+        fault_hook: RangeHook | None = None,
+        tls: ssl.SSLContext | None = None,
+        limits: ServerLimits | None = None,
+    ) -> None:
         """``tls``: a server context (lighthouse.tls.files.TlsFiles.server_context); every connection
         is then TLS, its handshake done on the connection's own thread within the handshake
         deadline. ``limits``: the bounds on what peers may hold (defaults: ``ServerLimits()``)."""
@@ -139,9 +146,15 @@ class StateServer:
     def statistics(self) -> ServerStatistics:
         with self._conn_lock:
             c = self._counts
-            return ServerStatistics(len(self._connections), sum(not x.authenticated for x in self._connections),
-                                    c["refused"], c["evicted"], c["handshake_timeouts"], c["request_timeouts"],
-                                    c["rejected"])
+            return ServerStatistics(
+                len(self._connections),
+                sum(not x.authenticated for x in self._connections),
+                c["refused"],
+                c["evicted"],
+                c["handshake_timeouts"],
+                c["request_timeouts"],
+                c["rejected"],
+            )
 
     def publish(self, snapshot: Served) -> None:
         """Serve ``snapshot`` (alongside any other step still retained)."""
@@ -173,8 +186,9 @@ class StateServer:
             evicted: _Connection | None = None
             admission: Admission
             with self._conn_lock:
-                admission = admit(len(self._connections), sum(not c.authenticated for c in self._connections),
-                                  self._limits)
+                admission = admit(
+                    len(self._connections), sum(not c.authenticated for c in self._connections), self._limits
+                )
                 if admission.action == "refuse":
                     self._counts["refused"] += 1
                 else:
@@ -189,8 +203,9 @@ class StateServer:
                 self._refuse(conn, admission.reason)
                 continue
             if evicted is not None:
-                self._log_bound("evicted", "state server: closed the connection from %s: %s", evicted.peer,
-                                admission.reason)
+                self._log_bound(
+                    "evicted", "state server: closed the connection from %s: %s", evicted.peer, admission.reason
+                )
                 _shut_reading(evicted.sock)
             try:
                 threading.Thread(target=self._serve, args=(record,), name="replicaft-state-conn", daemon=True).start()
@@ -243,11 +258,16 @@ class StateServer:
                 conn = self._tls_handshake(record, handshake_deadline)
             while True:
                 if record.authenticated:
-                    request = recv_frame(conn, "state request", idle_deadline=time.monotonic() + limits.idle_timeout_s,
-                                         frame_timeout_s=limits.request_timeout_s)
+                    request = recv_frame(
+                        conn,
+                        "state request",
+                        idle_deadline=time.monotonic() + limits.idle_timeout_s,
+                        frame_timeout_s=limits.request_timeout_s,
+                    )
                 else:
-                    request = recv_frame(conn, "state request", frame_timeout_s=limits.request_timeout_s,
-                                         deadline=handshake_deadline)
+                    request = recv_frame(
+                        conn, "state request", frame_timeout_s=limits.request_timeout_s, deadline=handshake_deadline
+                    )
                 self._check_credentials(request)
                 if not record.authenticated:
                     self._authenticated(record)
@@ -286,8 +306,9 @@ class StateServer:
         try:
             conn.do_handshake()
         except TimeoutError as e:
-            raise FrameTimeout(f"TLS handshake not complete {self._limits.handshake_timeout_s:g}s after the accept",
-                               begun=True) from e
+            raise FrameTimeout(
+                f"TLS handshake not complete {self._limits.handshake_timeout_s:g}s after the accept", begun=True
+            ) from e
         except (OSError, ssl.CertificateError) as e:
             logger.warning("state server: TLS handshake with %s failed: %s", record.peer, e)
             raise
@@ -298,7 +319,9 @@ class StateServer:
         else counted, logged and told which limit it passed."""
         limits = self._limits
         if record.authenticated and not error.begun:
-            logger.debug("state server: closed the connection from %s, idle for %gs", record.peer, limits.idle_timeout_s)
+            logger.debug(
+                "state server: closed the connection from %s, idle for %gs", record.peer, limits.idle_timeout_s
+            )
             return
         if record.authenticated:
             kind, why = "request_timeouts", f"request_timeout_s={limits.request_timeout_s:g}"
@@ -337,8 +360,10 @@ class StateServer:
         """Every request names the wire version and carries the token (ProtocolError if not)."""
         m = "StateRequest"
         if request.get("v") != WIRE_VERSION:
-            raise ProtocolError(f"{m} speaks version {request.get('v')!r}; this server speaks {WIRE_VERSION}. "
-                                "Run the same replicaft version on donors and healers")
+            raise ProtocolError(
+                f"{m} speaks version {request.get('v')!r}; this server speaks {WIRE_VERSION}. "
+                "Run the same replicaft version on donors and healers"
+            )
         if self._token is not None:
             given = request.get("token")
             if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self._token.encode()):
@@ -375,7 +400,9 @@ class StateServer:
             send_frame(conn, {"ok": True, "num_bytes": stop - start})
             snapshot.send(conn, start, stop, reader)
             return
-        data = self._fault_hook(start, stop, snapshot.read(start, stop, reader, torch.empty(stop - start, dtype=torch.uint8)))
+        data = self._fault_hook(
+            start, stop, snapshot.read(start, stop, reader, torch.empty(stop - start, dtype=torch.uint8))
+        )
         send_frame(conn, {"ok": True, "num_bytes": stop - start})
         for i in range(0, len(data), SEND_PIECE_BYTES):
             conn.sendall(data[i : i + SEND_PIECE_BYTES])

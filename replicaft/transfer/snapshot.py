@@ -66,8 +66,13 @@ class Snapshot:
         holds (its last snapshot's :attr:`content`), spares copying and hashing what did not change."""
         plan = CopyPlan(flat, out, stream, content)
         plan.copy(range(len(flat.tensors)))
-        return plan.snapshot(step=step, quorum_id=quorum_id, replica_id=replica_id, chunk_bytes=chunk_bytes,
-                             with_checksums=with_checksums)
+        return plan.snapshot(
+            step=step,
+            quorum_id=quorum_id,
+            replica_id=replica_id,
+            chunk_bytes=chunk_bytes,
+            with_checksums=with_checksums,
+        )
 
     def send(self, conn: socket.socket, start: int, stop: int, reader: str | None) -> None:
         """Send bytes ``[start, stop)`` of the buffer on ``conn`` (for a state server)."""
@@ -204,9 +209,14 @@ class BackgroundCapture:
         if self._error is not None:
             return None, f"the background copy of the state failed: {type(self._error).__name__}: {self._error}"
         flat = self._plan.flat
-        self.changed = frozenset(flat.names[i] for i, v in self._versions.items() if version_counter(flat.tensors[i]) != v)
+        self.changed = frozenset(
+            flat.names[i] for i, v in self._versions.items() if version_counter(flat.tensors[i]) != v
+        )
         if self.changed:
-            return None, f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})"
+            return (
+                None,
+                f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})",
+            )
         return self._plan.snapshot(**self._header, chunk_bytes=CHUNK_BYTES, with_checksums=False), ""
 
 
@@ -235,8 +245,13 @@ class CopyPlan:
     are not copied and keep their hashes (:attr:`content`, content.copy_changed).
     """
 
-    def __init__(self, flat: Flat, out: torch.Tensor | None, stream: CopyStream | None = None,
-                 content: BufferHashes | None = None) -> None:
+    def __init__(
+        self,
+        flat: Flat,
+        out: torch.Tensor | None,
+        stream: CopyStream | None = None,
+        content: BufferHashes | None = None,
+    ) -> None:
         self.flat = flat
         self.sizes = [t.numel() * t.element_size() for t in flat.tensors]
         self.offsets, self.total = layout(self.sizes)
@@ -248,13 +263,18 @@ class CopyPlan:
         self._events: list[CopyEvent] = []
         self._events_lock = threading.Lock()
         pin = bool(self._staged) and stream is not None and stream.pins
-        self.reused = (out is not None and out.dtype == torch.uint8 and out.numel() >= self.total
-                       and (out.is_pinned() or not pin))
+        self.reused = (
+            out is not None and out.dtype == torch.uint8 and out.numel() >= self.total and (out.is_pinned() or not pin)
+        )
         """Whether ``out`` is the buffer (else a fresh one was allocated)."""
         if self.reused and out is not None:
             self.buffer = out[: self.total]
         else:
-            self.buffer = stream.host_empty(self.total) if pin and stream is not None else torch.empty(self.total, dtype=torch.uint8)
+            self.buffer = (
+                stream.host_empty(self.total)
+                if pin and stream is not None
+                else torch.empty(self.total, dtype=torch.uint8)
+            )
         self.ends = [*self.offsets[1:], self.total] if self.offsets else []
         if stream is not None and self._staged:
             stream.after_compute()
@@ -282,8 +302,15 @@ class CopyPlan:
         elif self._known is None:
             self.buffer[offset + lo : offset + hi].copy_(tensor_bytes(self.flat.tensors[i])[lo:hi])
         else:
-            copy_changed(tensor_bytes(self.flat.tensors[i])[lo:hi], self.buffer[offset + lo : offset + hi], offset=offset,
-                         lo=lo, size=self.sizes[i], known=self._known, kept=self.content)
+            copy_changed(
+                tensor_bytes(self.flat.tensors[i])[lo:hi],
+                self.buffer[offset + lo : offset + hi],
+                offset=offset,
+                lo=lo,
+                size=self.sizes[i],
+                known=self._known,
+                kept=self.content,
+            )
         if hi == self.sizes[i]:
             # The alignment padding is part of the checksummed bytes: left uninitialised, two
             # donors of the same state would disagree (seen: "donors disagree" with equal digests).
@@ -307,10 +334,20 @@ class CopyPlan:
             TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, size)
             for name, t, offset, size in zip(flat.names, flat.tensors, self.offsets, self.sizes, strict=True)
         )
-        return Manifest(step=step, quorum_id=quorum_id, replica_id=replica_id, skeleton=flat.skeleton, tensors=specs,
-                        total_bytes=self.total, chunk_bytes=chunk_bytes, checksums=())
+        return Manifest(
+            step=step,
+            quorum_id=quorum_id,
+            replica_id=replica_id,
+            skeleton=flat.skeleton,
+            tensors=specs,
+            total_bytes=self.total,
+            chunk_bytes=chunk_bytes,
+            checksums=(),
+        )
 
-    def snapshot(self, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int, with_checksums: bool) -> Snapshot:
+    def snapshot(
+        self, *, step: int, quorum_id: int, replica_id: str, chunk_bytes: int, with_checksums: bool
+    ) -> Snapshot:
         m = self.manifest(step=step, quorum_id=quorum_id, replica_id=replica_id, chunk_bytes=chunk_bytes)
         snapshot = Snapshot(self.buffer, m, self.shardings, self.content)
         return checksummed(snapshot) if with_checksums else snapshot
@@ -344,7 +381,7 @@ class CopyPlan:
                 take = view[: chunk_bytes - filled]
                 pieces.append(take)
                 filled += len(take)
-                view = view[len(take):]
+                view = view[len(take) :]
                 if filled == chunk_bytes:
                     checksums.append(digest(pieces))
                     pieces, filled = [], 0

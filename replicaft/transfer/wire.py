@@ -75,8 +75,14 @@ def _earliest(*deadlines: float | None) -> float | None:
     return min(given) if given else None
 
 
-def recv_frame(sock: socket.socket, what: str, *, idle_deadline: float | None = None,
-               frame_timeout_s: float | None = None, deadline: float | None = None) -> dict[str, Any]:
+def recv_frame(
+    sock: socket.socket,
+    what: str,
+    *,
+    idle_deadline: float | None = None,
+    frame_timeout_s: float | None = None,
+    deadline: float | None = None,
+) -> dict[str, Any]:
     """The next frame on ``sock``, decoded; ProtocolError if it is oversized or malformed.
 
     ``idle_deadline``: its first byte must arrive by then; ``frame_timeout_s``: the rest of it
@@ -103,8 +109,9 @@ def recv_frame(sock: socket.socket, what: str, *, idle_deadline: float | None = 
     except TimeoutError as e:
         if frame_deadline is None:
             raise
-        raise FrameTimeout(f"{what} frame not complete {time.monotonic() - begun_at:.2f}s after its first byte",
-                           begun=True) from e
+        raise FrameTimeout(
+            f"{what} frame not complete {time.monotonic() - begun_at:.2f}s after its first byte", begun=True
+        ) from e
     try:
         obj = msgpack.unpackb(bytes(body), raw=False, strict_map_key=True)
     except Exception as e:

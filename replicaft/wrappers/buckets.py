@@ -62,7 +62,9 @@ class Bucket:
         return len(self.ready) == len(self.params)
 
 
-def cut_buckets(params: Sequence[nn.Parameter], cap_bytes: int, local: Callable[[nn.Parameter], torch.Tensor]) -> list[Bucket]:
+def cut_buckets(
+    params: Sequence[nn.Parameter], cap_bytes: int, local: Callable[[nn.Parameter], torch.Tensor]
+) -> list[Bucket]:
     """Buckets over ``params`` in order, each at most ``cap_bytes`` (or one parameter), one dtype
     and device each. ``local(p)`` is the tensor whose gradient a bucket holds (a DTensor's local
     shard, for FSDP). The buffers come from the memory reserve where a warm standby made one
@@ -75,8 +77,13 @@ def cut_buckets(params: Sequence[nn.Parameter], cap_bytes: int, local: Callable[
         t = local(p)
         nbytes = t.numel() * t.element_size()
         first_full = len(runs) == 1 and size >= min(FIRST_BUCKET_BYTES, cap_bytes)
-        if (not runs or first_full or size + nbytes > cap_bytes
-                or local(runs[-1][0]).dtype != t.dtype or local(runs[-1][0]).device != t.device):
+        if (
+            not runs
+            or first_full
+            or size + nbytes > cap_bytes
+            or local(runs[-1][0]).dtype != t.dtype
+            or local(runs[-1][0]).device != t.device
+        ):
             runs.append([])
             size = 0
         runs[-1].append(p)

@@ -290,4 +290,3 @@ class DistributedDataParallel(nn.Module, StepHooks):
         self.module.load_state_dict(state)
         if self._in_step:
             self._buffer_sync.refresh_backup()
-

@@ -111,8 +111,10 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
                 f"{type(module).__name__}; call fully_shard(module, mesh=...) on its blocks and then on it"
             )
         if manager.options.deterministic:
-            raise OptionsError("deterministic=True: the deterministic mode (virtual shards, exact sums) is built for "
-                               "replicaft.DistributedDataParallel only; unset REPLICAFT_DETERMINISTIC to use FSDP")
+            raise OptionsError(
+                "deterministic=True: the deterministic mode (virtual shards, exact sums) is built for "
+                "replicaft.DistributedDataParallel only; unset REPLICAFT_DETERMINISTIC to use FSDP"
+            )
         super().__init__()
         self.module = module
         self._manager = manager
@@ -373,4 +375,3 @@ def _copy_checked(target: torch.Tensor, value: Any, name: str) -> None:
             "every group must shard the same model over the same number of ranks"
         )
     target.copy_(value)
-

@@ -43,19 +43,30 @@ def test_judge_targets_table(ratios: dict[str, float], target: tuple, met: bool)
 
 def test_changed_bytes_counts_new_changed_and_reshaped_tensors_only() -> None:
     before = {"same": torch.zeros(10), "changed": torch.zeros(10), "reshaped": torch.zeros(4), "gone": torch.zeros(3)}
-    after = {"same": torch.zeros(10), "changed": torch.ones(10), "reshaped": torch.zeros(2, 2), "new": torch.zeros(5, dtype=torch.float64)}
+    after = {
+        "same": torch.zeros(10),
+        "changed": torch.ones(10),
+        "reshaped": torch.zeros(2, 2),
+        "new": torch.zeros(5, dtype=torch.float64),
+    }
     assert changed_bytes(before, after) == 10 * 4 + 4 * 4 + 5 * 8
     assert changed_bytes(after, after) == 0
 
 
 @pytest.mark.parametrize(("label", "floor"), [("finetune", 0.36), ("finetune_wide", 0.19)])
-def test_finetune_freezes_at_least_80_percent_and_its_bytes_floor_is_3t_over_e_plus_3t(label: str, floor: float) -> None:
+def test_finetune_freezes_at_least_80_percent_and_its_bytes_floor_is_3t_over_e_plus_3t(
+    label: str, floor: float
+) -> None:
     run = GPTRun(FINETUNE[label], freeze_embedding=True, corpus_bytes=1 << 16)
     assert frozen_fraction(run.model) >= 0.8
     assert not any(p is run.model.tok.weight for g in run.optimizer.param_groups for p in g["params"])
     frozen = run.model.tok.weight.numel()
     trainable = sum(p.numel() for p in run.model.parameters() if p.requires_grad)
-    assert bytes_floor(run.model) == pytest.approx(3 * trainable / (frozen + 3 * trainable)) == pytest.approx(floor, abs=0.01)
+    assert (
+        bytes_floor(run.model)
+        == pytest.approx(3 * trainable / (frozen + 3 * trainable))
+        == pytest.approx(floor, abs=0.01)
+    )
 
 
 def test_state_chunks_cut_each_tensor_as_the_writer_does() -> None:

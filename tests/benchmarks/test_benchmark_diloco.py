@@ -12,8 +12,15 @@ from benchmarks.diloco import MODES, _result, update_results
 
 
 def _run(tokens_per_s: float, **extra: Any) -> dict[str, Any]:
-    return {"tokens": 1000, "tokens_per_s": tokens_per_s, "syncs": 10, "held_out_loss": 2.5, "retried_syncs": 0,
-            "curve": [(500, 2.9), (1000, 2.6)], **extra}
+    return {
+        "tokens": 1000,
+        "tokens_per_s": tokens_per_s,
+        "syncs": 10,
+        "held_out_loss": 2.5,
+        "retried_syncs": 0,
+        "curve": [(500, 2.9), (1000, 2.6)],
+        **extra,
+    }
 
 
 def _full_record(tmp_path: Path) -> Path:
@@ -27,7 +34,9 @@ def _full_record(tmp_path: Path) -> Path:
 
 def test_update_replaces_the_rerun_modes_figures_and_keeps_the_others(tmp_path: Path) -> None:
     path = _full_record(tmp_path)
-    fault = _run(99.0, fault_cost_inner_steps=0.5, fault_round_excess_inner_steps=-1.0, rejoin_round_excess_inner_steps=0.5)
+    fault = _run(
+        99.0, fault_cost_inner_steps=0.5, fault_round_excess_inner_steps=-1.0, rejoin_round_excess_inner_steps=0.5
+    )
     record = update_results({"diloco_h20_fault": fault}, 60.0, path, when="now", machine={})
     assert record["figures"]["fault_cost_inner_steps"] == 0.5
     assert record["figures"]["rejoin_round_excess_inner_steps"] == 0.5

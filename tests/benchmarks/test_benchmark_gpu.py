@@ -20,10 +20,25 @@ import torch
 from benchmarks import gpu
 from benchmarks.__main__ import main as benchmarks_main
 
-TINY = gpu.Sizes(heal_model=(64, 2), heal_batch=4, heal_repeats=1, donor_heals=1, donor_steady_steps=3,
-                 step_size_mb=0.5, step_batch=4, step_steps=2, step_trainers=1, step_repeats=1,
-                 checkpoint_model=(64, 2), checkpoint_repeats=1,
-                 num_groups=2, group_width=32, group_step_delay_s=0.05, kill_at_step=3, steps_after_heal=2)
+TINY = gpu.Sizes(
+    heal_model=(64, 2),
+    heal_batch=4,
+    heal_repeats=1,
+    donor_heals=1,
+    donor_steady_steps=3,
+    step_size_mb=0.5,
+    step_batch=4,
+    step_steps=2,
+    step_trainers=1,
+    step_repeats=1,
+    checkpoint_model=(64, 2),
+    checkpoint_repeats=1,
+    num_groups=2,
+    group_width=32,
+    group_step_delay_s=0.05,
+    kill_at_step=3,
+    steps_after_heal=2,
+)
 """Every piece once, as small as it goes: the code path, not a measurement."""
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where CUDA is absent")
@@ -35,8 +50,9 @@ def check_record(record: dict, device: str) -> None:
     assert record["params"]["device"]["type"] == device
     assert set(record["ratios"]) == {"heal_gbps", "donor_step_during_heal_ms", "step_time_ms", "checkpoint_blocked_ms"}
     assert record["params"]["compared_to"]["heal_gbps"] == "heal_limit_gbps"
-    assert record["baselines"]["heal_limit_gbps"] == min(record["baselines"]["pinned_h2d_gbps"],
-                                                         record["baselines"]["socket_gbps"])
+    assert record["baselines"]["heal_limit_gbps"] == min(
+        record["baselines"]["pinned_h2d_gbps"], record["baselines"]["socket_gbps"]
+    )
     assert all(v > 0 for v in record["baselines"].values()), record["baselines"]
     assert record["figures"]["heal_gbps"] > 0
     assert record["figures"]["groups_digests_equal"] == 1.0, record["params"]["groups_differing_steps"]
@@ -61,10 +77,12 @@ def test_donor_steps_overlapping_a_heal_are_told_from_steady_ones() -> None:
 
 
 @needs_no_cuda
-def test_without_cuda_the_benchmark_refuses_and_writes_no_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]
-                                                                  ) -> None:
+def test_without_cuda_the_benchmark_refuses_and_writes_no_result(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     measured = gpu.BenchmarkResult(name="gpu", figures={"heal_gbps": 9.0}, baselines={}).to_record(
-        when="earlier", machine={"device": "a GPU machine"})
+        when="earlier", machine={"device": "a GPU machine"}
+    )
     real = tmp_path / "gpu.json"
     real.write_text(json.dumps(measured))
     assert benchmarks_main(["gpu", "--results-dir", str(tmp_path)]) == 1

@@ -91,16 +91,21 @@ def test_raw_sessions_register_and_get_whole_quorum_then_updates_from_the_lighth
     ids = ["m0", "m1", "m2"]
 
     async def main() -> None:
-        server = LighthouseServer(LighthouseOptions(port=0, membership=MembershipOptions(
-            join_timeout_s=10, heartbeat_timeout_s=10, progress_timeout_s=20)))
+        server = LighthouseServer(
+            LighthouseOptions(
+                port=0, membership=MembershipOptions(join_timeout_s=10, heartbeat_timeout_s=10, progress_timeout_s=20)
+            )
+        )
         address = (await server.start()).grpc
         sessions = await opened(address, SESSION_METHOD, len(ids))
         try:
             await raw_round(sessions, [encode(Register(rid, "", 1, 0)) for rid in ids], registered)
             replies = []
             for step in (1, 2):
-                bodies = [encode(QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=10,
-                                               ask=step)) for rid in ids]
+                bodies = [
+                    encode(QuorumRequest(replica_id=rid, step=step, address="", world_size=1, timeout_s=10, ask=step))
+                    for rid in ids
+                ]
                 replies.append((await raw_round(sessions, bodies, answer_to(step)))[1])
             first, second = replies
             assert isinstance(first, QuorumAnswer) and Quorum.decode(first.quorum).replica_ids == tuple(ids)

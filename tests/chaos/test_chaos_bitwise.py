@@ -13,8 +13,15 @@ GROUPS = ("g0", "g1", "g2")
 
 
 def committed(group: str, step: int, digest: str, ts: float | None = None, rank: int = 0) -> dict[str, Any]:
-    return {"ts": float(step) if ts is None else ts, "event": "committed", "step": step, "quorum_id": 1,
-            "replica_id": group, "group_rank": rank, "digest": digest}
+    return {
+        "ts": float(step) if ts is None else ts,
+        "event": "committed",
+        "step": step,
+        "quorum_id": 1,
+        "replica_id": group,
+        "group_rank": rank,
+        "digest": digest,
+    }
 
 
 def run(steps: int, digest_of: Any = lambda step: f"d{step}", groups: tuple[str, ...] = GROUPS) -> list[dict[str, Any]]:
@@ -34,8 +41,12 @@ def test_perturbed_run_is_violated_at_each_differing_step() -> None:
     perturbed = run(10, lambda step: f"d{step}" if step < 7 else f"x{step}")
     v = check_bitwise_equal(perturbed, REFERENCE, deterministic=True, target_steps=10)
     assert v.status == "violated"
-    assert [(x.invariant, x.step) for x in v.violations] == [(BITWISE_EQUAL, 7), (BITWISE_EQUAL, 8), (BITWISE_EQUAL, 9),
-                                                              (BITWISE_EQUAL, 10)]
+    assert [(x.invariant, x.step) for x in v.violations] == [
+        (BITWISE_EQUAL, 7),
+        (BITWISE_EQUAL, 8),
+        (BITWISE_EQUAL, 9),
+        (BITWISE_EQUAL, 10),
+    ]
     assert "the fault-free run's is d10" in v.violations[-1].detail
 
 
@@ -48,7 +59,10 @@ def test_run_that_stops_short_of_the_final_step_is_violated() -> None:
 def test_redone_steps_after_a_resume_from_disk_replace_the_lost_ones() -> None:
     events = run(6, lambda step: f"d{step}" if step < 5 else f"lost{step}")
     events += [committed(g, step, f"d{step}", ts=100.0 + step) for step in range(5, 11) for g in GROUPS]
-    assert check_bitwise_equal(events, REFERENCE, deterministic=True, target_steps=10, epoch_starts=(50.0,)).status == "held"
+    assert (
+        check_bitwise_equal(events, REFERENCE, deterministic=True, target_steps=10, epoch_starts=(50.0,)).status
+        == "held"
+    )
     assert check_bitwise_equal(events, REFERENCE, deterministic=True, target_steps=10).status == "violated"
 
 

@@ -50,8 +50,9 @@ def test_without_namespaces_network_faults_are_skipped_with_the_reason(monkeypat
     assert env.notes["network"].startswith("loopback (")
 
 
-def test_without_a_tmpfs_fill_disk_is_skipped_and_the_real_disk_is_used(monkeypatch: pytest.MonkeyPatch,
-                                                                        tmp_path: Path) -> None:
+def test_without_a_tmpfs_fill_disk_is_skipped_and_the_real_disk_is_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(chaos.environment, "SmallDisk", NoMount)
     s = scenario_from_dict({"name": "x", "checkpoint_interval_steps": 5, "faults": [FILL]})
     env = RunEnvironment(s, tmp_path / "checkpoints")

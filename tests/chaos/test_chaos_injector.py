@@ -53,8 +53,13 @@ class FakeRunner:
         return self.standby_up
 
 
-def setup(*faults: dict[str, Any], healthy: set[str] = frozenset({"g0", "g1", "g2"}), checkpoint_dir: Path | None = None,
-          step: int = 10, **fields: Any) -> tuple[Injector, FakeRunner]:
+def setup(
+    *faults: dict[str, Any],
+    healthy: set[str] = frozenset({"g0", "g1", "g2"}),
+    checkpoint_dir: Path | None = None,
+    step: int = 10,
+    **fields: Any,
+) -> tuple[Injector, FakeRunner]:
     s = scenario_from_dict({"name": "t", "steps": 100, **fields, "faults": list(faults)})
     fake = FakeRunner(set(healthy), armed={f["target"] for f in faults if f["kind"] == "kill_donor_mid_heal"})
     fake.job.step = step
@@ -97,12 +102,16 @@ def test_stopped_group_is_continued_after_its_duration_and_counts_as_back() -> N
 
 
 def test_with_warm_standby_a_restarting_fault_waits_for_a_ready_standby() -> None:
-    injector, fake = setup({"kind": "sigkill", "target": "g1", "at_step": 5},
-                           {"kind": "sigstop", "target": "g2", "at_step": 5, "duration_s": 1.0}, warm_standby=True)
+    injector, fake = setup(
+        {"kind": "sigkill", "target": "g1", "at_step": 5},
+        {"kind": "sigstop", "target": "g2", "at_step": 5, "duration_s": 1.0},
+        warm_standby=True,
+    )
     injector.inject_due()
     assert fake.calls == [("signal", "g2", signal.SIGSTOP, None)], "a hang restarts nothing: it does not wait"
-    assert injector.skipped_reasons() == [("sigkill g1 at step 5", "no warm standby was ready to restart it in "
-                                           "(warm_standby = true)")]
+    assert injector.skipped_reasons() == [
+        ("sigkill g1 at step 5", "no warm standby was ready to restart it in (warm_standby = true)")
+    ]
     fake.standby_up = True
     injector.inject_due()
     assert fake.calls[-1] == ("signal", "g1", signal.SIGKILL, "sigkill")
@@ -134,7 +143,9 @@ def checkpoint(root: Path, step: int) -> None:
 
 
 def test_kill_all_groups_waits_for_a_published_checkpoint(tmp_path: Path) -> None:
-    injector, fake = setup({"kind": "kill_all_groups", "at_step": 5}, checkpoint_dir=tmp_path, checkpoint_interval_steps=5)
+    injector, fake = setup(
+        {"kind": "kill_all_groups", "at_step": 5}, checkpoint_dir=tmp_path, checkpoint_interval_steps=5
+    )
     injector.inject_due()
     assert fake.calls == [] and "1 published checkpoint(s) needed, 0 found" in injector.skipped_reasons()[0][1]
     checkpoint(tmp_path, 5)
@@ -144,7 +155,9 @@ def test_kill_all_groups_waits_for_a_published_checkpoint(tmp_path: Path) -> Non
 
 
 def test_corrupt_checkpoint_damages_the_newest_of_two_after_killing_everyone(tmp_path: Path) -> None:
-    injector, fake = setup({"kind": "corrupt_checkpoint", "at_step": 5}, checkpoint_dir=tmp_path, checkpoint_interval_steps=5)
+    injector, fake = setup(
+        {"kind": "corrupt_checkpoint", "at_step": 5}, checkpoint_dir=tmp_path, checkpoint_interval_steps=5
+    )
     checkpoint(tmp_path, 5)
     injector.inject_due()
     assert fake.calls == [], "one checkpoint is not enough: the resume needs an older one to fall back to"
@@ -179,13 +192,17 @@ def test_faults_without_their_environment_are_skipped_with_the_reason(kind: str)
     injector.skip_unavailable(NETWORK_KINDS, "network namespaces are unavailable here: not root")
     injector.inject_due()
     assert fake.calls == []
-    assert injector.skipped_reasons() == [(injector.scenario.faults[0].describe(),
-                                           "network namespaces are unavailable here: not root")]
+    assert injector.skipped_reasons() == [
+        (injector.scenario.faults[0].describe(), "network namespaces are unavailable here: not root")
+    ]
 
 
 def test_group_just_continued_is_not_healthy_until_it_commits_again() -> None:
-    injector, fake = setup({"kind": "sigstop", "target": "g2", "at_step": 5, "duration_s": 1.0},
-                           {"kind": "sigkill", "target": "g0", "at_step": 6}, healthy={"g0", "g2"})
+    injector, fake = setup(
+        {"kind": "sigstop", "target": "g2", "at_step": 5, "duration_s": 1.0},
+        {"kind": "sigkill", "target": "g0", "at_step": 6},
+        healthy={"g0", "g2"},
+    )
     fake.job.last_commit_ts = {"g0": 1.0, "g2": 1.0}
     injector.inject_due()  # g2 stopped; g0 is now the last healthy group
     injector.undo_due(now_m=float("inf"))  # g2 continued, but the lighthouse dropped it: it must heal first
@@ -210,8 +227,10 @@ class LabWithoutNetem:
 
     def shape(self, name: str, rate_mbit: float | None, delay_ms: float | None) -> None:
         if delay_ms is not None:
-            raise NetworkUnavailable("`ip netns exec x tc qdisc add dev eth0 root netem delay 50ms` failed (exit 2): "
-                                     "Error: Specified qdisc kind is unknown.")
+            raise NetworkUnavailable(
+                "`ip netns exec x tc qdisc add dev eth0 root netem delay 50ms` failed (exit 2): "
+                "Error: Specified qdisc kind is unknown."
+            )
         self.calls.append(("shape", name))
 
     def unshape(self, name: str) -> None:
@@ -229,8 +248,10 @@ def test_partition_cuts_then_restores_the_link() -> None:
 
 
 def test_delay_on_a_kernel_without_netem_is_skipped_not_approximated() -> None:
-    injector, fake = setup({"kind": "slow_link", "target": "g1", "at_step": 5, "duration_s": 3.0, "delay_ms": 50.0},
-                           {"kind": "slow_link", "target": "g2", "at_step": 5, "duration_s": 3.0, "rate_mbit": 2.0})
+    injector, fake = setup(
+        {"kind": "slow_link", "target": "g1", "at_step": 5, "duration_s": 3.0, "delay_ms": 50.0},
+        {"kind": "slow_link", "target": "g2", "at_step": 5, "duration_s": 3.0, "rate_mbit": 2.0},
+    )
     lab = LabWithoutNetem()
     injector.use_network(lab)  # type: ignore[arg-type]
     injector.inject_due()

@@ -17,7 +17,10 @@ from chaos.network import LIGHTHOUSE, NetworkLab, NetworkUnavailable, plan_hosts
 def test_hosts_get_fixed_addresses_and_per_run_namespaces() -> None:
     hosts = plan_hosts("rftX", ("g0", "g1"))
     assert [(h.name, h.namespace, h.address, h.port) for h in hosts.values()] == [
-        ("lh", "rftX-lh", "10.88.0.1", "vlh"), ("g0", "rftX-g0", "10.88.0.10", "vg0"), ("g1", "rftX-g1", "10.88.0.11", "vg1")]
+        ("lh", "rftX-lh", "10.88.0.1", "vlh"),
+        ("g0", "rftX-g0", "10.88.0.10", "vg0"),
+        ("g1", "rftX-g1", "10.88.0.11", "vg1"),
+    ]
 
 
 def test_too_many_groups_for_the_subnet_are_refused() -> None:
@@ -25,12 +28,16 @@ def test_too_many_groups_for_the_subnet_are_refused() -> None:
         plan_hosts("p", tuple(f"g{i}" for i in range(201)))
 
 
-@pytest.mark.parametrize(("rate", "delay", "qdisc"), [
-    (2.0, None, ["tbf", "rate", "2mbit", "burst", "4096", "latency", "1s"]),
-    (100.0, None, ["tbf", "rate", "100mbit", "burst", "125000", "latency", "1s"]),
-    (None, 50.0, ["netem", "delay", "50ms"]),
-    (2.0, 50.0, ["netem", "delay", "50ms", "rate", "2mbit"]),
-], ids=["rate: tbf", "tbf bucket grows with the rate", "delay: netem", "both: netem"])
+@pytest.mark.parametrize(
+    ("rate", "delay", "qdisc"),
+    [
+        (2.0, None, ["tbf", "rate", "2mbit", "burst", "4096", "latency", "1s"]),
+        (100.0, None, ["tbf", "rate", "100mbit", "burst", "125000", "latency", "1s"]),
+        (None, 50.0, ["netem", "delay", "50ms"]),
+        (2.0, 50.0, ["netem", "delay", "50ms", "rate", "2mbit"]),
+    ],
+    ids=["rate: tbf", "tbf bucket grows with the rate", "delay: netem", "both: netem"],
+)
 def test_shaping_picks_the_qdisc(rate: float | None, delay: float | None, qdisc: list[str]) -> None:
     assert shaping_qdisc(rate, delay) == qdisc
 
@@ -57,8 +64,9 @@ except OSError as e:
 
 
 def _connect(lab: NetworkLab, host: str, address: str) -> str:
-    done = subprocess.run(lab.wrap(host, [sys.executable, "-c", CLIENT, address]), capture_output=True, text=True,
-                          timeout=20, check=True)
+    done = subprocess.run(
+        lab.wrap(host, [sys.executable, "-c", CLIENT, address]), capture_output=True, text=True, timeout=20, check=True
+    )
     return done.stdout.strip()
 
 
@@ -76,8 +84,9 @@ def test_lab_connects_namespaces_and_a_cut_link_drops_traffic() -> None:
         names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
         assert f"{lab.prefix}-br" in names and f"{lab.prefix}-g0" in names
         lh = lab.address(LIGHTHOUSE)
-        listener = subprocess.Popen(lab.wrap(LIGHTHOUSE, [sys.executable, "-c", LISTENER, lh]), stdout=subprocess.PIPE,
-                                    text=True)
+        listener = subprocess.Popen(
+            lab.wrap(LIGHTHOUSE, [sys.executable, "-c", LISTENER, lh]), stdout=subprocess.PIPE, text=True
+        )
         assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
         assert _connect(lab, "g0", lh) == "hi"
         lab.cut("g0")

@@ -23,7 +23,15 @@ GROUPS = ("g0", "g1", "g2")
 
 
 def ev(event: str, group: str, step: int, ts: float, *, rank: int = 0, quorum_id: int = 1, **fields: Any) -> Event:
-    return {"ts": ts, "event": event, "step": step, "quorum_id": quorum_id, "replica_id": group, "group_rank": rank, **fields}
+    return {
+        "ts": ts,
+        "event": event,
+        "step": step,
+        "quorum_id": quorum_id,
+        "replica_id": group,
+        "group_rank": rank,
+        **fields,
+    }
 
 
 def commit(group: str, step: int, ts: float, **fields: Any) -> Event:
@@ -43,8 +51,13 @@ def options(**kw: Any) -> OutcomeOptions:
     return OutcomeOptions(**{"hang_bound_s": 5.0, "ended_ts": 100.0, "checkpoint_interval_steps": 10, **kw})
 
 
-def verdict_of(name: str, events: list[Event], faults: list[InjectedFault], exits: list[ProcessExit] = (),  # type: ignore[assignment]
-               **kw: Any) -> Any:
+def verdict_of(
+    name: str,
+    events: list[Event],
+    faults: list[InjectedFault],
+    exits: list[ProcessExit] = (),  # type: ignore[assignment]
+    **kw: Any,
+) -> Any:
     (found,) = [v for v in check_outcomes(events, faults, list(exits), options(**kw)) if v.invariant == name]
     return found
 
@@ -54,13 +67,19 @@ def offences(verdict: Any) -> list[tuple[int | None, str | None]]:
 
 
 def test_only_the_kinds_injected_get_a_verdict() -> None:
-    assert check_outcomes(steady(range(1, 5)), [InjectedFault("kill_lighthouse", LIGHTHOUSE, 2.5, 3.0)], [], options()) == ()
-    names = [v.invariant for v in check_outcomes(steady(range(1, 5)), [InjectedFault("sigkill", "g1", 2.5, 3.0)], [],
-                                                  options())]
+    assert (
+        check_outcomes(steady(range(1, 5)), [InjectedFault("kill_lighthouse", LIGHTHOUSE, 2.5, 3.0)], [], options())
+        == ()
+    )
+    names = [
+        v.invariant
+        for v in check_outcomes(steady(range(1, 5)), [InjectedFault("sigkill", "g1", 2.5, 3.0)], [], options())
+    ]
     assert names == [FAULTS_REJOINED]
 
 
 # -- faults_rejoined ---------------------------------------------------------------------------------
+
 
 def test_group_back_and_committing_has_rejoined() -> None:
     log = steady(range(1, 10))
@@ -89,6 +108,7 @@ def test_partitioned_group_must_heal_when_it_rejoins() -> None:
 
 
 # -- preemption_handled ------------------------------------------------------------------------------
+
 
 def preempted(group: str, ts: float, *, ranks: int = 1) -> list[Event]:
     return [ev("stop", group, 3, ts, rank=r, reason="preempted (SIGTERM)") for r in range(ranks)]
@@ -120,6 +140,7 @@ def test_preempted_writer_must_save_first() -> None:
 
 # -- heal_survives_donor_loss -----------------------------------------------------------------------
 
+
 def test_heal_finishing_from_the_other_donor_holds() -> None:
     log = steady(range(1, 10), ("g0", "g2")) + [
         ev("heal_start", "g1", 0, 5.0, donors=["g0", "g2"], max_step=5),
@@ -131,8 +152,10 @@ def test_heal_finishing_from_the_other_donor_holds() -> None:
 
 
 def test_heal_that_never_completes_after_its_donor_died_is_reported() -> None:
-    log = steady(range(1, 10), ("g0",)) + [ev("heal_start", "g1", 0, 5.0, donors=["g0", "g2"], max_step=5),
-                                            ev("heal_end", "g1", 0, 6.0, ok=False, error="HealError")]
+    log = steady(range(1, 10), ("g0",)) + [
+        ev("heal_start", "g1", 0, 5.0, donors=["g0", "g2"], max_step=5),
+        ev("heal_end", "g1", 0, 6.0, ok=False, error="HealError"),
+    ]
     v = verdict_of(HEAL_SURVIVES_DONOR_LOSS, log, [InjectedFault("kill_donor_mid_heal", "g2", 5.1, 7.0)])
     assert offences(v) == [(5, "g1")]
 
@@ -144,17 +167,31 @@ def test_donor_death_without_any_heal_is_reported() -> None:
 
 # -- resume_from_disk -------------------------------------------------------------------------------
 
-def catastrophe(*, resumed: int | None, frontier: int = 25, digest: str | None = None, kind: str = "kill_all_groups",
-                damaged: int | None = None, published_up_to: int | None = None) -> tuple[list[Event], list[InjectedFault]]:
+
+def catastrophe(
+    *,
+    resumed: int | None,
+    frontier: int = 25,
+    digest: str | None = None,
+    kind: str = "kill_all_groups",
+    damaged: int | None = None,
+    published_up_to: int | None = None,
+) -> tuple[list[Event], list[InjectedFault]]:
     """Steps 1..frontier; checkpoints every 10 published (up to ``published_up_to``; a later one
     was still being written); every group killed at t=frontier+0.5; restarted, they resume from
     ``resumed`` and commit on."""
     killed = frontier + 0.5
     log = steady(range(1, frontier + 1))
     last = frontier if published_up_to is None else published_up_to
-    log += [ev("checkpoint", "g0", s, s + 0.3, checkpoint_step=s, ok=True, status="published") for s in range(10, last + 1, 10)]
+    log += [
+        ev("checkpoint", "g0", s, s + 0.3, checkpoint_step=s, ok=True, status="published")
+        for s in range(10, last + 1, 10)
+    ]
     if resumed is not None:
-        log += [ev("resume", g, resumed, killed + 5, checkpoint_step=resumed, digest=digest or f"d{resumed}") for g in GROUPS]
+        log += [
+            ev("resume", g, resumed, killed + 5, checkpoint_step=resumed, digest=digest or f"d{resumed}")
+            for g in GROUPS
+        ]
         log += steady(range(resumed + 1, resumed + 5), t0=killed + 5 - resumed)
     fault = InjectedFault(kind, ALL_GROUPS, killed, killed + 1, label=kind, checkpoint_step=damaged)
     return log, [fault]
@@ -163,11 +200,16 @@ def catastrophe(*, resumed: int | None, frontier: int = 25, digest: str | None =
 @pytest.mark.parametrize(
     ("resumed", "frontier", "expected"),
     [(20, 25, []), (20, 32, []), (20, 33, [(20, ALL_GROUPS)]), (10, 25, [(10, ALL_GROUPS), (10, ALL_GROUPS)])],
-    ids=["lost 5", "lost 12 = interval + slack (save of 30 in flight)", "lost 13 of 12 allowed",
-         "an older checkpoint than the newest published"],
+    ids=[
+        "lost 5",
+        "lost 12 = interval + slack (save of 30 in flight)",
+        "lost 13 of 12 allowed",
+        "an older checkpoint than the newest published",
+    ],
 )
-def test_resume_loses_at_most_an_interval_plus_slack(resumed: int, frontier: int,
-                                                      expected: list[tuple[int | None, str | None]]) -> None:
+def test_resume_loses_at_most_an_interval_plus_slack(
+    resumed: int, frontier: int, expected: list[tuple[int | None, str | None]]
+) -> None:
     log, faults = catastrophe(resumed=resumed, frontier=frontier, published_up_to=20)
     assert offences(verdict_of(RESUME_FROM_DISK, log, faults)) == expected
 
@@ -192,7 +234,9 @@ def test_damaged_checkpoint_must_be_skipped() -> None:
 
 # -- disk_full_refused ------------------------------------------------------------------------------
 
-REFUSED = "not enough free space in /ckpt: checkpoint of step 20 needs 70000 bytes, 0 free; training continues without it"
+REFUSED = (
+    "not enough free space in /ckpt: checkpoint of step 20 needs 70000 bytes, 0 free; training continues without it"
+)
 
 
 def full_disk(*events: Event) -> tuple[list[Event], list[InjectedFault]]:
@@ -201,20 +245,26 @@ def full_disk(*events: Event) -> tuple[list[Event], list[InjectedFault]]:
 
 
 def test_saves_refused_with_a_clear_reason_then_succeeding_hold() -> None:
-    log, faults = full_disk(ev("checkpoint", "g0", 20, 20.2, checkpoint_step=20, ok=False, status="refused", reason=REFUSED),
-                            ev("checkpoint", "g0", 30, 30.2, checkpoint_step=30, ok=True, status="published"))
+    log, faults = full_disk(
+        ev("checkpoint", "g0", 20, 20.2, checkpoint_step=20, ok=False, status="refused", reason=REFUSED),
+        ev("checkpoint", "g0", 30, 30.2, checkpoint_step=30, ok=True, status="published"),
+    )
     v = verdict_of(DISK_FULL_REFUSED, log, faults)
     assert v.status == "held" and "the next save succeeded" in v.note
 
 
 def test_refusal_without_a_reason_naming_the_disk_is_reported() -> None:
-    log, faults = full_disk(ev("checkpoint", "g0", 20, 20.2, checkpoint_step=20, ok=False, status="failed", reason="boom"))
+    log, faults = full_disk(
+        ev("checkpoint", "g0", 20, 20.2, checkpoint_step=20, ok=False, status="failed", reason="boom")
+    )
     assert offences(verdict_of(DISK_FULL_REFUSED, log, faults)) == [(20, "g0")]
 
 
 def test_saves_still_failing_after_the_disk_was_freed_are_reported() -> None:
-    log, faults = full_disk(ev("checkpoint", "g0", 20, 20.2, checkpoint_step=20, ok=False, status="refused", reason=REFUSED),
-                            ev("checkpoint", "g0", 30, 30.2, checkpoint_step=30, ok=False, status="refused", reason=REFUSED))
+    log, faults = full_disk(
+        ev("checkpoint", "g0", 20, 20.2, checkpoint_step=20, ok=False, status="refused", reason=REFUSED),
+        ev("checkpoint", "g0", 30, 30.2, checkpoint_step=30, ok=False, status="refused", reason=REFUSED),
+    )
     assert "still fail after the disk was freed" in verdict_of(DISK_FULL_REFUSED, log, faults).violations[0].detail
 
 
@@ -225,8 +275,10 @@ def test_no_save_due_while_full_is_not_checked() -> None:
 
 def test_save_started_before_the_disk_filled_may_still_publish() -> None:
     # Step 14 was committed at t=14 and its save was under way when the disk filled at t=15.
-    log, faults = full_disk(ev("checkpoint", "g0", 14, 15.5, checkpoint_step=14, ok=True, status="published"),
-                            ev("checkpoint", "g0", 20, 20.2, checkpoint_step=20, ok=False, status="refused", reason=REFUSED))
+    log, faults = full_disk(
+        ev("checkpoint", "g0", 14, 15.5, checkpoint_step=14, ok=True, status="published"),
+        ev("checkpoint", "g0", 20, 20.2, checkpoint_step=20, ok=False, status="refused", reason=REFUSED),
+    )
     assert verdict_of(DISK_FULL_REFUSED, log, faults).status == "held"
     log, faults = full_disk(ev("checkpoint", "g0", 20, 20.5, checkpoint_step=20, ok=True, status="published"))
     assert "did not take effect" in verdict_of(DISK_FULL_REFUSED, log, faults).violations[0].detail

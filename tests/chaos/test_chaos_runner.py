@@ -18,8 +18,9 @@ from chaos.scenario import scenario_from_dict
 
 @pytest.mark.slow
 @pytest.mark.timeout(150)
-def test_warm_standby_scenario_restarts_the_killed_group_from_the_pool(tmp_path: Path,
-                                                                         caplog: pytest.LogCaptureFixture) -> None:
+def test_warm_standby_scenario_restarts_the_killed_group_from_the_pool(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO)
     # 2 groups: g1 is killed once the standby is ready (the fault waits for it); the run lasts
     # long enough (steps x step_delay_s) for the standby's imports and g1's heal after the kill.
@@ -43,6 +44,9 @@ def test_warm_standby_scenario_restarts_the_killed_group_from_the_pool(tmp_path:
     assert standby_pid in ready, (restarted, ready)
     starts = [e for e in read_events(tmp_path / "run" / "events") if e["event"] == "start" and e["replica_id"] == "g1"]
     assert [s["pid"] for s in starts][1:] == [standby_pid]
-    commits_after = [e for e in read_events(tmp_path / "run" / "events")
-                     if e["event"] == "commit" and e["committed"] and e["replica_id"] == "g1" and e["ts"] > starts[1]["ts"]]
+    commits_after = [
+        e
+        for e in read_events(tmp_path / "run" / "events")
+        if e["event"] == "commit" and e["committed"] and e["replica_id"] == "g1" and e["ts"] > starts[1]["ts"]
+    ]
     assert commits_after, "the restarted group rejoined and committed"

@@ -47,19 +47,33 @@ BAD = [
     ({"kind": "kill_donor_mid_heal", "target": "g2", "healer": "g2", "at_step": 2}, {}, "healer='g2'"),
     ({"kind": "kill_donor_mid_heal", "target": "g1", "healer": "g0", "at_step": 2}, {"groups": 2}, "needs 3 groups"),
     ({"kind": "kill_donor_mid_heal", "target": "g2", "healer": "g1", "at_s": 5.0}, {}, "use at_step"),
-    ({"kind": "fault_point", "target": "g1", "point": "heal", "at_step": 2}, {"ranks_per_group": 2}, "ranks_per_group = 1"),
-    ({"kind": "sigkill", "target": "g1", "at_step": 2}, {"ranks_per_group": 2, "checkpoint_interval_steps": 5},
-     "W > 1 checkpoints"),
-    ({"kind": "sigkill", "target": "g1", "at_step": 2}, {"ranks_per_group": 2, "warm_standby": True},
-     "warm_standby = true with ranks_per_group=2"),
-    ({"kind": "partition", "target": "g1", "at_step": 2, "duration_s": 3.0}, {"warm_standby": True},
-     "partition/slow_link faults"),
+    (
+        {"kind": "fault_point", "target": "g1", "point": "heal", "at_step": 2},
+        {"ranks_per_group": 2},
+        "ranks_per_group = 1",
+    ),
+    (
+        {"kind": "sigkill", "target": "g1", "at_step": 2},
+        {"ranks_per_group": 2, "checkpoint_interval_steps": 5},
+        "W > 1 checkpoints",
+    ),
+    (
+        {"kind": "sigkill", "target": "g1", "at_step": 2},
+        {"ranks_per_group": 2, "warm_standby": True},
+        "warm_standby = true with ranks_per_group=2",
+    ),
+    (
+        {"kind": "partition", "target": "g1", "at_step": 2, "duration_s": 3.0},
+        {"warm_standby": True},
+        "partition/slow_link faults",
+    ),
 ]
 
 
 @pytest.mark.parametrize(("fault", "fields", "message"), BAD, ids=[m for _, _, m in BAD])
-def test_invalid_fault_is_rejected_naming_the_field_and_the_fix(fault: dict[str, Any], fields: dict[str, Any],
-                                                                 message: str) -> None:
+def test_invalid_fault_is_rejected_naming_the_field_and_the_fix(
+    fault: dict[str, Any], fields: dict[str, Any], message: str
+) -> None:
     with pytest.raises(ScenarioError) as info:
         scenario(fault, **fields)
     assert message in str(info.value)
@@ -81,8 +95,10 @@ def test_invalid_script_or_loss_window_is_rejected(fields: dict[str, Any], messa
 
 def test_two_self_armed_faults_on_one_group_are_rejected() -> None:
     with pytest.raises(ScenarioError, match="only one fault_point or kill_donor_mid_heal per target"):
-        scenario({"kind": "fault_point", "target": "g2", "point": "commit", "at_step": 3},
-                 {"kind": "kill_donor_mid_heal", "target": "g2", "healer": "g1", "at_step": 20})
+        scenario(
+            {"kind": "fault_point", "target": "g2", "point": "commit", "at_step": 3},
+            {"kind": "kill_donor_mid_heal", "target": "g2", "healer": "g1", "at_step": 20},
+        )
 
 
 def test_donor_is_armed_to_die_serving_any_heal_from_the_kill_on() -> None:
@@ -101,10 +117,14 @@ def test_scenario_says_what_it_needs_from_the_machine() -> None:
 
 
 def test_describe_names_kind_target_parameters_and_moment() -> None:
-    s = scenario({"kind": "slow_link", "target": "g1", "at_step": 2, "duration_s": 3.0, "rate_mbit": 2.0},
-                 {"kind": "kill_donor_mid_heal", "target": "g2", "healer": "g1", "at_step": 20})
-    assert [f.describe() for f in s.faults[:2]] == ["slow_link g1 2 Mbit/s for 3s at step 2",
-                                                     "kill_donor_mid_heal g2 (healing g1) at step 20"]
+    s = scenario(
+        {"kind": "slow_link", "target": "g1", "at_step": 2, "duration_s": 3.0, "rate_mbit": 2.0},
+        {"kind": "kill_donor_mid_heal", "target": "g2", "healer": "g1", "at_step": 20},
+    )
+    assert [f.describe() for f in s.faults[:2]] == [
+        "slow_link g1 2 Mbit/s for 3s at step 2",
+        "kill_donor_mid_heal g2 (healing g1) at step 20",
+    ]
 
 
 def test_every_kind_is_documented_in_the_module_docstring() -> None:
@@ -114,8 +134,23 @@ def test_every_kind_is_documented_in_the_module_docstring() -> None:
     assert all(f"``{kind}``" in doc for kind in FAULT_KINDS)
 
 
-@pytest.mark.parametrize("name", ["every_fault", "every_fault_w2", "catastrophe", "partition", "soak", "gpt",
-                                  "lighthouse_ha", "cold_start", "lifecycle", "commit_lease", "commit_lease_w2", "standing"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "every_fault",
+        "every_fault_w2",
+        "catastrophe",
+        "partition",
+        "soak",
+        "gpt",
+        "lighthouse_ha",
+        "cold_start",
+        "lifecycle",
+        "commit_lease",
+        "commit_lease_w2",
+        "standing",
+    ],
+)
 def test_shipped_scenarios_state_their_shape(name: str) -> None:
     s = load_scenario(name)
     assert s.description and s.groups >= 2 and s.hang_bound_s > 0 and s.loss_tolerance > 0
@@ -137,6 +172,7 @@ def test_replicated_lighthouse_fault_needs_a_replicated_lighthouse() -> None:
 
 # -- random faults ---------------------------------------------------------------------------------
 
+
 def test_random_faults_are_a_seeded_poisson_process() -> None:
     drawn = RandomFaults(every_s=15.0, until_s=6000.0, seed=7)
     faults = drawn.expand(("g0", "g1", "g2"))
@@ -151,17 +187,26 @@ def test_random_faults_are_a_seeded_poisson_process() -> None:
 
 
 def test_random_faults_table_expands_into_the_scenario() -> None:
-    s = scenario_from_dict({"name": "r", "steps": 50, "faults": [{"kind": "sigkill", "target": "g0", "at_step": 3}],
-                            "random_faults": {"every_s": 10.0, "until_s": 60.0, "kinds": ["sigstop"], "seed": 1}})
+    s = scenario_from_dict(
+        {
+            "name": "r",
+            "steps": 50,
+            "faults": [{"kind": "sigkill", "target": "g0", "at_step": 3}],
+            "random_faults": {"every_s": 10.0, "until_s": 60.0, "kinds": ["sigstop"], "seed": 1},
+        }
+    )
     assert s.faults[0].kind == "sigkill"
     assert len(s.faults) > 1 and {f.kind for f in s.faults[1:]} == {"sigstop"}
 
 
-@pytest.mark.parametrize(("table", "message"), [
-    ({"every_s": 0, "until_s": 60.0}, "every_s=0"),
-    ({"every_s": 5.0, "until_s": 60.0, "kinds": ["partition"]}, "choose among"),
-    ({"every_s": 5.0, "until_s": 60.0, "often": True}, "unknown keys ['often']"),
-])
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"every_s": 0, "until_s": 60.0}, "every_s=0"),
+        ({"every_s": 5.0, "until_s": 60.0, "kinds": ["partition"]}, "choose among"),
+        ({"every_s": 5.0, "until_s": 60.0, "often": True}, "unknown keys ['often']"),
+    ],
+)
 def test_invalid_random_faults_are_rejected(table: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError) as info:
         scenario_from_dict({"name": "r", "random_faults": table}, source="r.toml")
@@ -169,6 +214,7 @@ def test_invalid_random_faults_are_rejected(table: dict[str, Any], message: str)
 
 
 # -- every field's type and range (bug 6, issue 19) -------------------------------------------------
+
 
 def _numeric_fields(cls: type) -> list[tuple[str, type]]:
     """``cls``'s fields annotated ``int`` or ``float`` (optional or not), from its annotations."""
@@ -183,8 +229,16 @@ def _numeric_fields(cls: type) -> list[tuple[str, type]]:
 SCENARIO_NUMBERS = _numeric_fields(Scenario)
 FAULT_NUMBERS = _numeric_fields(FaultSpec)
 HOSTILE_NUMBERS: list[tuple[str, Any]] = [
-    ("nan", math.nan), ("inf", math.inf), ("-inf", -math.inf), ("negative", -1), ("huge", 10**12),
-    ("huge_float", 1e300), ("string", "3"), ("boolean", True), ("array", [1]), ("table", {"a": 1}),
+    ("nan", math.nan),
+    ("inf", math.inf),
+    ("-inf", -math.inf),
+    ("negative", -1),
+    ("huge", 10**12),
+    ("huge_float", 1e300),
+    ("string", "3"),
+    ("boolean", True),
+    ("array", [1]),
+    ("table", {"a": 1}),
 ]
 
 
@@ -197,23 +251,26 @@ def _bad_values(kind: type) -> list[tuple[str, Any]]:
     return HOSTILE_NUMBERS + ([("fractional", 2.5)] if kind is int else [])
 
 
-@pytest.mark.parametrize(("field", "label", "value"), [
-    (name, label, value) for name, kind in SCENARIO_NUMBERS for label, value in _bad_values(kind)
-])
-def test_scenario_number_out_of_type_or_range_is_refused_naming_file_and_field(field: str, label: str,
-                                                                               value: Any) -> None:
+@pytest.mark.parametrize(
+    ("field", "label", "value"),
+    [(name, label, value) for name, kind in SCENARIO_NUMBERS for label, value in _bad_values(kind)],
+)
+def test_scenario_number_out_of_type_or_range_is_refused_naming_file_and_field(
+    field: str, label: str, value: Any
+) -> None:
     with pytest.raises(ScenarioError, match=rf"^scenario x\.toml: {field} must be a (whole|finite) number from "):
         scenario_from_dict({"name": "x", field: value}, source="x.toml")
 
 
-@pytest.mark.parametrize(("field", "label", "value"), [
-    (name, label, value) for name, kind in FAULT_NUMBERS for label, value in _bad_values(kind)
-])
-def test_fault_number_out_of_type_or_range_is_refused_naming_file_and_field(field: str, label: str,
-                                                                            value: Any) -> None:
+@pytest.mark.parametrize(
+    ("field", "label", "value"),
+    [(name, label, value) for name, kind in FAULT_NUMBERS for label, value in _bad_values(kind)],
+)
+def test_fault_number_out_of_type_or_range_is_refused_naming_file_and_field(field: str, label: str, value: Any) -> None:
     fault = {"kind": "sigkill", "target": "g1", "at_step": 2, field: value}
-    with pytest.raises(ScenarioError,
-                       match=rf"^scenario x\.toml: faults\[0\]\.{field} must be a (whole|finite) number from "):
+    with pytest.raises(
+        ScenarioError, match=rf"^scenario x\.toml: faults\[0\]\.{field} must be a (whole|finite) number from "
+    ):
         scenario_from_dict({"name": "x", "faults": [fault]}, source="x.toml")
 
 
@@ -224,32 +281,41 @@ def test_direct_construction_checks_types_too(cls: type) -> None:
         cls(**fields)
 
 
-@pytest.mark.parametrize(("fields", "message"), [
-    ({"faults": 5}, r"^scenario x\.toml: faults must be an array of tables \(\[\[faults\]\]\), got integer 5"),
-    ({"faults": {"kind": "sigkill"}}, r"faults must be an array of tables"),
-    ({"faults": [{"target": "g1", "at_step": 2}]}, r"faults\[0\] has no kind"),
-    ({"faults": [{"kind": 3, "target": "g1", "at_step": 2}]}, r"faults\[0\]\.kind must be one of .*, got integer 3"),
-    ({"faults": [{"kind": "sigkill", "target": 1, "at_step": 2}]}, r"faults\[0\]\.target must be a string"),
-    ({"name": 5}, r"name must be a string, got integer 5"),
-    ({"deterministic": "yes"}, r"deterministic must be a boolean \(true or false\), got string 'yes'"),
-    ({"script_args": "--steps 3"}, r"script_args must be an array of strings, got string"),
-    ({"groups": 1000}, r"groups must be a whole number from 1 to 256, got integer 1000"),
-])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"faults": 5}, r"^scenario x\.toml: faults must be an array of tables \(\[\[faults\]\]\), got integer 5"),
+        ({"faults": {"kind": "sigkill"}}, r"faults must be an array of tables"),
+        ({"faults": [{"target": "g1", "at_step": 2}]}, r"faults\[0\] has no kind"),
+        (
+            {"faults": [{"kind": 3, "target": "g1", "at_step": 2}]},
+            r"faults\[0\]\.kind must be one of .*, got integer 3",
+        ),
+        ({"faults": [{"kind": "sigkill", "target": 1, "at_step": 2}]}, r"faults\[0\]\.target must be a string"),
+        ({"name": 5}, r"name must be a string, got integer 5"),
+        ({"deterministic": "yes"}, r"deterministic must be a boolean \(true or false\), got string 'yes'"),
+        ({"script_args": "--steps 3"}, r"script_args must be an array of strings, got string"),
+        ({"groups": 1000}, r"groups must be a whole number from 1 to 256, got integer 1000"),
+    ],
+)
 def test_wrong_shape_is_refused_naming_file_and_field(fields: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match=message) as info:
         scenario_from_dict({"name": "x", **fields}, source="x.toml")
     assert "x.toml" in str(info.value)
 
 
-@pytest.mark.parametrize(("table", "message"), [
-    ({"every_s": math.nan, "until_s": 60.0}, "every_s=nan"),
-    ({"every_s": 5.0, "until_s": math.inf}, "until_s=inf"),
-    ({"every_s": 1e-9, "until_s": 1e6}, "expects 1e+15 faults; at most 10000"),
-    ({"every_s": True, "until_s": 60.0}, "every_s=True"),
-    ({"every_s": 5.0, "until_s": 60.0, "kinds": 5}, "kinds=5; it must be an array"),
-    ({"every_s": 5.0, "until_s": 60.0, "kinds": "sigkill"}, "kinds='sigkill'; it must be an array"),
-    ({"every_s": 5.0, "until_s": 60.0, "seed": 1.5}, "seed=1.5"),
-])
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"every_s": math.nan, "until_s": 60.0}, "every_s=nan"),
+        ({"every_s": 5.0, "until_s": math.inf}, "until_s=inf"),
+        ({"every_s": 1e-9, "until_s": 1e6}, "expects 1e+15 faults; at most 10000"),
+        ({"every_s": True, "until_s": 60.0}, "every_s=True"),
+        ({"every_s": 5.0, "until_s": 60.0, "kinds": 5}, "kinds=5; it must be an array"),
+        ({"every_s": 5.0, "until_s": 60.0, "kinds": "sigkill"}, "kinds='sigkill'; it must be an array"),
+        ({"every_s": 5.0, "until_s": 60.0, "seed": 1.5}, "seed=1.5"),
+    ],
+)
 def test_random_faults_out_of_type_or_range_are_refused(table: dict[str, Any], message: str) -> None:
     with pytest.raises(ScenarioError, match="^r.toml: random_faults") as info:
         scenario_from_dict({"name": "r", "random_faults": table}, source="r.toml")
@@ -259,8 +325,11 @@ def test_random_faults_out_of_type_or_range_are_refused(table: dict[str, Any], m
 def test_scenario_file_that_is_not_utf8_is_refused_naming_the_file(tmp_path: Path) -> None:
     path = tmp_path / "latin1.toml"
     path.write_bytes('name = "caf\u00e9"\n'.encode("latin-1"))
-    with pytest.raises(ScenarioError, match=rf"scenario file {re.escape(str(path))} is not UTF-8 text \(byte 0xe9 at "
-                                            "offset 11\\)"):
+    with pytest.raises(
+        ScenarioError,
+        match=rf"scenario file {re.escape(str(path))} is not UTF-8 text \(byte 0xe9 at "
+        "offset 11\\)",
+    ):
         load_scenario(str(path))
 
 

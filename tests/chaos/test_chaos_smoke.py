@@ -57,8 +57,17 @@ def test_smoke_scenario_runs_clean_and_writes_a_report(smoke_run: SmokeRun) -> N
     assert smoke_run.code == 0, smoke_run.output
 
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("scenario", "faults_injected", "violations", "invariants_checked", "hangs", "committed_steps",
-                "goodput", "goodput_vs_fault_free", "recovery_seconds"):
+    for key in (
+        "scenario",
+        "faults_injected",
+        "violations",
+        "invariants_checked",
+        "hangs",
+        "committed_steps",
+        "goodput",
+        "goodput_vs_fault_free",
+        "recovery_seconds",
+    ):
         assert key in summary, key
     assert summary["violations"] == []
     assert summary["faults_injected"] == {"fault_point": 1, "sigkill": 1}, summary["faults_skipped"]
@@ -66,7 +75,9 @@ def test_smoke_scenario_runs_clean_and_writes_a_report(smoke_run: SmokeRun) -> N
     assert {"identical_digests", "monotonic_steps", "no_hang", "faults_rejoined"} <= set(summary["invariants_checked"])
     assert set(summary["recovery_seconds"]) == {"fault_point", "sigkill"}
     assert summary["hangs"] == 0
-    assert summary["restarts"] == {"g0": 0, "g1": 1, "g2": 1}, "g1 SIGKILLed and g2 killed at its fault point restart once"
+    assert summary["restarts"] == {"g0": 0, "g1": 1, "g2": 1}, (
+        "g1 SIGKILLed and g2 killed at its fault point restart once"
+    )
     assert 0 < summary["goodput"] <= 1
     assert summary["goodput_vs_fault_free"] is None
     assert summary["environment"] == {"network": "loopback"}
@@ -98,8 +109,9 @@ def _chromium() -> str:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     for cmd in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=CHROMIUM_INSTALL_TIMEOUT_S, env=env,
-                                  check=False)
+            done = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=CHROMIUM_INSTALL_TIMEOUT_S, env=env, check=False
+            )
         except subprocess.TimeoutExpired:
             pytest.skip(f"`{' '.join(cmd)}` did not finish within {CHROMIUM_INSTALL_TIMEOUT_S:g}s")
         if done.returncode != 0:
@@ -115,8 +127,8 @@ def png_rows(data: bytes, max_rows: int) -> tuple[int, int, list[bytes]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
     pos, idat, header = 8, [], b""
     while pos < len(data):
-        (size,) = struct.unpack(">I", data[pos:pos + 4])
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + size]
+        (size,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + size]
         header = body if kind == b"IHDR" else header
         idat += [body] if kind == b"IDAT" else []
         pos += 12 + size
@@ -125,7 +137,7 @@ def png_rows(data: bytes, max_rows: int) -> tuple[int, int, list[bytes]]:
     bpp = 3 if color == 2 else 4
     raw, stride, prev, rows = zlib.decompress(b"".join(idat)), width * bpp, bytearray(width * bpp), []
     for y in range(min(height, max_rows)):
-        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - bpp] if i >= bpp else 0
             b, c = prev[i], prev[i - bpp] if i >= bpp else 0
@@ -152,17 +164,28 @@ def test_report_renders_in_a_headless_browser(smoke_run: SmokeRun, tmp_path: Pat
         pytest.fail(f"the smoke run wrote no report (exit {smoke_run.code}): {smoke_run.output}")
     chromium = _chromium()
     shot = tmp_path / "report.png"
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", "--hide-scrollbars",
-           f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1100,1400", f"--screenshot={shot}",
-           report.resolve().as_uri()]
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--hide-scrollbars",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1100,1400",
+        f"--screenshot={shot}",
+        report.resolve().as_uri(),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=SCREENSHOT_TIMEOUT_S, check=False)
     assert done.returncode == 0 and shot.exists(), f"chromium exit {done.returncode}: {done.stderr[-2000:]}"
     data = shot.read_bytes()
     assert len(data) > 20_000, f"a {len(data)}-byte screenshot is all but blank"
     width, height, rows = png_rows(data, max_rows=600)  # the header, the verdict and the timeline
     assert (width, height) == (1100, 1400)
-    pixels = {row[i:i + 3] for row in rows for i in range(0, len(row), 3)}
+    pixels = {row[i : i + 3] for row in rows for i in range(0, len(row), 3)}
     assert len(pixels) > 50, f"only {len(pixels)} colours in the top of the page"
     assert bytes(VERDICT_OK_BACKGROUND) in pixels, "the green 'all checked invariants held' box is not rendered"
     assert bytes(FIRST_GROUP_LINE) in pixels, "the timeline's group lines are not rendered"
@@ -185,6 +208,7 @@ def test_run_cut_off_by_its_deadline_exits_1_reporting_a_hang(tmp_path: Path) ->
 
 # -- scenarios -------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", sorted(SCENARIO_DIR.glob("*.toml")), ids=lambda p: p.stem)
 def test_every_shipped_scenario_loads(path: Path) -> None:
     scenario = load_scenario(path.stem)
@@ -202,11 +226,20 @@ BAD_SCENARIOS = [
     ({"name": "x", "faults": [{"kind": "sigkill", "target": "g1"}]}, "exactly one of at_s"),
     ({"name": "x", "faults": [{"kind": "sigkill", "target": "g7", "at_step": 2}]}, "target='g7'"),
     ({"name": "x", "faults": [{"kind": "sigstop", "target": "g1", "at_step": 2}]}, "duration_s"),
-    ({"name": "x", "faults": [{"kind": "fault_point", "target": "g1", "at_s": 2.0, "point": "allreduce"}]}, "use at_step"),
-    ({"name": "x", "faults": [{"kind": "fault_point", "target": "g1", "at_step": 2, "point": "lunch"}]}, "point='lunch'"),
+    (
+        {"name": "x", "faults": [{"kind": "fault_point", "target": "g1", "at_s": 2.0, "point": "allreduce"}]},
+        "use at_step",
+    ),
+    (
+        {"name": "x", "faults": [{"kind": "fault_point", "target": "g1", "at_step": 2, "point": "lunch"}]},
+        "point='lunch'",
+    ),
     ({"name": "x", "faults": [{"kind": "kill_lighthouse", "target": "g1", "at_step": 2}]}, "takes no target"),
     ({"name": "x", "faults": [{"kind": "meteor", "at_step": 2}]}, "faults[0].kind must be one of"),
-    ({"name": "x", "steps": 10, "faults": [{"kind": "sigkill", "target": "g0", "at_step": 10}]}, "outside the run's steps"),
+    (
+        {"name": "x", "steps": 10, "faults": [{"kind": "sigkill", "target": "g0", "at_step": 10}]},
+        "outside the run's steps",
+    ),
     ({"name": "x", "heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0}, "progress_timeout_s=5.0"),
 ]
 
@@ -230,9 +263,19 @@ def test_unknown_scenario_exits_2_listing_the_shipped_ones(capsys: pytest.Captur
 
 # -- figures ---------------------------------------------------------------------------------------
 
+
 def c(group: str, step: int, ts: float, step_time_s: float = 1.0, quorum_wait_s: float = 0.0) -> Commit:
-    return Commit(ts=ts, group=group, rank=0, step=step, quorum_id=1, incarnation=1, num_contributors=2,
-                  step_time_s=step_time_s, quorum_wait_s=quorum_wait_s)
+    return Commit(
+        ts=ts,
+        group=group,
+        rank=0,
+        step=step,
+        quorum_id=1,
+        incarnation=1,
+        num_contributors=2,
+        step_time_s=step_time_s,
+        quorum_wait_s=quorum_wait_s,
+    )
 
 
 def test_goodput_of_back_to_back_steps_is_one_and_a_stall_lowers_it() -> None:
@@ -245,7 +288,11 @@ def test_goodput_of_back_to_back_steps_is_one_and_a_stall_lowers_it() -> None:
 def test_goodput_does_not_count_waiting_for_a_quorum_as_training() -> None:
     steady = [c(g, s, float(s)) for s in range(1, 5) for g in ("g0", "g1")]
     # Step 5 waited 4 s for a new quorum after a failure, then trained for 1 s.
-    reformed = [*steady, c("g0", 5, 9.0, step_time_s=5.0, quorum_wait_s=4.0), c("g1", 5, 9.0, step_time_s=5.0, quorum_wait_s=4.0)]
+    reformed = [
+        *steady,
+        c("g0", 5, 9.0, step_time_s=5.0, quorum_wait_s=4.0),
+        c("g1", 5, 9.0, step_time_s=5.0, quorum_wait_s=4.0),
+    ]
     assert goodput(reformed).value == pytest.approx(5 / 9)
 
 
@@ -266,11 +313,25 @@ def test_recovery_ignores_the_step_in_flight_when_the_fault_hit() -> None:
 
 
 def test_timeline_draws_a_line_per_process_and_marks_faults() -> None:
-    commits = [c("g0", 1, 1.0), c("g0", 2, 2.0), c("g1", 1, 1.0),
-               Commit(ts=5.0, group="g1", rank=0, step=4, quorum_id=2, incarnation=2, num_contributors=2, step_time_s=1.0,
-                      quorum_wait_s=0.0)]
-    svg = timeline_svg(commits, [InjectedFault("sigkill", "g1", 1.5, 3.0, "sigkill g1 at step 1")], t0=0.0, t_end=6.0,
-                       target_steps=4)
+    commits = [
+        c("g0", 1, 1.0),
+        c("g0", 2, 2.0),
+        c("g1", 1, 1.0),
+        Commit(
+            ts=5.0,
+            group="g1",
+            rank=0,
+            step=4,
+            quorum_id=2,
+            incarnation=2,
+            num_contributors=2,
+            step_time_s=1.0,
+            quorum_wait_s=0.0,
+        ),
+    ]
+    svg = timeline_svg(
+        commits, [InjectedFault("sigkill", "g1", 1.5, 3.0, "sigkill g1 at step 1")], t0=0.0, t_end=6.0, target_steps=4
+    )
     assert svg.count("<polyline") == 3
     assert svg.count('stroke-dasharray="5 3"') == 1
     assert "sigkill g1 at step 1" in svg

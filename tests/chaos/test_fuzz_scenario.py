@@ -29,9 +29,15 @@ from chaos.scenario import SCENARIO_DIR, Scenario, ScenarioError, load_scenario,
 
 SHIPPED = (SCENARIO_DIR / "every_fault.toml").read_bytes()
 VALID: dict[str, Any] = {
-    "name": "fuzz", "groups": 3, "steps": 60, "step_delay_s": 0.1, "checkpoint_interval_steps": 10,
-    "faults": [{"kind": "sigkill", "target": "g1", "at_step": 3},
-               {"kind": "slow_link", "target": "g2", "at_s": 5.0, "duration_s": 2.0, "rate_mbit": 10.0}],
+    "name": "fuzz",
+    "groups": 3,
+    "steps": 60,
+    "step_delay_s": 0.1,
+    "checkpoint_interval_steps": 10,
+    "faults": [
+        {"kind": "sigkill", "target": "g1", "at_step": 3},
+        {"kind": "slow_link", "target": "g2", "at_s": 5.0, "duration_s": 2.0, "rate_mbit": 10.0},
+    ],
     "random_faults": {"every_s": 10.0, "until_s": 60.0, "kinds": ["sigstop"], "seed": 1},
 }
 

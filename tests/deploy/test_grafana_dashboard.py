@@ -26,8 +26,9 @@ def defined_series(registry: CollectorRegistry) -> set[str]:
 
 def dashboard_queries() -> dict[str, list[str]]:
     dashboard = json.loads(DASHBOARD.read_text())
-    return {panel["title"]: [t["expr"] for t in panel["targets"]]
-            for panel in dashboard["panels"] if panel["type"] != "row"}
+    return {
+        panel["title"]: [t["expr"] for t in panel["targets"]] for panel in dashboard["panels"] if panel["type"] != "row"
+    }
 
 
 def test_every_panel_queries_only_defined_metrics() -> None:
@@ -43,10 +44,21 @@ def test_every_panel_queries_only_defined_metrics() -> None:
 
 
 def test_dashboard_shows_step_heal_quorum_checkpoint_and_lighthouse_figures() -> None:
-    queried = {name for exprs in dashboard_queries().values() for e in exprs for name in re.findall(r"\breplicaft_\w+", e)}
-    for needed in ("replicaft_step_seconds_bucket", "replicaft_commits_total", "replicaft_aborts_total",
-                   "replicaft_quorum_seconds_bucket", "replicaft_heal_bytes_total", "replicaft_heal_seconds_sum",
-                   "replicaft_checkpoint_save_seconds_bucket", "replicaft_checkpoint_blocked_seconds_sum",
-                   "replicaft_checkpoint_saved_bytes_total", "replicaft_checkpoint_free_bytes",
-                   "replicaft_checkpoint_anomalies_total", "replicaft_lighthouse_quorums_formed_total"):
+    queried = {
+        name for exprs in dashboard_queries().values() for e in exprs for name in re.findall(r"\breplicaft_\w+", e)
+    }
+    for needed in (
+        "replicaft_step_seconds_bucket",
+        "replicaft_commits_total",
+        "replicaft_aborts_total",
+        "replicaft_quorum_seconds_bucket",
+        "replicaft_heal_bytes_total",
+        "replicaft_heal_seconds_sum",
+        "replicaft_checkpoint_save_seconds_bucket",
+        "replicaft_checkpoint_blocked_seconds_sum",
+        "replicaft_checkpoint_saved_bytes_total",
+        "replicaft_checkpoint_free_bytes",
+        "replicaft_checkpoint_anomalies_total",
+        "replicaft_lighthouse_quorums_formed_total",
+    ):
         assert needed in queried, f"no panel shows {needed}"

@@ -18,7 +18,8 @@ import yaml
 from conftest import REPO_ROOT
 
 kubernetes_validate = pytest.importorskip(
-    "kubernetes_validate", reason="kubernetes-validate (the dev extra) checks the manifests: pip install -e '.[dev]'")
+    "kubernetes_validate", reason="kubernetes-validate (the dev extra) checks the manifests: pip install -e '.[dev]'"
+)
 
 MANIFESTS = sorted((REPO_ROOT / "deploy" / "kubernetes").glob("*.yaml"))
 OLDEST = "1.29.0"
@@ -43,8 +44,10 @@ def test_manifest_validates_against_the_kubernetes_api_schema(path: Path, versio
         try:
             kubernetes_validate.validate(doc, version, strict=True)
         except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{path.name}: {doc['kind']} {doc['metadata']['name']} is not valid Kubernetes {version}: "
-                        f"{e.message} at {'.'.join(map(str, e.path))}")
+            pytest.fail(
+                f"{path.name}: {doc['kind']} {doc['metadata']['name']} is not valid Kubernetes {version}: "
+                f"{e.message} at {'.'.join(map(str, e.path))}"
+            )
 
 
 def test_a_broken_manifest_is_caught() -> None:

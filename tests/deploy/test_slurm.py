@@ -90,20 +90,41 @@ class Job:
         return (self.run_dir / f"replicaft-{self.groups_job}_g{i}.out").read_text(errors="replace")
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.run_dir.glob("*.out")))
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in sorted(self.run_dir.glob("*.out"))
+        )
 
 
 def submit(slurm: SlurmCluster, tmp_path: Path, **variables: str) -> Job:
     run_dir, events = tmp_path / "run", tmp_path / "events"
     env = slurm.env()
     env.update(
-        RUN_DIR=str(run_dir), REPLICAFT_EVENTS_DIR=str(events), REPLICAFT_TOKEN=secrets.token_urlsafe(32),
-        LIGHTHOUSE_PORT=str(free_port()), LIGHTHOUSE_STATUS_PORT=str(free_port()), LIGHTHOUSE_ARGS="--hung-min 2",
-        GROUPS_SBATCH_ARGS="--cpus-per-task=1 --gpus-per-node=0", **variables,
+        RUN_DIR=str(run_dir),
+        REPLICAFT_EVENTS_DIR=str(events),
+        REPLICAFT_TOKEN=secrets.token_urlsafe(32),
+        LIGHTHOUSE_PORT=str(free_port()),
+        LIGHTHOUSE_STATUS_PORT=str(free_port()),
+        LIGHTHOUSE_ARGS="--hung-min 2",
+        GROUPS_SBATCH_ARGS="--cpus-per-task=1 --gpus-per-node=0",
+        **variables,
     )
-    result = subprocess.run(["deploy/slurm/submit.sh", "--groups", "3", "examples/train_ddp.py", "--steps", str(STEPS),
-                             "--step-delay", STEP_DELAY_S], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [
+            "deploy/slurm/submit.sh",
+            "--groups",
+            "3",
+            "examples/train_ddp.py",
+            "--steps",
+            str(STEPS),
+            "--step-delay",
+            STEP_DELAY_S,
+        ],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr + result.stdout
     match = re.search(r"lighthouse job (\d+), replica groups job (\d+)", result.stdout)
     assert match, result.stdout
@@ -111,8 +132,9 @@ def submit(slurm: SlurmCluster, tmp_path: Path, **variables: str) -> Job:
 
 
 def _committed(replica_id: str, min_step: int = 0, after_ts: float = 0.0) -> Callable[[dict[str, Any]], bool]:
-    return lambda e: (e["event"] == "committed" and e["replica_id"] == replica_id and e["step"] >= min_step
-                      and e["ts"] > after_ts)
+    return lambda e: (
+        e["event"] == "committed" and e["replica_id"] == replica_id and e["step"] >= min_step and e["ts"] > after_ts
+    )
 
 
 def wait_event(job: Job, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str) -> dict[str, Any]:
@@ -124,13 +146,25 @@ def wait_event(job: Job, predicate: Callable[[dict[str, Any]], bool], timeout_s:
 
 def wait_healed(job: Job, replica_id: str, since: float) -> dict[str, Any]:
     """``replica_id`` started again after ``since``, healed from its peers and committed the next step."""
-    wait_event(job, lambda e: e["event"] == "start" and e["replica_id"] == replica_id and e["ts"] > since,
-               RECOVERY_TIMEOUT_S, f"{replica_id} started again")
-    heal = wait_event(job, lambda e: e["event"] == "heal_end" and e["replica_id"] == replica_id and e["ts"] > since,
-                      RECOVERY_TIMEOUT_S, f"{replica_id} healed")
+    wait_event(
+        job,
+        lambda e: e["event"] == "start" and e["replica_id"] == replica_id and e["ts"] > since,
+        RECOVERY_TIMEOUT_S,
+        f"{replica_id} started again",
+    )
+    heal = wait_event(
+        job,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == replica_id and e["ts"] > since,
+        RECOVERY_TIMEOUT_S,
+        f"{replica_id} healed",
+    )
     assert heal["ok"] and heal["bytes_by_donor"], heal
-    wait_event(job, _committed(replica_id, heal["step"] + 1, since), RECOVERY_TIMEOUT_S,
-               f"{replica_id} committed after its heal")
+    wait_event(
+        job,
+        _committed(replica_id, heal["step"] + 1, since),
+        RECOVERY_TIMEOUT_S,
+        f"{replica_id} committed after its heal",
+    )
     return heal
 
 
@@ -138,7 +172,9 @@ def assert_never_stopped(events: Path, replica_id: str, start: float, end: float
     everything = read_events(events)
     starts = [e for e in everything if e["event"] == "start" and e["replica_id"] == replica_id]
     assert len(starts) == 1, f"{replica_id} was restarted: {starts}"
-    times = [start] + sorted(e["ts"] for e in everything if _committed(replica_id, 0, start)(e) and e["ts"] <= end) + [end]
+    times = (
+        [start] + sorted(e["ts"] for e in everything if _committed(replica_id, 0, start)(e) and e["ts"] <= end) + [end]
+    )
     gap = max(b - a for a, b in zip(times, times[1:], strict=False))
     assert gap < MAX_SURVIVOR_GAP_S, f"{replica_id} stopped committing for {gap:.1f}s"
 
@@ -153,7 +189,8 @@ def wait_all_finished(job: Job) -> None:
 
 
 def test_slurm_recipe_restarts_a_killed_group_in_its_step_and_brings_back_a_cancelled_one_by_requeue(
-        slurm: SlurmCluster, tmp_path: Path) -> None:
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
     job = submit(slurm, tmp_path)
     for rid in ("g0", "g1", "g2"):
         wait_event(job, _committed(rid, 3), START_TIMEOUT_S, f"{rid} committed step 3")
@@ -181,8 +218,10 @@ def test_slurm_recipe_restarts_a_killed_group_in_its_step_and_brings_back_a_canc
     wait_all_finished(job)
     assert_digests_agree(job.events, min_steps=STEPS)
     assert_samples_exactly_once(job.events, min_steps=STEPS)
-    print(f"Slurm recipe: {STEPS} steps, equal digests and every sample once; heals "
-          + ", ".join(f"{rid} to step {h['step']} in {h['seconds']:.2f}s" for rid, h in heals.items()))
+    print(
+        f"Slurm recipe: {STEPS} steps, equal digests and every sample once; heals "
+        + ", ".join(f"{rid} to step {h['step']} in {h['seconds']:.2f}s" for rid, h in heals.items())
+    )
     slurm.run(["scancel", job.lighthouse_job])
 
 
@@ -196,19 +235,26 @@ def _pids_with_args(*args: str) -> list[int]:
                 argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if any(argv[i:i + len(wanted)] == wanted for i in range(len(argv))):
+            if any(argv[i : i + len(wanted)] == wanted for i in range(len(argv))):
                 found.append(int(entry.name))
     return found
 
 
 def test_slurm_replicated_lighthouse_recipe_survives_its_leader_killed_and_its_job_cancelled_and_requeued(
-        slurm: SlurmCluster, tmp_path: Path) -> None:
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
     try:
         etcd_binary()
     except EtcdNotAvailable as e:
         pytest.skip(f"no etcd for the replicated lighthouse: {e}")
-    job = submit(slurm, tmp_path, LIGHTHOUSE_SBATCH="lighthouse-replicated.sbatch", ETCD_CLIENT_PORT=str(free_port()),
-                 ETCD_PEER_PORT=str(free_port()), ETCD_DATA_DIR=str(tmp_path / "etcd"))
+    job = submit(
+        slurm,
+        tmp_path,
+        LIGHTHOUSE_SBATCH="lighthouse-replicated.sbatch",
+        ETCD_CLIENT_PORT=str(free_port()),
+        ETCD_PEER_PORT=str(free_port()),
+        ETCD_DATA_DIR=str(tmp_path / "etcd"),
+    )
     for rid in ("g0", "g1", "g2"):
         wait_event(job, _committed(rid, 3), START_TIMEOUT_S, f"{rid} committed step 3")
     lighthouse_log = job.run_dir / f"replicaft-lighthouse-{job.lighthouse_job}.out"
@@ -227,7 +273,9 @@ def test_slurm_replicated_lighthouse_recipe_survives_its_leader_killed_and_its_j
         time.sleep(0.2)
     for rid in ("g0", "g1", "g2"):
         step = max(e["step"] for e in read_events(job.events) if _committed(rid)(e))
-        wait_event(job, _committed(rid, step + 5, killed_at), RECOVERY_TIMEOUT_S, f"{rid} trained on under a new leader")
+        wait_event(
+            job, _committed(rid, step + 5, killed_at), RECOVERY_TIMEOUT_S, f"{rid} trained on under a new leader"
+        )
 
     # The whole lighthouse job cancelled, then requeued: the groups keep their addresses and
     # carry on once it is back; nothing they committed is lost.
@@ -240,14 +288,20 @@ def test_slurm_replicated_lighthouse_recipe_survives_its_leader_killed_and_its_j
     slurm.run(["scontrol", "requeue", job.lighthouse_job])
     for rid in ("g0", "g1", "g2"):
         step = max(e["step"] for e in read_events(job.events) if _committed(rid)(e))
-        wait_event(job, _committed(rid, step + 5, cancelled_at), RECOVERY_TIMEOUT_S,
-                   f"{rid} trained on with the requeued lighthouse job")
+        wait_event(
+            job,
+            _committed(rid, step + 5, cancelled_at),
+            RECOVERY_TIMEOUT_S,
+            f"{rid} trained on with the requeued lighthouse job",
+        )
     assert job.show(job.lighthouse_job)["Restarts"] == "1"
 
     wait_all_finished(job)
     assert_digests_agree(job.events, min_steps=STEPS)
     assert_samples_exactly_once(job.events, min_steps=STEPS)
     starts = [e["replica_id"] for e in read_events(job.events) if e["event"] == "start"]
-    print(f"Slurm replicated lighthouse: {STEPS} steps, equal digests and every sample once; leader {leader} killed, "
-          f"the job cancelled and requeued; group starts: {starts}")
+    print(
+        f"Slurm replicated lighthouse: {STEPS} steps, equal digests and every sample once; leader {leader} killed, "
+        f"the job cancelled and requeued; group starts: {starts}"
+    )
     slurm.run(["scancel", job.lighthouse_job])

@@ -20,9 +20,13 @@ def write(site: Path, name: str, body: str) -> None:
 
 
 def test_links_to_missing_pages_and_anchors_are_broken_and_external_ones_listed(tmp_path: Path) -> None:
-    write(tmp_path, "index.html", '<a href="guide/a.html#there">ok</a> <a href="guide/a.html#gone">x</a>'
-          ' <a href="nowhere.html">x</a> <a href="https://example.org/">ext</a> <a href="#top">self</a>'
-          ' <p id="top"></p> <a href="_static/missing.css">x</a>')
+    write(
+        tmp_path,
+        "index.html",
+        '<a href="guide/a.html#there">ok</a> <a href="guide/a.html#gone">x</a>'
+        ' <a href="nowhere.html">x</a> <a href="https://example.org/">ext</a> <a href="#top">self</a>'
+        ' <p id="top"></p> <a href="_static/missing.css">x</a>',
+    )
     write(tmp_path, "guide/a.html", '<h2 id="there">There</h2> <a href="../index.html">up</a>')
     broken, external = check_links.check(tmp_path)
     assert sorted(broken) == [

@@ -45,8 +45,11 @@ def _message_types() -> dict[str, type]:
     found = {}
     for module in MODULES:
         for name, cls in inspect.getmembers(module, inspect.isclass):
-            if cls.__module__ == module.__name__ and dataclasses.is_dataclass(cls) and (
-                    hasattr(cls, "decode") or hasattr(cls, "TAG") and hasattr(cls, "from_map")):
+            if (
+                cls.__module__ == module.__name__
+                and dataclasses.is_dataclass(cls)
+                and (hasattr(cls, "decode") or hasattr(cls, "TAG") and hasattr(cls, "from_map"))
+            ):
                 found[f"{module.__name__}.{name}"] = cls
     return found
 
@@ -59,7 +62,8 @@ EXAMPLES: dict[type, Any] = {
     lighthouse.wire.protocol.Heartbeat: lighthouse.wire.protocol.Heartbeat(3, 9, False),
     lighthouse.wire.protocol.Notice: Notice("member_lost", 2, "g1", "gone", 5, 0.25),
     lighthouse.wire.protocol.QuorumRequest: lighthouse.wire.protocol.QuorumRequest(
-        "g0", 3, "a:1", 1, 5.0, False, 0, {"store": "h:2", "ranks": [1, 2]}, 4),
+        "g0", 3, "a:1", 1, 5.0, False, 0, {"store": "h:2", "ranks": [1, 2]}, 4
+    ),
     lighthouse.wire.protocol.Quorum: ROSTER,
     lighthouse.wire.protocol.FenceRequest: lighthouse.wire.protocol.FenceRequest("g0", 1, 3),
     lighthouse.wire.protocol.FenceResponse: lighthouse.wire.protocol.FenceResponse(False, "fenced"),
@@ -67,7 +71,8 @@ EXAMPLES: dict[type, Any] = {
     lighthouse.wire.replies.QuorumFailed: lighthouse.wire.replies.QuorumFailed(4, "timeout", "1 of 2 members"),
     lighthouse.wire.replies.QuorumUpdate: QuorumUpdate(4, 8, 1, 1_700_000_001.0, QuorumUpdate.encode_steps((4, 3))),
     replicaft.group.protocol.GroupQuorumRequest: replicaft.group.protocol.GroupQuorumRequest(
-        1, 3, 5.0, 0, {"store": "h:2"}),
+        1, 3, 5.0, 0, {"store": "h:2"}
+    ),
     replicaft.group.protocol.VoteRequest: replicaft.group.protocol.VoteRequest(1, 3, 7, True, "", 10.0, False),
     replicaft.group.protocol.VoteResponse: replicaft.group.protocol.VoteResponse(True, "ok", False),
     replicaft.group.protocol.WatchRequest: replicaft.group.protocol.WatchRequest(2),
@@ -78,16 +83,20 @@ def decoder_of(cls: type) -> Callable[[bytes], Any]:
     """Everything a receiver does with the bytes of a ``cls``: decode, and for a quorum also
     decode each member's data (``participants``) and apply an update to the last roster."""
     if cls is Quorum:
+
         def decode_quorum(raw: bytes) -> Quorum:
             quorum = Quorum.decode(raw)
             quorum.participants  # noqa: B018 (decodes every member's data map)
             return quorum
+
         return decode_quorum
     if cls is QuorumUpdate:
+
         def decode_update(raw: bytes) -> QuorumUpdate:
             update = decode_tagged(raw, "SessionReply", (QuorumUpdate,))
             update.apply(ROSTER)
             return update
+
         return decode_update
     if hasattr(cls, "decode"):
         return cls.decode
@@ -120,13 +129,16 @@ def test_valid_example_round_trips(cls: type) -> None:
 @FUZZ
 @given(data=st.data())
 def test_random_bytes_decode_or_raise_protocol_error(cls: type, data: st.DataObject) -> None:
-    raw = data.draw(st.one_of(
-        st.binary(max_size=200),
-        msgpack_values.map(lambda v: msgpack.packb(v, use_bin_type=True)),
-        st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6).map(
-            lambda d: msgpack.packb({**d, "v": PROTOCOL_VERSION}, use_bin_type=True)),
-        damaged_bytes(encode(EXAMPLES[cls])),
-    ))
+    raw = data.draw(
+        st.one_of(
+            st.binary(max_size=200),
+            msgpack_values.map(lambda v: msgpack.packb(v, use_bin_type=True)),
+            st.dictionaries(st.text(max_size=8), msgpack_values, max_size=6).map(
+                lambda d: msgpack.packb({**d, "v": PROTOCOL_VERSION}, use_bin_type=True)
+            ),
+            damaged_bytes(encode(EXAMPLES[cls])),
+        )
+    )
     check(cls, raw)
 
 

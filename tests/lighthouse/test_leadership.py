@@ -44,7 +44,9 @@ def test_lease_gone_from_etcd_ends_validity_at_once() -> None:
 def test_members_of_the_last_quorum_are_told_to_abandon_its_step_at_a_takeover() -> None:
     notices = takeover_notices((7, frozenset({"a", "b", "c"})), "b", 99)
     assert [(n.kind, n.quorum_id, n.replica_id, n.incarnation) for n in notices] == [
-        ("member_lost", 7, "a", 99), ("member_lost", 7, "c", 99)]
+        ("member_lost", 7, "a", 99),
+        ("member_lost", 7, "c", 99),
+    ]
     assert "its steps cannot commit" in notices[0].reason
     assert takeover_notices((7, frozenset({"a"})), "z", 99) == []
     assert takeover_notices(None, "a", 99) == []

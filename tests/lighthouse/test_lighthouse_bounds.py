@@ -34,6 +34,7 @@ def address_of(grpc_address: str) -> tuple[str, int]:
 
 def joins_alone(grpc_address: str) -> tuple[str, ...]:
     """A real member's quorum of one: the lighthouse still serves after the abuse."""
+
     async def join() -> tuple[str, ...]:
         client = AsyncLighthouseClient(grpc_address, "member")
         await client.start()
@@ -42,6 +43,7 @@ def joins_alone(grpc_address: str) -> tuple[str, ...]:
             return (await client.quorum(0, WAIT_S)).replica_ids
         finally:
             await client.close()
+
     return asyncio.run(join())
 
 
@@ -69,8 +71,12 @@ def test_connections_past_the_cap_are_closed_and_members_join_once_the_flood_is_
 
 def test_the_cli_refuses_a_cap_of_zero_naming_it() -> None:
     # The options' own checks are table-tested with every other option in test_options.py.
-    cli = subprocess.run([sys.executable, "-m", "lighthouse", "--port", "0", "--max-connections", "0"],
-                         capture_output=True, text=True, timeout=WAIT_S * 4)
+    cli = subprocess.run(
+        [sys.executable, "-m", "lighthouse", "--port", "0", "--max-connections", "0"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S * 4,
+    )
     assert cli.returncode == 2 and "max_connections=0" in cli.stderr
 
 

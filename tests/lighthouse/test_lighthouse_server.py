@@ -171,15 +171,69 @@ class TestHostileCalls:
         quorum, fence = protocol.QUORUM_METHOD, protocol.FENCE_METHOD
         cases = [
             # (method, body, token, expected code, substrings of the details)
-            (quorum, b"\xc1\x00garbage", self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest", "not valid msgpack"]),
-            (quorum, encode_raw(valid_quorum_request(step="7")), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.step", "str"]),
-            (quorum, encode_raw(valid_quorum_request(world_size=0)), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.world_size", "0"]),
-            (quorum, encode_raw(valid_quorum_request(replica_id="x" * 500)), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["QuorumRequest.replica_id", "500"]),
-            (fence, encode_raw({"v": envelope.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": -3, "step": 0}), self.TOKEN, grpc.StatusCode.INVALID_ARGUMENT, ["FenceRequest.quorum_id", "-3"]),
-            (quorum, encode_raw(valid_quorum_request(v=99)), self.TOKEN, grpc.StatusCode.FAILED_PRECONDITION, ["version 99", f"version {envelope.PROTOCOL_VERSION}"]),
-            (quorum, encode_raw(valid_quorum_request()), None, grpc.StatusCode.UNAUTHENTICATED, ["missing x-replicaft-token"]),
-            (quorum, encode_raw(valid_quorum_request()), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong x-replicaft-token"]),
-            (fence, encode_raw({"v": envelope.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": 1, "step": 0}), "wrong", grpc.StatusCode.UNAUTHENTICATED, ["wrong"]),
+            (
+                quorum,
+                b"\xc1\x00garbage",
+                self.TOKEN,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                ["QuorumRequest", "not valid msgpack"],
+            ),
+            (
+                quorum,
+                encode_raw(valid_quorum_request(step="7")),
+                self.TOKEN,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                ["QuorumRequest.step", "str"],
+            ),
+            (
+                quorum,
+                encode_raw(valid_quorum_request(world_size=0)),
+                self.TOKEN,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                ["QuorumRequest.world_size", "0"],
+            ),
+            (
+                quorum,
+                encode_raw(valid_quorum_request(replica_id="x" * 500)),
+                self.TOKEN,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                ["QuorumRequest.replica_id", "500"],
+            ),
+            (
+                fence,
+                encode_raw({"v": envelope.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": -3, "step": 0}),
+                self.TOKEN,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                ["FenceRequest.quorum_id", "-3"],
+            ),
+            (
+                quorum,
+                encode_raw(valid_quorum_request(v=99)),
+                self.TOKEN,
+                grpc.StatusCode.FAILED_PRECONDITION,
+                ["version 99", f"version {envelope.PROTOCOL_VERSION}"],
+            ),
+            (
+                quorum,
+                encode_raw(valid_quorum_request()),
+                None,
+                grpc.StatusCode.UNAUTHENTICATED,
+                ["missing x-replicaft-token"],
+            ),
+            (
+                quorum,
+                encode_raw(valid_quorum_request()),
+                "wrong",
+                grpc.StatusCode.UNAUTHENTICATED,
+                ["wrong x-replicaft-token"],
+            ),
+            (
+                fence,
+                encode_raw({"v": envelope.PROTOCOL_VERSION, "replica_id": "a", "quorum_id": 1, "step": 0}),
+                "wrong",
+                grpc.StatusCode.UNAUTHENTICATED,
+                ["wrong"],
+            ),
         ]
         with grpc.insecure_channel(lighthouse.grpc_address) as channel:
             for method, body, token, code, substrings in cases:
@@ -190,7 +244,19 @@ class TestHostileCalls:
 
             session = channel.stream_stream(protocol.SESSION_METHOD)
             responses = session(
-                iter([encode_raw({"v": envelope.PROTOCOL_VERSION, "replica_id": "intruder", "address": "", "world_size": True, "step": 0})]),
+                iter(
+                    [
+                        encode_raw(
+                            {
+                                "v": envelope.PROTOCOL_VERSION,
+                                "replica_id": "intruder",
+                                "address": "",
+                                "world_size": True,
+                                "step": 0,
+                            }
+                        )
+                    ]
+                ),
                 timeout=5.0,
                 metadata=(("x-replicaft-token", self.TOKEN),),
             )
@@ -202,7 +268,11 @@ class TestHostileCalls:
         # The members never noticed: no loss, and quorums kept forming after the attacks.
         for rid, member in members.items():
             wait_quorum(member, ["a", "b"], after=member.mark())
-            lost = [o for o in member.json_lines(after=marks[rid]) if o["event"] == "notice" and o["kind"] != "quorum_formed"]
+            lost = [
+                o
+                for o in member.json_lines(after=marks[rid])
+                if o["event"] == "notice" and o["kind"] != "quorum_formed"
+            ]
             assert lost == [], lost
         assert lighthouse.status_url is not None
         _, _, metrics = fetch(lighthouse.status_url + "metrics")
@@ -223,12 +293,14 @@ class TestHungMember:
         silence exceeds ~3x its longest gap between messages (0.1 s heartbeats, 0.05 s steps),
         far below the 5 s heartbeat timeout (issue 20: a SIGSTOP cost survivors 2.64 s)."""
         heartbeat_timeout_s = 5.0
-        lighthouse = start_lighthouse("--heartbeat-timeout", str(heartbeat_timeout_s), "--progress-timeout", "30",
-                                      status=False)
+        lighthouse = start_lighthouse(
+            "--heartbeat-timeout", str(heartbeat_timeout_s), "--progress-timeout", "30", status=False
+        )
         members = start_group(lighthouse, ["a", "b", "c"])
         # The limit adapts once the lighthouse has seen 8 gaps of c's; until then it is the ceiling.
-        members["c"].wait_for_json(lambda o: o["event"] == "quorum" and o["step"] >= 10, EVENT_TIMEOUT_S,
-                                   what="ten committed steps")
+        members["c"].wait_for_json(
+            lambda o: o["event"] == "quorum" and o["step"] >= 10, EVENT_TIMEOUT_S, what="ten committed steps"
+        )
         marks = {rid: m.mark() for rid, m in members.items()}
 
         stopped_at = time.monotonic()
@@ -270,8 +342,12 @@ class TestIdentity:
         assert "replica id 'a' is already held by a live session" in fatal["detail"], fatal
         assert "give each replica group its own REPLICAFT_REPLICA_ID" in fatal["detail"], fatal
         assert second.wait_exit(EVENT_TIMEOUT_S) == 3
-        lighthouse.process.wait_for_line(lambda t: "refused a second process for replica a" in t, EVENT_TIMEOUT_S,
-                                         what="the lighthouse's error line", stream="stderr")
+        lighthouse.process.wait_for_line(
+            lambda t: "refused a second process for replica a" in t,
+            EVENT_TIMEOUT_S,
+            what="the lighthouse's error line",
+            stream="stderr",
+        )
         assert lighthouse.status_url is not None
         _, _, metrics = fetch(lighthouse.status_url + "metrics")
         refused = re.search(r"^replicaft_lighthouse_duplicate_replicas_refused_total ([\d.]+)$", metrics, re.M)
@@ -309,8 +385,9 @@ class TestResourceBounds:
                 return await asyncio.wait_for(call.code(), EVENT_TIMEOUT_S)
 
         assert asyncio.run(never_read()) == grpc.StatusCode.CANCELLED
-        line = lighthouse.process.wait_for_line(lambda t: "member hog lost" in t, EVENT_TIMEOUT_S,
-                                                what="the hog's loss", stream="stderr")
+        line = lighthouse.process.wait_for_line(
+            lambda t: "member hog lost" in t, EVENT_TIMEOUT_S, what="the hog's loss", stream="stderr"
+        )
         assert "not reading its session stream: 1024 messages" in line.text, line.text
         member = start_member(lighthouse, "after")  # the lighthouse serves on
         wait_quorum(member, ["after"])
@@ -505,7 +582,10 @@ class TestQuorumOnSession:
                 await a.write(envelope.encode(protocol.QuorumRequest("a", 3, "", 1, 0.2, ask=1)))
                 failed = await next_reply(a)
                 assert isinstance(failed, replies.QuorumFailed) and (failed.ask, failed.code) == (1, "timeout")
-                assert "no quorum with 'a' formed within 0.2s" in failed.reason and "waiting for ['b'] to join" in failed.reason
+                assert (
+                    "no quorum with 'a' formed within 0.2s" in failed.reason
+                    and "waiting for ['b'] to join" in failed.reason
+                )
                 await a.write(envelope.encode(protocol.QuorumRequest("a", 3, "", 1, 5.0, ask=2)))
                 await b.write(envelope.encode(protocol.QuorumRequest("b", 1, "h:1", 1, 5.0, ask=7)))
                 answer_a, answer_b = await next_reply(a), await next_reply(b)
@@ -522,16 +602,31 @@ class TestQuorumOnSession:
     @pytest.mark.parametrize(
         ("message", "code", "expected"),
         [
-            (encode_raw({"v": envelope.PROTOCOL_VERSION, "t": "quorum", **valid_quorum_request(step="7"), "ask": 1}),
-             grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.step is str '7'; expected an integer"),
-            (envelope.encode(protocol.QuorumRequest("a", 0, "", 1, 1.0, ask=1)),
-             grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.replica_id is 'a' on the session of 'intruder'"),
-            (envelope.encode(protocol.QuorumRequest("intruder", 0, "", 1, 1.0)),
-             grpc.StatusCode.INVALID_ARGUMENT, "QuorumRequest.ask is 0 on a session stream"),
-            (encode_raw({"v": envelope.PROTOCOL_VERSION, "t": "vote"}),
-             grpc.StatusCode.INVALID_ARGUMENT, "SessionRequest.t is 'vote'; expected one of ['heartbeat', 'quorum']"),
-            (encode_raw({"v": 1, "t": "heartbeat", "step": 0, "progress": 0}),
-             grpc.StatusCode.FAILED_PRECONDITION, f"speaks protocol version 1; this side speaks version {envelope.PROTOCOL_VERSION}"),
+            (
+                encode_raw({"v": envelope.PROTOCOL_VERSION, "t": "quorum", **valid_quorum_request(step="7"), "ask": 1}),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "QuorumRequest.step is str '7'; expected an integer",
+            ),
+            (
+                envelope.encode(protocol.QuorumRequest("a", 0, "", 1, 1.0, ask=1)),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "QuorumRequest.replica_id is 'a' on the session of 'intruder'",
+            ),
+            (
+                envelope.encode(protocol.QuorumRequest("intruder", 0, "", 1, 1.0)),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "QuorumRequest.ask is 0 on a session stream",
+            ),
+            (
+                encode_raw({"v": envelope.PROTOCOL_VERSION, "t": "vote"}),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "SessionRequest.t is 'vote'; expected one of ['heartbeat', 'quorum']",
+            ),
+            (
+                encode_raw({"v": 1, "t": "heartbeat", "step": 0, "progress": 0}),
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"speaks protocol version 1; this side speaks version {envelope.PROTOCOL_VERSION}",
+            ),
         ],
         ids=["bad-field", "other-replica", "unnumbered", "unknown-type", "old-version"],
     )
@@ -590,7 +685,6 @@ class TestQuorumOnSession:
 
         replica_ids, session_epoch = asyncio.run(scenario())
         assert replica_ids == ("a", "b") and session_epoch == 2
-
 
 
 class _SessionCall:
@@ -654,8 +748,13 @@ class TestClientDeadline:
 
         async def scenario() -> str:
             server = grpc.aio.server()
-            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-                protocol.SERVICE, {"Session": grpc.stream_stream_rpc_method_handler(silent_session)}),))
+            server.add_generic_rpc_handlers(
+                (
+                    grpc.method_handlers_generic_handler(
+                        protocol.SERVICE, {"Session": grpc.stream_stream_rpc_method_handler(silent_session)}
+                    ),
+                )
+            )
             port = server.add_insecure_port("127.0.0.1:0")
             await server.start()
             client = AsyncLighthouseClient(f"127.0.0.1:{port}", "a")

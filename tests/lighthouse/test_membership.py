@@ -26,9 +26,12 @@ def new_membership(options: MembershipOptions = OPTIONS) -> Membership:
     return Membership(options, incarnation=7)
 
 
-def register(m: Membership, rid: str, now: float = 0.0, *, step: int = 0, last_quorum_id: int = -1,
-             interval_s: float = 0.1) -> int:
-    session, lost = m.register(Register(rid, f"host-{rid}", 1, step, last_quorum_id, heartbeat_interval_s=interval_s), now)
+def register(
+    m: Membership, rid: str, now: float = 0.0, *, step: int = 0, last_quorum_id: int = -1, interval_s: float = 0.1
+) -> int:
+    session, lost = m.register(
+        Register(rid, f"host-{rid}", 1, step, last_quorum_id, heartbeat_interval_s=interval_s), now
+    )
     assert lost == []
     return session
 
@@ -72,7 +75,10 @@ class TestOptions:
             ({"min_replicas": 0}, "min_replicas=0 is outside [1, 65536]"),
             ({"join_timeout_s": 0.0}, "join_timeout_s=0.0 is outside [0.001, 86400]"),
             ({"heartbeat_timeout_s": -1.0}, "heartbeat_timeout_s=-1.0 is outside [0.001, 86400]"),
-            ({"heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0}, "progress_timeout_s=5.0 is not above heartbeat_timeout_s=5.0"),
+            (
+                {"heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0},
+                "progress_timeout_s=5.0 is not above heartbeat_timeout_s=5.0",
+            ),
         ],
     )
     def test_invalid_options_rejected_naming_the_value(self, fields: dict[str, Any], message: str) -> None:
@@ -182,7 +188,10 @@ class TestLoss:
         assert m.expire(11.0) == []  # exactly the timeout: not yet
         lost = m.expire(11.01)
         assert [x.replica_id for x in lost] == ["a"]
-        assert "silent for 1.01s, beyond its limit of 1.00s (heartbeat_timeout_s=1, 0 of 8 gaps observed)" in lost[0].reason
+        assert (
+            "silent for 1.01s, beyond its limit of 1.00s (heartbeat_timeout_s=1, 0 of 8 gaps observed)"
+            in lost[0].reason
+        )
         assert m.members == {}
 
     def test_heartbeats_keep_member_alive(self) -> None:
@@ -201,7 +210,10 @@ class TestLoss:
         assert m.expire(2.0 + 0.29) == []
         lost = m.expire(2.0 + 0.31)
         assert [x.replica_id for x in lost] == ["a"]
-        assert "silent for 0.31s, beyond its limit of 0.30s (its longest gap 0.100s + 2 heartbeat intervals of 0.1s)" in lost[0].reason
+        assert (
+            "silent for 0.31s, beyond its limit of 0.30s (its longest gap 0.100s + 2 heartbeat intervals of 0.1s)"
+            in lost[0].reason
+        )
 
     def test_a_declared_healer_is_held_to_the_heartbeat_timeout_until_it_says_the_heal_is_over(self) -> None:
         """Loading gigabytes of healed state stalled a healer 0.40 s, past its 0.39 s adaptive
@@ -448,8 +460,11 @@ class TestCommitLease:
     """commit_lease.py: no quorum forms without a member whose commit lease still runs."""
 
     def setup_method(self) -> None:
-        self.m = new_membership(MembershipOptions(join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0,
-                                                  max_commit_lease_s=0.1))
+        self.m = new_membership(
+            MembershipOptions(
+                join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0, max_commit_lease_s=0.1
+            )
+        )
         self.sessions = {rid: register(self.m, rid) for rid in "ab"}
         for rid, lease_s in (("a", 0.04), ("b", 0.5)):  # b asks for more than the lighthouse grants
             assert self.m.join(request(rid, lease_s=lease_s), 1.0)
@@ -488,8 +503,11 @@ class TestCommitLease:
         assert self.m.decide(1.02) is not None
 
     def test_a_lighthouse_that_grants_none_says_so_with_the_quorum(self) -> None:
-        m = new_membership(MembershipOptions(join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0,
-                                             max_commit_lease_s=0.0))
+        m = new_membership(
+            MembershipOptions(
+                join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0, max_commit_lease_s=0.0
+            )
+        )
         session = register(m, "a")
         register(m, "b")
         for rid in "ab":
@@ -500,8 +518,11 @@ class TestCommitLease:
         assert m.join(request("b", 1), 1.0) and m.decide(1.0) is not None
 
     def test_a_restarted_lighthouse_waits_out_a_lease_longer_than_its_join_timeout(self) -> None:
-        m = new_membership(MembershipOptions(join_timeout_s=0.05, heartbeat_timeout_s=1.0, progress_timeout_s=5.0,
-                                             max_commit_lease_s=0.2))
+        m = new_membership(
+            MembershipOptions(
+                join_timeout_s=0.05, heartbeat_timeout_s=1.0, progress_timeout_s=5.0, max_commit_lease_s=0.2
+            )
+        )
         register(m, "a", now=0.0, last_quorum_id=40)
         assert m.join(request("a"), 0.0)
         assert m.decide(0.1) is None  # past join_timeout, within a lease the last incarnation granted
@@ -521,8 +542,11 @@ def test_may_form_now_is_never_false_when_a_join_makes_a_quorum_without_a_deadli
 ) -> None:
     """The server skips the full decision on a join when ``may_form_now`` says no: that must
     never hide a quorum the rules would form at once (deadline-driven ones come from the tick)."""
-    m = new_membership(MembershipOptions(min_replicas=min_replicas, join_timeout_s=2.0, heartbeat_timeout_s=1.0,
-                                         progress_timeout_s=5.0))
+    m = new_membership(
+        MembershipOptions(
+            min_replicas=min_replicas, join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0
+        )
+    )
     for rid in sorted(members | (previous or set())):
         register(m, rid)
     if previous is not None:

@@ -13,8 +13,11 @@ from lighthouse.server.metrics import Metrics
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_counters_are_read_from_the_fields_at_render_time() -> None:
@@ -51,10 +54,17 @@ def test_value_on_a_bucket_bound_counts_in_that_bucket() -> None:
 def test_every_metric_has_help_and_type_and_the_names_tests_rely_on() -> None:
     families = {f.name: f for f in text_string_to_metric_families(Metrics().render())}
     assert all(f.documentation and f.type in ("counter", "gauge", "histogram") for f in families.values())
-    assert {"replicaft_lighthouse_quorums_formed", "replicaft_lighthouse_quorum_ids", "replicaft_lighthouse_members_lost",
-            "replicaft_lighthouse_rejected_requests", "replicaft_lighthouse_duplicate_replicas_refused",
-            "replicaft_lighthouse_sessions_ended_not_reading", "replicaft_lighthouse_sessions_open",
-            "replicaft_lighthouse_fences_answered", "replicaft_lighthouse_quorum_latency_seconds"} <= families.keys()
+    assert {
+        "replicaft_lighthouse_quorums_formed",
+        "replicaft_lighthouse_quorum_ids",
+        "replicaft_lighthouse_members_lost",
+        "replicaft_lighthouse_rejected_requests",
+        "replicaft_lighthouse_duplicate_replicas_refused",
+        "replicaft_lighthouse_sessions_ended_not_reading",
+        "replicaft_lighthouse_sessions_open",
+        "replicaft_lighthouse_fences_answered",
+        "replicaft_lighthouse_quorum_latency_seconds",
+    } <= families.keys()
 
 
 def test_two_lighthouses_in_one_process_keep_their_own_figures() -> None:

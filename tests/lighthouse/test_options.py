@@ -18,21 +18,41 @@ BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1, -0.5, 0, 1e18, True, "2"]
 """Fed to every numeric option: none is a usable value for any of them."""
 
 MEMBERSHIP_NUMBERS = [f.name for f in dataclasses.fields(MembershipOptions)]
-LIGHTHOUSE_NUMBERS = [f.name for f in dataclasses.fields(LighthouseOptions)
-                      if f.name not in ("host", "membership", "token", "tls")]
+LIGHTHOUSE_NUMBERS = [
+    f.name for f in dataclasses.fields(LighthouseOptions) if f.name not in ("host", "membership", "token", "tls")
+]
 
 
 def test_every_option_field_is_covered_by_the_class_tests() -> None:
-    assert set(MEMBERSHIP_NUMBERS) == {"min_replicas", "join_timeout_s", "heartbeat_timeout_s",
-                                       "progress_timeout_s", "hung_factor", "hung_min_s", "max_commit_lease_s"}
-    assert set(LIGHTHOUSE_NUMBERS) == {"port", "status_port", "tick_s", "outbox_max_messages", "outbox_max_bytes",
-                                       "max_connections", "handshake_timeout_s"}
+    assert set(MEMBERSHIP_NUMBERS) == {
+        "min_replicas",
+        "join_timeout_s",
+        "heartbeat_timeout_s",
+        "progress_timeout_s",
+        "hung_factor",
+        "hung_min_s",
+        "max_commit_lease_s",
+    }
+    assert set(LIGHTHOUSE_NUMBERS) == {
+        "port",
+        "status_port",
+        "tick_s",
+        "outbox_max_messages",
+        "outbox_max_bytes",
+        "max_connections",
+        "handshake_timeout_s",
+    }
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
     # A commit lease of 0 is valid (none: every commit asks the fence), so that pair is left out.
-    [(n, v) for n in MEMBERSHIP_NUMBERS for v in BAD_NUMBERS if not (n == "max_commit_lease_s" and v == 0 and v is not False)],
+    [
+        (n, v)
+        for n in MEMBERSHIP_NUMBERS
+        for v in BAD_NUMBERS
+        if not (n == "max_commit_lease_s" and v == 0 and v is not False)
+    ],
     ids=repr,
 )
 def test_every_membership_number_rejects_nonfinite_negative_huge_and_wrong_types(name: str, value: Any) -> None:
@@ -58,8 +78,10 @@ def test_every_lighthouse_number_rejects_nonfinite_negative_huge_and_wrong_types
     [
         ({"port": 65536}, "port=65536 is outside [0, 65535]"),
         ({"status_port": 70000}, "status_port=70000 is outside [0, 65535]"),
-        ({"tick_s": 0.5, "membership": MembershipOptions(heartbeat_timeout_s=1.0)},
-         "tick_s=0.5 is too coarse for heartbeat_timeout_s=1.0"),
+        (
+            {"tick_s": 0.5, "membership": MembershipOptions(heartbeat_timeout_s=1.0)},
+            "tick_s=0.5 is too coarse for heartbeat_timeout_s=1.0",
+        ),
         ({"token": ""}, "token is empty"),
         ({"host": ""}, "host=''; give an address to bind"),
     ],
@@ -73,7 +95,10 @@ def test_invalid_options_rejected_naming_the_value(fields: dict[str, Any], messa
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0}, "progress_timeout_s=5.0 is not above heartbeat_timeout_s=5.0"),
+        (
+            {"heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0},
+            "progress_timeout_s=5.0 is not above heartbeat_timeout_s=5.0",
+        ),
         ({"heartbeat_timeout_s": 0.2, "progress_timeout_s": 5.0}, "hung_min_s=0.25 is above heartbeat_timeout_s=0.2"),
         ({"join_timeout_s": 1e6}, "join_timeout_s=1000000.0 is outside [0.001, 86400]"),
     ],
@@ -101,9 +126,15 @@ def test_empty_token_variable_is_an_error_not_authentication_off() -> None:
 
 @pytest.mark.parametrize(
     ("flag", "value", "field"),
-    [("--heartbeat-timeout", "nan", "heartbeat_timeout_s=nan"), ("--progress-timeout", "inf", "progress_timeout_s=inf"),
-     ("--join-timeout", "-1", "join_timeout_s=-1.0"), ("--hung-factor", "nan", "hung_factor=nan"),
-     ("--hung-min", "1e30", "hung_min_s=1e+30"), ("--min-replicas", "0", "min_replicas=0"), ("--port", "99999", "port=99999")],
+    [
+        ("--heartbeat-timeout", "nan", "heartbeat_timeout_s=nan"),
+        ("--progress-timeout", "inf", "progress_timeout_s=inf"),
+        ("--join-timeout", "-1", "join_timeout_s=-1.0"),
+        ("--hung-factor", "nan", "hung_factor=nan"),
+        ("--hung-min", "1e30", "hung_min_s=1e+30"),
+        ("--min-replicas", "0", "min_replicas=0"),
+        ("--port", "99999", "port=99999"),
+    ],
 )
 def test_cli_refuses_bad_numbers_with_one_line_and_code_2(
     flag: str, value: str, field: str, capsys: pytest.CaptureFixture[str]

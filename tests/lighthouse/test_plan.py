@@ -43,7 +43,9 @@ class TestPlanStep:
     def test_every_member_derives_the_same_shared_facts(self) -> None:
         q = quorum({"c": 1, "a": 3, "b": 3})
         plans = [plan_step(q, rid) for rid in "abc"]
-        shared = [(p.quorum_id, p.incarnation, p.max_step, p.donors, p.healers, p.store_prefix, p.participants) for p in plans]
+        shared = [
+            (p.quorum_id, p.incarnation, p.max_step, p.donors, p.healers, p.store_prefix, p.participants) for p in plans
+        ]
         assert shared[0] == shared[1] == shared[2]
         assert sorted(p.replica_rank for p in plans) == [0, 1, 2]
 
@@ -58,7 +60,9 @@ class TestPlanStep:
         first=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)),
         second=st.tuples(st.integers(0, 10**6), st.integers(0, 10**6)),
     )
-    def test_store_prefix_unique_per_incarnation_and_quorum(self, first: tuple[int, int], second: tuple[int, int]) -> None:
+    def test_store_prefix_unique_per_incarnation_and_quorum(
+        self, first: tuple[int, int], second: tuple[int, int]
+    ) -> None:
         prefixes = [
             plan_step(quorum({"a": 0}, incarnation=incarnation, quorum_id=quorum_id), "a").store_prefix
             for incarnation, quorum_id in (first, second)
@@ -69,7 +73,9 @@ class TestPlanStep:
         plan = plan_step(quorum({"a": 1, "b": 9, "c": 9, "d": 9}), "a")
         assert [plan.column_store_owner(r).replica_id for r in range(5)] == ["b", "c", "d", "b", "c"]
 
-    @given(steps=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 3), min_size=1), group_rank=st.integers(0, 64))
+    @given(
+        steps=st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 3), min_size=1), group_rank=st.integers(0, 64)
+    )
     def test_column_store_owner_never_a_healer(self, steps: dict[str, int], group_rank: int) -> None:
         q = quorum(steps)
         plans = [plan_step(q, rid) for rid in steps]

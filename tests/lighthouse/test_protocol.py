@@ -40,12 +40,23 @@ VALID: dict[type, dict[str, Any]] = {
     Heartbeat: {"step": 3, "progress": 9},
     Notice: {"kind": "member_lost", "quorum_id": 2, "replica_id": "g2", "reason": "gone", "incarnation": 5},
     QuorumRequest: {
-        "replica_id": "g1", "step": 3, "address": "a:1", "world_size": 1, "timeout_s": 5.0,
-        "shrink_only": False, "commit_failures": 0, "data": {"store": "h:2"},
+        "replica_id": "g1",
+        "step": 3,
+        "address": "a:1",
+        "world_size": 1,
+        "timeout_s": 5.0,
+        "shrink_only": False,
+        "commit_failures": 0,
+        "data": {"store": "h:2"},
     },
     Quorum: {
-        "quorum_id": 1, "incarnation": 2, "created_unix_s": 1700000000.5,
-        "replica_ids": ["g1", "g2"], "addresses": ["a:1", ""], "steps": [3, 0], "world_sizes": [1, 2],
+        "quorum_id": 1,
+        "incarnation": 2,
+        "created_unix_s": 1700000000.5,
+        "replica_ids": ["g1", "g2"],
+        "addresses": ["a:1", ""],
+        "steps": [3, 0],
+        "world_sizes": [1, 2],
         "data": [pack({}), pack({"store": "h:2"})],
     },
     FenceRequest: {"replica_id": "g1", "quorum_id": 1, "step": 3},
@@ -97,7 +108,9 @@ def test_foreign_encoder_with_valid_fields_accepted(cls: type) -> None:
     timeout_s=st.floats(0, 24 * 3600.0),
     data=st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8), max_size=5),
 )
-def test_any_valid_quorum_request_round_trips(replica_id: str, step: int, timeout_s: float, data: dict[str, Any]) -> None:
+def test_any_valid_quorum_request_round_trips(
+    replica_id: str, step: int, timeout_s: float, data: dict[str, Any]
+) -> None:
     message = QuorumRequest(replica_id, step, "", 1, timeout_s, data=data)
     assert QuorumRequest.decode(encode(message)) == message
 
@@ -344,8 +357,13 @@ class TestQuorumUpdate:
     LAST = Quorum.of(3, 9, 1.0, (Member("a", "h:1", 5, 1, {"r": 1}), Member("b", "h:2", 5, 1), Member("c", "", 4, 2)))
 
     def test_update_applied_to_the_last_quorum_is_the_new_quorum(self) -> None:
-        new = Quorum.of(4, 9, 2.0, (Member("a", "h:1", 6, 1, {"r": 1}), Member("b", "h:2", 6, 1), Member("c", "", 6, 2)),
-                        standing_steps=2)
+        new = Quorum.of(
+            4,
+            9,
+            2.0,
+            (Member("a", "h:1", 6, 1, {"r": 1}), Member("b", "h:2", 6, 1), Member("c", "", 6, 2)),
+            standing_steps=2,
+        )
         update = QuorumUpdate(1, 4, 9, 2.0, QuorumUpdate.encode_steps(new.steps), standing_steps=2)
         assert update.apply(self.LAST) == new
         assert len(encode(update)) < 100  # every member at one step: one run, whatever the roster

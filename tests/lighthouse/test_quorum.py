@@ -56,75 +56,238 @@ class Case:
 
 CASES = [
     # -- fast path ---------------------------------------------------------------------------
-    Case("fast_path_when_membership_unchanged",
-         view("abc", {"a": 0.0, "b": 0.0, "c": 0.0}, previous="abc"), 0.0, "abc", "fast",
-         "every surviving member of the last quorum joined"),
-    Case("fast_path_admits_joiners_waiting_at_the_boundary",
-         view("abcd", {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}, previous="abc"), 0.0, "abcd", "fast"),
-    Case("fast_path_does_not_wait_for_registered_joiner_not_yet_asking",
-         view("abcde", {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}, previous="abc"), 0.0, "abcd", "fast"),
-    Case("fast_path_without_lost_member_forms_at_once",
-         view("ab", {"a": 0.0, "b": 0.0}, previous="abc"), 0.0, "ab", "fast"),
-    Case("fast_path_waits_for_surviving_member",
-         view("abc", {"a": 0.0, "b": 0.0}, previous="abc"), 1.0, None, "none", "waiting for ['c']"),
+    Case(
+        "fast_path_when_membership_unchanged",
+        view("abc", {"a": 0.0, "b": 0.0, "c": 0.0}, previous="abc"),
+        0.0,
+        "abc",
+        "fast",
+        "every surviving member of the last quorum joined",
+    ),
+    Case(
+        "fast_path_admits_joiners_waiting_at_the_boundary",
+        view("abcd", {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}, previous="abc"),
+        0.0,
+        "abcd",
+        "fast",
+    ),
+    Case(
+        "fast_path_does_not_wait_for_registered_joiner_not_yet_asking",
+        view("abcde", {"a": 0.0, "b": 0.0, "c": 0.0, "d": 0.0}, previous="abc"),
+        0.0,
+        "abcd",
+        "fast",
+    ),
+    Case(
+        "fast_path_without_lost_member_forms_at_once",
+        view("ab", {"a": 0.0, "b": 0.0}, previous="abc"),
+        0.0,
+        "ab",
+        "fast",
+    ),
+    Case(
+        "fast_path_waits_for_surviving_member",
+        view("abc", {"a": 0.0, "b": 0.0}, previous="abc"),
+        1.0,
+        None,
+        "none",
+        "waiting for ['c']",
+    ),
     # -- min_replicas floor, both paths ------------------------------------------------------
-    Case("min_replicas_blocks_fast_path",
-         view("ab", {"a": 0.0, "b": 0.0}, previous="ab"), 0.0, None, "none",
-         "2 waiting is below min_replicas=3", min_replicas=3),
-    Case("min_replicas_blocks_slow_path_after_join_timeout",
-         view("ab", {"a": 0.0, "b": 0.0}), 100.0, None, "none", "below min_replicas=3", min_replicas=3),
-    Case("min_replicas_met_exactly_forms",
-         view("abc", {"a": 0.0, "b": 0.0, "c": 0.0}), 0.0, "abc", "slow", min_replicas=3),
+    Case(
+        "min_replicas_blocks_fast_path",
+        view("ab", {"a": 0.0, "b": 0.0}, previous="ab"),
+        0.0,
+        None,
+        "none",
+        "2 waiting is below min_replicas=3",
+        min_replicas=3,
+    ),
+    Case(
+        "min_replicas_blocks_slow_path_after_join_timeout",
+        view("ab", {"a": 0.0, "b": 0.0}),
+        100.0,
+        None,
+        "none",
+        "below min_replicas=3",
+        min_replicas=3,
+    ),
+    Case(
+        "min_replicas_met_exactly_forms",
+        view("abc", {"a": 0.0, "b": 0.0, "c": 0.0}),
+        0.0,
+        "abc",
+        "slow",
+        min_replicas=3,
+    ),
     # -- majority guard ----------------------------------------------------------------------
-    Case("majority_guard_blocks_half_of_healthy_after_join_timeout",
-         view("abcd", {"a": 0.0, "b": 0.0}), 100.0, None, "none", "2 waiting is not a majority of 4 healthy"),
-    Case("majority_guard_blocks_one_of_two",
-         view("ab", {"a": 0.0}, previous="ab"), 100.0, None, "none", "not a majority of 2"),
-    Case("majority_guard_blocks_fast_path_outnumbered_by_registered_joiners",
-         view("abcde", {"a": 0.0, "b": 0.0}, previous="ab"), 100.0, None, "none", "not a majority of 5"),
-    Case("newcomer_not_waiting_does_not_block_the_fast_path",
-         view("ab", {"a": 0.0}, previous="a", newcomers="b"), 0.0, "a", "fast", "every surviving member"),
-    Case("newcomers_not_waiting_are_waited_for_on_the_first_quorum",
-         view("ab", {"a": 0.0}, newcomers="ab"), 1.0, None, "none", "waiting for ['b'] to join"),
-    Case("newcomers_not_waiting_are_left_after_join_timeout_on_the_first_quorum",
-         view("ab", {"a": 0.0}, newcomers="ab"), 100.0, "a", "slow", "join timeout"),
-    Case("newcomers_that_wait_count_for_the_majority",
-         view("abcde", {"c": 0.0, "d": 0.0}, previous="ab", newcomers="cde"), 100.0, None, "none",
-         "not a majority of 4 healthy"),
-    Case("majority_of_healthy_forms_after_join_timeout",
-         view("abcd", {"a": 0.0, "b": 0.0, "c": 0.0}), 2.0, "abc", "slow", "join timeout 2s passed without ['d']"),
+    Case(
+        "majority_guard_blocks_half_of_healthy_after_join_timeout",
+        view("abcd", {"a": 0.0, "b": 0.0}),
+        100.0,
+        None,
+        "none",
+        "2 waiting is not a majority of 4 healthy",
+    ),
+    Case(
+        "majority_guard_blocks_one_of_two",
+        view("ab", {"a": 0.0}, previous="ab"),
+        100.0,
+        None,
+        "none",
+        "not a majority of 2",
+    ),
+    Case(
+        "majority_guard_blocks_fast_path_outnumbered_by_registered_joiners",
+        view("abcde", {"a": 0.0, "b": 0.0}, previous="ab"),
+        100.0,
+        None,
+        "none",
+        "not a majority of 5",
+    ),
+    Case(
+        "newcomer_not_waiting_does_not_block_the_fast_path",
+        view("ab", {"a": 0.0}, previous="a", newcomers="b"),
+        0.0,
+        "a",
+        "fast",
+        "every surviving member",
+    ),
+    Case(
+        "newcomers_not_waiting_are_waited_for_on_the_first_quorum",
+        view("ab", {"a": 0.0}, newcomers="ab"),
+        1.0,
+        None,
+        "none",
+        "waiting for ['b'] to join",
+    ),
+    Case(
+        "newcomers_not_waiting_are_left_after_join_timeout_on_the_first_quorum",
+        view("ab", {"a": 0.0}, newcomers="ab"),
+        100.0,
+        "a",
+        "slow",
+        "join timeout",
+    ),
+    Case(
+        "newcomers_that_wait_count_for_the_majority",
+        view("abcde", {"c": 0.0, "d": 0.0}, previous="ab", newcomers="cde"),
+        100.0,
+        None,
+        "none",
+        "not a majority of 4 healthy",
+    ),
+    Case(
+        "majority_of_healthy_forms_after_join_timeout",
+        view("abcd", {"a": 0.0, "b": 0.0, "c": 0.0}),
+        2.0,
+        "abc",
+        "slow",
+        "join timeout 2s passed without ['d']",
+    ),
     # -- slow path and the join timeout ------------------------------------------------------
-    Case("slow_path_forms_when_every_healthy_member_joined",
-         view("ab", {"a": 0.0, "b": 0.5}), 0.5, "ab", "slow", "every healthy member joined"),
-    Case("join_timeout_not_reached_keeps_waiting_for_straggler",
-         view("abc", {"a": 0.0, "b": 0.5}), 1.99, None, "none", "waiting for ['c'] to join (1.99s of join_timeout 2s)"),
-    Case("join_timeout_counts_from_first_waiter",
-         view("abc", {"a": 0.0, "b": 1.5}), 2.0, "ab", "slow", "join timeout 2s passed"),
-    Case("join_timeout_for_straggling_member_of_last_quorum",
-         view("abc", {"a": 10.0, "b": 10.0}, previous="abc"), 12.0, "ab", "slow", "without ['c']"),
+    Case(
+        "slow_path_forms_when_every_healthy_member_joined",
+        view("ab", {"a": 0.0, "b": 0.5}),
+        0.5,
+        "ab",
+        "slow",
+        "every healthy member joined",
+    ),
+    Case(
+        "join_timeout_not_reached_keeps_waiting_for_straggler",
+        view("abc", {"a": 0.0, "b": 0.5}),
+        1.99,
+        None,
+        "none",
+        "waiting for ['c'] to join (1.99s of join_timeout 2s)",
+    ),
+    Case(
+        "join_timeout_counts_from_first_waiter",
+        view("abc", {"a": 0.0, "b": 1.5}),
+        2.0,
+        "ab",
+        "slow",
+        "join timeout 2s passed",
+    ),
+    Case(
+        "join_timeout_for_straggling_member_of_last_quorum",
+        view("abc", {"a": 10.0, "b": 10.0}, previous="abc"),
+        12.0,
+        "ab",
+        "slow",
+        "without ['c']",
+    ),
     # -- shrink_only -------------------------------------------------------------------------
-    Case("shrink_only_excludes_joiners",
-         view("abc", {"a": (0.0, True), "b": 0.0, "c": 0.0}, previous="ab"), 0.0, "ab", "fast"),
-    Case("without_shrink_only_joiners_are_admitted",
-         view("abc", {"a": 0.0, "b": 0.0, "c": 0.0}, previous="ab"), 0.0, "abc", "fast"),
-    Case("shrink_only_waits_only_for_members_of_last_quorum",
-         view("abcde", {"a": (0.0, True), "b": 0.0, "c": 0.0}, previous="abcd"), 1.0, None, "none",
-         "waiting for ['d'] to join"),
-    Case("shrink_only_forms_without_straggler_at_join_timeout",
-         view("abcde", {"a": (0.0, True), "b": 0.0, "c": 0.0}, previous="abcd"), 2.0, "abc", "slow"),
-    Case("shrink_only_with_only_joiners_waiting_forms_nothing",
-         view("abc", {"c": (0.0, True)}, previous="ab"), 100.0, None, "none", "no member is waiting"),
-    Case("shrink_only_without_previous_quorum_still_waits_for_stragglers",
-         view("abc", {"a": (0.0, True), "b": 0.0}), 1.0, None, "none", "waiting for ['c']"),
-    Case("shrink_only_without_previous_quorum_forms_at_join_timeout",
-         view("abc", {"a": (0.0, True), "b": 0.0}), 2.0, "ab", "slow"),
+    Case(
+        "shrink_only_excludes_joiners",
+        view("abc", {"a": (0.0, True), "b": 0.0, "c": 0.0}, previous="ab"),
+        0.0,
+        "ab",
+        "fast",
+    ),
+    Case(
+        "without_shrink_only_joiners_are_admitted",
+        view("abc", {"a": 0.0, "b": 0.0, "c": 0.0}, previous="ab"),
+        0.0,
+        "abc",
+        "fast",
+    ),
+    Case(
+        "shrink_only_waits_only_for_members_of_last_quorum",
+        view("abcde", {"a": (0.0, True), "b": 0.0, "c": 0.0}, previous="abcd"),
+        1.0,
+        None,
+        "none",
+        "waiting for ['d'] to join",
+    ),
+    Case(
+        "shrink_only_forms_without_straggler_at_join_timeout",
+        view("abcde", {"a": (0.0, True), "b": 0.0, "c": 0.0}, previous="abcd"),
+        2.0,
+        "abc",
+        "slow",
+    ),
+    Case(
+        "shrink_only_with_only_joiners_waiting_forms_nothing",
+        view("abc", {"c": (0.0, True)}, previous="ab"),
+        100.0,
+        None,
+        "none",
+        "no member is waiting",
+    ),
+    Case(
+        "shrink_only_without_previous_quorum_still_waits_for_stragglers",
+        view("abc", {"a": (0.0, True), "b": 0.0}),
+        1.0,
+        None,
+        "none",
+        "waiting for ['c']",
+    ),
+    Case(
+        "shrink_only_without_previous_quorum_forms_at_join_timeout",
+        view("abc", {"a": (0.0, True), "b": 0.0}),
+        2.0,
+        "ab",
+        "slow",
+    ),
     # -- bookkeeping -------------------------------------------------------------------------
-    Case("nobody_waiting_forms_nothing",
-         view("ab", {}, previous="ab"), 100.0, None, "none", "no member is waiting [0 waiting of 2 healthy]"),
-    Case("waiter_without_healthy_session_is_ignored",
-         view("ab", {"a": 0.0, "b": 0.0, "x": 0.0}, previous="ab"), 0.0, "ab", "fast"),
-    Case("first_quorum_of_a_single_member",
-         view("a", {"a": 0.0}), 0.0, "a", "slow"),
+    Case(
+        "nobody_waiting_forms_nothing",
+        view("ab", {}, previous="ab"),
+        100.0,
+        None,
+        "none",
+        "no member is waiting [0 waiting of 2 healthy]",
+    ),
+    Case(
+        "waiter_without_healthy_session_is_ignored",
+        view("ab", {"a": 0.0, "b": 0.0, "x": 0.0}, previous="ab"),
+        0.0,
+        "ab",
+        "fast",
+    ),
+    Case("first_quorum_of_a_single_member", view("a", {"a": 0.0}), 0.0, "a", "slow"),
 ]
 
 
@@ -146,7 +309,11 @@ def test_moving_now_past_join_timeout_turns_wait_into_quorum() -> None:
     v = view("abc", {"a": 5.0, "b": 5.0})
     rules = QuorumRules(1, 2.0)
     assert [decide_quorum(v, now, rules).participants for now in (5.0, 6.0, 6.999, 7.0, 9.0)] == [
-        None, None, None, ("a", "b"), ("a", "b"),
+        None,
+        None,
+        None,
+        ("a", "b"),
+        ("a", "b"),
     ]
 
 
@@ -325,9 +492,7 @@ class World:
             self.incarnation += 1
             self.membership = Membership(self.options, self.incarnation)
             for rid, r in self.replicas.items():
-                r.session, _ = self.membership.register(
-                    Register(rid, "", 1, r.step, r.last_quorum_id), self.now
-                )
+                r.session, _ = self.membership.register(Register(rid, "", 1, r.step, r.last_quorum_id), self.now)
 
     def decide(self) -> None:
         m = self.membership
@@ -352,8 +517,11 @@ class World:
 @settings(max_examples=300, deadline=None)
 @given(events=events, min_replicas=st.integers(1, 3))
 def test_quorum_ids_never_go_back_and_never_name_two_memberships(events: list[tuple], min_replicas: int) -> None:
-    world = World(MembershipOptions(min_replicas=min_replicas, join_timeout_s=1.0, heartbeat_timeout_s=1.0,
-                                    progress_timeout_s=2.0))
+    world = World(
+        MembershipOptions(
+            min_replicas=min_replicas, join_timeout_s=1.0, heartbeat_timeout_s=1.0, progress_timeout_s=2.0
+        )
+    )
     for event in events:
         world.apply(event)
         world.decide()
@@ -379,10 +547,12 @@ def quorum_views() -> st.SearchStrategy[tuple[QuorumView, QuorumView, float, flo
         healthy = draw(st.sets(st.sampled_from("abcdefg"), min_size=1))
 
         def one_view() -> QuorumView:
-            waiting = draw(st.dictionaries(
-                st.sampled_from(sorted(healthy) + ["x"]),
-                st.builds(Waiting, st.floats(0, 10), st.booleans()),
-            ))
+            waiting = draw(
+                st.dictionaries(
+                    st.sampled_from(sorted(healthy) + ["x"]),
+                    st.builds(Waiting, st.floats(0, 10), st.booleans()),
+                )
+            )
             previous = draw(st.none() | st.lists(st.sampled_from("abcdefgh"), unique=True).map(sorted).map(tuple))
             return QuorumView(frozenset(healthy), waiting, previous)
 

@@ -40,7 +40,9 @@ def etcd() -> Iterator[EtcdCluster]:
         etcd_binary()
     except EtcdNotAvailable as e:
         pytest.skip(f"no etcd for the replicated lighthouse: {e}")
-    with tempfile.TemporaryDirectory(prefix="replicaft-etcd-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None) as d:
+    with tempfile.TemporaryDirectory(
+        prefix="replicaft-etcd-", dir="/dev/shm" if Path("/dev/shm").is_dir() else None
+    ) as d:
         with EtcdCluster(Path(d)) as cluster:
             yield cluster
 
@@ -69,12 +71,26 @@ class Lighthouses:
     def start(self, i: int) -> ManagedProcess:
         port = self.ports[i]
         process = spawn_python(
-            "-m", "lighthouse", "--port", str(port), "--advertise", f"127.0.0.1:{port}",
-            "--etcd", ",".join(self.etcd_endpoints[i]), "--etcd-prefix", self.prefix, "--lease-ttl", str(LEASE_TTL_S),
-            "--join-timeout", "5", name=f"lighthouse-{i}", env=self.env,
+            "-m",
+            "lighthouse",
+            "--port",
+            str(port),
+            "--advertise",
+            f"127.0.0.1:{port}",
+            "--etcd",
+            ",".join(self.etcd_endpoints[i]),
+            "--etcd-prefix",
+            self.prefix,
+            "--lease-ttl",
+            str(LEASE_TTL_S),
+            "--join-timeout",
+            "5",
+            name=f"lighthouse-{i}",
+            env=self.env,
         )
-        process.wait_for_line(lambda t: t.startswith("lighthouse serving gRPC at "), EVENT_TIMEOUT_S,
-                              what="its gRPC address")
+        process.wait_for_line(
+            lambda t: t.startswith("lighthouse serving gRPC at "), EVENT_TIMEOUT_S, what="its gRPC address"
+        )
         self.processes[i] = process
         return process
 
@@ -85,7 +101,7 @@ class Lighthouses:
             for i, p in enumerate(self.processes):
                 if p is None or i in exclude:
                     continue
-                for line in p.lines("stderr")[(after or {}).get(i, 0):]:
+                for line in p.lines("stderr")[(after or {}).get(i, 0) :]:
                     if " leads " in line.text and "lighthouse 127.0.0.1:" in line.text:
                         return i, log_time(line.text)
             time.sleep(0.02)
@@ -103,8 +119,9 @@ def log_time(text: str) -> float:
 
 
 def start_members(lighthouses: Lighthouses, names: list[str]) -> dict[str, ManagedProcess]:
-    members = {n: spawn_python(MEMBER_SCRIPT, lighthouses.addresses, n, name=f"member-{n}", env=lighthouses.env)
-               for n in names}
+    members = {
+        n: spawn_python(MEMBER_SCRIPT, lighthouses.addresses, n, name=f"member-{n}", env=lighthouses.env) for n in names
+    }
     for m in members.values():
         wait_quorum(m, sorted(names), timeout_s=EVENT_TIMEOUT_S)
     return members
@@ -145,8 +162,12 @@ def test_sigkilled_leader_replaced_and_members_resume_with_no_quorum_id_reused(e
     new_leader, _ = lighthouses.wait_leader(exclude=(leader,), after=stderr_marks)
     resumed = {n: wait_quorum(m, ["a", "b"], after=marks[n], timeout_s=EVENT_TIMEOUT_S) for n, m in members.items()}
     # Taken over through the probe (the dead leader's port refuses), not by waiting out the lease.
-    assert any("is gone (connection refused): revoking its lease" in line.text
-               for p in lighthouses.processes if p is not None for line in p.lines("stderr")), "no revoke"
+    assert any(
+        "is gone (connection refused): revoking its lease" in line.text
+        for p in lighthouses.processes
+        if p is not None
+        for line in p.lines("stderr")
+    ), "no revoke"
     assert max(read_at for read_at, _ in resumed.values()) - killed_at < 3.0
     for _, quorum in resumed.values():
         assert quorum["quorum_id"] > before, (quorum, before)
@@ -172,8 +193,13 @@ def test_partitioned_leader_stops_serving_before_another_leads(etcd: EtcdCluster
     new_leader, led_at = lighthouses.wait_leader(exclude=(0,), after=stderr_marks)
     old = lighthouses.processes[0]
     assert old is not None
-    stopped = old.wait_for_line(lambda t: "stops leading" in t or "stops serving" in t, EVENT_TIMEOUT_S,
-                                stream="stderr", after=stderr_marks[0], what="that it stopped leading")
+    stopped = old.wait_for_line(
+        lambda t: "stops leading" in t or "stops serving" in t,
+        EVENT_TIMEOUT_S,
+        stream="stderr",
+        after=stderr_marks[0],
+        what="that it stopped leading",
+    )
     assert log_time(stopped.text) < led_at, (stopped.text, led_at)
     for n, m in members.items():
         wait_quorum(m, ["a", "b"], after=marks[n], timeout_s=EVENT_TIMEOUT_S)
@@ -200,7 +226,7 @@ def test_etcd_member_killed_the_leader_keeps_leading(etcd: EtcdCluster) -> None:
                 mark = m.mark()
         p = lighthouses.processes[leader]
         assert p is not None
-        assert not any("stops leading" in line.text for line in p.lines("stderr")[stderr_marks[leader]:])
+        assert not any("stops leading" in line.text for line in p.lines("stderr")[stderr_marks[leader] :])
     finally:
         etcd.restart_member(killed)
         etcd.wait_healthy(EVENT_TIMEOUT_S)
@@ -219,8 +245,13 @@ def test_etcd_quorum_lost_stops_quorums_says_so_and_resumes_when_back(etcd: Etcd
     try:
         p = lighthouses.processes[leader]
         assert p is not None
-        p.wait_for_line(lambda t: "cannot reach etcd's quorum; not forming quorums" in t, EVENT_TIMEOUT_S,
-                        stream="stderr", after=stderr_marks[leader], what="that etcd's quorum is gone")
+        p.wait_for_line(
+            lambda t: "cannot reach etcd's quorum; not forming quorums" in t,
+            EVENT_TIMEOUT_S,
+            stream="stderr",
+            after=stderr_marks[leader],
+            what="that etcd's quorum is gone",
+        )
         mark = members["a"].mark()
         time.sleep(1.0)  # the fault's duration, not a synchronisation: no quorum may form meanwhile
         assert quorums_after(members["a"], mark) == []

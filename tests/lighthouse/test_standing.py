@@ -97,8 +97,9 @@ def test_a_member_measures_its_interval_per_step_across_standing_steps() -> None
     assert lease.held == CommitLease(6, 9, 9, pytest.approx(1.34))
 
 
-OPTIONS = MembershipOptions(min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0,
-                            max_commit_lease_s=LEASE_MAX_S)
+OPTIONS = MembershipOptions(
+    min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0, max_commit_lease_s=LEASE_MAX_S
+)
 
 
 def ask(rid: str, step: int, lease: float = 0.04, failures: int = 0) -> QuorumRequest:

@@ -29,7 +29,9 @@ def test_snapshot_shows_members_quorum_and_waiters() -> None:
     assert snap["incarnation"] == 77
     assert snap["current_quorum"]["participants"] == ["<b>", "a"]
     assert {m["replica_id"]: m["state"] for m in snap["members"]} == {
-        "<b>": "in quorum", "a": "in quorum", "c": "waiting",
+        "<b>": "in quorum",
+        "a": "in quorum",
+        "c": "waiting",
     }
     assert snap["history"][0]["path"] == "slow"
     json.dumps(snap)  # served as /status.json as is

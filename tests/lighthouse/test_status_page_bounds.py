@@ -40,7 +40,10 @@ def status_page(server: StatusServer) -> Iterator[tuple[StatusServer, tuple[str,
 
 
 def test_a_connection_past_the_cap_is_answered_503_at_once_and_the_page_serves_again_after_issue_19() -> None:
-    with status_page(StatusServer(dict, metrics, max_connections=2, read_timeout_s=30.0)) as (server, address), ExitStack() as stack:
+    with (
+        status_page(StatusServer(dict, metrics, max_connections=2, read_timeout_s=30.0)) as (server, address),
+        ExitStack() as stack,
+    ):
         silent = [stack.enter_context(socket.create_connection(address, timeout=WAIT_S)) for _ in range(2)]
         wait_for(lambda: server.num_connections == 2, "both silent connections being served")
         with socket.create_connection(address, timeout=WAIT_S) as third:
@@ -58,8 +61,10 @@ def test_a_connection_past_the_cap_is_answered_503_at_once_and_the_page_serves_a
 
 def test_a_client_that_asks_and_never_reads_is_cut_after_the_write_timeout_issue_19() -> None:
     big = "m " * (16 << 20)  # 32 MB: more than loopback's socket buffers hold
-    with status_page(StatusServer(dict, lambda: big, write_timeout_s=0.3)) as (server, address), \
-            socket.create_connection(address, timeout=WAIT_S) as sock:
+    with (
+        status_page(StatusServer(dict, lambda: big, write_timeout_s=0.3)) as (server, address),
+        socket.create_connection(address, timeout=WAIT_S) as sock,
+    ):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
         sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
         wait_for(lambda: server.num_connections == 1, "the request being served")

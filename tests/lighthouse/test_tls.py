@@ -57,7 +57,9 @@ def test_no_tls_files_means_plaintext() -> None:
 
 def test_missing_file_is_refused_naming_option_and_path(job_ca: TlsFiles, tmp_path: Path) -> None:
     missing = str(tmp_path / "nope.pem")
-    with pytest.raises(OptionsError, match=r"tls_key \(--tls-key, \$REPLICAFT_TLS_KEY\) = '.*nope\.pem' cannot be read"):
+    with pytest.raises(
+        OptionsError, match=r"tls_key \(--tls-key, \$REPLICAFT_TLS_KEY\) = '.*nope\.pem' cannot be read"
+    ):
         TlsFiles(cert=job_ca.cert, key=missing, ca=job_ca.ca)
 
 
@@ -98,12 +100,18 @@ def test_throwaway_certificate_names_loopback_and_the_hosts_given(tmp_path: Path
     assert Path(files.key).stat().st_mode & 0o777 == 0o600
 
 
-@pytest.mark.parametrize(("details", "refused"), [
-    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls handshake failed "
-     "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED", True),
-    ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused", False),
-    ("Socket closed", False),
-])
+@pytest.mark.parametrize(
+    ("details", "refused"),
+    [
+        (
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls handshake failed "
+            "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED",
+            True,
+        ),
+        ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused", False),
+        ("Socket closed", False),
+    ],
+)
 def test_only_a_failed_handshake_reads_as_a_tls_refusal(details: str, refused: bool) -> None:
     assert (tls_refusal(details, "127.0.0.1:1") is not None) is refused
 
@@ -112,8 +120,13 @@ def test_manager_options_take_the_tls_variables_and_check_them(job_ca: TlsFiles,
     from replicaft.config.options import ManagerOptions
     from replicaft.errors import OptionsError as ReplicaftOptionsError
 
-    env = {"REPLICAFT_LIGHTHOUSE": "127.0.0.1:1", "REPLICAFT_REPLICA_ID": "g0", "REPLICAFT_TLS_CERT": job_ca.cert,
-           "REPLICAFT_TLS_KEY": job_ca.key, "REPLICAFT_TLS_CA": job_ca.ca}
+    env = {
+        "REPLICAFT_LIGHTHOUSE": "127.0.0.1:1",
+        "REPLICAFT_REPLICA_ID": "g0",
+        "REPLICAFT_TLS_CERT": job_ca.cert,
+        "REPLICAFT_TLS_KEY": job_ca.key,
+        "REPLICAFT_TLS_CA": job_ca.ca,
+    }
     assert ManagerOptions.from_env(env).tls() == job_ca
     with pytest.raises(ReplicaftOptionsError, match=r"tls_ca .* = '.*missing\.pem' cannot be read"):
         ManagerOptions.from_env({**env, "REPLICAFT_TLS_CA": str(tmp_path / "missing.pem")})
@@ -124,7 +137,10 @@ def test_manager_options_take_the_tls_variables_and_check_them(job_ca: TlsFiles,
 def test_lighthouse_with_a_missing_file_exits_with_a_one_line_error(job_ca: TlsFiles, tmp_path: Path) -> None:
     from lighthouse.__main__ import main
 
-    assert main(["--port", "0", "--tls-cert", job_ca.cert, "--tls-key", str(tmp_path / "k.pem"), "--tls-ca", job_ca.ca]) == 2
+    assert (
+        main(["--port", "0", "--tls-cert", job_ca.cert, "--tls-key", str(tmp_path / "k.pem"), "--tls-ca", job_ca.ca])
+        == 2
+    )
 
 
 # -- the lighthouse ---------------------------------------------------------------------------
@@ -138,8 +154,9 @@ def test_lighthouse_over_tls_forms_quorum_and_serves_its_page_over_https(job_ca:
         quorum = client.quorum(0, 10.0)
         assert quorum.replica_ids == ("g0",)
         assert client.fence(quorum.quorum_id, 0, 5.0).ok
-        page = urllib.request.urlopen(lighthouse.status_url + "status.json", timeout=5,
-                                      context=ssl.create_default_context(cafile=job_ca.ca))
+        page = urllib.request.urlopen(
+            lighthouse.status_url + "status.json", timeout=5, context=ssl.create_default_context(cafile=job_ca.ca)
+        )
         assert [m["replica_id"] for m in json.load(page)["members"]] == ["g0"]
     started = time.monotonic()
     with LighthouseClient(lighthouse.grpc_address, "stranger", tls=other_ca) as stranger:
@@ -192,7 +209,9 @@ def test_heal_from_a_tls_donor_is_refused_to_a_stranger(job_ca: TlsFiles, other_
     context = other_ca.client_context() if healer == "other_ca" else None
     started = time.monotonic()
     try:
-        with pytest.raises(HealError, match="TLS handshake .* failed" if healer == "other_ca" else "served the manifest"):
+        with pytest.raises(
+            HealError, match="TLS handshake .* failed" if healer == "other_ca" else "served the manifest"
+        ):
             fetch_state([Donor("donor", address)], 3, token=None, timeout_s=30.0, tls=context)
     finally:
         server.stop()
@@ -202,13 +221,20 @@ def test_heal_from_a_tls_donor_is_refused_to_a_stranger(job_ca: TlsFiles, other_
 # -- a whole job ------------------------------------------------------------------------------
 
 
-def start_tls_group(lighthouse: str, replica_id: str, events: Path, files: TlsFiles, *args: str,
-                    ranks: int = 1) -> ManagedProcess:
+def start_tls_group(
+    lighthouse: str, replica_id: str, events: Path, files: TlsFiles, *args: str, ranks: int = 1
+) -> ManagedProcess:
     env = dict(os.environ)
     env.pop("REPLICAFT_FAULT_POINTS", None)
-    env.update(REPLICAFT_LIGHTHOUSE=lighthouse, REPLICAFT_REPLICA_ID=replica_id, REPLICAFT_EVENTS_DIR=str(events),
-               REPLICAFT_TOKEN="job-secret", REPLICAFT_TLS_CERT=files.cert, REPLICAFT_TLS_KEY=files.key,
-               REPLICAFT_TLS_CA=files.ca)
+    env.update(
+        REPLICAFT_LIGHTHOUSE=lighthouse,
+        REPLICAFT_REPLICA_ID=replica_id,
+        REPLICAFT_EVENTS_DIR=str(events),
+        REPLICAFT_TOKEN="job-secret",
+        REPLICAFT_TLS_CERT=files.cert,
+        REPLICAFT_TLS_KEY=files.key,
+        REPLICAFT_TLS_CA=files.ca,
+    )
     runner = ("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)) if ranks > 1 else ()
     return spawn_python(*runner, EXAMPLE, *args, name=replica_id, env=env)
 
@@ -223,13 +249,27 @@ def test_job_over_tls_commits_heals_and_refuses_a_group_of_another_ca(
     another CA stops with an error naming the TLS handshake instead of waiting out its deadline."""
     lh = start_lighthouse(*tls_args(job_ca), "--token", "job-secret", status=False)
     g0 = start_tls_group(lh.grpc_address, "g0", tmp_path, job_ca, "--steps", "150", "--step-delay", "0.1", ranks=2)
-    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["group_rank"] == 1
-                   and e["committed"] and e["step"] >= 5, 120, "g0 rank 1 committing over TLS")
+    wait_for_event(
+        tmp_path,
+        lambda e: (
+            e["event"] == "commit"
+            and e["replica_id"] == "g0"
+            and e["group_rank"] == 1
+            and e["committed"]
+            and e["step"] >= 5
+        ),
+        120,
+        "g0 rank 1 committing over TLS",
+    )
     g1 = start_tls_group(lh.grpc_address, "g1", tmp_path, job_ca, "--steps", "150", "--step-delay", "0.1", ranks=2)
     heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1", 90, "g1 heal")
     assert heal["ok"] and heal["num_bytes"] > 0, heal
-    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"]
-                   and e["num_contributors"] == 2, 60, "g1 committing with g0")
+    wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"] and e["num_contributors"] == 2,
+        60,
+        "g1 committing with g0",
+    )
     stranger = start_tls_group(lh.grpc_address, "g9", tmp_path / "stranger", other_ca, "--steps", "5")
     assert stranger.wait_exit(60) != 0
     assert "TLS handshake with" in stranger.output_tail() and "CERTIFICATE_VERIFY_FAILED" in stranger.output_tail()

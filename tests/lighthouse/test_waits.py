@@ -7,8 +7,12 @@ from lighthouse.server.session import Waiter
 
 
 def _waiter(replica_id: str, failures: list[tuple[str, str, str]], timeout_s: float = 10.0) -> Waiter:
-    return Waiter(replica_id, timeout_s, answer=lambda sent: None,
-                  fail=lambda code, reason: failures.append((replica_id, code, reason)))
+    return Waiter(
+        replica_id,
+        timeout_s,
+        answer=lambda sent: None,
+        fail=lambda code, reason: failures.append((replica_id, code, reason)),
+    )
 
 
 def test_newer_request_supersedes_the_older_wait_of_its_replica() -> None:

@@ -102,7 +102,21 @@ def hosts_on_a_bridge(names: tuple[str, ...]) -> Iterator[dict[str, Host]]:
             ip("netns", "add", host.namespace)
             created.append(host.namespace)
             port = f"v{name}"
-            ip("link", "add", "name", "eth0", "netns", host.namespace, "type", "veth", "peer", "name", port, "netns", bridge)
+            ip(
+                "link",
+                "add",
+                "name",
+                "eth0",
+                "netns",
+                host.namespace,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,
+                "netns",
+                bridge,
+            )
             ip("-n", bridge, "link", "set", port, "master", "br0")
             ip("-n", bridge, "link", "set", port, "up")
             ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
@@ -154,14 +168,20 @@ def test_group_killed_on_its_host_restarts_and_heals_across_the_network(tmp_path
             "g1": start_group_on(hosts["c"], hosts["a"], "g1", tmp_path),
         }
         wait_for_event(
-            tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["step"] >= 10, 90, "g1 at step 10"
+            tmp_path,
+            lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["step"] >= 10,
+            90,
+            "g1 at step 10",
         )
         groups["g1"].kill()
         assert groups["g1"].popen.returncode == -signal.SIGKILL
         restarted_at = time.time()
         groups["g1"] = start_group_on(hosts["c"], hosts["a"], "g1", tmp_path)
         heal = wait_for_event(
-            tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e["ts"] > restarted_at, 90, "g1 heal"
+            tmp_path,
+            lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e["ts"] > restarted_at,
+            90,
+            "g1 heal",
         )
         assert heal["ok"], heal
         assert heal["num_bytes"] > 0 and heal["bytes_by_donor"], heal
@@ -169,5 +189,9 @@ def test_group_killed_on_its_host_restarts_and_heals_across_the_network(tmp_path
             assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
         assert_digests_agree(tmp_path, min_steps=STEPS - 10)
         assert_samples_exactly_once(tmp_path, min_steps=STEPS)
-        final = {e["replica_id"]: e["digest"] for e in read_events(tmp_path) if e["event"] == "committed" and e["step"] == STEPS}
+        final = {
+            e["replica_id"]: e["digest"]
+            for e in read_events(tmp_path)
+            if e["event"] == "committed" and e["step"] == STEPS
+        }
         assert set(final) == {"g0", "g1"} and len(set(final.values())) == 1, f"digests at step {STEPS}: {final}"

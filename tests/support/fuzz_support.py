@@ -89,8 +89,12 @@ def _alarm(seconds: float, what: str) -> Iterator[None]:
         raise DecoderHung(message)
 
 
-def call_decoder(decode: Callable[[], Any], promised: type[BaseException] | tuple[type[BaseException], ...],
-                 what: str, input_bytes: int = 0) -> Any:
+def call_decoder(
+    decode: Callable[[], Any],
+    promised: type[BaseException] | tuple[type[BaseException], ...],
+    what: str,
+    input_bytes: int = 0,
+) -> Any:
     """``decode()``'s result, or None when it raised one of ``promised``.
 
     Fails the example when it raised anything else (the traceback is chained), ran past
@@ -111,8 +115,9 @@ def call_decoder(decode: Callable[[], Any], promised: type[BaseException] | tupl
             except DecoderHung:
                 raise
             except BaseException as e:  # the point: anything not promised is a bug
-                raise AssertionError(f"{what} raised {type(e).__name__}: {str(e)[:300]}; it promises "
-                                     f"{promised} only") from e
+                raise AssertionError(
+                    f"{what} raised {type(e).__name__}: {str(e)[:300]}; it promises {promised} only"
+                ) from e
         _, peak = tracemalloc.get_traced_memory()
     finally:
         if started:
@@ -187,8 +192,12 @@ def without_bytes(value: Any) -> Any:
 
 
 @st.composite
-def mutated_map(draw: st.DrawFn, valid: Mapping[str, Any], protected: frozenset[str] = frozenset(),
-                values: st.SearchStrategy[Any] = hostile_values) -> dict[str, Any]:
+def mutated_map(
+    draw: st.DrawFn,
+    valid: Mapping[str, Any],
+    protected: frozenset[str] = frozenset(),
+    values: st.SearchStrategy[Any] = hostile_values,
+) -> dict[str, Any]:
     """``valid`` with one change: a field replaced by one of ``values``, removed, or an extra
     field added; ``protected`` fields (the envelope's version) are left alone."""
     out = dict(valid)

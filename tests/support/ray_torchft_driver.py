@@ -46,7 +46,9 @@ def main() -> int:
         run_config=RunConfig(storage_path=args.storage_path, failure_config=FailureConfig(max_failures=3)),
     )
     result = trainer.fit()
-    print(json.dumps({"event": "ray_result", "error": None if result.error is None else repr(result.error)}), flush=True)
+    print(
+        json.dumps({"event": "ray_result", "error": None if result.error is None else repr(result.error)}), flush=True
+    )
     return 0 if result.error is None else 1
 
 

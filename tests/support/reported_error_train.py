@@ -49,7 +49,9 @@ def train_with_allreduce(manager: replicaft.Manager, steps: int, fail_step: int,
             weights.add_(update)
 
 
-def train_with_wrapper(manager: replicaft.Manager, steps: int, fail_step: int, fails: bool, mode: str, fsdp: bool) -> None:
+def train_with_wrapper(
+    manager: replicaft.Manager, steps: int, fail_step: int, fails: bool, mode: str, fsdp: bool
+) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.BatchNorm1d(32), nn.Linear(32, 4))
     ddp: nn.Module
@@ -67,11 +69,16 @@ def train_with_wrapper(manager: replicaft.Manager, steps: int, fail_step: int, f
         inner = torch.optim.SGD(model.parameters(), lr=0.1)
     optimizer = replicaft.Optimizer(manager, inner)
     generator = torch.Generator().manual_seed(1)
-    data = torch.utils.data.TensorDataset(torch.randn(512, 16, generator=generator), torch.randn(512, 4, generator=generator))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(512, 16, generator=generator), torch.randn(512, 4, generator=generator)
+    )
     # The deterministic mode takes one backward per virtual shard the group owns (micro-batches).
     policy = "global" if manager.options.deterministic else "per_group"
-    loader = StepDataLoader(ExactlyOnceSampler(manager, len(data), 16, policy=policy), data,
-                            micro_batch_size=None if manager.options.deterministic else 8)
+    loader = StepDataLoader(
+        ExactlyOnceSampler(manager, len(data), 16, policy=policy),
+        data,
+        micro_batch_size=None if manager.options.deterministic else 8,
+    )
     while manager.current_step() < steps:
         step = manager.current_step()
         optimizer.zero_grad()

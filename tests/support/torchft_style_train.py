@@ -48,7 +48,9 @@ def main() -> None:
     torch.manual_seed(0)
     inputs = torch.randn(512, 8, generator=torch.Generator().manual_seed(1))
     trainset = torch.utils.data.TensorDataset(inputs, inputs.sum(dim=1, keepdim=True))
-    sampler = DistributedSampler(trainset, replica_rank=group, num_replica_groups=2, group_rank=0, num_replicas=1, shuffle=True)
+    sampler = DistributedSampler(
+        trainset, replica_rank=group, num_replica_groups=2, group_rank=0, num_replicas=1, shuffle=True
+    )
     loader = torch.utils.data.DataLoader(trainset, batch_size=16, sampler=sampler)
     model = Net()
     optim = torch.optim.AdamW(model.parameters(), lr=1e-2)
@@ -60,7 +62,11 @@ def main() -> None:
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
 
-    pg = ProcessGroupNCCL(timeout=timedelta(seconds=10)) if torch.cuda.is_available() else ProcessGroupGloo(timeout=timedelta(seconds=10))
+    pg = (
+        ProcessGroupNCCL(timeout=timedelta(seconds=10))
+        if torch.cuda.is_available()
+        else ProcessGroupGloo(timeout=timedelta(seconds=10))
+    )
     manager = Manager(
         pg=pg,
         load_state_dict=load_state_dict,
@@ -81,7 +87,9 @@ def main() -> None:
             before = manager.current_step()
             optimizer.step()
             if manager.current_step() > before:
-                print(json.dumps({"event": "step", "step": manager.current_step(), "digest": digest(model)}), flush=True)
+                print(
+                    json.dumps({"event": "step", "step": manager.current_step(), "digest": digest(model)}), flush=True
+                )
             if manager.current_step() >= steps:
                 break
     print(json.dumps({"event": "final", "digest": digest(model)}), flush=True)

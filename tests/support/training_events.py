@@ -21,8 +21,15 @@ from conftest import REPO_ROOT, ManagedProcess, spawn_python
 EXAMPLE = str(REPO_ROOT / "examples" / "train_ddp.py")
 
 
-def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, fault_points: str | None = None,
-                script: str = EXAMPLE, **options: str) -> ManagedProcess:
+def start_group(
+    lighthouse: str,
+    replica_id: str,
+    events: Path,
+    *args: str,
+    fault_points: str | None = None,
+    script: str = EXAMPLE,
+    **options: str,
+) -> ManagedProcess:
     """One replica group of ``script`` (one rank); ``options``: more ``REPLICAFT_*`` variables,
     e.g. ``REPLICAFT_HEAL_REPLAY_STEPS="1"``."""
     env = dict(os.environ)
@@ -80,7 +87,10 @@ class EventTail:
 
 
 def wait_for_event(
-    directory: Path, predicate: Callable[[dict[str, Any]], bool], timeout_s: float, what: str,
+    directory: Path,
+    predicate: Callable[[dict[str, Any]], bool],
+    timeout_s: float,
+    what: str,
     process: ManagedProcess | None = None,
 ) -> dict[str, Any]:
     """The first event satisfying ``predicate``; polls the logs until the deadline, or until
@@ -97,7 +107,9 @@ def wait_for_event(
 
 def commits(events: Path, replica_id: str) -> list[dict[str, Any]]:
     """``replica_id``'s committed steps' commit events."""
-    return [e for e in read_events(events) if e["event"] == "commit" and e["replica_id"] == replica_id and e["committed"]]
+    return [
+        e for e in read_events(events) if e["event"] == "commit" and e["replica_id"] == replica_id and e["committed"]
+    ]
 
 
 def final_history(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,7 +135,9 @@ def assert_digests_agree(directory: Path, min_steps: int = 1) -> int:
         if e["event"] == "committed":
             key = (e["step"], e["group_rank"])
             by_step[key].setdefault(e["replica_id"], e["digest"])
-            assert by_step[key][e["replica_id"]] == e["digest"], f"{e['replica_id']}/{e['group_rank']} committed step {e['step']} twice with different states"
+            assert by_step[key][e["replica_id"]] == e["digest"], (
+                f"{e['replica_id']}/{e['group_rank']} committed step {e['step']} twice with different states"
+            )
     steps = {step for step, _ in by_step}
     assert len(steps) >= min_steps, f"only {len(steps)} committed steps have digests"
     for (step, rank), digests in by_step.items():
@@ -144,5 +158,7 @@ def assert_samples_exactly_once(directory: Path, min_steps: int = 1) -> None:
     position = 0
     for step in steps:
         start, stop = ranges[step]
-        assert start == position and stop > start, f"step {step} trained positions {start}..{stop}, expected to start at {position}"
+        assert start == position and stop > start, (
+            f"step {step} trained positions {start}..{stop}, expected to start at {position}"
+        )
         position = stop

@@ -20,8 +20,14 @@ class CIFAR10:
     """``torchvision.datasets.CIFAR10(root, train, transform, target_transform, download)``
     with made-up images: ``root`` is never read or written and nothing is downloaded."""
 
-    def __init__(self, root: str, train: bool = True, transform: Callable[[Any], Any] | None = None,
-                 target_transform: Callable[[int], Any] | None = None, download: bool = False) -> None:
+    def __init__(
+        self,
+        root: str,
+        train: bool = True,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        download: bool = False,
+    ) -> None:
         self.root = root
         self.train = train
         self.transform = transform

@@ -40,8 +40,13 @@ ATTEMPT_TIMEOUT_S = 0.5
 """One try against one endpoint. A healthy etcd on a LAN answers in milliseconds; a member
 that lost its quorum holds a request until its own timeout, so this bounds what a sick
 member costs before the next is tried."""
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN,
-              grpc.StatusCode.INTERNAL, grpc.StatusCode.CANCELLED}
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.CANCELLED,
+}
 
 
 _Attempt = Callable[[grpc.aio.Channel, float], Awaitable[bytes]]
@@ -60,8 +65,11 @@ class EtcdClient:
         """The endpoint that answered last: tried first next time."""
 
     async def start(self) -> None:
-        options = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.max_reconnect_backoff_ms", 500),
-                   ("grpc.enable_retries", 0)]
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", 50),
+            ("grpc.max_reconnect_backoff_ms", 500),
+            ("grpc.enable_retries", 0),
+        ]
         self._channels = [grpc.aio.insecure_channel(e, options=options) for e in self.endpoints]
 
     async def close(self) -> None:
@@ -90,8 +98,9 @@ class EtcdClient:
     async def delete(self, key: bytes, timeout_s: float) -> int:
         return wire.revision_only(await self._unary(_DELETE, wire.delete_range_request(key), timeout_s))
 
-    async def txn(self, compare: Sequence[wire.Compare], success: Sequence[bytes], failure: Sequence[bytes],
-                  timeout_s: float) -> wire.TxnResponse:
+    async def txn(
+        self, compare: Sequence[wire.Compare], success: Sequence[bytes], failure: Sequence[bytes], timeout_s: float
+    ) -> wire.TxnResponse:
         """``success`` ops if every guard holds, else ``failure`` ops, atomically."""
         return wire.txn_response(await self._unary(_TXN, wire.txn_request(compare, success, failure), timeout_s))
 
@@ -112,6 +121,7 @@ class EtcdClient:
 
     async def keepalive(self, lease_id: int, timeout_s: float) -> int:
         """Renew the lease once; returns its new TTL, 0 when etcd no longer has it."""
+
         async def once(channel: grpc.aio.Channel, attempt_s: float) -> bytes:
             call = channel.stream_stream(_KEEPALIVE)(timeout=attempt_s)
             await call.write(wire.lease_id_request(lease_id))
@@ -150,8 +160,9 @@ class EtcdClient:
                 if e.code() == grpc.StatusCode.NOT_FOUND:
                     raise EtcdNotFound(e.details() or "not found") from None
                 if e.code() not in _RETRYABLE:
-                    raise EtcdUnavailable(f"etcd {self.endpoints[index]} refused {what}: {e.code().name} "
-                                          f"{e.details()}") from None
+                    raise EtcdUnavailable(
+                        f"etcd {self.endpoints[index]} refused {what}: {e.code().name} {e.details()}"
+                    ) from None
                 errors.append(f"{self.endpoints[index]}: {e.code().name} {e.details()}")
             except EtcdUnavailable as e:
                 errors.append(f"{self.endpoints[index]}: {e}")

@@ -77,7 +77,7 @@ def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
             size, pos = _read_varint(data, pos)
             if pos + size > len(data):
                 raise WireError("truncated field in a reply from etcd")
-            yield number, data[pos:pos + size]
+            yield number, data[pos : pos + size]
             pos += size
         elif kind in (_I64, _I32):
             pos += 8 if kind == _I64 else 4
@@ -120,8 +120,13 @@ class Compare:
         # The oneof value is sent even when zero: "create_revision == 0" (key absent) must
         # carry its zero, or etcd could not tell which member of the union is meant.
         number = _TARGET_FIELD[self.target]
-        return (_int_field(1, self.result) + _int_field(2, self.target) + _bytes_field(3, self.key)
-                + _varint(number << 3 | _VARINT) + _varint(self.value))
+        return (
+            _int_field(1, self.result)
+            + _int_field(2, self.target)
+            + _bytes_field(3, self.key)
+            + _varint(number << 3 | _VARINT)
+            + _varint(self.value)
+        )
 
 
 def request_op_put(put: bytes) -> bytes:
@@ -137,9 +142,11 @@ def request_op_delete(delete: bytes) -> bytes:
 
 
 def txn_request(compare: Sequence[Compare], success: Sequence[bytes], failure: Sequence[bytes] = ()) -> bytes:
-    return (b"".join(_message_field(1, c.encode()) for c in compare)
-            + b"".join(_message_field(2, op) for op in success)
-            + b"".join(_message_field(3, op) for op in failure))
+    return (
+        b"".join(_message_field(1, c.encode()) for c in compare)
+        + b"".join(_message_field(2, op) for op in success)
+        + b"".join(_message_field(3, op) for op in failure)
+    )
 
 
 def lease_grant_request(ttl_s: int) -> bytes:
@@ -167,9 +174,12 @@ class KeyValue:
 def key_value(data: bytes) -> KeyValue:
     found: dict[int, int | bytes] = dict(_fields(data))
     return KeyValue(
-        key=_as_bytes(found.get(1, b"")), create_revision=_as_int(found.get(2, 0)),
-        mod_revision=_as_int(found.get(3, 0)), version=_as_int(found.get(4, 0)),
-        value=_as_bytes(found.get(5, b"")), lease=_as_int(found.get(6, 0)),
+        key=_as_bytes(found.get(1, b"")),
+        create_revision=_as_int(found.get(2, 0)),
+        mod_revision=_as_int(found.get(3, 0)),
+        version=_as_int(found.get(4, 0)),
+        value=_as_bytes(found.get(5, b"")),
+        lease=_as_int(found.get(6, 0)),
     )
 
 

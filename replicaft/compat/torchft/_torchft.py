@@ -11,5 +11,13 @@ from replicaft.compat.torchft.coordination import (
     Timestamp,
 )
 
-__all__ = ["LighthouseClient", "LighthouseServer", "ManagerClient", "ManagerServer", "Quorum", "QuorumMember",
-           "QuorumResult", "Timestamp"]
+__all__ = [
+    "LighthouseClient",
+    "LighthouseServer",
+    "ManagerClient",
+    "ManagerServer",
+    "Quorum",
+    "QuorumMember",
+    "QuorumResult",
+    "Timestamp",
+]

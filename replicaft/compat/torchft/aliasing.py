@@ -61,8 +61,10 @@ def strip_aliased(state: Any, keys: set[TensorKey]) -> Any:
     :data:`ALIASED`; mappings become dicts, nothing is copied."""
     if not isinstance(state, Mapping):
         return state
-    return {k: ALIASED if isinstance(v, torch.Tensor) and _key(v) in keys else strip_aliased(v, keys)
-            for k, v in state.items()}
+    return {
+        k: ALIASED if isinstance(v, torch.Tensor) and _key(v) in keys else strip_aliased(v, keys)
+        for k, v in state.items()
+    }
 
 
 def resolve_aliased(state: Any, own: Any) -> Any:

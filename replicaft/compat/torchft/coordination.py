@@ -113,8 +113,14 @@ class QuorumResult:
 class LighthouseServer:
     """replicaft's lighthouse on a loop thread of this process; ``address()`` is ``http://host:port``."""
 
-    def __init__(self, bind: str, min_replicas: int, join_timeout_ms: int | None = None,
-                 quorum_tick_ms: int | None = None, heartbeat_timeout_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        bind: str,
+        min_replicas: int,
+        join_timeout_ms: int | None = None,
+        quorum_tick_ms: int | None = None,
+        heartbeat_timeout_ms: int | None = None,
+    ) -> None:
         host, port = _host_port(bind)
         d = MembershipOptions()
         membership = MembershipOptions(
@@ -123,8 +129,12 @@ class LighthouseServer:
             heartbeat_timeout_s=d.heartbeat_timeout_s if heartbeat_timeout_ms is None else heartbeat_timeout_ms / 1000,
             progress_timeout_s=d.progress_timeout_s,
         )
-        options = LighthouseOptions(host=host, port=port, membership=membership,
-                                    tick_s=0.02 if quorum_tick_ms is None else quorum_tick_ms / 1000)
+        options = LighthouseOptions(
+            host=host,
+            port=port,
+            membership=membership,
+            tick_s=0.02 if quorum_tick_ms is None else quorum_tick_ms / 1000,
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="replicaft-compat-lighthouse", daemon=True)
         self._thread.start()
@@ -159,9 +169,17 @@ class LighthouseClient:
                 self._sessions[replica_id] = client.start()
             return self._sessions[replica_id]
 
-    def quorum(self, replica_id: str, timeout: datetime.timedelta, address: str | None = None,
-               store_address: str | None = None, step: int | None = None, world_size: int | None = None,
-               shrink_only: bool | None = None, data: dict[Any, object] | None = None) -> Quorum:
+    def quorum(
+        self,
+        replica_id: str,
+        timeout: datetime.timedelta,
+        address: str | None = None,
+        store_address: str | None = None,
+        step: int | None = None,
+        world_size: int | None = None,
+        shrink_only: bool | None = None,
+        data: dict[Any, object] | None = None,
+    ) -> Quorum:
         session = self._session(replica_id, world_size or 1, address or "")
         payload = {str(k): v for k, v in (data or {}).items()}
         payload["store_address"] = store_address or ""
@@ -191,15 +209,28 @@ def to_torchft_quorum(q: _Quorum) -> Quorum:
 class ManagerServer:
     """A replica group's manager server (replicaft's group server), speaking to the lighthouse."""
 
-    def __init__(self, replica_id: str, lighthouse_addr: str, hostname: str = "", bind: str = "127.0.0.1:0",
-                 store_addr: str = "", world_size: int = 1,
-                 heartbeat_interval: datetime.timedelta = datetime.timedelta(milliseconds=100),
-                 connect_timeout: datetime.timedelta = datetime.timedelta(seconds=10), quorum_retries: int = 0) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        lighthouse_addr: str,
+        hostname: str = "",
+        bind: str = "127.0.0.1:0",
+        store_addr: str = "",
+        world_size: int = 1,
+        heartbeat_interval: datetime.timedelta = datetime.timedelta(milliseconds=100),
+        connect_timeout: datetime.timedelta = datetime.timedelta(seconds=10),
+        quorum_retries: int = 0,
+    ) -> None:
         host, _ = _host_port(bind)
-        options = ManagerOptions(lighthouse=_strip_scheme(lighthouse_addr), replica_id=replica_id, host=host,
-                                 group_world_size=world_size, heartbeat_interval_s=heartbeat_interval.total_seconds(),
-                                 connect_timeout_s=connect_timeout.total_seconds(),
-                                 max_quorum_failures=quorum_retries + 1)
+        options = ManagerOptions(
+            lighthouse=_strip_scheme(lighthouse_addr),
+            replica_id=replica_id,
+            host=host,
+            group_world_size=world_size,
+            heartbeat_interval_s=heartbeat_interval.total_seconds(),
+            connect_timeout_s=connect_timeout.total_seconds(),
+            max_quorum_failures=quorum_retries + 1,
+        )
         self.replica_id = replica_id
         self.store_addr = store_addr
         self._loop = LoopThread("torchft-manager-server")
@@ -230,28 +261,51 @@ class ManagerClient:
         self._tag = uuid.uuid4().hex
         self._quorum_id = 0
 
-    def _quorum(self, group_rank: int, step: int, checkpoint_metadata: str, shrink_only: bool,
-                timeout: datetime.timedelta, commit_failures: int, init_sync: bool = True) -> QuorumResult:
+    def _quorum(
+        self,
+        group_rank: int,
+        step: int,
+        checkpoint_metadata: str,
+        shrink_only: bool,
+        timeout: datetime.timedelta,
+        commit_failures: int,
+        init_sync: bool = True,
+    ) -> QuorumResult:
         if group_rank != self._group_rank:
             self._client.close()
             self._group_rank = group_rank
             self._client = RemoteGroupChannel(self._address, group_rank, _server_token())
-        q = self._client.ask_quorum(step, timeout.total_seconds(), commit_failures=commit_failures,
-                                    rank_data={"tag": self._tag}).result(timeout.total_seconds() + RPC_GRACE_S).quorum
-        me = next(m.replica_id for m in q.participants
-                  if any(isinstance(r, dict) and r.get("tag") == self._tag for r in m.data.get("ranks", [])))
+        q = (
+            self._client.ask_quorum(
+                step, timeout.total_seconds(), commit_failures=commit_failures, rank_data={"tag": self._tag}
+            )
+            .result(timeout.total_seconds() + RPC_GRACE_S)
+            .quorum
+        )
+        me = next(
+            m.replica_id
+            for m in q.participants
+            if any(isinstance(r, dict) and r.get("tag") == self._tag for r in m.data.get("ranks", []))
+        )
         plan = plan_step(q, me)
         self._quorum_id = plan.quorum_id
         ranks = {m.replica_id: i for i, m in enumerate(plan.participants)}
         source = plan.donors[plan.healers.index(me) % len(plan.donors)] if plan.healing else None
         return QuorumResult(
-            quorum_id=plan.quorum_id, replica_rank=plan.replica_rank, replica_world_size=plan.num_replicas,
+            quorum_id=plan.quorum_id,
+            replica_rank=plan.replica_rank,
+            replica_world_size=plan.num_replicas,
             recover_src_manager_address=(plan.member(source).address if source else ""),  # type: ignore[union-attr]
             recover_src_replica_rank=ranks[source] if source else None,
-            recover_dst_replica_ranks=[ranks[h] for i, h in enumerate(plan.healers) if plan.donors[i % len(plan.donors)] == me],
-            store_address="", max_step=plan.max_step,
+            recover_dst_replica_ranks=[
+                ranks[h] for i, h in enumerate(plan.healers) if plan.donors[i % len(plan.donors)] == me
+            ],
+            store_address="",
+            max_step=plan.max_step,
             max_replica_rank=plan.donors.index(me) if me in plan.donors else None,
-            max_world_size=len(plan.donors), heal=plan.healing, commit_failures=commit_failures,
+            max_world_size=len(plan.donors),
+            heal=plan.healing,
+            commit_failures=commit_failures,
             replica_ids=[m.replica_id for m in plan.participants],
         )
 
@@ -259,5 +313,7 @@ class ManagerClient:
         return "replicaft"
 
     def should_commit(self, group_rank: int, step: int, should_commit: bool, timeout: datetime.timedelta) -> bool:
-        reply = self._client.vote(step, self._quorum_id, should_commit, "" if should_commit else "voted no", timeout.total_seconds())
+        reply = self._client.vote(
+            step, self._quorum_id, should_commit, "" if should_commit else "voted no", timeout.total_seconds()
+        )
         return reply.commit

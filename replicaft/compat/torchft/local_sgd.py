@@ -54,14 +54,25 @@ class DiLoCo(_DiLoCo):
         fragment_update_alpha: float = 0.0,
     ) -> None:
         if backup_device is not None:
-            logger.info("backup_device=%s accepted: replicaft keeps each fragment's synced copy beside its parameters", backup_device)
+            logger.info(
+                "backup_device=%s accepted: replicaft keeps each fragment's synced copy beside its parameters",
+                backup_device,
+            )
         super().__init__(
-            manager.inner, model_fragments, inner_optimizer, outer_optimizer, sync_every,
-            fragment_sync_delay=fragment_sync_delay, fragment_update_alpha=fragment_update_alpha,
-            wire="int8" if should_quantize else "fp32", join_on_enter=False,
+            manager.inner,
+            model_fragments,
+            inner_optimizer,
+            outer_optimizer,
+            sync_every,
+            fragment_sync_delay=fragment_sync_delay,
+            fragment_update_alpha=fragment_update_alpha,
+            wire="int8" if should_quantize else "fp32",
+            join_on_enter=False,
         )
         manager.keep_user_state_per_group()
-        manager._views.update({f"StreamingDiLoCoFragment_{f.index}": self._fragment_view(f.index) for f in self.fragments})
+        manager._views.update(
+            {f"StreamingDiLoCoFragment_{f.index}": self._fragment_view(f.index) for f in self.fragments}
+        )
 
     def _fragment_view(self, index: int) -> Callable[[], dict[str, Any]]:
         fragment = self.fragments[index]

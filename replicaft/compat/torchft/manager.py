@@ -151,11 +151,16 @@ class Manager:
                     f"checkpoint_transport={checkpoint_transport!r} is not a torchft CheckpointTransport; pass "
                     "PGTransport or HTTPTransport from torchft.checkpointing, or nothing"
                 )
-            logger.info("checkpoint_transport=%s accepted and not used: replicaft's own transfer (striped, "
-                        "verified, no pickle) moves the state in a heal", type(checkpoint_transport).__name__)
+            logger.info(
+                "checkpoint_transport=%s accepted and not used: replicaft's own transfer (striped, "
+                "verified, no pickle) moves the state in a heal",
+                type(checkpoint_transport).__name__,
+            )
         if not isinstance(pg, ProcessGroup):
-            raise OptionsError(f"pg={pg!r}: pass a process group from torchft.process_group (ProcessGroupGloo, "
-                               "ProcessGroupNCCL, ProcessGroupBabyNCCL, ...)")
+            raise OptionsError(
+                f"pg={pg!r}: pass a process group from torchft.process_group (ProcessGroupGloo, "
+                "ProcessGroupNCCL, ProcessGroupBabyNCCL, ...)"
+            )
         # REPLICAFT_*: set by replicaft-launch (and the chaos harness) for the groups they start.
         lighthouse = lighthouse_addr or os.environ.get("TORCHFT_LIGHTHOUSE") or os.environ.get("REPLICAFT_LIGHTHOUSE")
         if not lighthouse:
@@ -170,7 +175,10 @@ class Manager:
         quorum = _seconds(quorum_timeout) if quorum_timeout is not None else _env_seconds("TORCHFT_QUORUM_TIMEOUT_SEC")
         options = replicaft.ManagerOptions(
             lighthouse=lighthouse,
-            replica_id=replica_id or os.environ.get("REPLICAFT_REPLICA_ID") or os.environ.get("REPLICA_GROUP_ID") or str(uuid.uuid4()),
+            replica_id=replica_id
+            or os.environ.get("REPLICAFT_REPLICA_ID")
+            or os.environ.get("REPLICA_GROUP_ID")
+            or str(uuid.uuid4()),
             group_rank=rank if rank is not None else int(os.environ.get("RANK", "0")),
             group_world_size=world_size if world_size is not None else int(os.environ.get("WORLD_SIZE", "1")),
             group_store=group_store,
@@ -211,7 +219,9 @@ class Manager:
         """The replicaft manager behind this facade (for the wrappers)."""
         return self._manager
 
-    def register_state_dict_fn(self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]) -> None:
+    def register_state_dict_fn(
+        self, key: str, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]
+    ) -> None:
         self._user_fns[key] = (load_state_dict, state_dict)
         self._manager.register_state(key, lambda: self._served_user_state(key), lambda s: self._load_user_state(key, s))
 
@@ -250,9 +260,14 @@ class Manager:
         user = {key: state_dict() for key, (_, state_dict) in self._user_fns.items()}
         for key, view in self._views.items():
             user[key] = view()
-        return {"user": user, "torchft": {"step": self._manager.current_step(), "batches_committed": self._manager.current_step()}}
+        return {
+            "user": user,
+            "torchft": {"step": self._manager.current_step(), "batches_committed": self._manager.current_step()},
+        }
 
-    def start_quorum(self, allow_heal: bool = True, shrink_only: bool = False, timeout: datetime.timedelta | None = None) -> None:
+    def start_quorum(
+        self, allow_heal: bool = True, shrink_only: bool = False, timeout: datetime.timedelta | None = None
+    ) -> None:
         if not allow_heal or shrink_only:
             raise OptionsError("start_quorum(allow_heal=False / shrink_only=True) is not supported by replicaft")
         deadline_s = None if timeout is None else _seconds(timeout)
@@ -266,8 +281,10 @@ class Manager:
                 raise
             formed = False
         if not formed and deadline_s is not None:
-            raise TimeoutError(f"status: Cancelled, message: Timeout expired: no quorum within start_quorum(timeout="
-                               f"{deadline_s:g}s): {self._manager.errored()}")
+            raise TimeoutError(
+                f"status: Cancelled, message: Timeout expired: no quorum within start_quorum(timeout="
+                f"{deadline_s:g}s): {self._manager.errored()}"
+            )
 
     def wait_quorum(self) -> None:
         self._manager.wait_quorum()
@@ -286,10 +303,14 @@ class Manager:
         committed = self._manager.should_commit(deadline_s)
         self._failed_commits = 0 if committed else self._failed_commits + 1
         if not committed and deadline_s is not None and time.monotonic() - started >= deadline_s:
-            raise TimeoutError(f"status: Cancelled, message: Timeout expired: should_commit(timeout={deadline_s:g}s) "
-                               "ran out without the group's decision; the step is not committed")
+            raise TimeoutError(
+                f"status: Cancelled, message: Timeout expired: should_commit(timeout={deadline_s:g}s) "
+                "ran out without the group's decision; the step is not committed"
+            )
         if self._max_retries is not None and self._failed_commits > self._max_retries:
-            raise RuntimeError(f"{self._failed_commits} consecutive steps failed to commit (max_retries={self._max_retries})")
+            raise RuntimeError(
+                f"{self._failed_commits} consecutive steps failed to commit (max_retries={self._max_retries})"
+            )
         return committed
 
     def report_error(self, e: Exception) -> None:

@@ -58,7 +58,9 @@ class ProcessGroupXCCL(ProcessGroup):
     backend = "xccl"
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        raise OptionsError("ProcessGroupXCCL (Intel GPUs) is not supported by replicaft; use ProcessGroupGloo or ProcessGroupNCCL")
+        raise OptionsError(
+            "ProcessGroupXCCL (Intel GPUs) is not supported by replicaft; use ProcessGroupGloo or ProcessGroupNCCL"
+        )
 
 
 class ProcessGroupBabyXCCL(ProcessGroupXCCL):

@@ -50,25 +50,53 @@ def test_daly_interval_corrects_young_when_cost_is_not_small() -> None:
         # two total failures in 10000 s: every 5000 s
         (FailureHistory(observed_s=10000.0, total_failures=2, max_groups=2), "observed", 5000.0),
         # one group (no peer protection), a loss every 1000 s, down 10 s each: 1/λ + R
-        (FailureHistory(observed_s=4000.0, group_s=4000.0, degraded_s=40.0, member_losses=4, max_groups=1),
-         "member_losses", 1010.0),
+        (
+            FailureHistory(observed_s=4000.0, group_s=4000.0, degraded_s=40.0, member_losses=4, max_groups=1),
+            "member_losses",
+            1010.0,
+        ),
         # two groups, same per-group rate, 10 s repairs: u = 0.01/1.01, G λ (1-u) u -> ~ 51005 s
-        (FailureHistory(observed_s=4000.0, group_s=8000.0, degraded_s=80.0, member_losses=8, max_groups=2),
-         "member_losses", 1 / (2 * 0.001 * (1 / 1.01) * (0.01 / 1.01))),
+        (
+            FailureHistory(observed_s=4000.0, group_s=8000.0, degraded_s=80.0, member_losses=8, max_groups=2),
+            "member_losses",
+            1 / (2 * 0.001 * (1 / 1.01) * (0.01 / 1.01)),
+        ),
         # two groups, one of them away now: the one left is unprotected, 1/λ + R
-        (FailureHistory(observed_s=4000.0, group_s=8000.0, degraded_s=80.0, member_losses=8, max_groups=2,
-                        groups_now=1), "member_losses", 1010.0),
+        (
+            FailureHistory(
+                observed_s=4000.0, group_s=8000.0, degraded_s=80.0, member_losses=8, max_groups=2, groups_now=1
+            ),
+            "member_losses",
+            1010.0,
+        ),
         # eight groups: peers protect, independent overlap is far rarer than the prior
-        (FailureHistory(observed_s=4000.0, group_s=32000.0, degraded_s=320.0, member_losses=32, max_groups=8),
-         "prior", 86400.0),
+        (
+            FailureHistory(observed_s=4000.0, group_s=32000.0, degraded_s=320.0, member_losses=32, max_groups=8),
+            "prior",
+            86400.0,
+        ),
         # repairs that take no time: independent failures never overlap, the prior stands
         (FailureHistory(observed_s=4000.0, group_s=8000.0, member_losses=8, max_groups=2), "prior", 86400.0),
         # observed total failures outrank the member-loss estimate
-        (FailureHistory(observed_s=9000.0, group_s=9000.0, degraded_s=90.0, member_losses=9, total_failures=3,
-                        max_groups=1), "observed", 3000.0),
+        (
+            FailureHistory(
+                observed_s=9000.0, group_s=9000.0, degraded_s=90.0, member_losses=9, total_failures=3, max_groups=1
+            ),
+            "observed",
+            3000.0,
+        ),
     ],
-    ids=["nothing_seen", "one_total", "two_totals", "one_group", "two_groups", "one_of_two_now", "eight_groups", "instant_repair",
-         "observed_wins"],
+    ids=[
+        "nothing_seen",
+        "one_total",
+        "two_totals",
+        "one_group",
+        "two_groups",
+        "one_of_two_now",
+        "eight_groups",
+        "instant_repair",
+        "observed_wins",
+    ],
 )
 def test_total_mtbf_estimate_by_source(history: FailureHistory, source: str, mtbf_s: float) -> None:
     estimate = estimate_total_mtbf(history, LIMITS)
@@ -94,8 +122,9 @@ def test_member_loss_mtbf_unknown_before_any_loss() -> None:
     ],
     ids=["unmeasured", "rule", "floor", "write_floor", "ceiling"],
 )
-def test_interval_within_limits(blocked_s: float | None, write_s: float | None, history: FailureHistory,
-                                interval_s: float, says: str) -> None:
+def test_interval_within_limits(
+    blocked_s: float | None, write_s: float | None, history: FailureHistory, interval_s: float, says: str
+) -> None:
     decision = decide_interval(blocked_s=blocked_s, write_s=write_s, history=history, limits=LIMITS)
     assert decision.interval_s == pytest.approx(interval_s)
     assert says in decision.reason
@@ -107,8 +136,9 @@ def test_observe_accounts_group_seconds_and_degraded_time() -> None:
     h = observe(h, seconds=10.0, num_groups=3)
     h = observe(h, seconds=5.0, num_groups=2)  # one group down
     h = observe(h, seconds=0.0, num_groups=4)  # no time passed: only the size is learnt
-    assert h == FailureHistory(observed_s=15.0, group_s=40.0, degraded_s=5.0, member_losses=0, total_failures=0,
-                               max_groups=4, groups_now=4)
+    assert h == FailureHistory(
+        observed_s=15.0, group_s=40.0, degraded_s=5.0, member_losses=0, total_failures=0, max_groups=4, groups_now=4
+    )
 
 
 @pytest.mark.parametrize(

@@ -34,8 +34,9 @@ def name(step: int) -> str:
 
 def save_all(writer: CheckpointWriter, saves: list[tuple[int, dict[str, object]]]) -> None:
     for step, metadata in saves:
-        snap = Snapshot.capture(flatten({"model": {"w": torch.full((256,), float(step))}}), step=step, quorum_id=1,
-                                replica_id="g0")
+        snap = Snapshot.capture(
+            flatten({"model": {"w": torch.full((256,), float(step))}}), step=step, quorum_id=1, replica_id="g0"
+        )
         result = writer.save_async(snap, step, metadata).wait(WAIT_S)
         assert result.ok, result.reason
 
@@ -53,8 +54,9 @@ def labelled(steps_losses: list[tuple[int, float]], **tags: str | int) -> list[t
 def test_publish_registers_labels_and_retention_roles(tmp_path: Path) -> None:
     saves = labelled([(10, 0.5), (20, 0.1), (30, 0.3), (40, 0.4)], experiment="sweep")
     saves.append((50, {"reason": "preemption"}))
-    with CheckpointWriter(tmp_path, lineage=LINEAGE, keep_last=1, keep_best_k=1, keep_best_metric="loss",
-                          chain_length=1) as writer:
+    with CheckpointWriter(
+        tmp_path, lineage=LINEAGE, keep_last=1, keep_best_k=1, keep_best_metric="loss", chain_length=1
+    ) as writer:
         save_all(writer, saves)
     rows = {e.name: e for e in Catalog(tmp_path).find()}
     assert list(rows) == [name(50), name(20)], "deleted checkpoints leave the catalog"
@@ -129,10 +131,18 @@ def test_sigkill_mid_write_loses_at_most_the_row_being_written(tmp_path: Path) -
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_training_run_rebuilds_a_bad_catalog_and_catalogs_its_saves_with_the_reported_loss(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    env = dict(os.environ, REPLICAFT_LIGHTHOUSE=start_lighthouse(status=False).grpc_address, REPLICAFT_REPLICA_ID="g0",
-               REPLICAFT_EVENTS_DIR=str(tmp_path / "events"), REPLICAFT_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-               REPLICAFT_CHECKPOINT_INTERVAL_STEPS="5", REPLICAFT_CHECKPOINT_KEEP_LAST="10")
+def test_training_run_rebuilds_a_bad_catalog_and_catalogs_its_saves_with_the_reported_loss(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = dict(
+        os.environ,
+        REPLICAFT_LIGHTHOUSE=start_lighthouse(status=False).grpc_address,
+        REPLICAFT_REPLICA_ID="g0",
+        REPLICAFT_EVENTS_DIR=str(tmp_path / "events"),
+        REPLICAFT_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+        REPLICAFT_CHECKPOINT_INTERVAL_STEPS="5",
+        REPLICAFT_CHECKPOINT_KEEP_LAST="10",
+    )
     env.pop("REPLICAFT_FAULT_POINTS", None)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / CATALOG_FILE).write_bytes(b"left by a crashed disk" * 64)  # rebuilt at start, with an event

@@ -63,7 +63,9 @@ def test_list_of_empty_directory_says_so(tmp_path: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().out == f"no published checkpoints in {tmp_path}\n"
 
 
-def test_verify_valid_exits_0_and_invalid_exits_1_with_the_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_verify_valid_exits_0_and_invalid_exits_1_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_checkpoints(tmp_path, [100, 200])
     corrupt(tmp_path / name(200))
 
@@ -80,17 +82,22 @@ def test_verify_valid_exits_0_and_invalid_exits_1_with_the_reason(tmp_path: Path
     [
         pytest.param([], "the following arguments are required: command", id="no_command"),
         pytest.param(["frobnicate"], "invalid choice: 'frobnicate'", id="unknown_command"),
-        pytest.param(["list", "/nonexistent/checkpoints"], "/nonexistent/checkpoints is not a directory", id="missing_dir"),
-        pytest.param(["verify", "/nonexistent/step-000000001"], "pass a checkpoint such as DIR/step-000000400", id="missing_ckpt"),
+        pytest.param(
+            ["list", "/nonexistent/checkpoints"], "/nonexistent/checkpoints is not a directory", id="missing_dir"
+        ),
+        pytest.param(
+            ["verify", "/nonexistent/step-000000001"], "pass a checkpoint such as DIR/step-000000400", id="missing_ckpt"
+        ),
     ],
 )
-def test_bad_arguments_print_one_line_and_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_arguments_print_one_line_and_exit_2(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main(argv)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("replicaft-ckpt") and message in err
-
 
 
 # -- the catalog: catalog, find, show, tag ----------------------------------------------------
@@ -102,8 +109,9 @@ def write_labelled(directory: Path, losses: dict[int, float], experiment: str = 
     with CheckpointWriter(directory, lineage=LINEAGE, keep_last=10) as writer:
         for step, loss in losses.items():
             labels.report_metrics(loss=loss)
-            snap = Snapshot.capture(flatten({"model": {"w": torch.full((256,), float(step))}}), step=step, quorum_id=1,
-                                    replica_id="g0")
+            snap = Snapshot.capture(
+                flatten({"model": {"w": torch.full((256,), float(step))}}), step=step, quorum_id=1, replica_id="g0"
+            )
             assert writer.save_async(snap, step, labels.take()).wait(60).ok
 
 
@@ -134,22 +142,35 @@ def test_catalog_find_show_and_tag(tmp_path: Path, capsys: pytest.CaptureFixture
 
     assert main(["show", str(tmp_path / name(100))]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert {"step: 100", "epoch: 0", f"lineage: {LINEAGE}", "experiment: sweep", "roles: latest", "tiers: local",
-            "kind: base", "format version: 3", "metric loss: 0.9", "tag note: first try"} <= set(out), out
+    assert {
+        "step: 100",
+        "epoch: 0",
+        f"lineage: {LINEAGE}",
+        "experiment: sweep",
+        "roles: latest",
+        "tiers: local",
+        "kind: base",
+        "format version: 3",
+        "metric loss: 0.9",
+        "tag note: first try",
+    } <= set(out), out
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         pytest.param(["tag", "{dir}/" + name(100), "novalue"], "'novalue' is not KEY=VALUE", id="tag_not_key_value"),
-        pytest.param(["tag", "{dir}/" + name(100), "epoch=-1"], "epoch='-1' must be a whole number", id="tag_bad_epoch"),
+        pytest.param(
+            ["tag", "{dir}/" + name(100), "epoch=-1"], "epoch='-1' must be a whole number", id="tag_bad_epoch"
+        ),
         pytest.param(["tag", "{dir}/" + name(999), "a=b"], f"{name(999)} is not in the catalog", id="tag_unknown"),
         pytest.param(["show", "{dir}/notes"], "is not a checkpoint name", id="show_not_a_checkpoint"),
         pytest.param(["find", "{dir}/missing"], "missing is not a directory", id="find_missing_dir"),
     ],
 )
-def test_bad_catalog_arguments_exit_2_with_the_value(tmp_path: Path, argv: list[str], message: str,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_catalog_arguments_exit_2_with_the_value(
+    tmp_path: Path, argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     write_labelled(tmp_path, {100: 0.5})
     capsys.readouterr()
     argv = [a.replace("{dir}", str(tmp_path)) for a in argv]
@@ -164,8 +185,23 @@ def test_bad_catalog_arguments_exit_2_with_the_value(tmp_path: Path, argv: list[
 def test_find_from_a_shell_rebuilds_a_missing_catalog_with_a_warning(tmp_path: Path) -> None:
     write_labelled(tmp_path, {100: 0.3, 200: 0.1, 300: 0.2})
     (tmp_path / "catalog.sqlite").unlink()
-    done = subprocess.run([sys.executable, "-m", "replicaft.checkpoint", "find", str(tmp_path), "--experiment", "sweep",
-                           "--best", "loss"], capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "replicaft.checkpoint",
+            "find",
+            str(tmp_path),
+            "--experiment",
+            "sweep",
+            "--best",
+            "loss",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert first_column(done.stdout) == [name(200)]
     assert "warning: " in done.stderr and "catalog.sqlite is missing; rebuilt it from the manifests of 3" in done.stderr

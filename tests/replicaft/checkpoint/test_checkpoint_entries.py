@@ -91,7 +91,9 @@ def test_manifest_nested_100000_deep_is_invalid_and_resume_falls_back(tmp_path: 
     assert loaded is not None and loaded.path == older
 
 
-def test_fifo_in_place_of_a_manifest_or_a_shard_does_not_hang(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_fifo_in_place_of_a_manifest_or_a_shard_does_not_hang(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     older, newer = write(tmp_path, OLD, [10, 20])
     (newer / MANIFEST_FILE).unlink()
     os.mkfifo(newer / MANIFEST_FILE)

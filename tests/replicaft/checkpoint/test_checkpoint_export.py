@@ -27,8 +27,12 @@ def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer, dict[str, object]
         optimizer.zero_grad()
         model(torch.randn(5, 8)).pow(2).sum().backward()
         optimizer.step()
-    state = {"replicaft": {"step": 2}, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "data_cursor": {"position": 64}}
+    state = {
+        "replicaft": {"step": 2},
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "data_cursor": {"position": 64},
+    }
     return model, optimizer, state
 
 
@@ -37,12 +41,18 @@ def saved(directory: Path, state: dict[str, object]) -> None:
         assert writer.save_async(Snapshot.capture(flatten(state), step=2, quorum_id=1, replica_id="g0"), 2).wait(60).ok
 
 
-def test_exported_model_loads_in_plain_torch_and_optimizer_carries_param_groups(tmp_path: Path,
-                                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_exported_model_loads_in_plain_torch_and_optimizer_carries_param_groups(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     model, optimizer, state = trained()
     saved(tmp_path / "ckpt", state)
 
-    assert main(["export", str(tmp_path / "ckpt"), "--format", "safetensors", "--out", str(tmp_path / "out"), "--optimizer"]) == 0
+    assert (
+        main(
+            ["export", str(tmp_path / "ckpt"), "--format", "safetensors", "--out", str(tmp_path / "out"), "--optimizer"]
+        )
+        == 0
+    )
     assert "model.safetensors (step 2," in capsys.readouterr().out
 
     other = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
@@ -92,8 +102,9 @@ def test_import_of_a_file_that_is_not_safetensors_says_so(tmp_path: Path, capsys
     assert "is not a safetensors file" in capsys.readouterr().out
 
 
-def test_encrypted_checkpoint_exports_only_with_its_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                        capsys: pytest.CaptureFixture[str]) -> None:
+def test_encrypted_checkpoint_exports_only_with_its_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     key = bytes(range(32)).hex()
     monkeypatch.setenv("REPLICAFT_CHECKPOINT_KEY", key)
     _, _, state = trained()

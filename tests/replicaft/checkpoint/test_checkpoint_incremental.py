@@ -61,11 +61,19 @@ def manifest(result: SaveResult) -> dict[str, object]:
         (Parent("p", 3, None, True), 1, None, "base", "incremental saves are off"),
         (Parent("p", 3, None, True), 10, None, "increment", "increment 4 of 10 on p"),
         (Parent("p", 10, None, True), 10, None, "base", "p ends a chain of 10"),
-        (Parent("p", 2, None, False, "p/pack-0.bin is missing"), 10, None, "base", "p cannot be built on: p/pack-0.bin is missing"),
+        (
+            Parent("p", 2, None, False, "p/pack-0.bin is missing"),
+            10,
+            None,
+            "base",
+            "p cannot be built on: p/pack-0.bin is missing",
+        ),
         (Parent("p", 2, "aaaa", True), 10, "bbbb", "base", "encrypted under key aaaa, this save under bbbb"),
     ],
 )
-def test_decide_chain_table(parent: Parent | None, chain_length: int, key_id: str | None, kind: str, reason: str) -> None:
+def test_decide_chain_table(
+    parent: Parent | None, chain_length: int, key_id: str | None, kind: str, reason: str
+) -> None:
     decision = decide_chain(parent, chain_length=chain_length, key_id=key_id)
     assert decision.kind == kind and reason in decision.reason
     assert (decision.parent is None) == (kind == "base")
@@ -180,8 +188,9 @@ OTHER_KEY = EncryptionKey.from_bytes(bytes(range(1, 33)))
 def test_encrypted_checkpoint_holds_no_plaintext_and_loads_only_with_its_key(tmp_path: Path) -> None:
     marker = torch.tensor([float(0x5EC2E7)] * 4096)
     with CheckpointWriter(tmp_path, encryption_key=KEY, chain_length=1) as writer:
-        snap = Snapshot.capture(flatten({"model": {"w": marker}, "cursor": {"secret": "swordfish"}}), step=5,
-                                quorum_id=1, replica_id="g0")
+        snap = Snapshot.capture(
+            flatten({"model": {"w": marker}, "cursor": {"secret": "swordfish"}}), step=5, quorum_id=1, replica_id="g0"
+        )
         result = writer.save_async(snap, 5).wait(60)
     assert result.ok and result.path is not None
     everything = b"".join(f.read_bytes() for f in result.path.iterdir() if f.name != MANIFEST_FILE)
@@ -190,7 +199,11 @@ def test_encrypted_checkpoint_holds_no_plaintext_and_loads_only_with_its_key(tmp
 
     assert CheckpointReader.verify(result.path)[0]  # integrity needs no key
     loaded = CheckpointReader(tmp_path, encryption_key=KEY).load_latest_valid()
-    assert loaded is not None and loaded.state["model"]["w"].equal(marker) and loaded.state["cursor"]["secret"] == "swordfish"
+    assert (
+        loaded is not None
+        and loaded.state["model"]["w"].equal(marker)
+        and loaded.state["cursor"]["secret"] == "swordfish"
+    )
     with pytest.raises(CheckpointKeyError, match=f"is encrypted \\(key id {KEY.key_id}\\) and no key was given"):
         CheckpointReader(tmp_path).load_latest_valid()
     with pytest.raises(CheckpointKeyError, match=f"key id {KEY.key_id}, but the key given has id {OTHER_KEY.key_id}"):

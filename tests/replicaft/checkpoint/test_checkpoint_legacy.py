@@ -179,8 +179,9 @@ def test_previous_release_checkpoint_loads_bitwise_and_the_next_save_continues_i
     assert digest(flatten(newer.state)) == digest(flatten(loaded.state))
 
 
-def test_a_previous_release_checkpoint_of_the_same_step_is_replaced_saying_why(tmp_path: Path,
-                                                                               caplog: pytest.LogCaptureFixture) -> None:
+def test_a_previous_release_checkpoint_of_the_same_step_is_replaced_saying_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Its digest is of the older scheme (state.DIGEST_SCHEME), so equal states have unequal
     digests: the save must neither keep it as "this very save" nor call it another history."""
     fixture = FIXTURES / "checkpoint_v2"

@@ -26,12 +26,19 @@ A, B = "aaaaaaaaaaaa", "bbbbbbbbbbbb"
     ("candidates", "order"),
     [
         pytest.param([], [], id="none"),
-        pytest.param([(10, A, 1.0), (30, A, 3.0), (20, A, 2.0)], [(30, A), (20, A), (10, A)], id="one_lineage_newest_first"),
+        pytest.param(
+            [(10, A, 1.0), (30, A, 3.0), (20, A, 2.0)], [(30, A), (20, A), (10, A)], id="one_lineage_newest_first"
+        ),
         # B was written last: all of B before any of A, though A reached a higher step.
-        pytest.param([(10, A, 1.0), (90, A, 2.0), (10, B, 5.0), (20, B, 6.0)], [(20, B), (10, B), (90, A), (10, A)],
-                     id="most_recent_lineage_first_whole"),
+        pytest.param(
+            [(10, A, 1.0), (90, A, 2.0), (10, B, 5.0), (20, B, 6.0)],
+            [(20, B), (10, B), (90, A), (10, A)],
+            id="most_recent_lineage_first_whole",
+        ),
         # An unreadable manifest (None) does not make a lineage recent; it is tried in step order.
-        pytest.param([(50, A, None), (10, A, 1.0), (20, B, 0.5)], [(50, A), (10, A), (20, B)], id="unreadable_manifest"),
+        pytest.param(
+            [(50, A, None), (10, A, 1.0), (20, B, 0.5)], [(50, A), (10, A), (20, B)], id="unreadable_manifest"
+        ),
         pytest.param([(10, A, None), (20, B, None)], [(20, B), (10, A)], id="nothing_readable_highest_step_first"),
     ],
 )
@@ -61,8 +68,14 @@ def test_same_step_in_two_tiers_tries_the_nearer_copy_first() -> None:
     ],
 )
 def test_checkpoint_options_refuse_values_that_would_fail_later(field: str, value: object, message: str) -> None:
-    options = {"directory": "/ckpt", "tier2_directory": None, "interval_steps": 10, "interval_s": 0.0,
-               "keep_last": 3, "milestone_every": 0}
+    options = {
+        "directory": "/ckpt",
+        "tier2_directory": None,
+        "interval_steps": 10,
+        "interval_s": 0.0,
+        "keep_last": 3,
+        "milestone_every": 0,
+    }
     with pytest.raises(OptionsError, match=message):
         check_checkpoint_options(**{**options, field: value})  # type: ignore[arg-type]
 
@@ -76,7 +89,9 @@ def saved(directory: Path, lineage: str, steps: list[int]) -> list[Path]:
     with CheckpointWriter(directory, lineage=lineage) as writer:
         for step in steps:
             state = {"replicaft": {"step": step}, "model": {"w": torch.full((8,), float(step))}}
-            result = writer.save_async(Snapshot.capture(flatten(state), step=step, quorum_id=1, replica_id="g0"), step).wait(60)
+            result = writer.save_async(
+                Snapshot.capture(flatten(state), step=step, quorum_id=1, replica_id="g0"), step
+            ).wait(60)
             assert result.path is not None
             paths.append(result.path)
     return paths

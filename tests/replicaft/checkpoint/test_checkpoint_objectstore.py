@@ -60,8 +60,12 @@ def credentials(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def store_for(server: S3Server, prefix: str | None = None, deadline_s: float = 30.0) -> ObjectStore:
-    return ObjectStore(f"s3://{BUCKET}/{prefix or uuid.uuid4().hex}", endpoint_url=server.endpoint, part_bytes=PART,
-                       retry=RetryPolicy(base_delay_s=0.05, max_delay_s=1.0, deadline_s=deadline_s))
+    return ObjectStore(
+        f"s3://{BUCKET}/{prefix or uuid.uuid4().hex}",
+        endpoint_url=server.endpoint,
+        part_bytes=PART,
+        retry=RetryPolicy(base_delay_s=0.05, max_delay_s=1.0, deadline_s=deadline_s),
+    )
 
 
 def state(step: int, frozen_mib: int = 12) -> dict[str, object]:
@@ -219,7 +223,9 @@ def test_wrong_credentials_fail_at_once_with_the_fix_and_the_local_checkpoint_st
             result = save(writer, 10)
             ((step, ok, reason),) = uploaded(writer)
         assert time.monotonic() - started < 20  # refused, not retried for the deadline
-        assert not ok and "(HTTP 403); the store refused the credentials" in reason and "check AWS_ACCESS_KEY_ID" in reason
+        assert (
+            not ok and "(HTTP 403); the store refused the credentials" in reason and "check AWS_ACCESS_KEY_ID" in reason
+        )
         assert "the local checkpoint is unaffected" in reason and CheckpointReader.verify(result.path)[0]  # type: ignore[arg-type]
 
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
@@ -264,12 +270,15 @@ def test_an_upload_opened_without_crc32_is_aborted_and_the_file_sent_again(serve
     assert "ChecksumCRC32" in client.head_object(Bucket=BUCKET, Key=key, ChecksumMode="ENABLED")  # not the old upload
 
 
-@pytest.mark.parametrize(("response", "ok"), [
-    ({"ChecksumCRC32": "AAAAAQ==", "ETag": '"whatever"'}, True),  # the store checked our CRC32
-    ({"ChecksumCRC32": "AAAAAg==", "ETag": '"whatever"'}, False),  # it computed another one
-    ({"ETag": f'"{hashlib.md5(b"part").hexdigest()}"'}, True),  # no checksums: the ETag is the MD5
-    ({"ETag": f'"{hashlib.md5(b"other").hexdigest()}"'}, False),
-])
+@pytest.mark.parametrize(
+    ("response", "ok"),
+    [
+        ({"ChecksumCRC32": "AAAAAQ==", "ETag": '"whatever"'}, True),  # the store checked our CRC32
+        ({"ChecksumCRC32": "AAAAAg==", "ETag": '"whatever"'}, False),  # it computed another one
+        ({"ETag": f'"{hashlib.md5(b"part").hexdigest()}"'}, True),  # no checksums: the ETag is the MD5
+        ({"ETag": f'"{hashlib.md5(b"other").hexdigest()}"'}, False),
+    ],
+)
 def test_a_part_answer_must_carry_our_crc32_or_else_our_md5(response: dict[str, str], ok: bool) -> None:
     if ok:
         check_part(response, b"part", "AAAAAQ==", "k part 1")
@@ -278,19 +287,28 @@ def test_a_part_answer_must_carry_our_crc32_or_else_our_md5(response: dict[str, 
             check_part(response, b"part", "AAAAAQ==", "k part 1")
 
 
-@pytest.mark.parametrize(("num_bytes", "expected"), [
-    (10 * MIB, 8 * MIB), (10_000 * 8 * MIB, 8 * MIB), (10_000 * 8 * MIB + 1, 9 * MIB), (200 * 1024 * MIB, 21 * MIB),
-])
+@pytest.mark.parametrize(
+    ("num_bytes", "expected"),
+    [
+        (10 * MIB, 8 * MIB),
+        (10_000 * 8 * MIB, 8 * MIB),
+        (10_000 * 8 * MIB + 1, 9 * MIB),
+        (200 * 1024 * MIB, 21 * MIB),
+    ],
+)
 def test_part_size_fits_any_file_in_ten_thousand_parts(num_bytes: int, expected: int) -> None:
     size = part_size(num_bytes, 8 * MIB)
     assert size == expected and -(-num_bytes // size) <= MAX_PARTS
 
 
-@pytest.mark.parametrize(("head", "stored"), [
-    ({"ChecksumCRC32": "AAAAAQ==-3", "ChecksumType": "COMPOSITE"}, "AAAAAQ=="),  # S3
-    ({"ChecksumCRC32": "AAAAAQ=="}, "AAAAAQ=="),  # moto: no suffix, no type
-    ({"ChecksumCRC32": "AAAAAQ==", "ChecksumType": "FULL_OBJECT"}, None),  # another quantity
-    ({}, None),  # a store without checksums
-])
+@pytest.mark.parametrize(
+    ("head", "stored"),
+    [
+        ({"ChecksumCRC32": "AAAAAQ==-3", "ChecksumType": "COMPOSITE"}, "AAAAAQ=="),  # S3
+        ({"ChecksumCRC32": "AAAAAQ=="}, "AAAAAQ=="),  # moto: no suffix, no type
+        ({"ChecksumCRC32": "AAAAAQ==", "ChecksumType": "FULL_OBJECT"}, None),  # another quantity
+        ({}, None),  # a store without checksums
+    ],
+)
 def test_only_a_composite_crc32_is_compared_after_an_upload(head: dict[str, str], stored: str | None) -> None:
     assert stored_composite_crc32(head) == stored

@@ -10,13 +10,26 @@ from replicaft.errors import OptionsError
 SAVE_CASES = [
     # (step, now, last step, last time, interval_steps, interval_s, in progress, action, reason fragment)
     pytest.param(500, 99.0, 0, 0.0, 0, 0.0, False, "not_due", "disabled", id="both_intervals_zero_disabled"),
-    pytest.param(100, 0.0, 0, 0.0, 100, 0.0, False, "save", "crossed a multiple of interval_steps=100", id="step_multiple_reached"),
+    pytest.param(
+        100,
+        0.0,
+        0,
+        0.0,
+        100,
+        0.0,
+        False,
+        "save",
+        "crossed a multiple of interval_steps=100",
+        id="step_multiple_reached",
+    ),
     pytest.param(99, 0.0, 0, 0.0, 100, 0.0, False, "not_due", "no interval", id="step_multiple_not_reached"),
     pytest.param(410, 0.0, 390, 0.0, 100, 0.0, False, "save", "since step 390", id="heal_jumped_over_the_multiple"),
     pytest.param(450, 0.0, 401, 0.0, 100, 0.0, False, "not_due", "no interval", id="same_interval_as_last_save"),
     pytest.param(400, 0.0, 400, 0.0, 100, 0.0, False, "not_due", "not after the last save point", id="same_step_twice"),
     pytest.param(300, 0.0, 400, 0.0, 100, 0.0, False, "not_due", "not after", id="step_went_back_after_restart"),
-    pytest.param(7, 60.0, 3, 0.0, 0, 60.0, False, "save", "60.0s since the last save point", id="time_interval_elapsed"),
+    pytest.param(
+        7, 60.0, 3, 0.0, 0, 60.0, False, "save", "60.0s since the last save point", id="time_interval_elapsed"
+    ),
     pytest.param(7, 59.9, 3, 0.0, 0, 60.0, False, "not_due", "no interval", id="time_interval_not_elapsed"),
     pytest.param(7, 61.0, 3, 0.0, 100, 60.0, False, "save", "interval_s=60", id="either_trigger_suffices"),
     pytest.param(200, 0.0, 100, 0.0, 100, 0.0, True, "skip", "still being written", id="due_while_saving_is_skipped"),
@@ -55,18 +68,31 @@ def test_should_save_table(
 
 def test_skip_reason_says_training_is_not_blocked() -> None:
     decision = should_save(
-        step=200, now=0.0, last_saved_step=100, last_saved_time=0.0, interval_steps=100, interval_s=0.0, save_in_progress=True
+        step=200,
+        now=0.0,
+        last_saved_step=100,
+        last_saved_time=0.0,
+        interval_steps=100,
+        interval_s=0.0,
+        save_in_progress=True,
     )
     assert decision.reason.startswith("checkpoint of step 200 due")
     assert "rather than blocking training" in decision.reason
 
 
-@pytest.mark.parametrize(("interval_steps", "interval_s", "field"), [(-1, 0.0, "interval_steps=-1"), (0, -2.0, "interval_s=-2.0")])
+@pytest.mark.parametrize(
+    ("interval_steps", "interval_s", "field"), [(-1, 0.0, "interval_steps=-1"), (0, -2.0, "interval_s=-2.0")]
+)
 def test_negative_interval_rejected_with_the_value(interval_steps: int, interval_s: float, field: str) -> None:
     with pytest.raises(OptionsError, match=field):
         should_save(
-            step=1, now=0.0, last_saved_step=0, last_saved_time=0.0,
-            interval_steps=interval_steps, interval_s=interval_s, save_in_progress=False,
+            step=1,
+            now=0.0,
+            last_saved_step=0,
+            last_saved_time=0.0,
+            interval_steps=interval_steps,
+            interval_s=interval_s,
+            save_in_progress=False,
         )
 
 

@@ -31,8 +31,12 @@ def facts(*steps: int, **per_step: dict[int, Any]) -> list[CheckpointFacts]:
     ``pending=[steps]`` fill in the rest."""
     epochs, losses = per_step.get("epoch", {}), per_step.get("loss", {})
     requires, pending = per_step.get("requires", {}), per_step.get("pending", ())
-    return [CheckpointFacts(s, epochs.get(s), {"loss": losses[s]} if s in losses else {}, tuple(requires.get(s, ())),
-                            s in pending) for s in steps]
+    return [
+        CheckpointFacts(
+            s, epochs.get(s), {"loss": losses[s]} if s in losses else {}, tuple(requires.get(s, ())), s in pending
+        )
+        for s in steps
+    ]
 
 
 KEEP_LAST_AND_MILESTONES = [
@@ -51,7 +55,9 @@ KEEP_LAST_AND_MILESTONES = [
 
 
 @pytest.mark.parametrize(("steps", "keep_last", "milestone_every", "deleted"), KEEP_LAST_AND_MILESTONES)
-def test_keep_last_and_milestones_table(steps: list[int], keep_last: int, milestone_every: int, deleted: list[int]) -> None:
+def test_keep_last_and_milestones_table(
+    steps: list[int], keep_last: int, milestone_every: int, deleted: list[int]
+) -> None:
     decision = decide_retention(facts(*steps), RetentionPolicy(keep_last=keep_last, milestone_every=milestone_every))
     assert list(decision.delete) == deleted
     assert sorted(decision.keep + decision.delete) == sorted(steps)
@@ -65,22 +71,54 @@ COMBINATIONS = [
     pytest.param({"keep_last": 1}, {}, [800], id="keep_last_only"),
     pytest.param({"keep_last": 1, "milestone_at_epoch_end": True}, {}, [200, 500, 700, 800], id="epoch_ends"),
     pytest.param({"keep_last": 1, "keep_geometric_from": 100}, {}, [100, 200, 400, 800], id="geometric_on_the_marks"),
-    pytest.param({"keep_last": 1, "keep_geometric_from": 150}, {}, [200, 300, 600, 800], id="geometric_first_after_marks"),
-    pytest.param({"keep_last": 1, "keep_best_k": 2, "keep_best_metric": "loss"}, {}, [400, 600, 800],
-                 id="best_two_by_loss_tie_goes_to_newer"),
-    pytest.param({"keep_last": 1, "keep_best_k": 1, "keep_best_metric": "loss", "keep_best_mode": "max"}, {},
-                 [100, 800], id="best_by_max"),
-    pytest.param({"keep_last": 1, "keep_best_k": 3, "keep_best_metric": "accuracy"}, {}, [800],
-                 id="best_by_a_metric_nobody_reported_keeps_none"),
-    pytest.param({"keep_last": 2, "milestone_every": 300, "milestone_at_epoch_end": True, "keep_geometric_from": 400,
-                  "keep_best_k": 1, "keep_best_metric": "loss"}, {},
-                 [200, 300, 400, 500, 600, 700, 800], id="every_rule_a_checkpoint_is_kept_if_any_keeps_it"),
+    pytest.param(
+        {"keep_last": 1, "keep_geometric_from": 150}, {}, [200, 300, 600, 800], id="geometric_first_after_marks"
+    ),
+    pytest.param(
+        {"keep_last": 1, "keep_best_k": 2, "keep_best_metric": "loss"},
+        {},
+        [400, 600, 800],
+        id="best_two_by_loss_tie_goes_to_newer",
+    ),
+    pytest.param(
+        {"keep_last": 1, "keep_best_k": 1, "keep_best_metric": "loss", "keep_best_mode": "max"},
+        {},
+        [100, 800],
+        id="best_by_max",
+    ),
+    pytest.param(
+        {"keep_last": 1, "keep_best_k": 3, "keep_best_metric": "accuracy"},
+        {},
+        [800],
+        id="best_by_a_metric_nobody_reported_keeps_none",
+    ),
+    pytest.param(
+        {
+            "keep_last": 2,
+            "milestone_every": 300,
+            "milestone_at_epoch_end": True,
+            "keep_geometric_from": 400,
+            "keep_best_k": 1,
+            "keep_best_metric": "loss",
+        },
+        {},
+        [200, 300, 400, 500, 600, 700, 800],
+        id="every_rule_a_checkpoint_is_kept_if_any_keeps_it",
+    ),
     pytest.param({"keep_last": 1}, {"pending": [300, 500]}, [300, 500, 800], id="pending_uploads_kept"),
     pytest.param({"keep_last": 1}, {"requires": {800: [600, 700]}}, [600, 700, 800], id="chain_of_newest_kept"),
-    pytest.param({"keep_last": 1, "keep_best_k": 1, "keep_best_metric": "loss"},
-                 {"requires": {600: [500], 800: [700]}}, [500, 600, 700, 800], id="chain_of_best_kept"),
-    pytest.param({"keep_last": 1}, {"pending": [300], "requires": {300: [100, 200]}}, [100, 200, 300, 800],
-                 id="chain_of_pending_upload_kept"),
+    pytest.param(
+        {"keep_last": 1, "keep_best_k": 1, "keep_best_metric": "loss"},
+        {"requires": {600: [500], 800: [700]}},
+        [500, 600, 700, 800],
+        id="chain_of_best_kept",
+    ),
+    pytest.param(
+        {"keep_last": 1},
+        {"pending": [300], "requires": {300: [100, 200]}},
+        [100, 200, 300, 800],
+        id="chain_of_pending_upload_kept",
+    ),
     pytest.param({"keep_last": 1}, {"requires": {500: [400]}}, [800], id="chain_of_deleted_checkpoint_deleted_too"),
 ]
 
@@ -98,8 +136,10 @@ def test_each_verdict_names_every_rule_that_keeps_it() -> None:
     decision = decide_retention(facts(*STEPS, loss=LOSSES, requires={800: [400]}, pending=[400]), policy)
     verdicts = {v.step: v for v in decision.verdicts}
     assert verdicts[400].kept_as == ("milestone", "best", "pending_upload", "chain")
-    assert verdicts[400].reason == ("keep: a milestone (every 400 steps); loss=0.2 is number 2 of the best 2 (min); "
-                                    "its upload to the object store is pending; in the chain of step 800")
+    assert verdicts[400].reason == (
+        "keep: a milestone (every 400 steps); loss=0.2 is number 2 of the best 2 (min); "
+        "its upload to the object store is pending; in the chain of step 800"
+    )
     assert verdicts[100].reason == "delete: not among the newest 1 and kept by no other rule"
 
 
@@ -157,8 +197,13 @@ def test_bad_retention_options_rejected_at_construction(fields: dict[str, Any], 
 def test_retention_never_deletes_newest_recent_milestones_best_or_pending(
     steps: set[int], keep_last: int, milestone_every: int, geometric: int, best_k: int, pending: set[int]
 ) -> None:
-    policy = RetentionPolicy(keep_last=keep_last, milestone_every=milestone_every, keep_geometric_from=geometric,
-                             keep_best_k=best_k, keep_best_metric="loss" if best_k else None)
+    policy = RetentionPolicy(
+        keep_last=keep_last,
+        milestone_every=milestone_every,
+        keep_geometric_from=geometric,
+        keep_best_k=best_k,
+        keep_best_metric="loss" if best_k else None,
+    )
     ordered = sorted(steps)
     chains = {s: [p for p in ordered if p < s][-2:] for s in ordered[1::3]}
     given_facts = facts(*ordered, loss={s: (s * 7919) % 101 for s in ordered}, requires=chains, pending=pending)
@@ -180,8 +225,11 @@ def test_retention_never_deletes_newest_recent_milestones_best_or_pending(
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
-    for key, value in (("AWS_ACCESS_KEY_ID", "replicaft"), ("AWS_SECRET_ACCESS_KEY", "replicaft"),
-                       ("AWS_DEFAULT_REGION", "us-east-1")):
+    for key, value in (
+        ("AWS_ACCESS_KEY_ID", "replicaft"),
+        ("AWS_SECRET_ACCESS_KEY", "replicaft"),
+        ("AWS_DEFAULT_REGION", "us-east-1"),
+    ):
         monkeypatch.setenv(key, value)
     server = S3Server(buckets=["retention"]).start()
     yield server
@@ -189,14 +237,22 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
 
 
 def test_writer_keeps_checkpoints_whose_upload_is_pending(s3: S3Server, tmp_path: Path) -> None:
-    store = ObjectStore(f"s3://retention/{tmp_path.name}", endpoint_url=s3.endpoint, part_bytes=5 * MIB,
-                        retry=RetryPolicy(base_delay_s=0.05, max_delay_s=1.0, deadline_s=60.0))
+    store = ObjectStore(
+        f"s3://retention/{tmp_path.name}",
+        endpoint_url=s3.endpoint,
+        part_bytes=5 * MIB,
+        retry=RetryPolicy(base_delay_s=0.05, max_delay_s=1.0, deadline_s=60.0),
+    )
     frozen = torch.arange(6 * MIB // 4, dtype=torch.float32)  # two parts, each held back 1.5 s by the server
     s3.faults(delay_parts_s=1.5)
 
     def save(writer: CheckpointWriter, step: int) -> tuple[int, ...]:
-        snap = Snapshot.capture(flatten({"model": {"frozen": frozen, "head": torch.full((8,), float(step))}}),
-                                step=step, quorum_id=1, replica_id="g0")
+        snap = Snapshot.capture(
+            flatten({"model": {"frozen": frozen, "head": torch.full((8,), float(step))}}),
+            step=step,
+            quorum_id=1,
+            replica_id="g0",
+        )
         result = writer.save_async(snap, step).wait(60)
         assert result.ok, result.reason
         return result.deleted_steps
@@ -217,17 +273,30 @@ def test_manager_options_retention_rules_reach_the_writer_issue_23(tmp_path: Pat
     from replicaft.persistence.duties import Persistence
     from replicaft.transfer.spare import SpareBuffer
 
-    env = {"REPLICAFT_LIGHTHOUSE": "127.0.0.1:1", "REPLICAFT_REPLICA_ID": "g0", "REPLICAFT_CHECKPOINT_DIR": str(tmp_path),
-           "REPLICAFT_CHECKPOINT_KEEP_LAST": "2", "REPLICAFT_CHECKPOINT_MILESTONE_EVERY": "1000",
-           "REPLICAFT_CHECKPOINT_MILESTONE_AT_EPOCH_END": "1", "REPLICAFT_CHECKPOINT_KEEP_GEOMETRIC_FROM": "50",
-           "REPLICAFT_CHECKPOINT_KEEP_BEST_K": "3", "REPLICAFT_CHECKPOINT_KEEP_BEST_METRIC": "accuracy",
-           "REPLICAFT_CHECKPOINT_KEEP_BEST_MODE": "max"}
+    env = {
+        "REPLICAFT_LIGHTHOUSE": "127.0.0.1:1",
+        "REPLICAFT_REPLICA_ID": "g0",
+        "REPLICAFT_CHECKPOINT_DIR": str(tmp_path),
+        "REPLICAFT_CHECKPOINT_KEEP_LAST": "2",
+        "REPLICAFT_CHECKPOINT_MILESTONE_EVERY": "1000",
+        "REPLICAFT_CHECKPOINT_MILESTONE_AT_EPOCH_END": "1",
+        "REPLICAFT_CHECKPOINT_KEEP_GEOMETRIC_FROM": "50",
+        "REPLICAFT_CHECKPOINT_KEEP_BEST_K": "3",
+        "REPLICAFT_CHECKPOINT_KEEP_BEST_METRIC": "accuracy",
+        "REPLICAFT_CHECKPOINT_KEEP_BEST_MODE": "max",
+    }
     persistence = Persistence(ManagerOptions.from_env(env), lambda *a, **k: None, SpareBuffer())
     persistence.start()
     try:
         assert persistence._writer is not None
         assert persistence._writer.retention == RetentionPolicy(
-            keep_last=2, milestone_every=1000, milestone_at_epoch_end=True, keep_geometric_from=50,
-            keep_best_k=3, keep_best_metric="accuracy", keep_best_mode="max")
+            keep_last=2,
+            milestone_every=1000,
+            milestone_at_epoch_end=True,
+            keep_geometric_from=50,
+            keep_best_k=3,
+            keep_best_metric="accuracy",
+            keep_best_mode="max",
+        )
     finally:
         persistence.close()

@@ -112,7 +112,9 @@ def test_model_adamw_scheduler_round_trip_bitwise_equal(tmp_path: Path) -> None:
     state = trained_state()
     with CheckpointWriter(tmp_path / "ckpt", writer_id="g0/0") as writer:
         result = save(writer, state, 3)
-    assert result.ok and result.path == ckpt_dir(tmp_path / "ckpt", 3) and result.path.name.startswith("step-000000003-")
+    assert (
+        result.ok and result.path == ckpt_dir(tmp_path / "ckpt", 3) and result.path.name.startswith("step-000000003-")
+    )
     template = fresh_template()
     template_weight = template["model"]["0.weight"]
 
@@ -194,12 +196,18 @@ def test_flipped_byte_in_shard_rejected_and_previous_checkpoint_loaded(
         pytest.param(lambda p: (p / MANIFEST_FILE).unlink(), "manifest.json is missing", id="manifest_deleted"),
         pytest.param(lambda p: (p / "pack-0.bin").unlink(), "pack-0.bin is missing", id="shard_deleted"),
         pytest.param(
-            lambda p: os.truncate(p / "pack-0.bin", 100), "pack-0.bin is 100 bytes, the manifest says", id="shard_truncated"
+            lambda p: os.truncate(p / "pack-0.bin", 100),
+            "pack-0.bin is 100 bytes, the manifest says",
+            id="shard_truncated",
         ),
-        pytest.param(lambda p: (p / MANIFEST_FILE).write_text("{"), "manifest.json is not valid JSON", id="manifest_garbled"),
+        pytest.param(
+            lambda p: (p / MANIFEST_FILE).write_text("{"), "manifest.json is not valid JSON", id="manifest_garbled"
+        ),
     ],
 )
-def test_damaged_checkpoint_is_invalid_with_the_reason(tmp_path: Path, damage: Callable[[Path], Any], reason: str) -> None:
+def test_damaged_checkpoint_is_invalid_with_the_reason(
+    tmp_path: Path, damage: Callable[[Path], Any], reason: str
+) -> None:
     with CheckpointWriter(tmp_path) as writer:
         path = save(writer, small_state(1), 1).path
     assert path is not None
@@ -364,12 +372,15 @@ def test_save_due_while_previous_still_writing_is_skipped_and_counted(
     assert writer.close(WAIT_S)
 
 
-def test_with_wait_when_busy_a_due_save_waits_for_the_previous_one(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_with_wait_when_busy_a_due_save_waits_for_the_previous_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """W > 1 mode: every rank must save the same steps, so a due save waits rather than skips;
     a previous save stuck past the bound is reported and this one skipped."""
     gate = threading.Event()
-    writer = CheckpointWriter(tmp_path, interval_steps=100, wait_when_busy_s=0.2,
-                              free_bytes=lambda d: 10**12 if gate.wait(WAIT_S) else 0)
+    writer = CheckpointWriter(
+        tmp_path, interval_steps=100, wait_when_busy_s=0.2, free_bytes=lambda d: 10**12 if gate.wait(WAIT_S) else 0
+    )
     capture = lambda: snapshot(small_state(0), 0)  # noqa: E731 - the contents do not matter here
     writer.save_if_due(0, capture, now=0.0)
     first = writer.save_if_due(100, capture, now=1.0)[1]
@@ -424,7 +435,9 @@ RANK_CHILD = textwrap.dedent(
 
 def run_two_ranks(child: str, directory: Path, init_file: Path) -> list[dict[str, Any]]:
     """Run ``child`` as ranks 0 and 1 of a group; their JSON reports, once both saved and exited."""
-    ranks = [spawn_python("-c", child, str(rank), str(directory), str(init_file), name=f"rank{rank}") for rank in (0, 1)]
+    ranks = [
+        spawn_python("-c", child, str(rank), str(directory), str(init_file), name=f"rank{rank}") for rank in (0, 1)
+    ]
     reports = [rank.wait_for_json(lambda o: "status" in o, WAIT_S, what="the save result")[1] for rank in ranks]
     codes = [rank.wait_exit(WAIT_S) for rank in ranks]
     assert codes == [0, 0], f"exit codes {codes}\n" + "\n".join(rank.output_tail() for rank in ranks)
@@ -442,7 +455,9 @@ def test_two_rank_group_writes_one_shard_per_rank_and_loads_in_one_process(tmp_p
     assert {"pack-0.bin", "pack-1.bin"} <= {f["name"] for f in manifest["files"]}
     assert manifest["metadata"]["group_world_size"] == 2
     loaded = CheckpointReader(directory).load_latest_valid()  # one process, no process group
-    assert loaded is not None and digest(flatten(loaded.state)) == reports[0]["digest"] == manifest["metadata"]["digest"]
+    assert (
+        loaded is not None and digest(flatten(loaded.state)) == reports[0]["digest"] == manifest["metadata"]["digest"]
+    )
 
 
 SHARDED_RANK_CHILD = textwrap.dedent(
@@ -516,5 +531,7 @@ def test_sharded_two_rank_save_restores_each_rank_and_loads_whole_with_one_rank(
     # W = 2 -> W = 1: one process with no template gets the whole tensors (both ranks' parts)
     # and rank 0's own values.
     loaded = CheckpointReader(directory).load_latest_valid()
-    assert loaded is not None and digest(flatten(loaded.state)) == reports[0]["full_digest"] != reports[1]["full_digest"]
+    assert (
+        loaded is not None and digest(flatten(loaded.state)) == reports[0]["full_digest"] != reports[1]["full_digest"]
+    )
     assert loaded.state["own"].tolist() == [0.0, 0.0, 0.0]

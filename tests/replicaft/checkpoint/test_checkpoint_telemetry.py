@@ -20,12 +20,28 @@ from replicaft.checkpoint.telemetry import (
 GB = 10**9
 
 
-def saves(durations: list[float], *, every_s: float = 60.0, num_bytes: int = GB, free: list[int] | None = None,
-          pending: list[int] | None = None, lag: list[float] | None = None) -> list[SaveRecord]:
+def saves(
+    durations: list[float],
+    *,
+    every_s: float = 60.0,
+    num_bytes: int = GB,
+    free: list[int] | None = None,
+    pending: list[int] | None = None,
+    lag: list[float] | None = None,
+) -> list[SaveRecord]:
     n = len(durations)
-    return [SaveRecord(step=100 * (i + 1), finished_at=every_s * (i + 1), duration_s=durations[i], num_bytes=num_bytes,
-                       free_bytes=free[i] if free else None, uploads_pending=pending[i] if pending else 0,
-                       upload_lag_s=lag[i] if lag else 0.0) for i in range(n)]
+    return [
+        SaveRecord(
+            step=100 * (i + 1),
+            finished_at=every_s * (i + 1),
+            duration_s=durations[i],
+            num_bytes=num_bytes,
+            free_bytes=free[i] if free else None,
+            uploads_pending=pending[i] if pending else 0,
+            upload_lag_s=lag[i] if lag else 0.0,
+        )
+        for i in range(n)
+    ]
 
 
 CASES = [
@@ -38,16 +54,22 @@ CASES = [
     ("one old outlier does not hide a slow save", saves([10, 500, 10, 10, 40]), ["slow_save"]),
     ("free space steady", saves([10] * 4, free=[50 * GB] * 4), []),
     ("free space falling but far from zero", saves([10] * 4, free=[50 * GB, 49 * GB, 48 * GB, 47 * GB]), []),
-    ("free space hits zero before the next save", saves([10] * 3, free=[5 * GB, 3 * GB, GB + GB // 2]),
-     ["disk_filling"]),
+    (
+        "free space hits zero before the next save",
+        saves([10] * 3, free=[5 * GB, 3 * GB, GB + GB // 2]),
+        ["disk_filling"],
+    ),
     ("two free readings are not a trend", saves([10] * 2, free=[3 * GB, GB]), []),
     ("free space growing", saves([10] * 3, free=[GB, 2 * GB, 3 * GB]), []),
     ("uploads keep up", saves([10] * 4, pending=[1, 1, 1, 1], lag=[0, 0, 0, 0]), []),
     ("pending uploads grow", saves([10] * 4, pending=[1, 1, 2, 3], lag=[0, 0, 30, 50]), ["tier_behind"]),
     ("upload lag beyond the interval", saves([10] * 3, pending=[1, 2, 2], lag=[0, 30, 61]), ["tier_behind"]),
     ("upload lag within the interval", saves([10] * 3, pending=[1, 2, 2], lag=[0, 30, 59]), []),
-    ("everything at once", saves([10, 10, 10, 40], free=[9 * GB, 6 * GB, 4 * GB, 2 * GB], pending=[0, 1, 2, 3]),
-     ["slow_save", "disk_filling", "tier_behind"]),
+    (
+        "everything at once",
+        saves([10, 10, 10, 40], free=[9 * GB, 6 * GB, 4 * GB, 2 * GB], pending=[0, 1, 2, 3]),
+        ["slow_save", "disk_filling", "tier_behind"],
+    ),
 ]
 
 
@@ -66,15 +88,25 @@ def test_slow_save_reason_names_the_median_and_the_factor() -> None:
 
 
 def test_save_fields_report_throughput_tier_and_host_bytes() -> None:
-    result = SaveResult(7, "published", "ok", Path("/c/step-7"), num_bytes=200 * 10**6, seconds=2.0,
-                        tier2_path=Path("/t2/step-7"))
+    result = SaveResult(
+        7, "published", "ok", Path("/c/step-7"), num_bytes=200 * 10**6, seconds=2.0, tier2_path=Path("/t2/step-7")
+    )
     fields = save_fields(result, blocked_s=0.25, host_bytes=123)
-    assert fields == {"duration_s": 2.0, "blocked_s": 0.25, "throughput_mb_s": 100.0, "tier": "local+tier2",
-                      "host_bytes": 123}
+    assert fields == {
+        "duration_s": 2.0,
+        "blocked_s": 0.25,
+        "throughput_mb_s": 100.0,
+        "tier": "local+tier2",
+        "host_bytes": 123,
+    }
 
 
 def test_load_fields_count_the_loaded_tensors(tmp_path: Path) -> None:
-    state = {"model": {"w": torch.zeros(250, dtype=torch.float32)}, "step": 3, "opt": [torch.zeros(250, dtype=torch.uint8)]}
+    state = {
+        "model": {"w": torch.zeros(250, dtype=torch.float32)},
+        "step": 3,
+        "opt": [torch.zeros(250, dtype=torch.uint8)],
+    }
     fields = load_fields(state, tmp_path / "t2" / "step-3", str(tmp_path / "t2"), duration_s=0.5)
     assert fields["num_bytes"] == 1250 and fields["host_bytes"] == 1250 and fields["tier"] == "tier2"
     assert fields["throughput_mb_s"] == 0.003 and fields["blocked_s"] == 0.5
@@ -85,8 +117,9 @@ def test_telemetry_shell_reports_a_slow_save_and_tracks_uploads(tmp_path: Path) 
     for i, seconds in enumerate([1.0, 1.0, 1.0, 5.0]):
         step = 10 * (i + 1)
         telemetry.started(step, host_bytes=4096)
-        fields, anomalies = telemetry.finished(SaveResult(step, "published", "ok", num_bytes=100, seconds=seconds),
-                                               blocked_s=0.01, now=60.0 * (i + 1))
+        fields, anomalies = telemetry.finished(
+            SaveResult(step, "published", "ok", num_bytes=100, seconds=seconds), blocked_s=0.01, now=60.0 * (i + 1)
+        )
         telemetry.uploaded(step)
         assert fields["host_bytes"] == 4096 and isinstance(fields["free_bytes"], int)
     assert [a.kind for a in anomalies] == ["slow_save"]
@@ -113,8 +146,9 @@ def test_persistence_reports_figures_for_published_and_refused_saves(tmp_path: P
     from replicaft.transfer.spare import SpareBuffer
 
     events: list[tuple[str, dict[str, Any]]] = []
-    options = ManagerOptions(lighthouse="127.0.0.1:1", replica_id="g0", checkpoint_dir=str(tmp_path / "ckpt"),
-                             checkpoint_interval_steps=1)
+    options = ManagerOptions(
+        lighthouse="127.0.0.1:1", replica_id="g0", checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_interval_steps=1
+    )
     persistence = Persistence(options, lambda event, **fields: events.append((event, fields)), SpareBuffer())
     state = {"w": torch.zeros(1 << 20)}  # 4 MiB: copied behind the next step (BackgroundCapture)
     persistence.start()

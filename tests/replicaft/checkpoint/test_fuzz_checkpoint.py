@@ -48,11 +48,19 @@ from replicaft.errors import CheckpointCorrupt
 LINEAGE = "3f9c2a1b7e55"
 PARENT = f"step-000000030-{LINEAGE}"
 MANIFEST = {
-    "format": "replicaft-checkpoint", "version": 3, "step": 40, "lineage": LINEAGE, "kind": "increment",
-    "requires": [PARENT], "chain_position": 2, "created_unix_s": 1_700_000_000.5,
+    "format": "replicaft-checkpoint",
+    "version": 3,
+    "step": 40,
+    "lineage": LINEAGE,
+    "kind": "increment",
+    "requires": [PARENT],
+    "chain_position": 2,
+    "created_unix_s": 1_700_000_000.5,
     "codec": {"compression_level": 3, "key_id": "0123456789abcdef"},
-    "files": [{"name": "pack-0.bin", "num_bytes": 10, "sha256": "a" * 64},
-              {"name": "state.msgpack", "num_bytes": 0, "sha256": "b" * 64}],
+    "files": [
+        {"name": "pack-0.bin", "num_bytes": 10, "sha256": "a" * 64},
+        {"name": "state.msgpack", "num_bytes": 0, "sha256": "b" * 64},
+    ],
     "metadata": {"quorum_id": 3, "digest": "ff"},
 }
 LAYOUT = {
@@ -71,8 +79,12 @@ CODEC = ChunkCodec(compression_level=3, key=EncryptionKey.from_bytes(bytes(range
 
 
 def check_manifest(raw: bytes) -> None:
-    manifest = call_decoder(lambda: CheckpointManifest.decode(raw, "ckpt/manifest.json"), CheckpointCorrupt,
-                            "CheckpointManifest.decode", len(raw))
+    manifest = call_decoder(
+        lambda: CheckpointManifest.decode(raw, "ckpt/manifest.json"),
+        CheckpointCorrupt,
+        "CheckpointManifest.decode",
+        len(raw),
+    )
     if manifest is not None:
         assert math.isfinite(manifest.created_unix_s) and manifest.step >= 0
         assert all(parse_dirname(r) is not None for r in manifest.requires)
@@ -109,8 +121,14 @@ RAW_JSON_HOSTILE = [
 
 
 @FUZZ
-@given(raw=st.one_of(st.binary(max_size=200), st.sampled_from(RAW_JSON_HOSTILE), hostile_manifest_json(),
-                     damaged_bytes(json.dumps(MANIFEST).encode())))
+@given(
+    raw=st.one_of(
+        st.binary(max_size=200),
+        st.sampled_from(RAW_JSON_HOSTILE),
+        hostile_manifest_json(),
+        damaged_bytes(json.dumps(MANIFEST).encode()),
+    )
+)
 def test_manifest_json_decodes_or_raises_checkpoint_corrupt(raw: bytes) -> None:
     check_manifest(raw)
 
@@ -129,11 +147,18 @@ def hostile_layout(draw: st.DrawFn) -> bytes:
 
 
 @FUZZ
-@given(raw=st.one_of(st.binary(max_size=200), msgpack_values.map(msgpack.packb), hostile_layout(),
-                     damaged_bytes(msgpack.packb(LAYOUT))))
+@given(
+    raw=st.one_of(
+        st.binary(max_size=200),
+        msgpack_values.map(msgpack.packb),
+        hostile_layout(),
+        damaged_bytes(msgpack.packb(LAYOUT)),
+    )
+)
 def test_state_layout_decodes_or_raises_checkpoint_corrupt(raw: bytes) -> None:
-    layout = call_decoder(lambda: StateLayout.decode(raw, "ckpt/state.msgpack"), CheckpointCorrupt,
-                          "StateLayout.decode", len(raw))
+    layout = call_decoder(
+        lambda: StateLayout.decode(raw, "ckpt/state.msgpack"), CheckpointCorrupt, "StateLayout.decode", len(raw)
+    )
     if layout is not None:
         assert StateLayout.decode(layout.encode(), "again") == layout
 
@@ -160,8 +185,11 @@ def hostile_index(draw: st.DrawFn) -> bytes:
 
 
 @FUZZ
-@given(raw=st.one_of(st.binary(max_size=200), msgpack_values.map(msgpack.packb), hostile_index(),
-                     damaged_bytes(msgpack.packb(INDEX))))
+@given(
+    raw=st.one_of(
+        st.binary(max_size=200), msgpack_values.map(msgpack.packb), hostile_index(), damaged_bytes(msgpack.packb(INDEX))
+    )
+)
 def test_tensor_index_decodes_or_raises_checkpoint_corrupt(raw: bytes) -> None:
     call_decoder(lambda: decode_index(raw, "ckpt/tensors.msgpack"), CheckpointCorrupt, "decode_index", len(raw))
 
@@ -172,27 +200,43 @@ STORED = CODEC.encode(CHUNK_ID, CHUNK)
 
 
 @FUZZ
-@given(stored=st.one_of(st.binary(max_size=80), damaged_bytes(STORED)),
-       raw_len=st.sampled_from([0, 1, len(CHUNK), 4 * 1024 * 1024]), plain=st.booleans())
+@given(
+    stored=st.one_of(st.binary(max_size=80), damaged_bytes(STORED)),
+    raw_len=st.sampled_from([0, 1, len(CHUNK), 4 * 1024 * 1024]),
+    plain=st.booleans(),
+)
 def test_chunk_record_decodes_or_raises_checkpoint_corrupt(stored: bytes, raw_len: int, plain: bool) -> None:
     codec = ChunkCodec(compression_level=3) if plain else CODEC
-    data = call_decoder(lambda: codec.decode(CHUNK_ID, stored, raw_len, "pack-0.bin@0"), CheckpointCorrupt,
-                        "ChunkCodec.decode", len(stored))
+    data = call_decoder(
+        lambda: codec.decode(CHUNK_ID, stored, raw_len, "pack-0.bin@0"),
+        CheckpointCorrupt,
+        "ChunkCodec.decode",
+        len(stored),
+    )
     assert data is None or data == CHUNK
 
 
 @FUZZ
 @given(stored=st.one_of(st.binary(max_size=120), damaged_bytes(seal_blob(CODEC, b"layout"))))
 def test_sealed_file_opens_or_raises_checkpoint_corrupt(stored: bytes) -> None:
-    data = call_decoder(lambda: open_blob(CODEC, stored, encrypted=True, max_bytes=1 << 20, where="state.msgpack"),
-                        CheckpointCorrupt, "open_blob", len(stored))
+    data = call_decoder(
+        lambda: open_blob(CODEC, stored, encrypted=True, max_bytes=1 << 20, where="state.msgpack"),
+        CheckpointCorrupt,
+        "open_blob",
+        len(stored),
+    )
     assert data is None or data == b"layout"
 
 
 @FUZZ
-@given(name=st.one_of(st.text(max_size=40), st.from_regex(r"step-[0-9]{9,30}(-[0-9a-f]{12})?", fullmatch=True),
-                      st.integers(9, 6000).map(lambda n: "step-" + "1" * n),
-                      st.from_regex(r"step-\d{9}", fullmatch=True)))
+@given(
+    name=st.one_of(
+        st.text(max_size=40),
+        st.from_regex(r"step-[0-9]{9,30}(-[0-9a-f]{12})?", fullmatch=True),
+        st.integers(9, 6000).map(lambda n: "step-" + "1" * n),
+        st.from_regex(r"step-\d{9}", fullmatch=True),
+    )
+)
 def test_directory_name_parses_or_is_not_a_checkpoint(name: str) -> None:
     parsed = call_decoder(lambda: parse_dirname(name), (), "parse_dirname")
     if parsed is not None:
@@ -202,8 +246,9 @@ def test_directory_name_parses_or_is_not_a_checkpoint(name: str) -> None:
 def dcp_records() -> dict[str, Any]:
     """A version-2 checkpoint's DCP metadata, with its records by name (to damage one)."""
     chunk = dcp_metadata.ChunkStorageMetadata(torch.Size([0]), torch.Size([4]))
-    tensor = dcp_metadata.TensorStorageMetadata(dcp_metadata.TensorProperties(dtype=torch.float32), torch.Size([4]),
-                                                [chunk])
+    tensor = dcp_metadata.TensorStorageMetadata(
+        dcp_metadata.TensorProperties(dtype=torch.float32), torch.Size([4]), [chunk]
+    )
     index = dcp_metadata.MetadataIndex("w", torch.Size([0]), 0)
     info = _StorageInfo("__0_0.distcp", 0, 16)
     metadata = dcp_metadata.Metadata({"w": tensor}, storage_data={index: info})
@@ -229,12 +274,19 @@ DCP_DIR.mkdir()
 
 
 @FUZZ
-@given(raw=st.one_of(hostile_dcp_metadata(), damaged_bytes(pickle.dumps(dcp_records()["metadata"])),
-                     st.binary(max_size=100)))
+@given(
+    raw=st.one_of(
+        hostile_dcp_metadata(), damaged_bytes(pickle.dumps(dcp_records()["metadata"])), st.binary(max_size=100)
+    )
+)
 def test_dcp_metadata_decodes_or_raises_checkpoint_corrupt(raw: bytes) -> None:
     (DCP_DIR / DCP_METADATA_FILE).write_bytes(raw)
-    call_decoder(lambda: read_dcp_metadata(DCP_DIR, frozenset({"__0_0.distcp"})), CheckpointCorrupt,
-                 "read_dcp_metadata", len(raw))
+    call_decoder(
+        lambda: read_dcp_metadata(DCP_DIR, frozenset({"__0_0.distcp"})),
+        CheckpointCorrupt,
+        "read_dcp_metadata",
+        len(raw),
+    )
 
 
 # -- regression tests for what the fuzzing found (issue 19) -------------------------------------
@@ -244,15 +296,20 @@ def manifest_with(**changes: Any) -> bytes:
     return json.dumps({**MANIFEST, **changes}).encode()
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    (manifest_with(created_unix_s=math.nan), r"field 'created_unix_s' = nan is not a finite number"),
-    (manifest_with(created_unix_s=math.inf), r"field 'created_unix_s' = inf is not a finite number"),
-    (RAW_JSON_HOSTILE[0], r"ckpt/manifest.json is not valid JSON \(Exceeds the limit \(4300 digits\)"),
-    (manifest_with(version=3.0), r"version 3.0"),
-    (manifest_with(files=[{"name": "pack-0.bin\x00", "num_bytes": 1, "sha256": "a" * 64}]),
-     r"files\[0\].name 'pack-0.bin\\x00' is not a plain file name"),
-    (manifest_with(requires=["step-" + "1" * 5000]), r"requires .* are not earlier checkpoints"),
-])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (manifest_with(created_unix_s=math.nan), r"field 'created_unix_s' = nan is not a finite number"),
+        (manifest_with(created_unix_s=math.inf), r"field 'created_unix_s' = inf is not a finite number"),
+        (RAW_JSON_HOSTILE[0], r"ckpt/manifest.json is not valid JSON \(Exceeds the limit \(4300 digits\)"),
+        (manifest_with(version=3.0), r"version 3.0"),
+        (
+            manifest_with(files=[{"name": "pack-0.bin\x00", "num_bytes": 1, "sha256": "a" * 64}]),
+            r"files\[0\].name 'pack-0.bin\\x00' is not a plain file name",
+        ),
+        (manifest_with(requires=["step-" + "1" * 5000]), r"requires .* are not earlier checkpoints"),
+    ],
+)
 def test_manifest_refuses_what_no_writer_writes_issue_19(raw: bytes, message: str) -> None:
     with pytest.raises(CheckpointCorrupt, match=message):
         CheckpointManifest.decode(raw, "ckpt/manifest.json")
@@ -295,15 +352,19 @@ def test_encrypted_chunk_too_short_for_its_nonce_is_corrupt_issue_19(stored: byt
         CODEC.decode(CHUNK_ID, stored, len(CHUNK), "pack-0.bin@0")
 
 
-@pytest.mark.parametrize(("record", "name", "value", "message"), [
-    ("info", "relative_path", ["__0_0.distcp"], r"is stored in \['__0_0.distcp'\]"),
-    ("info", "relative_path", None, r"a _StorageInfo without relative_path"),
-    ("metadata", "storage_data", None, r"storage_data is a NoneType, not a mapping"),
-    ("metadata", "state_dict_metadata", None, r"a Metadata without state_dict_metadata"),
-    ("info", "offset", -1, r"'w' is stored at offset, length \(-1, 16\)"),
-])
-def test_dcp_metadata_with_a_damaged_record_is_corrupt_issue_19(tmp_path: Path, record: str, name: str, value: Any,
-                                                                 message: str) -> None:
+@pytest.mark.parametrize(
+    ("record", "name", "value", "message"),
+    [
+        ("info", "relative_path", ["__0_0.distcp"], r"is stored in \['__0_0.distcp'\]"),
+        ("info", "relative_path", None, r"a _StorageInfo without relative_path"),
+        ("metadata", "storage_data", None, r"storage_data is a NoneType, not a mapping"),
+        ("metadata", "state_dict_metadata", None, r"a Metadata without state_dict_metadata"),
+        ("info", "offset", -1, r"'w' is stored at offset, length \(-1, 16\)"),
+    ],
+)
+def test_dcp_metadata_with_a_damaged_record_is_corrupt_issue_19(
+    tmp_path: Path, record: str, name: str, value: Any, message: str
+) -> None:
     records = dcp_records()
     if value is None:
         object.__delattr__(records[record], name)
@@ -322,7 +383,11 @@ def test_reading_a_small_file_allocates_its_size_not_the_limit_issue_19(tmp_path
 def test_dcp_metadata_declaring_a_huge_string_is_corrupt_without_allocating_it_issue_19(tmp_path: Path) -> None:
     raw = pickle.dumps(dcp_records()["metadata"], protocol=4)
     at = raw.index(b"\x8c\x0c__0_0.distcp")  # SHORT_BINUNICODE of the data file's name
-    damaged = raw[:at] + b"B" + raw[at + 1:]  # BINBYTES: its length is the next 4 bytes, ~2 GiB
+    damaged = raw[:at] + b"B" + raw[at + 1 :]  # BINBYTES: its length is the next 4 bytes, ~2 GiB
     (tmp_path / DCP_METADATA_FILE).write_bytes(damaged)
-    call_decoder(lambda: read_dcp_metadata(tmp_path, frozenset({"__0_0.distcp"})), CheckpointCorrupt,
-                 "read_dcp_metadata", len(damaged))
+    call_decoder(
+        lambda: read_dcp_metadata(tmp_path, frozenset({"__0_0.distcp"})),
+        CheckpointCorrupt,
+        "read_dcp_metadata",
+        len(damaged),
+    )

@@ -47,7 +47,9 @@ def mesh_of(store: dist.Store, size: int, quorum_id: int = 7) -> list[FlagMesh]:
 
 def reduce_all(meshes: list[FlagMesh], values: list[float], step: int) -> list[float]:
     with ThreadPoolExecutor(len(meshes)) as pool:
-        futures = [pool.submit(m.reduce, v, step, deadline(), threading.Event()) for m, v in zip(meshes, values, strict=True)]
+        futures = [
+            pool.submit(m.reduce, v, step, deadline(), threading.Event()) for m, v in zip(meshes, values, strict=True)
+        ]
         return [f.result(timeout=DEADLINE_S) for f in futures]
 
 
@@ -104,14 +106,18 @@ def test_a_late_hello_of_an_old_quorum_and_a_connection_without_one_are_dropped(
     rank0.close()
 
 
-@pytest.mark.parametrize(("quorum", "step", "value", "error"), [
-    (7, 4, 0.0, "sent quorum 7 step 4, expected quorum 7 step 3"),
-    (6, 3, 0.0, "sent quorum 6 step 3, expected quorum 7 step 3"),
-    (7, 3, 0.5, "sent 0.5, not one of"),
-    (7, 3, float("nan"), "sent nan, not one of"),
-])
-def test_a_wrong_or_malformed_message_fails_the_exchange(store: dist.TCPStore, quorum: int, step: int, value: float,
-                                                         error: str) -> None:
+@pytest.mark.parametrize(
+    ("quorum", "step", "value", "error"),
+    [
+        (7, 4, 0.0, "sent quorum 7 step 4, expected quorum 7 step 3"),
+        (6, 3, 0.0, "sent quorum 6 step 3, expected quorum 7 step 3"),
+        (7, 3, 0.5, "sent 0.5, not one of"),
+        (7, 3, float("nan"), "sent nan, not one of"),
+    ],
+)
+def test_a_wrong_or_malformed_message_fails_the_exchange(
+    store: dist.TCPStore, quorum: int, step: int, value: float, error: str
+) -> None:
     rank0, peer = rank0_with_fake_peer(store)
     peer.send(quorum, step, value)
     with pytest.raises(FlagError, match=f"column rank 1 {error}"):
@@ -161,8 +167,14 @@ def test_the_mesh_fails_at_its_deadline_when_a_peer_never_connects(store: dist.T
 
 def test_a_sigkilled_column_peer_fails_the_column_groups_flag_at_once(store: dist.TCPStore) -> None:
     address = f"127.0.0.1:{store.port}"
-    peer = spawn_python(str(REPO_ROOT / "tests" / "support" / "column_peer.py"), "--store", address, "--prefix", "flag-killed",
-                        name="column-peer")
+    peer = spawn_python(
+        str(REPO_ROOT / "tests" / "support" / "column_peer.py"),
+        "--store",
+        address,
+        "--prefix",
+        "flag-killed",
+        name="column-peer",
+    )
     rank0 = FaultTolerantProcessGroup("gloo", collective_timeout_s=DEADLINE_S, connect_timeout_s=DEADLINE_S)
     with ThreadPoolExecutor(1) as pool:
         configured = pool.submit(rank0.configure, ColumnSpec(address, "flag-killed", 0, 2, quorum_id=1))
@@ -179,13 +191,15 @@ def test_a_sigkilled_column_peer_fails_the_column_groups_flag_at_once(store: dis
 
 
 @pytest.mark.parametrize("ending", ["abort", "deadline"])
-def test_a_member_that_never_joins_ends_the_rendezvous_at_the_abort_or_the_deadline(store: dist.TCPStore,
-                                                                                    ending: str) -> None:
+def test_a_member_that_never_joins_ends_the_rendezvous_at_the_abort_or_the_deadline(
+    store: dist.TCPStore, ending: str
+) -> None:
     """A member that died after its quorum formed never publishes; Gloo's rendezvous could not
     be interrupted, so the wait before it is where a lost member's notice ends it."""
     address = f"127.0.0.1:{store.port}"
-    rank0 = FaultTolerantProcessGroup("gloo", collective_timeout_s=DEADLINE_S,
-                                      connect_timeout_s=DEADLINE_S if ending == "abort" else 0.3)
+    rank0 = FaultTolerantProcessGroup(
+        "gloo", collective_timeout_s=DEADLINE_S, connect_timeout_s=DEADLINE_S if ending == "abort" else 0.3
+    )
     abort = threading.Event()
     with ThreadPoolExecutor(1) as pool:
         configured = pool.submit(rank0.configure, ColumnSpec(address, "never-joins", 0, 2, quorum_id=3), abort)
@@ -194,7 +208,9 @@ def test_a_member_that_never_joins_ends_the_rendezvous_at_the_abort_or_the_deadl
             abort.set()
         started = time.monotonic()
         why = "a member of the quorum was lost" if ending == "abort" else "the deadline passed"
-        with pytest.raises(CollectiveError, match=rf"column rendezvous abandoned \({why}\): rank\(s\) \[1\] never published"):
+        with pytest.raises(
+            CollectiveError, match=rf"column rendezvous abandoned \({why}\): rank\(s\) \[1\] never published"
+        ):
             configured.result(timeout=DEADLINE_S)
     assert time.monotonic() - started < DEADLINE_S / 2
     assert rank0.spec is None  # the next quorum configures afresh

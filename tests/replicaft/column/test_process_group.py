@@ -39,8 +39,9 @@ def two_ranks(store: str, prefix: str) -> tuple[FaultTolerantProcessGroup, Fault
     """Ranks 0 and 1 of one column in this process (the rendezvous needs both at once)."""
     groups = (column(), column())
     with ThreadPoolExecutor(2) as pool:
-        for future in [pool.submit(g.configure, ColumnSpec(store, prefix, rank, 2, quorum_id=1))
-                       for rank, g in enumerate(groups)]:
+        for future in [
+            pool.submit(g.configure, ColumnSpec(store, prefix, rank, 2, quorum_id=1)) for rank, g in enumerate(groups)
+        ]:
             future.result(timeout=DEADLINE_S)
     return groups
 
@@ -82,7 +83,9 @@ def test_a_wait_on_a_silent_peer_ends_at_the_abort_or_the_deadline(store: str, e
     handle = rank0.allreduce(tensor, op="bucket allreduce")
     started = time.monotonic()
     deadline = started + (DEADLINE_S if ending == "abort" else 3 * WAIT_POLL_S)
-    expected = "abandoned: a member of the quorum was lost" if ending == "abort" else "did not complete within its deadline"
+    expected = (
+        "abandoned: a member of the quorum was lost" if ending == "abort" else "did not complete within its deadline"
+    )
     with pytest.raises(CollectiveError, match=f"bucket allreduce {expected}"):
         handle.wait(deadline, abort, abort.set if ending == "abort" else None)
     assert time.monotonic() - started < DEADLINE_S / 2
@@ -98,8 +101,14 @@ def test_a_wait_on_a_silent_peer_ends_at_the_abort_or_the_deadline(store: str, e
 
 
 def test_a_sigkilled_peer_fails_the_wait_at_once(store: str) -> None:
-    peer = spawn_python(str(REPO_ROOT / "tests" / "support" / "column_peer.py"), "--store", store, "--prefix", "killed",
-                        name="column-peer")
+    peer = spawn_python(
+        str(REPO_ROOT / "tests" / "support" / "column_peer.py"),
+        "--store",
+        store,
+        "--prefix",
+        "killed",
+        name="column-peer",
+    )
     rank0 = column()
     with ThreadPoolExecutor(1) as pool:
         configured = pool.submit(rank0.configure, ColumnSpec(store, "killed", 0, 2, quorum_id=1))

@@ -18,8 +18,13 @@ SCRIPT = str(REPO_ROOT / "tests" / "support" / "torchft_style_train.py")
 def start(lighthouse: str, replica_id: str, steps: int) -> ManagedProcess:
     # The alias folder first on the path: the script imports `torchft` and runs unmodified.
     alias = TORCHFT_ALIAS_DIR
-    env = dict(os.environ, TORCHFT_LIGHTHOUSE=f"http://{lighthouse}", REPLICA_GROUP_ID=replica_id,
-               REPLICA_GROUP_NUM=replica_id.removeprefix("g"), PYTHONPATH=f"{alias}{os.pathsep}{REPO_ROOT}")
+    env = dict(
+        os.environ,
+        TORCHFT_LIGHTHOUSE=f"http://{lighthouse}",
+        REPLICA_GROUP_ID=replica_id,
+        REPLICA_GROUP_NUM=replica_id.removeprefix("g"),
+        PYTHONPATH=f"{alias}{os.pathsep}{REPO_ROOT}",
+    )
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     return spawn_python(SCRIPT, str(steps), "0.1", name=replica_id, env=env)
@@ -56,10 +61,18 @@ def test_unmodified_torchft_script_survives_a_killed_group_with_equal_weights_at
         ({"lighthouse_addr": None}, "TORCHFT_LIGHTHOUSE"),
     ],
 )
-def test_unsupported_arguments_raise_a_clear_error(kwargs: dict, fragment: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unsupported_arguments_raise_a_clear_error(
+    kwargs: dict, fragment: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("TORCHFT_LIGHTHOUSE", raising=False)
-    args = dict(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1,
-                lighthouse_addr="127.0.0.1:1", replica_id="g0")
+    args = dict(
+        pg=torchft.ProcessGroupGloo(),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=1,
+        lighthouse_addr="127.0.0.1:1",
+        replica_id="g0",
+    )
     args.update(kwargs)
     with pytest.raises(OptionsError, match=fragment):
         torchft.Manager(**args)
@@ -69,14 +82,28 @@ def test_the_shim_has_torchft_020s_public_import_paths() -> None:
     import importlib
 
     for module, names in {
-        "replicaft.compat.torchft": ["DistributedSampler", "Manager", "Optimizer", "DistributedDataParallel",
-                                     "ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupBabyNCCL", "ProcessGroupXCCL"],
+        "replicaft.compat.torchft": [
+            "DistributedSampler",
+            "Manager",
+            "Optimizer",
+            "DistributedDataParallel",
+            "ProcessGroupGloo",
+            "ProcessGroupNCCL",
+            "ProcessGroupBabyNCCL",
+            "ProcessGroupXCCL",
+        ],
         "replicaft.compat.torchft.optim": ["OptimizerWrapper"],
         "replicaft.compat.torchft.local_sgd": ["LocalSGD", "DiLoCo"],
         "replicaft.compat.torchft.checkpointing": ["CheckpointTransport", "PGTransport", "HTTPTransport"],
         "replicaft.compat.torchft.checkpointing.pg_transport": ["PGTransport"],
-        "replicaft.compat.torchft.coordination": ["LighthouseServer", "LighthouseClient", "ManagerServer",
-                                                  "ManagerClient", "Quorum", "QuorumMember"],
+        "replicaft.compat.torchft.coordination": [
+            "LighthouseServer",
+            "LighthouseClient",
+            "ManagerServer",
+            "ManagerClient",
+            "Quorum",
+            "QuorumMember",
+        ],
         "replicaft.compat.torchft._torchft": ["LighthouseServer"],
     }.items():
         m = importlib.import_module(module)
@@ -88,8 +115,10 @@ def test_import_torchft_resolves_to_the_shim_through_the_alias_folder() -> None:
     import sys
 
     alias = TORCHFT_ALIAS_DIR
-    code = ("import torchft, torchft.manager, torchft.process_group as pg, replicaft.compat.torchft as shim;"
-            "print(torchft is shim, torchft.manager.Manager is shim.Manager, pg.ProcessGroupGloo is shim.ProcessGroupGloo)")
+    code = (
+        "import torchft, torchft.manager, torchft.process_group as pg, replicaft.compat.torchft as shim;"
+        "print(torchft is shim, torchft.manager.Manager is shim.Manager, pg.ProcessGroupGloo is shim.ProcessGroupGloo)"
+    )
     env = dict(os.environ, PYTHONPATH=f"{alias}{os.pathsep}{REPO_ROOT}")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["True", "True", "True"]
@@ -107,22 +136,37 @@ def test_an_error_injected_through_fake_process_group_wrapper_fails_the_step() -
     assert str(wrapper.take_error()) == "injected allreduce error" and wrapper.take_error() is None
 
 
-def test_a_checkpoint_transport_is_accepted_and_the_log_says_replicaft_moves_the_state(caplog: pytest.LogCaptureFixture,
-                                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_checkpoint_transport_is_accepted_and_the_log_says_replicaft_moves_the_state(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from replicaft.compat.torchft.checkpointing import PGTransport
     from replicaft.compat.torchft.manager import Manager
 
     started = []
     monkeypatch.setattr("replicaft.Manager.start", lambda self: started.append(self) or self)
     with caplog.at_level("INFO", logger="replicaft.compat.torchft.manager"):
-        Manager(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1,
-                lighthouse_addr="127.0.0.1:1", replica_id="g0", checkpoint_transport=PGTransport(None))
+        Manager(
+            pg=torchft.ProcessGroupGloo(),
+            load_state_dict=None,
+            state_dict=None,
+            min_replica_size=1,
+            lighthouse_addr="127.0.0.1:1",
+            replica_id="g0",
+            checkpoint_transport=PGTransport(None),
+        )
     assert started and "replicaft's own transfer" in caplog.text
 
 
 def test_distributed_sampler_shards_by_group_and_rank_as_torchft_does() -> None:
-    shards = [list(torchft.DistributedSampler(range(12), replica_rank=g, num_replica_groups=2, group_rank=r,
-                                              num_replicas=2, shuffle=False)) for g in range(2) for r in range(2)]
+    shards = [
+        list(
+            torchft.DistributedSampler(
+                range(12), replica_rank=g, num_replica_groups=2, group_rank=r, num_replicas=2, shuffle=False
+            )
+        )
+        for g in range(2)
+        for r in range(2)
+    ]
     assert shards == [[0, 4, 8], [1, 5, 9], [2, 6, 10], [3, 7, 11]]
 
 
@@ -139,8 +183,14 @@ def test_coordination_lighthouse_forms_a_quorum_for_two_replica_ids() -> None:
         results = {}
 
         def join(rid: str) -> None:
-            results[rid] = client.quorum(rid, timeout=datetime.timedelta(seconds=20), address=f"{rid}:1",
-                                         store_address=f"{rid}:2", step=3, world_size=1)
+            results[rid] = client.quorum(
+                rid,
+                timeout=datetime.timedelta(seconds=20),
+                address=f"{rid}:1",
+                store_address=f"{rid}:2",
+                step=3,
+                world_size=1,
+            )
 
         threads = [threading.Thread(target=join, args=(rid,)) for rid in ("a", "b")]
         for t in threads:
@@ -148,7 +198,10 @@ def test_coordination_lighthouse_forms_a_quorum_for_two_replica_ids() -> None:
         for t in threads:
             t.join(30)
         assert results["a"] == results["b"]
-        assert [(m.replica_id, m.store_address, m.step) for m in results["a"].participants] == [("a", "a:2", 3), ("b", "b:2", 3)]
+        assert [(m.replica_id, m.store_address, m.step) for m in results["a"].participants] == [
+            ("a", "a:2", 3),
+            ("b", "b:2", 3),
+        ]
     finally:
         client.close()
         server.shutdown()
@@ -157,8 +210,14 @@ def test_coordination_lighthouse_forms_a_quorum_for_two_replica_ids() -> None:
 def _unstarted_manager(monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> torchft.Manager:
     """A compat manager whose replicaft manager never starts (no lighthouse): for the facade's own rules."""
     monkeypatch.setattr("replicaft.Manager.start", lambda self: self)
-    args: dict[str, object] = dict(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None,
-                                   min_replica_size=1, lighthouse_addr="127.0.0.1:1", replica_id="g0")
+    args: dict[str, object] = dict(
+        pg=torchft.ProcessGroupGloo(),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=1,
+        lighthouse_addr="127.0.0.1:1",
+        replica_id="g0",
+    )
     args.update(kwargs)
     return torchft.Manager(**args)
 
@@ -178,11 +237,21 @@ def test_a_per_call_deadline_that_runs_out_raises_timeout_error_within_it() -> N
 
     lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
     store = dist.TCPStore(host_name="127.0.0.1", port=0, is_master=True, wait_for_workers=False)
-    manager = torchft.Manager(pg=torchft.ProcessGroupGloo(), min_replica_size=1, load_state_dict=lambda s: None,
-                              state_dict=lambda: {}, replica_id="alone", lighthouse_addr=lighthouse.address(),
-                              store_addr="127.0.0.1", store_port=store.port, rank=0, world_size=2,
-                              timeout=datetime.timedelta(seconds=5), quorum_timeout=datetime.timedelta(seconds=10),
-                              use_async_quorum=False)
+    manager = torchft.Manager(
+        pg=torchft.ProcessGroupGloo(),
+        min_replica_size=1,
+        load_state_dict=lambda s: None,
+        state_dict=lambda: {},
+        replica_id="alone",
+        lighthouse_addr=lighthouse.address(),
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=5),
+        quorum_timeout=datetime.timedelta(seconds=10),
+        use_async_quorum=False,
+    )
     try:
         for call in (manager.start_quorum, manager.should_commit):
             started = time.monotonic()
@@ -221,11 +290,20 @@ def _run_replicas(steps: object, num_replicas: int = 2) -> list[object]:
     def replica(i: int) -> object:
         # init_sync=False: no heal at step 0, whose timing (a healer commits once its fetch has
         # arrived) is not what these tests are about.
-        manager = torchft.Manager(pg=torchft.ProcessGroupGloo(), min_replica_size=num_replicas, init_sync=False,
-                                  load_state_dict=lambda s: None, state_dict=lambda: {}, replica_id=f"r{i}",
-                                  lighthouse_addr=lighthouse.address(), rank=0, world_size=1,
-                                  timeout=datetime.timedelta(seconds=5), quorum_timeout=datetime.timedelta(seconds=10),
-                                  use_async_quorum=False)
+        manager = torchft.Manager(
+            pg=torchft.ProcessGroupGloo(),
+            min_replica_size=num_replicas,
+            init_sync=False,
+            load_state_dict=lambda s: None,
+            state_dict=lambda: {},
+            replica_id=f"r{i}",
+            lighthouse_addr=lighthouse.address(),
+            rank=0,
+            world_size=1,
+            timeout=datetime.timedelta(seconds=5),
+            quorum_timeout=datetime.timedelta(seconds=10),
+            use_async_quorum=False,
+        )
         try:
             return steps(i, manager)  # type: ignore[operator]
         finally:

@@ -53,13 +53,15 @@ from replicaft.launch.groups import Group
 def _launcher(tmp_path: Path, *flags: str) -> Launcher:
     script = tmp_path / "train.py"
     script.write_text("")
-    options = parse_args(["--lighthouse", "127.0.0.1:29510", "--events-dir", str(tmp_path), "--groups", "3",
-                          *flags, str(script)])
+    options = parse_args(
+        ["--lighthouse", "127.0.0.1:29510", "--events-dir", str(tmp_path), "--groups", "3", *flags, str(script)]
+    )
     return Launcher(options, Console(io.StringIO(), io.StringIO(), live=False))
 
 
 def test_torchft_flag_gives_each_group_torchfts_variables_and_the_alias_folder_first(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PYTHONPATH", "/mine")
     launcher = _launcher(tmp_path, "--torchft", "--replica-prefix", "train_ddp_")
     variables = launcher.group_variables(Group("train_ddp_2"))
@@ -77,7 +79,8 @@ def test_without_torchft_flag_the_groups_get_neither(tmp_path: Path, monkeypatch
 
 @pytest.mark.parametrize(("caller", "expected"), [(None, "0"), ("1", "1")])
 def test_launched_groups_run_without_grpc_fork_handlers_unless_the_caller_says(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caller: str | None, expected: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caller: str | None, expected: str
+) -> None:
     if caller is None:
         monkeypatch.delenv("GRPC_ENABLE_FORK_SUPPORT", raising=False)
     else:
@@ -104,8 +107,10 @@ def test_a_download_other_than_the_pinned_sdist_is_refused() -> None:
 
 
 def test_only_the_two_programs_leave_the_archive(tmp_path: Path) -> None:
-    sdist = _sdist({f"torchft-0.2.0/{name}": name.encode() for name in PROGRAMS}
-                   | {"torchft-0.2.0/setup.py": b"x", "../escape.py": b"x"})
+    sdist = _sdist(
+        {f"torchft-0.2.0/{name}": name.encode() for name in PROGRAMS}
+        | {"torchft-0.2.0/setup.py": b"x", "../escape.py": b"x"}
+    )
     extract_programs(sdist, tmp_path / "cache")
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == sorted(PROGRAMS)
     assert (tmp_path / "cache" / "train_ddp.py").read_bytes() == b"train_ddp.py"
@@ -127,8 +132,9 @@ def _program(name: str) -> Path:
 
 
 def _committed(replica_id: str, min_step: int, after_ts: float = 0.0) -> Callable[[dict[str, Any]], bool]:
-    return lambda e: (e["event"] == "committed" and e["replica_id"] == replica_id and e["step"] >= min_step
-                      and e["ts"] > after_ts)
+    return lambda e: (
+        e["event"] == "committed" and e["replica_id"] == replica_id and e["step"] >= min_step and e["ts"] > after_ts
+    )
 
 
 STEP_TIMEOUT_S = 150.0
@@ -181,15 +187,30 @@ def _kill_heal_and_compare(launcher: ManagedProcess, events: Path, prefix: str, 
     (start,) = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == victim]
     os.kill(start["pid"], signal.SIGKILL)
     killed_at = time.time()
-    heal = wait_for_event(events, lambda e: e["event"] == "heal_end" and e["replica_id"] == victim and e["ts"] > killed_at,
-                          STEP_TIMEOUT_S * 3, f"{victim} healed after its restart", launcher)
+    heal = wait_for_event(
+        events,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == victim and e["ts"] > killed_at,
+        STEP_TIMEOUT_S * 3,
+        f"{victim} healed after its restart",
+        launcher,
+    )
     assert heal["ok"], heal
     assert heal["num_bytes"] < max_heal_bytes, f"the heal moved {heal['num_bytes']} bytes: {heal}"
     # A step trained by both groups after the heal: its digests are compared below.
-    after = wait_for_event(events, _committed(victim, heal["step"] + 1, killed_at), STEP_TIMEOUT_S * 2,
-                           f"{victim} committed a step after its heal", launcher)
-    wait_for_event(events, _committed(survivor, after["step"]), STEP_TIMEOUT_S,
-                   f"{survivor} committed step {after['step']}", launcher)
+    after = wait_for_event(
+        events,
+        _committed(victim, heal["step"] + 1, killed_at),
+        STEP_TIMEOUT_S * 2,
+        f"{victim} committed a step after its heal",
+        launcher,
+    )
+    wait_for_event(
+        events,
+        _committed(survivor, after["step"]),
+        STEP_TIMEOUT_S,
+        f"{survivor} committed step {after['step']}",
+        launcher,
+    )
     launcher.send_signal(signal.SIGTERM)
     assert launcher.wait_exit(60) == 128 + signal.SIGTERM, launcher.output_tail()
 
@@ -199,25 +220,33 @@ def _kill_heal_and_compare(launcher: ManagedProcess, events: Path, prefix: str, 
     digests = {(e["replica_id"], e["step"]) for e in read_events(events) if e["event"] == "committed"}
     both = sorted(s for rid, s in digests if rid == victim and (survivor, s) in digests)
     assert after["step"] in both and both[0] < heal["step"], f"steps both groups committed: {both}"
-    print(f"{num_steps} committed steps, every one with equal digests; {victim} killed and healed at step "
-          f"{heal['step']} in {heal['seconds']:.1f}s ({heal['num_bytes'] / 1e9:.1f} GB)", file=sys.stderr)
+    print(
+        f"{num_steps} committed steps, every one with equal digests; {victim} killed and healed at step "
+        f"{heal['step']} in {heal['seconds']:.1f}s ({heal['num_bytes'] / 1e9:.1f} GB)",
+        file=sys.stderr,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_torchft_train_ddp_runs_unchanged_through_a_sigkilled_group_with_equal_parameters_every_step(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     _run_killed_and_restarted(tmp_path, "train_ddp.py", max_heal_bytes=3.5e9)  # its state: 3.0 GB
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(os.environ.get(DILOCO_OPT_IN) != "1",
-                    reason=f"~5 minutes on 2 cores (an outer sync is ~55 s); set {DILOCO_OPT_IN}=1 to run it")
+@pytest.mark.skipif(
+    os.environ.get(DILOCO_OPT_IN) != "1",
+    reason=f"~5 minutes on 2 cores (an outer sync is ~55 s); set {DILOCO_OPT_IN}=1 to run it",
+)
 def test_torchft_train_diloco_runs_unchanged_through_a_sigkilled_group_with_equal_state_every_sync(
-        tmp_path: Path) -> None:
-    pytest.importorskip("tensorboard", reason="train_diloco.py writes through torch.utils.tensorboard; "
-                        "pip install tensorboard")
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip(
+        "tensorboard", reason="train_diloco.py writes through torch.utils.tensorboard; pip install tensorboard"
+    )
     _run_killed_and_restarted(tmp_path, "train_diloco.py", max_heal_bytes=2.5e9)  # outer state: 2.1 GB
 
 
@@ -241,7 +270,8 @@ class _RecordingManager:
 
 
 def test_a_script_naming_no_replica_id_takes_the_launchers_not_torchfts_group_number(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Under --torchft a group has both: REPLICA_GROUP_ID (0, 1, ...) for torchft's examples to
     # read, and the launcher's replica id, which its restarts, status line and events go by.
     import replicaft
@@ -252,8 +282,13 @@ def test_a_script_naming_no_replica_id_takes_the_launchers_not_torchfts_group_nu
     monkeypatch.setenv("REPLICAFT_REPLICA_ID", "g1")
     monkeypatch.setenv("REPLICA_GROUP_ID", "1")
     torchft.Manager(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1)
-    torchft.Manager(pg=torchft.ProcessGroupGloo(), load_state_dict=None, state_dict=None, min_replica_size=1,
-                    replica_id="train_ddp_1")
+    torchft.Manager(
+        pg=torchft.ProcessGroupGloo(),
+        load_state_dict=None,
+        state_dict=None,
+        min_replica_size=1,
+        replica_id="train_ddp_1",
+    )
     assert [o.replica_id for o in _RecordingManager.built[-2:]] == ["g1", "train_ddp_1"]
 
 

@@ -17,15 +17,51 @@ from replicaft.config.option_ranges import NUMBER_RANGES
 from replicaft.config.options import KNOWN_VARIABLES, ManagerOptions
 from replicaft.errors import OptionsError
 
-NAMES = sorted(KNOWN_VARIABLES) + ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                                   "REPLICAFT_QUORUM_TIMEOUT", "REPLICAFT_", "REPLICAFT_TOKENS"]
+NAMES = sorted(KNOWN_VARIABLES) + [
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "REPLICAFT_QUORUM_TIMEOUT",
+    "REPLICAFT_",
+    "REPLICAFT_TOKENS",
+]
 """Every variable from_env reads, plus misspellings of them."""
 
-NUMBERISH = st.sampled_from(["nan", "-nan", "inf", "-inf", "1e999", "1e6", "1e12", "-1", "0", "-0", "0.0",
-                             "1", "2", "10", "65536", "86400", "86401", str(2**63), "1_000", "\u0661\u0662", " 7 ",
-                             "0x10", "1.5", "true", "1e-9"])
-VALUES = st.one_of(NUMBERISH, st.text(max_size=40), st.sampled_from(["", "127.0.0.1:1", "g0", "gloo", "auto",
-                                                                      "s3://bucket/p", "/tmp", "allreduce@5"]))
+NUMBERISH = st.sampled_from(
+    [
+        "nan",
+        "-nan",
+        "inf",
+        "-inf",
+        "1e999",
+        "1e6",
+        "1e12",
+        "-1",
+        "0",
+        "-0",
+        "0.0",
+        "1",
+        "2",
+        "10",
+        "65536",
+        "86400",
+        "86401",
+        str(2**63),
+        "1_000",
+        "\u0661\u0662",
+        " 7 ",
+        "0x10",
+        "1.5",
+        "true",
+        "1e-9",
+    ]
+)
+VALUES = st.one_of(
+    NUMBERISH,
+    st.text(max_size=40),
+    st.sampled_from(["", "127.0.0.1:1", "g0", "gloo", "auto", "s3://bucket/p", "/tmp", "allreduce@5"]),
+)
 ENVIRONMENTS = st.dictionaries(st.sampled_from(NAMES), VALUES, max_size=8)
 
 

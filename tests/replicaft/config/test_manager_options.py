@@ -40,69 +40,168 @@ def test_defaults_are_valid_single_rank_loopback() -> None:
     ("fields", "names", "fix"),
     [
         pytest.param({"replica_id": ""}, "replica_id is empty", "e.g. 'g0'", id="empty_replica_id"),
-        pytest.param({"replica_id": "g" * 200}, "replica_id is 200 characters long", "1-128 characters",
-                     id="replica_id_too_long_issue_19"),
-        pytest.param({"replica_id": "g0\nFORGED"}, "replica_id is 'g0\\nFORGED'", "letters, digits", id="replica_id_newline"),
-        pytest.param({"lighthouse": "localhost"}, "lighthouse='localhost'", "host:port (e.g. 127.0.0.1:29510)", id="no_port"),
+        pytest.param(
+            {"replica_id": "g" * 200},
+            "replica_id is 200 characters long",
+            "1-128 characters",
+            id="replica_id_too_long_issue_19",
+        ),
+        pytest.param(
+            {"replica_id": "g0\nFORGED"}, "replica_id is 'g0\\nFORGED'", "letters, digits", id="replica_id_newline"
+        ),
+        pytest.param(
+            {"lighthouse": "localhost"}, "lighthouse='localhost'", "host:port (e.g. 127.0.0.1:29510)", id="no_port"
+        ),
         pytest.param({"lighthouse": "localhost:"}, "lighthouse='localhost:'", "host:port", id="empty_port"),
         pytest.param({"lighthouse": ":29510"}, "lighthouse=':29510'", "host:port", id="empty_host"),
         pytest.param({"lighthouse": "host:http"}, "lighthouse='host:http'", "host:port", id="port_not_a_number"),
         pytest.param({"lighthouse": "host:70000"}, "lighthouse='host:70000'", "host:port", id="port_too_big"),
-        pytest.param({"group_rank": 2, "group_world_size": 2, "group_store": "h:1"}, "group_rank=2 with group_world_size=2",
-                     "need 0 <= group_rank < group_world_size", id="rank_past_world"),
+        pytest.param(
+            {"group_rank": 2, "group_world_size": 2, "group_store": "h:1"},
+            "group_rank=2 with group_world_size=2",
+            "need 0 <= group_rank < group_world_size",
+            id="rank_past_world",
+        ),
         pytest.param({"group_rank": -1}, "group_rank=-1", "need 0 <= group_rank", id="negative_rank"),
-        pytest.param({"group_world_size": 0}, "group_world_size=0 is outside [1, 65536]", "ranks per group", id="empty_world"),
-        pytest.param({"group_world_size": 2}, "group_world_size=2 needs group_store", "MASTER_ADDR and MASTER_PORT",
-                     id="world_without_store"),
-        pytest.param({"group_store": "store"}, "group_store='store'", "host:port (e.g. 127.0.0.1:29500)", id="store_without_port"),
-        pytest.param({"backend": "mpi"}, "backend='mpi'", "use 'gloo', 'nccl', or leave it unset", id="unknown_backend"),
+        pytest.param(
+            {"group_world_size": 0}, "group_world_size=0 is outside [1, 65536]", "ranks per group", id="empty_world"
+        ),
+        pytest.param(
+            {"group_world_size": 2},
+            "group_world_size=2 needs group_store",
+            "MASTER_ADDR and MASTER_PORT",
+            id="world_without_store",
+        ),
+        pytest.param(
+            {"group_store": "store"}, "group_store='store'", "host:port (e.g. 127.0.0.1:29500)", id="store_without_port"
+        ),
+        pytest.param(
+            {"backend": "mpi"}, "backend='mpi'", "use 'gloo', 'nccl', or leave it unset", id="unknown_backend"
+        ),
         pytest.param({"min_replicas": 0}, "min_replicas=0", "at least 1", id="min_replicas_zero"),
-        pytest.param({"heartbeat_interval_s": 0.0}, "heartbeat_interval_s=0.0 is outside [0.001, 86400]", "seconds",
-                     id="heartbeat_zero"),
-        pytest.param({"connect_timeout_s": -1.0}, "connect_timeout_s=-1.0 is outside", "seconds", id="connect_negative"),
+        pytest.param(
+            {"heartbeat_interval_s": 0.0},
+            "heartbeat_interval_s=0.0 is outside [0.001, 86400]",
+            "seconds",
+            id="heartbeat_zero",
+        ),
+        pytest.param(
+            {"connect_timeout_s": -1.0}, "connect_timeout_s=-1.0 is outside", "seconds", id="connect_negative"
+        ),
         pytest.param({"heal_timeout_s": float("nan")}, "heal_timeout_s=nan is outside", "seconds", id="heal_nan"),
-        pytest.param({"quorum_timeout_s": 1e6}, "quorum_timeout_s=1000000.0 is outside [0.001, 86400]", "seconds",
-                     id="quorum_timeout_past_a_day_issue_19"),
-        pytest.param({"checkpoint_dir": "/ckpt", "checkpoint_interval_s": float("nan")},
-                     "checkpoint_interval_s=nan is outside", "0 disables the time trigger", id="checkpoint_interval_nan_issue_19"),
-        pytest.param({"preemption_grace_s": float("nan")}, "preemption_grace_s=nan is outside", "seconds",
-                     id="preemption_grace_nan"),
-        pytest.param({"checkpoint_keep_last": -1}, "checkpoint_keep_last=-1 is outside", "the newest is always kept",
-                     id="keep_last_negative_issue_19"),
-        pytest.param({"checkpoint_object_store": "bucket/prefix", "checkpoint_dir": "/ckpt"},
-                     "checkpoint_object_store='bucket/prefix' is not s3://bucket/prefix", "3-63 characters",
-                     id="object_store_not_s3"),
-        pytest.param({"checkpoint_tier2_dir": "/t2"}, "tier2_directory='/t2' is set without a checkpoint directory",
-                     "set both", id="tier2_without_dir"),
+        pytest.param(
+            {"quorum_timeout_s": 1e6},
+            "quorum_timeout_s=1000000.0 is outside [0.001, 86400]",
+            "seconds",
+            id="quorum_timeout_past_a_day_issue_19",
+        ),
+        pytest.param(
+            {"checkpoint_dir": "/ckpt", "checkpoint_interval_s": float("nan")},
+            "checkpoint_interval_s=nan is outside",
+            "0 disables the time trigger",
+            id="checkpoint_interval_nan_issue_19",
+        ),
+        pytest.param(
+            {"preemption_grace_s": float("nan")},
+            "preemption_grace_s=nan is outside",
+            "seconds",
+            id="preemption_grace_nan",
+        ),
+        pytest.param(
+            {"checkpoint_keep_last": -1},
+            "checkpoint_keep_last=-1 is outside",
+            "the newest is always kept",
+            id="keep_last_negative_issue_19",
+        ),
+        pytest.param(
+            {"checkpoint_object_store": "bucket/prefix", "checkpoint_dir": "/ckpt"},
+            "checkpoint_object_store='bucket/prefix' is not s3://bucket/prefix",
+            "3-63 characters",
+            id="object_store_not_s3",
+        ),
+        pytest.param(
+            {"checkpoint_tier2_dir": "/t2"},
+            "tier2_directory='/t2' is set without a checkpoint directory",
+            "set both",
+            id="tier2_without_dir",
+        ),
         pytest.param({"token": ""}, "token is empty", "pass a non-empty token or none at all", id="empty_token"),
-        pytest.param({"lighthouse": 29510}, "lighthouse=29510 is not a string", "give a string", id="lighthouse_not_str"),
-        pytest.param({"events_dir": "/tmp/\x00x"}, "events_dir='/tmp/\\x00x' is not a string without NUL bytes",
-                     "or leave it unset", id="nul_in_path"),
+        pytest.param(
+            {"lighthouse": 29510}, "lighthouse=29510 is not a string", "give a string", id="lighthouse_not_str"
+        ),
+        pytest.param(
+            {"events_dir": "/tmp/\x00x"},
+            "events_dir='/tmp/\\x00x' is not a string without NUL bytes",
+            "or leave it unset",
+            id="nul_in_path",
+        ),
         pytest.param({"deterministic": 1}, "deterministic=1", "give True or False", id="deterministic_not_bool"),
-        pytest.param({"collective_timeout_s": 0.05}, "collective_timeout_s=0.05 is not above heartbeat_interval_s=0.1",
-                     "raise collective_timeout_s", id="collective_not_above_heartbeat"),
-        pytest.param({"collective_timeout_s": 60.0}, "quorum_timeout_s=60.0 is not above collective_timeout_s=60.0",
-                     "set quorum_timeout_s above 60.0", id="quorum_not_above_collective"),
-        pytest.param({"heal_timeout_s": 90.0}, "quorum_timeout_s=60.0 is not above heal_timeout_s=90.0",
-                     "set quorum_timeout_s above 90.0", id="quorum_not_above_heal"),
+        pytest.param(
+            {"collective_timeout_s": 0.05},
+            "collective_timeout_s=0.05 is not above heartbeat_interval_s=0.1",
+            "raise collective_timeout_s",
+            id="collective_not_above_heartbeat",
+        ),
+        pytest.param(
+            {"collective_timeout_s": 60.0},
+            "quorum_timeout_s=60.0 is not above collective_timeout_s=60.0",
+            "set quorum_timeout_s above 60.0",
+            id="quorum_not_above_collective",
+        ),
+        pytest.param(
+            {"heal_timeout_s": 90.0},
+            "quorum_timeout_s=60.0 is not above heal_timeout_s=90.0",
+            "set quorum_timeout_s above 90.0",
+            id="quorum_not_above_heal",
+        ),
         pytest.param({"max_quorum_failures": 0}, "max_quorum_failures=0", "at least 1", id="no_quorum_failures"),
         pytest.param({"heal_connections": 0}, "heal_connections=0", "at least 1", id="no_heal_connections"),
-        pytest.param({"digest_every_steps": -1}, "digest_every_steps=-1", "use 0 (off) or more", id="negative_digest_interval"),
+        pytest.param(
+            {"digest_every_steps": -1}, "digest_every_steps=-1", "use 0 (off) or more", id="negative_digest_interval"
+        ),
         pytest.param({"fault_points": "boom@1"}, "fault point 'boom@1'", "e.g. allreduce@5", id="bad_fault_point"),
-        pytest.param({"checkpoint_keep_best_k": 2}, "keep_best_k=2 needs keep_best_metric", "keep_best_metric='loss'",
-                     id="keep_best_without_metric_issue_23"),
-        pytest.param({"checkpoint_keep_best_metric": "loss"}, "keep_best_metric='loss' is set but keep_best_k=0",
-                     "set keep_best_k >= 1", id="keep_best_metric_without_k_issue_23"),
-        pytest.param({"checkpoint_keep_best_k": 1, "checkpoint_keep_best_metric": "loss", "checkpoint_keep_best_mode": "low"},
-                     "keep_best_mode='low'", "'min' (lower is better, a loss)", id="keep_best_mode_unknown_issue_23"),
-        pytest.param({"checkpoint_milestone_at_epoch_end": "yes"}, "checkpoint_milestone_at_epoch_end='yes'",
-                     "give True or False", id="epoch_end_not_bool_issue_23"),
-        pytest.param({"resume_verify_action": "halt"}, "resume_verify_action='halt'", "use 'warn'",
-                     id="resume_verify_action_unknown_issue_23"),
-        pytest.param({"resume_verify_steps": 17}, "resume_verify_steps=17 is outside [0, 16]", "e.g. 5",
-                     id="resume_verify_steps_past_the_trajectory_issue_23"),
-        pytest.param({"checkpoint_keep_geometric_from": -4}, "checkpoint_keep_geometric_from=-4 is outside",
-                     "use 0 for no geometric spacing", id="geometric_negative_issue_23"),
+        pytest.param(
+            {"checkpoint_keep_best_k": 2},
+            "keep_best_k=2 needs keep_best_metric",
+            "keep_best_metric='loss'",
+            id="keep_best_without_metric_issue_23",
+        ),
+        pytest.param(
+            {"checkpoint_keep_best_metric": "loss"},
+            "keep_best_metric='loss' is set but keep_best_k=0",
+            "set keep_best_k >= 1",
+            id="keep_best_metric_without_k_issue_23",
+        ),
+        pytest.param(
+            {"checkpoint_keep_best_k": 1, "checkpoint_keep_best_metric": "loss", "checkpoint_keep_best_mode": "low"},
+            "keep_best_mode='low'",
+            "'min' (lower is better, a loss)",
+            id="keep_best_mode_unknown_issue_23",
+        ),
+        pytest.param(
+            {"checkpoint_milestone_at_epoch_end": "yes"},
+            "checkpoint_milestone_at_epoch_end='yes'",
+            "give True or False",
+            id="epoch_end_not_bool_issue_23",
+        ),
+        pytest.param(
+            {"resume_verify_action": "halt"},
+            "resume_verify_action='halt'",
+            "use 'warn'",
+            id="resume_verify_action_unknown_issue_23",
+        ),
+        pytest.param(
+            {"resume_verify_steps": 17},
+            "resume_verify_steps=17 is outside [0, 16]",
+            "e.g. 5",
+            id="resume_verify_steps_past_the_trajectory_issue_23",
+        ),
+        pytest.param(
+            {"checkpoint_keep_geometric_from": -4},
+            "checkpoint_keep_geometric_from=-4 is outside",
+            "use 0 for no geometric spacing",
+            id="geometric_negative_issue_23",
+        ),
     ],
 )
 def test_invalid_option_rejected_naming_the_field_and_the_fix(fields: dict[str, Any], names: str, fix: str) -> None:
@@ -119,8 +218,10 @@ def test_invalid_option_rejected_naming_the_field_and_the_fix(fields: dict[str, 
         pytest.param({"lighthouse": "lighthouse.internal:1"}, id="hostname_lighthouse"),
         pytest.param({"group_rank": 3, "group_world_size": 4, "group_store": "10.0.0.1:29500"}, id="last_rank"),
         pytest.param({"backend": "gloo", "digest_every_steps": 0, "fault_points": "heal@0,commit@3"}, id="chaos_run"),
-        pytest.param({"quorum_timeout_s": 5.0, "collective_timeout_s": 1.0, "heal_timeout_s": 4.0,
-                      "heartbeat_interval_s": 0.05}, id="tight_timeouts"),
+        pytest.param(
+            {"quorum_timeout_s": 5.0, "collective_timeout_s": 1.0, "heal_timeout_s": 4.0, "heartbeat_interval_s": 0.05},
+            id="tight_timeouts",
+        ),
     ],
 )
 def test_valid_options_accepted(fields: dict[str, Any]) -> None:
@@ -144,23 +245,44 @@ def test_from_env_reads_every_replicaft_variable() -> None:
     }
     options = ManagerOptions.from_env(env)
     assert options == ManagerOptions(
-        lighthouse="10.0.0.9:29510", replica_id="g3", min_replicas=2, host="10.0.0.3", token="s3cret",
-        backend="gloo", quorum_timeout_s=90.0, heal_timeout_s=45.5, events_dir="/tmp/events",
-        digest_every_steps=0, seed=1234, fault_points="allreduce@5",
+        lighthouse="10.0.0.9:29510",
+        replica_id="g3",
+        min_replicas=2,
+        host="10.0.0.3",
+        token="s3cret",
+        backend="gloo",
+        quorum_timeout_s=90.0,
+        heal_timeout_s=45.5,
+        events_dir="/tmp/events",
+        digest_every_steps=0,
+        seed=1234,
+        fault_points="allreduce@5",
     )
     assert isinstance(options.quorum_timeout_s, float) and isinstance(options.min_replicas, int)
 
 
 def test_from_env_reads_torchrun_rank_world_size_and_store() -> None:
-    env = {**{f"REPLICAFT_{k.upper()}": v for k, v in REQUIRED.items()},
-           "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    env = {
+        **{f"REPLICAFT_{k.upper()}": v for k, v in REQUIRED.items()},
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     options = ManagerOptions.from_env(env)
     assert (options.group_rank, options.group_world_size, options.group_store) == (1, 2, "10.0.0.1:29500")
 
 
 def test_from_env_replicaft_variables_win_over_torchrun_ones() -> None:
-    env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500",
-           "REPLICAFT_GROUP_RANK": "0", "REPLICAFT_GROUP_WORLD_SIZE": "3", "REPLICAFT_GROUP_STORE": "store:1"}
+    env = {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+        "REPLICAFT_GROUP_RANK": "0",
+        "REPLICAFT_GROUP_WORLD_SIZE": "3",
+        "REPLICAFT_GROUP_STORE": "store:1",
+    }
     options = ManagerOptions.from_env(env, **REQUIRED)
     assert (options.group_rank, options.group_world_size, options.group_store) == (0, 3, "store:1")
 
@@ -171,9 +293,18 @@ def test_from_env_master_addr_without_port_sets_no_store() -> None:
 
 
 def test_from_env_explicit_arguments_win_over_the_environment() -> None:
-    env = {"REPLICAFT_LIGHTHOUSE": "env:1", "REPLICAFT_REPLICA_ID": "from-env", "REPLICAFT_SEED": "7",
-           "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "a", "MASTER_PORT": "1"}
-    options = ManagerOptions.from_env(env, lighthouse="arg:2", replica_id="from-arg", seed=8, group_rank=0, group_world_size=1)
+    env = {
+        "REPLICAFT_LIGHTHOUSE": "env:1",
+        "REPLICAFT_REPLICA_ID": "from-env",
+        "REPLICAFT_SEED": "7",
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "a",
+        "MASTER_PORT": "1",
+    }
+    options = ManagerOptions.from_env(
+        env, lighthouse="arg:2", replica_id="from-arg", seed=8, group_rank=0, group_world_size=1
+    )
     assert (options.lighthouse, options.replica_id, options.seed) == ("arg:2", "from-arg", 8)
     assert (options.group_rank, options.group_world_size) == (0, 1)
 
@@ -197,8 +328,16 @@ def test_from_env_reads_os_environ_when_given_no_mapping(monkeypatch: pytest.Mon
 @pytest.mark.parametrize(
     ("env", "message"),
     [
-        pytest.param({"REPLICAFT_REPLICA_ID": "g0"}, "lighthouse is not set; pass it or set REPLICAFT_LIGHTHOUSE", id="lighthouse"),
-        pytest.param({"REPLICAFT_LIGHTHOUSE": "h:1"}, "replica_id is not set; pass it or set REPLICAFT_REPLICA_ID", id="replica_id"),
+        pytest.param(
+            {"REPLICAFT_REPLICA_ID": "g0"},
+            "lighthouse is not set; pass it or set REPLICAFT_LIGHTHOUSE",
+            id="lighthouse",
+        ),
+        pytest.param(
+            {"REPLICAFT_LIGHTHOUSE": "h:1"},
+            "replica_id is not set; pass it or set REPLICAFT_REPLICA_ID",
+            id="replica_id",
+        ),
     ],
 )
 def test_from_env_missing_required_field_says_how_to_set_it(env: dict[str, str], message: str) -> None:
@@ -211,7 +350,9 @@ def test_from_env_missing_required_field_says_how_to_set_it(env: dict[str, str],
     [
         pytest.param("REPLICAFT_MIN_REPLICAS", "two", "REPLICAFT_MIN_REPLICAS='two' is not an integer", id="word"),
         pytest.param("REPLICAFT_SEED", "1.5", "REPLICAFT_SEED='1.5' is not an integer", id="float_for_int"),
-        pytest.param("REPLICAFT_QUORUM_TIMEOUT_S", "60s", "REPLICAFT_QUORUM_TIMEOUT_S='60s' is not a number", id="unit_suffix"),
+        pytest.param(
+            "REPLICAFT_QUORUM_TIMEOUT_S", "60s", "REPLICAFT_QUORUM_TIMEOUT_S='60s' is not a number", id="unit_suffix"
+        ),
         pytest.param("RANK", "zero", "RANK='zero' is not an integer", id="torchrun_rank"),
         pytest.param("WORLD_SIZE", "", "WORLD_SIZE='' is not an integer", id="torchrun_world_size"),
     ],
@@ -236,8 +377,11 @@ def test_from_env_empty_variable_means_unset() -> None:
 
 
 def test_deterministic_mode_read_from_env_and_checked() -> None:
-    env = {**{f"REPLICAFT_{k.upper()}": v for k, v in REQUIRED.items()},
-           "REPLICAFT_DETERMINISTIC": "true", "REPLICAFT_VIRTUAL_SHARDS": "6"}
+    env = {
+        **{f"REPLICAFT_{k.upper()}": v for k, v in REQUIRED.items()},
+        "REPLICAFT_DETERMINISTIC": "true",
+        "REPLICAFT_VIRTUAL_SHARDS": "6",
+    }
     options = ManagerOptions.from_env(env)
     assert (options.deterministic, options.virtual_shards) == (True, 6)
     assert ManagerOptions.from_env({**env, "REPLICAFT_DETERMINISTIC": "0"}).deterministic is False
@@ -250,6 +394,7 @@ def test_deterministic_mode_read_from_env_and_checked() -> None:
 
 
 # -- every numeric field, derived from the dataclass so a new field is covered (issue 19) ------
+
 
 def numeric_fields(cls: type) -> list[tuple[str, str]]:
     return [(f.name, str(f.type)) for f in dataclasses.fields(cls) if f.type in ("int", "float")]
@@ -270,12 +415,16 @@ def build_checkpoint_options(**fields: Any) -> CheckpointOptions:
 
 @pytest.mark.parametrize(
     ("builder", "name", "value"),
-    [pytest.param(builder, n, v, id=f"{builder.__name__}-{n}-{v!r}")
-     for builder, numbers in ((build, NUMERIC_FIELDS), (build_checkpoint_options, CHECKPOINT_NUMBERS))
-     for n, t in numbers for v in BAD_NUMBERS + (BAD_INTEGERS if t == "int" else [True, "2.0"])],
+    [
+        pytest.param(builder, n, v, id=f"{builder.__name__}-{n}-{v!r}")
+        for builder, numbers in ((build, NUMERIC_FIELDS), (build_checkpoint_options, CHECKPOINT_NUMBERS))
+        for n, t in numbers
+        for v in BAD_NUMBERS + (BAD_INTEGERS if t == "int" else [True, "2.0"])
+    ],
 )
-def test_every_numeric_field_refuses_nonfinite_negative_huge_and_wrong_types(builder: Callable[..., object], name: str,
-                                                                             value: Any) -> None:
+def test_every_numeric_field_refuses_nonfinite_negative_huge_and_wrong_types(
+    builder: Callable[..., object], name: str, value: Any
+) -> None:
     # ManagerOptions and the checkpoint's own options, each over its dataclass's fields.
     with pytest.raises(OptionsError) as raised:
         builder(**{name: value})
@@ -286,7 +435,9 @@ def test_the_numeric_field_list_is_the_whole_class() -> None:
     # A guard on the derivation above: if field types stopped being the plain strings "int" and
     # "float" (annotations evaluated, say), the parametrization would silently shrink.
     assert len(NUMERIC_FIELDS) >= 25
-    assert {"quorum_timeout_s", "checkpoint_keep_last", "checkpoint_interval_s", "seed"} <= {n for n, _ in NUMERIC_FIELDS}
+    assert {"quorum_timeout_s", "checkpoint_keep_last", "checkpoint_interval_s", "seed"} <= {
+        n for n, _ in NUMERIC_FIELDS
+    }
 
 
 @pytest.mark.parametrize("name", STRING_FIELDS)
@@ -300,11 +451,23 @@ def test_every_string_field_refuses_other_types_and_nul(name: str, value: Any) -
 @pytest.mark.parametrize(
     "fields",
     [
-        pytest.param({"quorum_timeout_s": 86400.0, "heal_timeout_s": 86399.0, "collective_timeout_s": 86399.0}, id="a_day"),
-        pytest.param({"checkpoint_dir": "/ckpt", "checkpoint_interval_s": 0.0, "checkpoint_interval_steps": 5,
-                      "checkpoint_keep_last": 0, "checkpoint_compression_level": 22}, id="checkpoint_edges"),
-        pytest.param({"replica_id": "j" * 128, "seed": 2**63 - 1, "heal_replay_steps": 0, "heal_replay_bytes": 0},
-                     id="longest_id_largest_seed"),
+        pytest.param(
+            {"quorum_timeout_s": 86400.0, "heal_timeout_s": 86399.0, "collective_timeout_s": 86399.0}, id="a_day"
+        ),
+        pytest.param(
+            {
+                "checkpoint_dir": "/ckpt",
+                "checkpoint_interval_s": 0.0,
+                "checkpoint_interval_steps": 5,
+                "checkpoint_keep_last": 0,
+                "checkpoint_compression_level": 22,
+            },
+            id="checkpoint_edges",
+        ),
+        pytest.param(
+            {"replica_id": "j" * 128, "seed": 2**63 - 1, "heal_replay_steps": 0, "heal_replay_bytes": 0},
+            id="longest_id_largest_seed",
+        ),
         pytest.param({"quorum_timeout_s": 90, "min_replicas": 65536}, id="int_for_float"),
     ],
 )
@@ -375,8 +538,14 @@ _SET_OR_READ = re.compile(r"""["'](REPLICAFT_[A-Z0-9_]*[A-Z0-9])["']|\b(REPLICAF
 
 def test_every_replicaft_variable_the_repository_sets_or_reads_is_known() -> None:
     misspelt_on_purpose = {Path(__file__).name, "test_fuzz_options.py"}
-    files = [p for p in REPO_ROOT.rglob("*") if p.suffix in (".py", ".sh", ".sbatch", ".yaml", ".yml")
-             and p.is_file() and not {".venv", ".git", "node_modules"} & set(p.parts) and p.name not in misspelt_on_purpose]
+    files = [
+        p
+        for p in REPO_ROOT.rglob("*")
+        if p.suffix in (".py", ".sh", ".sbatch", ".yaml", ".yml")
+        and p.is_file()
+        and not {".venv", ".git", "node_modules"} & set(p.parts)
+        and p.name not in misspelt_on_purpose
+    ]
     assert len(files) > 50
     named = {m.group(1) or m.group(2) for p in files for m in _SET_OR_READ.finditer(p.read_text(errors="replace"))}
     assert {"REPLICAFT_REPO", "REPLICAFT_LIGHTHOUSE", "REPLICAFT_CHECKPOINT_KEY"} <= named

@@ -10,7 +10,9 @@ from replicaft.deterministic.rules import owned_shards
 
 
 def test_per_group_shares_are_disjoint_and_contiguous() -> None:
-    shares = [assign_share(100, batch_size=8, policy="per_group", num_contributors=3, contributor_rank=r) for r in range(3)]
+    shares = [
+        assign_share(100, batch_size=8, policy="per_group", num_contributors=3, contributor_rank=r) for r in range(3)
+    ]
     assert [(s.start, s.stop) for s in shares] == [(100, 108), (108, 116), (116, 124)]
     assert all(s.step_stop == 124 and s.loss_scale == 1.0 for s in shares)
 
@@ -29,7 +31,15 @@ def test_global_policy_splits_unevenly_with_loss_scale_correcting_the_mean() -> 
 
 def test_ranks_of_a_group_split_the_group_share() -> None:
     shares = [
-        assign_share(0, batch_size=8, policy="per_group", num_contributors=2, contributor_rank=1, group_rank=r, group_world_size=2)
+        assign_share(
+            0,
+            batch_size=8,
+            policy="per_group",
+            num_contributors=2,
+            contributor_rank=1,
+            group_rank=r,
+            group_world_size=2,
+        )
         for r in range(2)
     ]
     assert [(s.start, s.stop) for s in shares] == [(8, 12), (12, 16)]
@@ -87,7 +97,9 @@ def test_deterministic_shares_cover_the_global_batch_whatever_the_contributors(
 ) -> None:
     batch = shard_size * num_shards
     groups = [f"g{i}" for i in range(num_groups)]
-    shares = [shard_share(cursor, batch_size=batch, num_shards=num_shards, shards=owned_shards(num_shards, groups, g))
-              for g in groups]
+    shares = [
+        shard_share(cursor, batch_size=batch, num_shards=num_shards, shards=owned_shards(num_shards, groups, g))
+        for g in groups
+    ]
     covered = sorted(p for s in shares for p in range(s.start, s.stop))
     assert covered == list(range(cursor, cursor + batch))

@@ -38,7 +38,9 @@ from replicaft.errors import OptionsError
         (4, ["b", "a", "c", "d"], {"a": range(0, 1), "b": range(1, 2), "c": range(2, 3), "d": range(3, 4)}),
     ],
 )
-def test_shards_dealt_by_sorted_replica_id(num_shards: int, contributors: list[str], expected: dict[str, range]) -> None:
+def test_shards_dealt_by_sorted_replica_id(
+    num_shards: int, contributors: list[str], expected: dict[str, range]
+) -> None:
     assert {rid: owned_shards(num_shards, contributors, rid) for rid in contributors} == expected
 
 

@@ -44,15 +44,25 @@ def test_group_killed_and_healed_ends_bitwise_where_the_fault_free_run_ends(tmp_
 
     lh = start_lighthouse(status=False)
     groups = {
-        rid: start_group(lh.grpc_address, rid, faulty, *FAULTY_ARGS, fault_points="allreduce@6" if rid == "g2" else None,
-                         **DETERMINISTIC)
+        rid: start_group(
+            lh.grpc_address,
+            rid,
+            faulty,
+            *FAULTY_ARGS,
+            fault_points="allreduce@6" if rid == "g2" else None,
+            **DETERMINISTIC,
+        )
         for rid in ("g0", "g1", "g2")
     }
     assert groups["g2"].wait_exit(90) == -signal.SIGKILL
     restarted_at = time.time()
     groups["g2"] = start_group(lh.grpc_address, "g2", faulty, *FAULTY_ARGS, **DETERMINISTIC)
-    heal = wait_for_event(faulty, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2"
-                          and e["ts"] > restarted_at, 90, "g2 healed after its restart")
+    heal = wait_for_event(
+        faulty,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e["ts"] > restarted_at,
+        90,
+        "g2 healed after its restart",
+    )
     assert heal["ok"], heal
     for rid, g in groups.items():
         assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"

@@ -64,11 +64,21 @@ class ThreadManager:
     abandon_generation = 0
 
     def __init__(self, column: Column, replica_id: str, donors: tuple[str, ...], *, healing: bool = False) -> None:
-        self.options = ManagerOptions(lighthouse="127.0.0.1:29510", replica_id=replica_id, deterministic=True,
-                                      virtual_shards=SHARDS, seed=7)
-        self.plan = StepPlan(quorum_id=1, incarnation=1, replica_id=replica_id, replica_rank=0, num_replicas=len(donors),
-                             max_step=3, step=3 if not healing else 0, donors=donors,
-                             healers=(replica_id,) if healing else (), participants=())
+        self.options = ManagerOptions(
+            lighthouse="127.0.0.1:29510", replica_id=replica_id, deterministic=True, virtual_shards=SHARDS, seed=7
+        )
+        self.plan = StepPlan(
+            quorum_id=1,
+            incarnation=1,
+            replica_id=replica_id,
+            replica_rank=0,
+            num_replicas=len(donors),
+            max_step=3,
+            step=3 if not healing else 0,
+            donors=donors,
+            healers=(replica_id,) if healing else (),
+            participants=(),
+        )
         self._column = column
         self.fields: dict[str, Any] = {}
 
@@ -107,23 +117,33 @@ LABELS = torch.randn(SHARDS * SHARD_SIZE, 1, generator=torch.Generator().manual_
 def one_group(manager: ThreadManager, net: nn.Module, out: dict[str, Any]) -> None:
     ddp = DistributedDataParallel(manager, net, bucket_cap_mb=0.0005)  # type: ignore[arg-type]
     ddp.on_step_start()
-    shards = list(owned_shards(SHARDS, manager.plan.donors, manager.options.replica_id)) if not manager.plan.healing else []
+    shards = (
+        list(owned_shards(SHARDS, manager.plan.donors, manager.options.replica_id)) if not manager.plan.healing else []
+    )
     for k in shards or [0]:  # a group without shards still runs one backward
-        x, y = DATA[k * SHARD_SIZE:(k + 1) * SHARD_SIZE], LABELS[k * SHARD_SIZE:(k + 1) * SHARD_SIZE]
+        x, y = DATA[k * SHARD_SIZE : (k + 1) * SHARD_SIZE], LABELS[k * SHARD_SIZE : (k + 1) * SHARD_SIZE]
         with FORWARD:  # torch's generator is one per process: threads take turns seeding and drawing
             prediction = ddp(x)
         nn.functional.mse_loss(prediction, y).backward()
     ddp.on_commit()
-    out[manager.options.replica_id] = ([p.grad.clone() for p in net.parameters()],
-                                       [b.clone() for b in net.buffers()], manager.fields)
+    out[manager.options.replica_id] = (
+        [p.grad.clone() for p in net.parameters()],
+        [b.clone() for b in net.buffers()],
+        manager.fields,
+    )
 
 
 def train_step(donors: tuple[str, ...], healers: tuple[str, ...] = ()) -> dict[str, Any]:
     everyone = donors + healers
     column = Column(len(everyone))
     out: dict[str, Any] = {}
-    threads = [threading.Thread(target=one_group, args=(ThreadManager(column, rid, donors, healing=rid in healers),
-                                                        copy.deepcopy(model()), out)) for rid in everyone]
+    threads = [
+        threading.Thread(
+            target=one_group,
+            args=(ThreadManager(column, rid, donors, healing=rid in healers), copy.deepcopy(model()), out),
+        )
+        for rid in everyone
+    ]
     for t in threads:
         t.start()
     for t in threads:
@@ -172,7 +192,7 @@ def test_an_evaluation_forward_after_the_commit_keeps_the_committed_statistics()
     ddp = DistributedDataParallel(manager, net)  # type: ignore[arg-type]
     ddp.on_step_start()
     for k in range(SHARDS):
-        nn.functional.mse_loss(ddp(DATA[k * SHARD_SIZE:(k + 1) * SHARD_SIZE]), LABELS[:SHARD_SIZE]).backward()
+        nn.functional.mse_loss(ddp(DATA[k * SHARD_SIZE : (k + 1) * SHARD_SIZE]), LABELS[:SHARD_SIZE]).backward()
     ddp.on_commit()
     committed = [b.clone() for b in net.buffers()]
     net.eval()

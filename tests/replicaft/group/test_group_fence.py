@@ -26,9 +26,12 @@ TOKEN = "fence-test-token"
 TIMEOUT_S = 10.0
 
 
-def _fence(address: str, replica_id: str = "g0", *, token: str | None = TOKEN, wait_for_ready: bool = True) -> BlockingFence:
-    return BlockingFence(replica_id, lambda: address, lambda quorum_id, step: False, token=token, tls=None,
-                         wait_for_ready=wait_for_ready)
+def _fence(
+    address: str, replica_id: str = "g0", *, token: str | None = TOKEN, wait_for_ready: bool = True
+) -> BlockingFence:
+    return BlockingFence(
+        replica_id, lambda: address, lambda quorum_id, step: False, token=token, tls=None, wait_for_ready=wait_for_ready
+    )
 
 
 def test_member_of_the_current_quorum_may_commit_and_agrees_with_the_loops_fence() -> None:
@@ -74,13 +77,15 @@ def test_within_its_commit_lease_a_member_commits_without_asking_the_lighthouse(
     it both fences answer "yes" without a round trip, even with the lighthouse stopped; for a
     step past the standing, or once it ran out, they ask, and a stopped lighthouse cannot say
     "yes"."""
-    lighthouse = start_lighthouse("--min-replicas", "1", "--join-timeout", "0.1", "--max-commit-lease", "5",
-                                  "--token", TOKEN)
+    lighthouse = start_lighthouse(
+        "--min-replicas", "1", "--join-timeout", "0.1", "--max-commit-lease", "5", "--token", TOKEN
+    )
     loop = LoopThread("fence-test")
     loop.start()
     client = AsyncLighthouseClient(lighthouse.grpc_address, "g0", token=TOKEN)
-    fence = BlockingFence("g0", lambda: lighthouse.grpc_address, client.commit_lease.covers, token=TOKEN, tls=None,
-                          wait_for_ready=True)
+    fence = BlockingFence(
+        "g0", lambda: lighthouse.grpc_address, client.commit_lease.covers, token=TOKEN, tls=None, wait_for_ready=True
+    )
     stopped = False
     try:
         loop.call(client.start(), TIMEOUT_S)

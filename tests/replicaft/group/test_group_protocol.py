@@ -23,10 +23,13 @@ def test_vote_without_the_leaving_fields_means_nobody_leaves() -> None:
     assert VoteResponse.decode(msgpack.packb({"v": PROTOCOL_VERSION, "commit": False})).leave is False
 
 
-@pytest.mark.parametrize(("message", "body", "field"), [
-    (VoteRequest, {"group_rank": 0, "step": 1, "quorum_id": 1, "ok": True, "leaving": "yes"}, "leaving"),
-    (VoteResponse, {"commit": True, "leave": 1}, "leave"),
-])
+@pytest.mark.parametrize(
+    ("message", "body", "field"),
+    [
+        (VoteRequest, {"group_rank": 0, "step": 1, "quorum_id": 1, "ok": True, "leaving": "yes"}, "leaving"),
+        (VoteResponse, {"commit": True, "leave": 1}, "leave"),
+    ],
+)
 def test_a_leaving_flag_of_the_wrong_type_is_refused_by_name(message: type, body: dict, field: str) -> None:
     with pytest.raises(ProtocolError, match=field):
         message.decode(msgpack.packb({"v": PROTOCOL_VERSION, **body}))

@@ -46,8 +46,9 @@ class Group:
 @pytest.fixture
 def group() -> Iterator[Group]:
     lighthouse = start_lighthouse(status=False)
-    options = ManagerOptions(lighthouse=lighthouse.grpc_address, replica_id="g0", group_world_size=2,
-                             group_store="127.0.0.1:1")
+    options = ManagerOptions(
+        lighthouse=lighthouse.grpc_address, replica_id="g0", group_world_size=2, group_store="127.0.0.1:1"
+    )
     loop = LoopThread("test-group")
     loop.start()
     coordinator = GroupCoordinator(options, Progress(), lambda notice: None)

@@ -27,12 +27,18 @@ WORLD_SIZE = 2
 
 @contextmanager
 def group_server(handshake_timeout_s: float) -> Iterator[tuple[str, int]]:
-    options = ManagerOptions(lighthouse="127.0.0.1:1", replica_id="g0", group_world_size=WORLD_SIZE,
-                             group_store="127.0.0.1:1")
+    options = ManagerOptions(
+        lighthouse="127.0.0.1:1", replica_id="g0", group_world_size=WORLD_SIZE, group_store="127.0.0.1:1"
+    )
     loop = LoopThread("test-group-bounds")
     loop.start()
-    server = GroupServer(GroupCoordinator(options, Progress(), lambda notice: None), loop, host="127.0.0.1",
-                         token="secret", handshake_timeout_s=handshake_timeout_s)
+    server = GroupServer(
+        GroupCoordinator(options, Progress(), lambda notice: None),
+        loop,
+        host="127.0.0.1",
+        token="secret",
+        handshake_timeout_s=handshake_timeout_s,
+    )
     try:
         host, port = server.start(WAIT_S).rsplit(":", 1)
         yield host, int(port)

@@ -59,7 +59,10 @@ def test_expired_round_names_the_ranks_that_never_asked() -> None:
     r = rounds.join_quorum(ask(1)).round
     rounds.join_quorum(ask(3))
     refusal = rounds.quorum_expired(r)
-    assert refusal.code == "expired" and "ranks [0, 2] of group 'g0' never asked for the quorum of step 5" in refusal.message
+    assert (
+        refusal.code == "expired"
+        and "ranks [0, 2] of group 'g0' never asked for the quorum of step 5" in refusal.message
+    )
     assert rounds.join_quorum(ask(0)).round is not r
 
 
@@ -88,10 +91,13 @@ def test_a_rank_voting_no_makes_the_group_decide_no_with_its_reason() -> None:
     assert not decision.commit and "rank 1: allreduce failed" in decision.reason
 
 
-@pytest.mark.parametrize(("second", "why"), [
-    (vote(0, step=6), "rank 0 voted for step 6 before ranks [0] finished step 5"),
-    (vote(0), "rank 0 voted for step 5 before ranks [0] finished step 5"),
-])
+@pytest.mark.parametrize(
+    ("second", "why"),
+    [
+        (vote(0, step=6), "rank 0 voted for step 6 before ranks [0] finished step 5"),
+        (vote(0), "rank 0 voted for step 5 before ranks [0] finished step 5"),
+    ],
+)
 def test_a_vote_for_another_step_or_a_second_vote_supersedes_the_open_round(second: VoteRequest, why: str) -> None:
     rounds = GroupRounds("g0", 2)
     opened = rounds.join_vote(vote(0)).round

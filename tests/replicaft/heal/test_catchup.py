@@ -58,8 +58,17 @@ def test_a_healer_bounds_its_wait_by_the_shortest_own_step_its_donors_published(
     assert plan.donors == ("a", "b")
     assert donors_own_step_s(plan, 0) == 0.5  # the healer's own published time does not count
     assert donors_own_step_s(plan, 1) == 0.3
-    junk = Quorum.of(4, 1, 0.0, [member("a", 9, float("nan")), member("b", 9, True), member("c", 2, -1.0),
-                                 Member("d", "host-d", 9, 1, {"ranks": "none"})])
+    junk = Quorum.of(
+        4,
+        1,
+        0.0,
+        [
+            member("a", 9, float("nan")),
+            member("b", 9, True),
+            member("c", 2, -1.0),
+            Member("d", "host-d", 9, 1, {"ranks": "none"}),
+        ],
+    )
     assert donors_own_step_s(plan_step(junk, "c"), 0) is None
 
 
@@ -107,8 +116,9 @@ def test_a_heal_at_step_0_fetches_beside_the_first_sync_even_with_such_a_hook_is
     registry = StateRegistry()
     registry.register_hooks(_SyncHooks())
     healer = _RecordingHealer(registry)
-    at_start = plan_step(Quorum.of(4, 1, 0.0, [Member("a", "host-a", 0, 1, {}), Member("c", "host-c", 0, 1, {})]),
-                         "c").with_one_donor()
+    at_start = plan_step(
+        Quorum.of(4, 1, 0.0, [Member("a", "host-a", 0, 1, {}), Member("c", "host-c", 0, 1, {})]), "c"
+    ).with_one_donor()
     try:
         assert healer.begin(at_start, withdrawn=lambda base: False)
         healer.wait(at_start, own_s=10.0)
@@ -125,7 +135,6 @@ def test_without_such_a_hook_the_fetch_starts_with_the_plan() -> None:
         assert healer.fetched_at == ["fetch"] and not healer.start_deferred()
     finally:
         healer.close()
-
 
 
 def test_a_fetch_about_to_arrive_is_waited_for_beyond_the_donors_own_time() -> None:

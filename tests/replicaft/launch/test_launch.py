@@ -56,7 +56,9 @@ time.sleep(600)
         (0, 3, False, "give_up", "leaving it down"),
     ],
 )
-def test_decide_restart_table(exit_code: int, num_restarts: int, may_finish: bool, action: str, reason_part: str) -> None:
+def test_decide_restart_table(
+    exit_code: int, num_restarts: int, may_finish: bool, action: str, reason_part: str
+) -> None:
     decision = decide_restart(exit_code, num_restarts, max_restarts=3, restart_delay_s=0.5, may_finish=may_finish)
     assert decision.action == action
     assert reason_part in decision.reason
@@ -86,8 +88,9 @@ def test_parse_args_maps_flags_and_passes_script_args_through(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(("args", "num_standbys"), [([], 1), (["--standbys", "0"], 0), (["--standbys", "2"], 2)])
-def test_a_single_rank_group_gets_one_warm_standby_unless_told_otherwise(tmp_path: Path, args: list[str],
-                                                                          num_standbys: int) -> None:
+def test_a_single_rank_group_gets_one_warm_standby_unless_told_otherwise(
+    tmp_path: Path, args: list[str], num_standbys: int
+) -> None:
     script = tmp_path / "train.py"
     script.write_text("")
     assert parse_args([*args, str(script)]).num_standbys() == num_standbys
@@ -136,8 +139,9 @@ def test_bad_arguments_raise_options_error_naming_the_flag(tmp_path: Path, args:
     assert message_part in str(excinfo.value)
 
 
-LAUNCH_NUMBERS = [(f.name, str(f.type)) for f in dataclasses.fields(LaunchOptions)
-                  if str(f.type).split(" |")[0] in ("int", "float")]
+LAUNCH_NUMBERS = [
+    (f.name, str(f.type)) for f in dataclasses.fields(LaunchOptions) if str(f.type).split(" |")[0] in ("int", "float")
+]
 BAD_NUMBERS = [math.nan, math.inf, -math.inf, -1, 1e12]
 
 
@@ -154,11 +158,21 @@ def test_every_numeric_launch_option_refuses_nonfinite_negative_huge_and_wrong_t
 
 
 def test_the_launch_number_list_is_the_whole_class() -> None:
-    assert {n for n, _ in LAUNCH_NUMBERS} == {"num_groups", "ranks_per_group", "restart_delay_s", "max_restarts",
-                                             "min_replicas", "status_interval_s", "stop_grace_s", "standbys"}
+    assert {n for n, _ in LAUNCH_NUMBERS} == {
+        "num_groups",
+        "ranks_per_group",
+        "restart_delay_s",
+        "max_restarts",
+        "min_replicas",
+        "status_interval_s",
+        "stop_grace_s",
+        "standbys",
+    }
 
 
-def test_main_with_bad_arguments_prints_one_line_and_returns_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_main_with_bad_arguments_prints_one_line_and_returns_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["--groups", "0", str(tmp_path / "missing.py")]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -254,8 +268,7 @@ def test_running_below_skips_zombies_and_other_trees() -> None:
 
 def test_descendants_walks_the_whole_tree_and_nothing_else() -> None:
     table = {
-        pid: ProcessInfo(pid, ppid, False)
-        for pid, ppid in [(10, 1), (11, 10), (12, 11), (13, 11), (20, 1), (21, 20)]
+        pid: ProcessInfo(pid, ppid, False) for pid, ppid in [(10, 1), (11, 10), (12, 11), (13, 11), (20, 1), (21, 20)]
     }
     assert sorted(info.pid for info in descendants(10, table)) == [11, 12, 13]
     assert descendants(13, table) == []
@@ -279,7 +292,8 @@ def start_launcher(*args: str) -> ManagedProcess:
     ],
 )
 def test_the_launcher_makes_a_job_secret_only_for_its_own_lighthouse_and_no_token(
-        tmp_path: Path, lighthouse: str | None, environ: dict[str, str], made: bool) -> None:
+    tmp_path: Path, lighthouse: str | None, environ: dict[str, str], made: bool
+) -> None:
     args = ["--lighthouse", lighthouse] if lighthouse else []
     (tmp_path / "train.py").write_text("")
     options = parse_args([*args, str(tmp_path / "train.py")])
@@ -302,12 +316,20 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
         "--groups", "3", "--min-replicas", "3", "--restart-delay", "0.5", "--events-dir", str(events),
         "--status-interval", "1", EXAMPLE, "--steps", "80", "--step-delay", "0.05", "--num-workers", "1",
     )  # fmt: skip
-    standby = launcher.wait_for_line(lambda text: text.startswith("[launcher] starting warm standby pid "), 90,
-                                     stream="stderr", what="a warm standby started once every group committed")
+    standby = launcher.wait_for_line(
+        lambda text: text.startswith("[launcher] starting warm standby pid "),
+        90,
+        stream="stderr",
+        what="a warm standby started once every group committed",
+    )
     standby_pid = int(standby.text.rsplit(" ", 1)[1])
     # Asked for once the groups reported their state's size (state_size, after their first commit).
-    launcher.wait_for_line(lambda text: text.startswith(f"[launcher] warm standby pid {standby_pid} reserved "), 90,
-                           stream="stderr", what="the standby's memory reserve")
+    launcher.wait_for_line(
+        lambda text: text.startswith(f"[launcher] warm standby pid {standby_pid} reserved "),
+        90,
+        stream="stderr",
+        what="the standby's memory reserve",
+    )
     wait_for_event(
         events, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"] and e["step"] >= 3,
         90, "g1 committed step 3", launcher,
@@ -316,11 +338,16 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
     # One secret for the job, made by the launcher, in the lighthouse's, every group's and the
     # standby's environment (never on a command line).
     pids = {e["replica_id"]: e["pid"] for e in read_events(events) if e["event"] == "start"}
-    lighthouse_pid = next(pid for pid in _process_tree(launcher.pid)
-                          if b"lighthouse" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+    lighthouse_pid = next(
+        pid
+        for pid in _process_tree(launcher.pid)
+        if b"lighthouse" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    )
     secrets_seen = {_environ(pid).get("REPLICAFT_TOKEN") for pid in [*pids.values(), standby_pid, lighthouse_pid]}
     assert len(secrets_seen) == 1 and len(secrets_seen.pop() or "") >= 32
-    assert not any(b"REPLICAFT_TOKEN" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in _process_tree(launcher.pid))
+    assert not any(
+        b"REPLICAFT_TOKEN" in Path(f"/proc/{pid}/cmdline").read_bytes() for pid in _process_tree(launcher.pid)
+    )
     os.kill(start["pid"], signal.SIGKILL)
     killed_at = time.time()
     heal = wait_for_event(
@@ -329,13 +356,23 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
     )  # fmt: skip
     assert heal["ok"], heal
     # The restarted group's buckets and heal took the standby's reserve.
-    size = wait_for_event(events, lambda e: e["event"] == "state_size" and e["replica_id"] == "g1" and e["ts"] > killed_at,
-                          90, "g1's state size after the restart", launcher)
+    size = wait_for_event(
+        events,
+        lambda e: e["event"] == "state_size" and e["replica_id"] == "g1" and e["ts"] > killed_at,
+        90,
+        "g1's state size after the restart",
+        launcher,
+    )
     assert size["reserve_bytes"] > size["cpu_bytes"] == size["num_bytes"] > 0, size
     assert size["reserve_bytes"] >= size["reserve_used_bytes"] >= size["cpu_bytes"], size
     # The next standby starts only once the restarted group has committed, so never beside its heal.
-    replacement = launcher.wait_for_line(lambda text: text.startswith("[launcher] starting warm standby pid "), 90,
-                                         stream="stderr", after=standby.index + 1, what="a replacement standby")
+    replacement = launcher.wait_for_line(
+        lambda text: text.startswith("[launcher] starting warm standby pid "),
+        90,
+        stream="stderr",
+        after=standby.index + 1,
+        what="a replacement standby",
+    )
     replacement_started = _started_at(int(replacement.text.rsplit(" ", 1)[1]))
     assert launcher.wait_exit(90) == 0, launcher.output_tail()
     log = [line.text for line in launcher.lines("stderr")]
@@ -345,12 +382,17 @@ def test_killed_group_is_restarted_in_the_warm_standby_heals_and_the_run_ends_0(
     assert not any("no REPLICAFT_TOKEN" in line.text for line in launcher.lines()), "a launched job runs authenticated"
     assert any(text.startswith("[launcher] status: ") and "| quorum 3 |" in text for text in log), log
     out = [line.text for line in launcher.lines()]
-    assert {"[g0/0] [g0] step 80", "[g1/0] [g1] step 80", "[g2/0] [g2] step 80"} <= {t.rsplit(" loss", 1)[0] for t in out}
+    assert {"[g0/0] [g0] step 80", "[g1/0] [g1] step 80", "[g2/0] [g2] step 80"} <= {
+        t.rsplit(" loss", 1)[0] for t in out
+    }
     assert any(text.startswith("[lighthouse] lighthouse serving gRPC at ") for text in out)
     starts = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == "g1"]
     assert [s["pid"] for s in starts] == [start["pid"], standby_pid]
-    first_commit_after = min(e["ts"] for e in read_events(events)
-                             if e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"] and e["ts"] > killed_at)
+    first_commit_after = min(
+        e["ts"]
+        for e in read_events(events)
+        if e["event"] == "commit" and e["replica_id"] == "g1" and e["committed"] and e["ts"] > killed_at
+    )
     assert replacement_started >= first_commit_after - 0.011  # /proc counts in 10 ms ticks
 
 
@@ -362,17 +404,33 @@ def test_a_standby_that_dies_unused_turns_standbys_off_and_the_restart_goes_cold
         "--groups", "2", "--restart-delay", "0", "--events-dir", str(events), "--stop-grace", "2",
         EXAMPLE, "--steps", "100000", "--step-delay", "0.05",
     )  # fmt: skip
-    ready = launcher.wait_for_line(lambda text: text.startswith("[launcher] warm standby pid ") and text.endswith(" ready"),
-                                   90, stream="stderr", what="a warm standby ready")
+    ready = launcher.wait_for_line(
+        lambda text: text.startswith("[launcher] warm standby pid ") and text.endswith(" ready"),
+        90,
+        stream="stderr",
+        what="a warm standby ready",
+    )
     standby_pid = int(ready.text.split()[4])
     os.kill(standby_pid, signal.SIGKILL)
     launcher.wait_for_line(
-        lambda text: text == f"[launcher] warm standby pid {standby_pid} killed by SIGKILL before it was used; "
-        "restarts start cold from now on", 30, stream="stderr", after=ready.index, what="the standby's death reported")
+        lambda text: (
+            text == f"[launcher] warm standby pid {standby_pid} killed by SIGKILL before it was used; "
+            "restarts start cold from now on"
+        ),
+        30,
+        stream="stderr",
+        after=ready.index,
+        what="the standby's death reported",
+    )
     (start,) = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == "g0"]
     os.kill(start["pid"], signal.SIGKILL)
-    restarted = launcher.wait_for_line(lambda text: text.startswith("[launcher] started g0 "), 30, stream="stderr",
-                                       after=ready.index, what="g0 restarted")
+    restarted = launcher.wait_for_line(
+        lambda text: text.startswith("[launcher] started g0 "),
+        30,
+        stream="stderr",
+        after=ready.index,
+        what="g0 restarted",
+    )
     assert restarted.text.startswith("[launcher] started g0 (pid ") and restarted.text.endswith(", restart 1")
     launcher.send_signal(signal.SIGINT)
     assert launcher.wait_exit(60) == 128 + signal.SIGINT, launcher.output_tail()
@@ -439,7 +497,9 @@ def _wait_ready(launcher: ManagedProcess, labels: list[str], after: int = 0) -> 
     """Rank label -> pid, from the sleeper's "ready <pid>" lines as the launcher labels them."""
     pids = {}
     for label in labels:
-        line = launcher.wait_for_line(lambda text, label=label: text.startswith(f"{label} ready "), 60, after=after, what=label)
+        line = launcher.wait_for_line(
+            lambda text, label=label: text.startswith(f"{label} ready "), 60, after=after, what=label
+        )
         pids[label] = int(line.text.rsplit(" ", 1)[1])
     return pids
 

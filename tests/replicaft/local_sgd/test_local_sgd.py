@@ -30,8 +30,9 @@ from replicaft.telemetry.events import read_events_dir
         (6, 3, 1, 2, 1, [None, 0, 1, 2, 0]),
     ],
 )
-def test_schedule_spaces_fragment_syncs_evenly(sync_every: int, fragments: int, delay: int, interval: int,
-                                               start_at: int, fragments_by_step: list[int | None]) -> None:
+def test_schedule_spaces_fragment_syncs_evenly(
+    sync_every: int, fragments: int, delay: int, interval: int, start_at: int, fragments_by_step: list[int | None]
+) -> None:
     s = SyncSchedule(sync_every, fragments, delay)
     assert (s.interval, s.start_at) == (interval, start_at)
     assert [s.fragment_of(step) for step in range(len(fragments_by_step))] == fragments_by_step
@@ -39,9 +40,17 @@ def test_schedule_spaces_fragment_syncs_evenly(sync_every: int, fragments: int, 
 
 @pytest.mark.parametrize(
     "sync_every, fragments, delay, fragment",
-    [(0, 1, 0, "sync_every=0"), (10, 3, 0, "not a multiple"), (20, 4, 5, "fragment_sync_delay=5"), (5, 1, -1, "-1"), (4, 0, 0, "0 model")],
+    [
+        (0, 1, 0, "sync_every=0"),
+        (10, 3, 0, "not a multiple"),
+        (20, 4, 5, "fragment_sync_delay=5"),
+        (5, 1, -1, "-1"),
+        (4, 0, 0, "0 model"),
+    ],
 )
-def test_schedule_rejects_impossible_settings_with_the_value(sync_every: int, fragments: int, delay: int, fragment: str) -> None:
+def test_schedule_rejects_impossible_settings_with_the_value(
+    sync_every: int, fragments: int, delay: int, fragment: str
+) -> None:
     with pytest.raises(OptionsError, match=fragment):
         SyncSchedule(sync_every, fragments, delay)
 
@@ -82,9 +91,17 @@ def test_leases_round_trip_through_their_state() -> None:
     assert Leases.from_state(leases.to_state()) == leases
 
 
-@given(st.lists(st.tuples(st.sets(st.sampled_from("abcd"), min_size=1), st.sets(st.sampled_from("abcd"))), min_size=1, max_size=12),
-       st.integers(1, 7))
-def test_any_history_consumes_every_position_at_most_once_and_loses_none(rounds: list[tuple[set[str], set[str]]], per_group: int) -> None:
+@given(
+    st.lists(
+        st.tuples(st.sets(st.sampled_from("abcd"), min_size=1), st.sets(st.sampled_from("abcd"))),
+        min_size=1,
+        max_size=12,
+    ),
+    st.integers(1, 7),
+)
+def test_any_history_consumes_every_position_at_most_once_and_loses_none(
+    rounds: list[tuple[set[str], set[str]]], per_group: int
+) -> None:
     leases, seen = Leases(), []
     for participants, contributors in rounds:
         leases, consumed = settle(leases, sorted(participants), contributors, per_group)
@@ -132,13 +149,37 @@ def test_unknown_wire_is_refused_with_the_choices() -> None:
 # -- DiLoCo through a SIGKILL ---------------------------------------------------------------------
 
 SCRIPT = str(REPO_ROOT / "examples" / "train_diloco.py")
-TINY = ["--layers", "2", "--d-model", "32", "--heads", "2", "--context", "32", "--batch-size", "4",
-        "--corpus-bytes", "400000", "--threads", "1", "--eval-windows", "4", "--step-delay", "0.05"]
+TINY = [
+    "--layers",
+    "2",
+    "--d-model",
+    "32",
+    "--heads",
+    "2",
+    "--context",
+    "32",
+    "--batch-size",
+    "4",
+    "--corpus-bytes",
+    "400000",
+    "--threads",
+    "1",
+    "--eval-windows",
+    "4",
+    "--step-delay",
+    "0.05",
+]
 
 
 def start_group(lighthouse: str, replica_id: str, events: Path, *args: str) -> ManagedProcess:
-    env = dict(os.environ, REPLICAFT_LIGHTHOUSE=lighthouse, REPLICAFT_REPLICA_ID=replica_id, REPLICAFT_EVENTS_DIR=str(events),
-               REPLICAFT_DIGEST_EVERY_STEPS="0", PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    env = dict(
+        os.environ,
+        REPLICAFT_LIGHTHOUSE=lighthouse,
+        REPLICAFT_REPLICA_ID=replica_id,
+        REPLICAFT_EVENTS_DIR=str(events),
+        REPLICAFT_DIGEST_EVERY_STEPS="0",
+        PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    )
     return spawn_python(SCRIPT, *TINY, *args, name=replica_id, env=env)
 
 
@@ -157,8 +198,10 @@ def test_streaming_diloco_survives_a_sigkill_mid_round_healing_from_two_donors_i
     g1.wait_for_json(lambda o: o.get("event") == "sync" and o["step"] >= 7, 60, what="g1 mid-round after sync 7")
     g1.kill()
     g1 = start_group(lh.grpc_address, "g1", tmp_path, *args)
-    finals = [g.wait_for_json(lambda o: o.get("event") == "final", 180, what=f"{name} final state")[1]
-              for name, g in (("g0", g0), ("g1", g1), ("g2", g2))]
+    finals = [
+        g.wait_for_json(lambda o: o.get("event") == "final", 180, what=f"{name} final state")[1]
+        for name, g in (("g0", g0), ("g1", g1), ("g2", g2))
+    ]
     assert g0.wait_exit(30) == 0 and g1.wait_exit(30) == 0 and g2.wait_exit(30) == 0
     # The replicated state agrees; the parameters need not (streaming: a fragment not synced
     # at the last step keeps each group's own inner steps).

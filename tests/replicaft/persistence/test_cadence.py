@@ -20,11 +20,23 @@ BASE = {"lighthouse": "127.0.0.1:1", "replica_id": "g0", "checkpoint_dir": "/tmp
 
 
 def test_auto_interval_read_from_env_with_its_bounds() -> None:
-    o = ManagerOptions.from_env({"REPLICAFT_CHECKPOINT_INTERVAL": "auto", "REPLICAFT_CHECKPOINT_INTERVAL_MIN_S": "2",
-                                 "REPLICAFT_CHECKPOINT_INTERVAL_MAX_S": "20", "REPLICAFT_CHECKPOINT_MTBF_PRIOR_S": "900"},
-                                lighthouse="127.0.0.1:1", replica_id="g0", checkpoint_dir="/tmp/ckpt")
-    assert (o.checkpoint_interval, o.checkpoint_interval_min_s, o.checkpoint_interval_max_s,
-            o.checkpoint_mtbf_prior_s) == ("auto", 2.0, 20.0, 900.0)
+    o = ManagerOptions.from_env(
+        {
+            "REPLICAFT_CHECKPOINT_INTERVAL": "auto",
+            "REPLICAFT_CHECKPOINT_INTERVAL_MIN_S": "2",
+            "REPLICAFT_CHECKPOINT_INTERVAL_MAX_S": "20",
+            "REPLICAFT_CHECKPOINT_MTBF_PRIOR_S": "900",
+        },
+        lighthouse="127.0.0.1:1",
+        replica_id="g0",
+        checkpoint_dir="/tmp/ckpt",
+    )
+    assert (
+        o.checkpoint_interval,
+        o.checkpoint_interval_min_s,
+        o.checkpoint_interval_max_s,
+        o.checkpoint_mtbf_prior_s,
+    ) == ("auto", 2.0, 20.0, 900.0)
     assert (o.checkpoint_interval_steps, o.checkpoint_interval_s) == (0, 0.0), "auto takes no fixed default"
 
 
@@ -34,8 +46,10 @@ def test_auto_interval_read_from_env_with_its_bounds() -> None:
         ({"checkpoint_interval": "sometimes"}, "checkpoint_interval='sometimes'"),
         ({"checkpoint_interval": "auto", "checkpoint_interval_steps": 10}, "checkpoint_interval_steps=10"),
         ({"checkpoint_interval": "auto", "group_world_size": 2, "group_store": "127.0.0.1:2"}, "group_world_size=2"),
-        ({"checkpoint_interval": "auto", "checkpoint_interval_min_s": 30.0, "checkpoint_interval_max_s": 10.0},
-         "checkpoint_interval_max_s=10.0"),
+        (
+            {"checkpoint_interval": "auto", "checkpoint_interval_min_s": 30.0, "checkpoint_interval_max_s": 10.0},
+            "checkpoint_interval_max_s=10.0",
+        ),
         ({"checkpoint_interval": "auto", "checkpoint_mtbf_prior_s": 0.0}, "checkpoint_mtbf_prior_s=0.0"),
     ],
 )
@@ -55,8 +69,11 @@ class Clock:
 def make() -> tuple[AutoCadence, Clock, list[tuple[str, dict[str, Any]]]]:
     clock = Clock()
     events: list[tuple[str, dict[str, Any]]] = []
-    cadence = AutoCadence(CadenceLimits(min_s=1.0, max_s=600.0, prior_mtbf_s=1000.0),
-                          lambda event, **fields: events.append((event, fields)), clock)
+    cadence = AutoCadence(
+        CadenceLimits(min_s=1.0, max_s=600.0, prior_mtbf_s=1000.0),
+        lambda event, **fields: events.append((event, fields)),
+        clock,
+    )
     return cadence, clock, events
 
 
@@ -70,8 +87,9 @@ def test_member_losses_counted_once_per_member_and_quorum() -> None:
     cadence.notice(Notice("quorum_formed", 8, "", "", 1))
     clock.now += 10
     cadence.observe(2)
-    assert cadence.history == FailureHistory(observed_s=10.0, group_s=20.0, degraded_s=10.0, member_losses=1,
-                                             max_groups=3, groups_now=2)
+    assert cadence.history == FailureHistory(
+        observed_s=10.0, group_s=20.0, degraded_s=10.0, member_losses=1, max_groups=3, groups_now=2
+    )
 
 
 def test_interval_reported_with_inputs_first_and_when_it_moves() -> None:

@@ -50,18 +50,28 @@ def test_auto_interval_chosen_from_measured_saves_and_shortened_by_a_member_loss
     def cadence(e: dict) -> bool:
         return e["event"] == "checkpoint_cadence" and e["replica_id"] == "g0"
 
-    chosen = wait_for_event(events, lambda e: cadence(e) and e["cost_s"] is not None, 90, "g0 chose an interval from a save")
+    chosen = wait_for_event(
+        events, lambda e: cadence(e) and e["cost_s"] is not None, 90, "g0 chose an interval from a save"
+    )
     # The logged inputs give the logged interval, by the pure rule, and the rule (not a bound) chose it.
-    again = decide_interval(blocked_s=chosen["blocked_s"], write_s=chosen["write_s"],
-                            history=FailureHistory(**chosen["history"]), limits=LIMITS)
+    again = decide_interval(
+        blocked_s=chosen["blocked_s"],
+        write_s=chosen["write_s"],
+        history=FailureHistory(**chosen["history"]),
+        limits=LIMITS,
+    )
     assert again.interval_s == pytest.approx(chosen["interval_s"]), chosen
     assert LIMITS.min_s < chosen["rule_s"] < LIMITS.max_s and chosen["rule_s"] == pytest.approx(chosen["interval_s"])
     assert (chosen["mtbf_source"], chosen["mtbf_s"], chosen["history"]["max_groups"]) == ("prior", 300.0, 2)
     assert chosen["blocked_s"] >= 0 and chosen["write_s"] > 0
 
     # The writer follows it: the next save starts about one interval after the one before.
-    wait_for_event(events, lambda e: e["event"] == "checkpoint_start" and e["replica_id"] == "g0"
-                   and e["ts"] > chosen["ts"], LIMITS.max_s + 30, "a save at the chosen interval")
+    wait_for_event(
+        events,
+        lambda e: e["event"] == "checkpoint_start" and e["replica_id"] == "g0" and e["ts"] > chosen["ts"],
+        LIMITS.max_s + 30,
+        "a save at the chosen interval",
+    )
     log = read_events(events)
     starts = [e["ts"] for e in log if e["event"] == "checkpoint_start" and e["replica_id"] == "g0"]
     later = [t for t in starts if t > chosen["ts"]][0]
@@ -71,8 +81,12 @@ def test_auto_interval_chosen_from_measured_saves_and_shortened_by_a_member_loss
 
     # A member loss leaves one group: the member-loss estimate undercuts the prior, the interval shortens.
     groups["g1"].kill()
-    lost = wait_for_event(events, lambda e: cadence(e) and e["mtbf_source"] == "member_losses", 60,
-                          "g0 planning for the MTBF its member losses give")
+    lost = wait_for_event(
+        events,
+        lambda e: cadence(e) and e["mtbf_source"] == "member_losses",
+        60,
+        "g0 planning for the MTBF its member losses give",
+    )
     assert lost["history"]["member_losses"] >= 1 and lost["mtbf_s"] < LIMITS.prior_mtbf_s, lost
     assert lost["interval_s"] < chosen["interval_s"], (lost, chosen)
     groups["g0"].kill()

@@ -74,7 +74,12 @@ def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corru
     args = ("--steps", "60", "--step-delay", "0.02", "--width", str(width))
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     events = tmp_path / "events"
-    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL, 120, "two checkpoints")
+    wait_for_event(
+        events,
+        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL,
+        120,
+        "two checkpoints",
+    )
     for g in groups.values():
         g.kill()
     last_committed = max(e["step"] for e in read_events(events) if e["event"] == "commit" and e["committed"])
@@ -117,7 +122,12 @@ def test_group_restarting_while_peers_alive_heals_and_reads_no_checkpoint(tmp_pa
     wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"], 120, "a checkpoint")
     groups["g1"].kill()
     groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args)
-    heal = wait_for_event(events, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0, 120, "g1 healed")
+    heal = wait_for_event(
+        events,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0,
+        120,
+        "g1 healed",
+    )
     assert heal["ok"]
     for rid, g in groups.items():
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
@@ -136,10 +146,16 @@ def test_resume_into_a_changed_loss_is_reported_diverged_issue_23(tmp_path: Path
     args = ("--steps", "40", "--step-delay", "0.02")
     group = start_group(lh.grpc_address, "g0", tmp_path, *args)
     events = tmp_path / "events"
-    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL, 120,
-                   "a checkpoint of step 20")
+    wait_for_event(
+        events,
+        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL,
+        120,
+        "a checkpoint of step 20",
+    )
     group.kill()
-    group = start_group(lh.grpc_address, "g0", tmp_path, *args, "--loss-scale", "10", REPLICAFT_RESUME_VERIFY_ACTION=action)
+    group = start_group(
+        lh.grpc_address, "g0", tmp_path, *args, "--loss-scale", "10", REPLICAFT_RESUME_VERIFY_ACTION=action
+    )
     resume = wait_for_event(events, lambda e: e["event"] == "resume", 120, "the resume")
     verdict = wait_for_event(events, lambda e: e["event"] == "resume_verdict", 120, "the resume's verdict")
     assert group.wait_exit(150) == (0 if action == "warn" else 1), group.output_tail()
@@ -157,10 +173,14 @@ def test_sigterm_to_the_writer_saves_its_step_before_exit(tmp_path: Path) -> Non
     args = ("--steps", "400", "--step-delay", "0.02")
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     events = tmp_path / "events"
-    wait_for_event(events, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["step"] >= 13, 120, "g0 at step 13")
+    wait_for_event(
+        events, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["step"] >= 13, 120, "g0 at step 13"
+    )
     groups["g0"].send_signal(signal.SIGTERM)
     assert groups["g0"].wait_exit(60) == 143, groups["g0"].output_tail()
-    g0_steps = [e["step"] for e in read_events(events) if e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"]]
+    g0_steps = [
+        e["step"] for e in read_events(events) if e["event"] == "commit" and e["replica_id"] == "g0" and e["committed"]
+    ]
     saved = [e for e in read_events(events) if e["event"] == "checkpoint" and e["replica_id"] == "g0" and e["ok"]]
     assert saved and saved[-1]["checkpoint_step"] == max(g0_steps), f"g0 committed up to {max(g0_steps)}; saved {saved}"
     assert groups["g1"].popen.poll() is None, "the other group just goes on"
@@ -181,10 +201,17 @@ def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Pat
     for _ in range(3):
         step += rng.randint(6, 12)
         victim = rng.choice(ids)
-        wait_for_event(events, lambda e, s=step: e["event"] == "commit" and e["committed"] and e["step"] >= s, 120, f"step {step}")
+        wait_for_event(
+            events, lambda e, s=step: e["event"] == "commit" and e["committed"] and e["step"] >= s, 120, f"step {step}"
+        )
         groups[victim].kill()
         groups[victim] = start_group(lh.grpc_address, victim, tmp_path, *args)
-    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= step, 180, "a checkpoint after the kills")
+    wait_for_event(
+        events,
+        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= step,
+        180,
+        "a checkpoint after the kills",
+    )
     for g in groups.values():
         g.kill()
     restarted_at = time.time()
@@ -195,8 +222,11 @@ def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Pat
     for rid in ids:
         wait_for_event(
             events,
-            lambda e, rid=rid: e["replica_id"] == rid and e["ts"] > restarted_at
-            and (e["event"] == "resume" or (e["event"] == "heal_end" and e["ok"] and e.get("base_step", 0) > 0)),
+            lambda e, rid=rid: (
+                e["replica_id"] == rid
+                and e["ts"] > restarted_at
+                and (e["event"] == "resume" or (e["event"] == "heal_end" and e["ok"] and e.get("base_step", 0) > 0))
+            ),
             120,
             f"{rid} back from disk or from a peer",
         )

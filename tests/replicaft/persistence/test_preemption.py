@@ -48,13 +48,19 @@ TOKEN = "token-abc"
 
 # -- the rule ---------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("kind", "status", "body", "expected"),
     [
         ("gce", 200, "FALSE", Reading(False, "instance/preempted is FALSE")),
         ("gce", 200, "TRUE\n", Reading(True, "instance/preempted is TRUE")),
         ("gce", 200, "true", Reading(True, "instance/preempted is TRUE")),
-        ("gce", 200, "<html>", Reading(False, "instance/preempted is '<html>', neither TRUE nor FALSE", understood=False)),
+        (
+            "gce",
+            200,
+            "<html>",
+            Reading(False, "instance/preempted is '<html>', neither TRUE nor FALSE", understood=False),
+        ),
         ("gce", 403, "", Reading(False, "HTTP 403 (outside GCE, or no Metadata-Flavor header?)", understood=False)),
         ("aws", 404, "<html>Not Found</html>", Reading(False, "no spot instance-action")),
         ("aws", 200, AWS_NOTICE, Reading(True, "spot instance-action terminate at 2026-11-27T15:02:00Z")),
@@ -83,10 +89,16 @@ def test_read_answer(kind: Any, status: int, body: str, expected: Reading) -> No
         ("", "auto", None),
         ("gce", "auto", NoticeSource("gce", GCE_URL)),
         ("aws", "auto", NoticeSource("aws", AWS_URL)),
-        ("http://127.0.0.1:8080/computeMetadata/v1/instance/preempted", "auto",
-         NoticeSource("gce", "http://127.0.0.1:8080/computeMetadata/v1/instance/preempted")),
-        ("http://10.0.0.1/x/latest/meta-data/spot/instance-action", "auto",
-         NoticeSource("aws", "http://10.0.0.1/x/latest/meta-data/spot/instance-action")),
+        (
+            "http://127.0.0.1:8080/computeMetadata/v1/instance/preempted",
+            "auto",
+            NoticeSource("gce", "http://127.0.0.1:8080/computeMetadata/v1/instance/preempted"),
+        ),
+        (
+            "http://10.0.0.1/x/latest/meta-data/spot/instance-action",
+            "auto",
+            NoticeSource("aws", "http://10.0.0.1/x/latest/meta-data/spot/instance-action"),
+        ),
         ("https://agent.local/preempt", "auto", NoticeSource("http", "https://agent.local/preempt")),
         ("https://agent.local/preempt", "gce", NoticeSource("gce", "https://agent.local/preempt")),
         ("file:/run/preempted", "auto", NoticeSource("file", "/run/preempted")),
@@ -124,6 +136,7 @@ def test_options_read_the_notice_from_the_environment_and_refuse_a_zero_poll() -
 
 # -- a local metadata server ----------------------------------------------------------------
 
+
 class MetadataServer:
     """GCE/AWS-style metadata on 127.0.0.1 (port 0). ``answer(path, status, body)`` sets what a
     path says; ``hang_up(path)`` makes it close the connection without an answer. Paths ending
@@ -155,8 +168,11 @@ class MetadataServer:
                     self.close_connection = True  # no status line: the client sees the connection drop
                 elif self.path.endswith(GCE_PATH) and self.headers.get("Metadata-Flavor") != "Google":
                     self._reply(403, "Missing Metadata-Flavor:Google header.")
-                elif (self.path.endswith(AWS_PATH) and not imdsv1_only
-                      and self.headers.get("X-aws-ec2-metadata-token") != TOKEN):
+                elif (
+                    self.path.endswith(AWS_PATH)
+                    and not imdsv1_only
+                    and self.headers.get("X-aws-ec2-metadata-token") != TOKEN
+                ):
                     self._reply(401, "")
                 else:
                     self._reply(*answer)
@@ -186,7 +202,9 @@ class MetadataServer:
     def wait_requests(self, path: str, count: int, timeout_s: float) -> None:
         with self._lock:
             if not self._lock.wait_for(lambda: self.requests.get(path, 0) >= count, timeout_s):
-                raise AssertionError(f"{path} was asked {self.requests.get(path, 0)} times, not {count}, within {timeout_s:g}s")
+                raise AssertionError(
+                    f"{path} was asked {self.requests.get(path, 0)} times, not {count}, within {timeout_s:g}s"
+                )
 
     def __enter__(self) -> MetadataServer:
         self._thread.start()
@@ -231,11 +249,13 @@ def watch(source: NoticeSource, recorder: Recorder, poll_s: float = 0.02) -> Pre
 
 # -- the watcher --------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("dialect", ["gce", "aws", "aws-imdsv1"])
 def test_watcher_announces_once_the_metadata_says_so(dialect: str) -> None:
     kind = dialect.removesuffix("-imdsv1")
-    path, quiet, loud = ((GCE_PATH, (200, "FALSE"), (200, "TRUE")) if kind == "gce"
-                         else (AWS_PATH, (404, ""), (200, AWS_NOTICE)))
+    path, quiet, loud = (
+        (GCE_PATH, (200, "FALSE"), (200, "TRUE")) if kind == "gce" else (AWS_PATH, (404, ""), (200, AWS_NOTICE))
+    )
     recorder = Recorder()
     with MetadataServer(imdsv1_only=dialect == "aws-imdsv1") as metadata:
         metadata.answer(path, *quiet)
@@ -253,7 +273,8 @@ def test_watcher_announces_once_the_metadata_says_so(dialect: str) -> None:
 
 
 def test_unreachable_source_is_logged_once_retried_and_a_later_notice_still_counts(
-        metadata: MetadataServer, caplog: pytest.LogCaptureFixture) -> None:
+    metadata: MetadataServer, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.INFO, logger="replicaft.persistence.preemption")
     metadata.hang_up("/notice")
     recorder = Recorder()
@@ -302,6 +323,7 @@ def test_stop_ends_the_watcher_thread_promptly(metadata: MetadataServer) -> None
 
 # -- persistence: the same flag as SIGTERM ------------------------------------------------------
 
+
 def persistence(recorder: Recorder) -> Persistence:
     return Persistence(ManagerOptions(lighthouse="127.0.0.1:1", replica_id="g0"), recorder.emit, SpareBuffer())
 
@@ -337,23 +359,35 @@ def test_sigterm_first_stays_the_reason() -> None:
 
 # -- a real job -----------------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_announced_writer_saves_and_leaves_before_any_sigterm_other_group_carries_on(
-        tmp_path: Path, metadata: MetadataServer) -> None:
+    tmp_path: Path, metadata: MetadataServer
+) -> None:
     lh = start_lighthouse(status=False)
     events, ckpt = tmp_path / "events", tmp_path / "ckpt"
     groups = {}
     for rid in ("g0", "g1"):
         metadata.answer(f"/{rid}{AWS_PATH}", 404)
         env = dict(os.environ)
-        env.update(REPLICAFT_LIGHTHOUSE=lh.grpc_address, REPLICAFT_REPLICA_ID=rid, REPLICAFT_EVENTS_DIR=str(events),
-                   REPLICAFT_CHECKPOINT_DIR=str(ckpt), REPLICAFT_CHECKPOINT_INTERVAL_STEPS="1000",
-                   REPLICAFT_PREEMPTION_NOTICE=f"{metadata.url}/{rid}{AWS_PATH}", REPLICAFT_PREEMPTION_POLL_S="0.05")
+        env.update(
+            REPLICAFT_LIGHTHOUSE=lh.grpc_address,
+            REPLICAFT_REPLICA_ID=rid,
+            REPLICAFT_EVENTS_DIR=str(events),
+            REPLICAFT_CHECKPOINT_DIR=str(ckpt),
+            REPLICAFT_CHECKPOINT_INTERVAL_STEPS="1000",
+            REPLICAFT_PREEMPTION_NOTICE=f"{metadata.url}/{rid}{AWS_PATH}",
+            REPLICAFT_PREEMPTION_POLL_S="0.05",
+        )
         env.pop("REPLICAFT_FAULT_POINTS", None)
         groups[rid] = spawn_python(EXAMPLE, "--steps", "400", "--step-delay", "0.02", name=rid, env=env)
-    wait_for_event(events, lambda e: e["event"] == "commit" and e["committed"] and e["step"] >= 3, 90, "step 3 committed")
-    writer = next(e["replica_id"] for e in reversed(read_events(events)) if e["event"] == "quorum" and e["replica_rank"] == 0)
+    wait_for_event(
+        events, lambda e: e["event"] == "commit" and e["committed"] and e["step"] >= 3, 90, "step 3 committed"
+    )
+    writer = next(
+        e["replica_id"] for e in reversed(read_events(events)) if e["event"] == "quorum" and e["replica_rank"] == 0
+    )
     other = "g1" if writer == "g0" else "g0"
     metadata.answer(f"/{writer}{AWS_PATH}", 200, AWS_NOTICE)
 
@@ -372,8 +406,12 @@ def test_announced_writer_saves_and_leaves_before_any_sigterm_other_group_carrie
     (newest,) = [i for i in CheckpointReader(ckpt).list() if i.valid]
     assert json.loads((newest.path / MANIFEST_FILE).read_text())["metadata"]["reason"] == "preemption"
 
-    wait_for_event(events, lambda e: e["event"] == "commit" and e["committed"] and e["replica_id"] == other
-                   and e["step"] >= last + 3, 60, f"{other} going on alone")
+    wait_for_event(
+        events,
+        lambda e: e["event"] == "commit" and e["committed"] and e["replica_id"] == other and e["step"] >= last + 3,
+        60,
+        f"{other} going on alone",
+    )
     assert groups[other].popen.poll() is None, "the other group carries on"
     assert not [e for e in read_events(events) if e["event"] == "preemption_notice" and e["replica_id"] == other]
 

@@ -25,33 +25,61 @@ VERDICTS = [
     # (trajectory, checkpoint step, new losses, num_steps, tolerance, verdict, (deviation, allowed) or None).
     # falling(1, 20) ends 0.86, 0.85, ..., 0.81 at steps 15-20: mean 0.835, spread 0.05; a curve
     # that keeps falling at the same rate is off by 0.045 three steps on, within the spread alone.
-    pytest.param(falling(1, 20), 20, [0.80, 0.79, 0.78], 3, 0.1, "ok", (0.045, 0.1335),
-                 id="falling_curve_continues_ok"),
-    pytest.param([(s, 1.0) for s in range(1, 11)], 10, [1.0, 1.0], 2, 0.0, "ok", (0.0, 0.0),
-                 id="flat_curve_equal_losses_ok_even_at_zero_tolerance"),
-    pytest.param(falling(1, 20), 20, [3.2, 3.16, 3.12], 3, 0.5, "diverged", (2.325, 0.4675),
-                 id="scaled_loss_diverged"),
-    pytest.param(falling(1, 20), 20, [0.1, 0.1, 0.1], 3, 0.1, "diverged", (0.735, 0.1335),
-                 id="sudden_drop_is_a_divergence_too"),
-    pytest.param(falling(1, 20), 20, [0.8, 0.79], 3, 0.5, "not_enough_data", None,
-                 id="fewer_new_losses_than_asked"),
-    pytest.param([(20, 0.9)], 20, [0.9, 0.9], 2, 0.5, "not_enough_data", None,
-                 id="one_loss_before_the_checkpoint_has_no_spread"),
+    pytest.param(
+        falling(1, 20), 20, [0.80, 0.79, 0.78], 3, 0.1, "ok", (0.045, 0.1335), id="falling_curve_continues_ok"
+    ),
+    pytest.param(
+        [(s, 1.0) for s in range(1, 11)],
+        10,
+        [1.0, 1.0],
+        2,
+        0.0,
+        "ok",
+        (0.0, 0.0),
+        id="flat_curve_equal_losses_ok_even_at_zero_tolerance",
+    ),
+    pytest.param(falling(1, 20), 20, [3.2, 3.16, 3.12], 3, 0.5, "diverged", (2.325, 0.4675), id="scaled_loss_diverged"),
+    pytest.param(
+        falling(1, 20), 20, [0.1, 0.1, 0.1], 3, 0.1, "diverged", (0.735, 0.1335), id="sudden_drop_is_a_divergence_too"
+    ),
+    pytest.param(falling(1, 20), 20, [0.8, 0.79], 3, 0.5, "not_enough_data", None, id="fewer_new_losses_than_asked"),
+    pytest.param(
+        [(20, 0.9)], 20, [0.9, 0.9], 2, 0.5, "not_enough_data", None, id="one_loss_before_the_checkpoint_has_no_spread"
+    ),
     pytest.param([], 20, [0.9, 0.9], 2, 0.5, "not_enough_data", None, id="checkpoint_without_a_trajectory"),
-    pytest.param(falling(1, 30), 20, [0.80, 0.79], 2, 0.1, "ok", (0.03, 0.1125),
-                 id="losses_after_the_checkpoint_step_are_no_reference"),
+    pytest.param(
+        falling(1, 30),
+        20,
+        [0.80, 0.79],
+        2,
+        0.1,
+        "ok",
+        (0.03, 0.1125),
+        id="losses_after_the_checkpoint_step_are_no_reference",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("trajectory", "checkpoint_step", "new", "num_steps", "tolerance", "verdict", "numbers"), VERDICTS)
-def test_verdict_table(trajectory: list[tuple[int, float]], checkpoint_step: int, new: list[float], num_steps: int,
-                       tolerance: float, verdict: str, numbers: tuple[float, float] | None) -> None:
+@pytest.mark.parametrize(
+    ("trajectory", "checkpoint_step", "new", "num_steps", "tolerance", "verdict", "numbers"), VERDICTS
+)
+def test_verdict_table(
+    trajectory: list[tuple[int, float]],
+    checkpoint_step: int,
+    new: list[float],
+    num_steps: int,
+    tolerance: float,
+    verdict: str,
+    numbers: tuple[float, float] | None,
+) -> None:
     v = decide_resume(trajectory, checkpoint_step, new, num_steps=num_steps, tolerance=tolerance)
     assert v.verdict == verdict, v.reason
     if numbers is None:
         assert v.deviation is None and v.allowed is None
     else:
-        assert v.deviation == pytest.approx(numbers[0], abs=1e-9) and v.allowed == pytest.approx(numbers[1], abs=1e-9), v
+        assert v.deviation == pytest.approx(numbers[0], abs=1e-9) and v.allowed == pytest.approx(
+            numbers[1], abs=1e-9
+        ), v
         assert max(v.reference_steps) <= checkpoint_step
         assert len(v.reference_steps) == min(2 * num_steps, len([p for p in trajectory if p[0] <= checkpoint_step]))
     assert v.reason
@@ -70,11 +98,16 @@ class Driver:
         self.healing = False
         self.events: list[dict[str, Any]] = []
         self.labels = CheckpointLabels()
-        self.check = ResumeCheck(num_steps=options.get("num_steps", 3), tolerance=options.get("tolerance", 0.5),
-                                 action=options.get("action", "warn"), current_step=lambda: self.step,
-                                 healing=lambda: self.healing, labels=self.labels,
-                                 emit=lambda event, **fields: self.events.append({"event": event, **fields}),
-                                 context="g0/0")
+        self.check = ResumeCheck(
+            num_steps=options.get("num_steps", 3),
+            tolerance=options.get("tolerance", 0.5),
+            action=options.get("action", "warn"),
+            current_step=lambda: self.step,
+            healing=lambda: self.healing,
+            labels=self.labels,
+            emit=lambda event, **fields: self.events.append({"event": event, **fields}),
+            context="g0/0",
+        )
 
     def run(self, *losses: float, commit: bool = True) -> None:
         for loss in losses:
@@ -148,8 +181,17 @@ def test_verification_off_with_zero_steps() -> None:
     assert d.events == []
 
 
-@pytest.mark.parametrize("state", [{"steps": [1, 2], "losses": [0.5]}, {"steps": [1], "losses": [float("nan")]},
-                                   {"steps": ["1"], "losses": [0.5]}, "junk", {}], ids=repr)
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"steps": [1, 2], "losses": [0.5]},
+        {"steps": [1], "losses": [float("nan")]},
+        {"steps": ["1"], "losses": [0.5]},
+        "junk",
+        {},
+    ],
+    ids=repr,
+)
 def test_malformed_trajectory_is_dropped_not_raised(state: Any) -> None:
     d = Driver()
     d.run(1.0)

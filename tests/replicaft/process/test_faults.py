@@ -87,8 +87,6 @@ print("survived an armed point", flush=True)
 
 
 def test_reaching_an_armed_point_kills_the_process_with_sigkill() -> None:
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
-    )
+    child = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert child.stdout.splitlines() == ["passed the points not armed"]

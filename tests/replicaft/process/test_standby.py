@@ -66,8 +66,9 @@ def test_a_reserve_leaves_a_tenth_of_memory_and_at_least_a_gib_available() -> No
     assert reserve_refusal(17 * GIB, _meminfo(24 * GIB, 20 * GIB)) is None
     assert reserve_refusal(3 * GIB, _meminfo(8 * GIB, 4 * GIB)) is None
     why = reserve_refusal(3 * GIB + 1, _meminfo(8 * GIB, 4 * GIB))  # 1 GiB kept free on a small machine
-    assert why == (f"only {4 * GIB} bytes of memory are available, and {GIB} of them are kept free for the "
-                   "training processes")
+    assert why == (
+        f"only {4 * GIB} bytes of memory are available, and {GIB} of them are kept free for the training processes"
+    )
 
 
 def test_without_meminfo_the_kernel_decides() -> None:
@@ -121,8 +122,15 @@ class Standby:
     def __init__(self, script: Path, stdin: str | None, **env: str) -> None:
         self.script = script
         self.args = [sys.executable, "-m", "replicaft.process.standby", str(script), "--steps", "3"]
-        self.popen = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, env=_env(**env), cwd=REPO_ROOT)
+        self.popen = subprocess.Popen(
+            self.args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(**env),
+            cwd=REPO_ROOT,
+        )
         assert self.popen.stdin is not None
         if stdin is not None:
             self.popen.stdin.write(stdin)  # a few lines: the pipe holds them until the standby reads
@@ -131,8 +139,9 @@ class Standby:
     def result(self) -> subprocess.CompletedProcess[str]:
         assert self.popen.stdout is not None and self.popen.stderr is not None
         self.popen.wait(timeout=120)
-        return subprocess.CompletedProcess(self.args, self.popen.returncode, self.popen.stdout.read(),
-                                           self.popen.stderr.read())
+        return subprocess.CompletedProcess(
+            self.args, self.popen.returncode, self.popen.stdout.read(), self.popen.stderr.read()
+        )
 
 
 RESERVE_SCRIPT = """\
@@ -162,17 +171,24 @@ def standbys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Sta
     torch and replicaft and waits for nothing else, so on 2 cores they take half the time
     side by side that they took one after another. Each test reads its own standby's result."""
     runs = {
-        "activated": Standby(_script(tmp_path_factory, "activated"),
-                             encode_activation({"REPLICAFT_REPLICA_ID": "g1"}) + "ignored: stdin is /dev/null\n"),
+        "activated": Standby(
+            _script(tmp_path_factory, "activated"),
+            encode_activation({"REPLICAFT_REPLICA_ID": "g1"}) + "ignored: stdin is /dev/null\n",
+        ),
         "exit_code": Standby(_script(tmp_path_factory, "exit_code"), encode_activation({"EXIT_CODE": "3"})),
         "launcher_gone": Standby(_script(tmp_path_factory, "launcher_gone"), ""),
         "malformed_activation": Standby(_script(tmp_path_factory, "malformed_activation"), '{"env": {"A": 1}}\n'),
-        "reserves": Standby(_script(tmp_path_factory, "reserves", RESERVE_SCRIPT),
-                            encode_reserve(1 << 20) + encode_reserve(3 << 20) + encode_activation({})),
-        "reserve_too_large": Standby(_script(tmp_path_factory, "reserve_too_large", "print('ran')\n"),
-                                     encode_reserve(1 << 60) + encode_activation({})),  # an exabyte
-        "malformed_reserve": Standby(_script(tmp_path_factory, "malformed_reserve"),
-                                     '{"reserve_bytes": -1}\n' + encode_activation({})),
+        "reserves": Standby(
+            _script(tmp_path_factory, "reserves", RESERVE_SCRIPT),
+            encode_reserve(1 << 20) + encode_reserve(3 << 20) + encode_activation({}),
+        ),
+        "reserve_too_large": Standby(
+            _script(tmp_path_factory, "reserve_too_large", "print('ran')\n"),
+            encode_reserve(1 << 60) + encode_activation({}),
+        ),  # an exabyte
+        "malformed_reserve": Standby(
+            _script(tmp_path_factory, "malformed_reserve"), '{"reserve_bytes": -1}\n' + encode_activation({})
+        ),
         "idle": Standby(_script(tmp_path_factory, "idle"), None),
     }
     try:
@@ -187,8 +203,15 @@ def standbys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Sta
 @pytest.mark.timeout(150)
 def test_an_activated_standby_runs_the_script_as_python_would(standbys: dict[str, Standby]) -> None:
     script = standbys["activated"].script
-    cold = subprocess.run([sys.executable, str(script), "--steps", "3"], capture_output=True, text=True, timeout=60,
-                          env=_env(REPLICAFT_REPLICA_ID="g1"), cwd=REPO_ROOT, stdin=subprocess.DEVNULL)
+    cold = subprocess.run(
+        [sys.executable, str(script), "--steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(REPLICAFT_REPLICA_ID="g1"),
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+    )
     assert cold.returncode == 0, cold.stderr
     warm = standbys["activated"].result()
     assert warm.returncode == 0, warm.stderr
@@ -205,16 +228,14 @@ def test_the_script_exit_code_is_the_standby_exit_code(standbys: dict[str, Stand
 
 
 @pytest.mark.timeout(150)
-def test_a_standby_whose_launcher_goes_away_exits_0_without_running_the_script(
-        standbys: dict[str, Standby]) -> None:
+def test_a_standby_whose_launcher_goes_away_exits_0_without_running_the_script(standbys: dict[str, Standby]) -> None:
     warm = standbys["launcher_gone"].result()
     assert warm.returncode == 0, warm.stderr
     assert warm.stdout.startswith(READY_LINE) and len(warm.stdout.splitlines()) == 1
 
 
 @pytest.mark.timeout(150)
-def test_a_malformed_activation_ends_the_standby_with_a_message_and_runs_nothing(
-        standbys: dict[str, Standby]) -> None:
+def test_a_malformed_activation_ends_the_standby_with_a_message_and_runs_nothing(standbys: dict[str, Standby]) -> None:
     warm = standbys["malformed_activation"].result()
     assert warm.returncode == 2
     assert "replicaft.process.standby: the activation's 'env' must map names to strings" in warm.stderr
@@ -223,7 +244,8 @@ def test_a_malformed_activation_ends_the_standby_with_a_message_and_runs_nothing
 
 @pytest.mark.timeout(150)
 def test_a_standby_faults_in_each_reserve_asked_for_and_the_script_allocates_from_the_last(
-        standbys: dict[str, Standby]) -> None:
+    standbys: dict[str, Standby],
+) -> None:
     warm = standbys["reserves"].result()
     assert warm.returncode == 0, warm.stderr
     ready, first, second, output = warm.stdout.splitlines()
@@ -247,7 +269,8 @@ def test_an_idle_standby_is_the_oom_killers_first_choice(standbys: dict[str, Sta
 
 @pytest.mark.timeout(150)
 def test_a_reserve_larger_than_the_machine_is_reported_and_the_standby_still_runs_the_script(
-        standbys: dict[str, Standby]) -> None:
+    standbys: dict[str, Standby],
+) -> None:
     warm = standbys["reserve_too_large"].result()
     assert warm.returncode == 0, warm.stderr
     assert f"replicaft.process.standby: no reserve of {1 << 60} bytes: only " in warm.stderr
@@ -255,16 +278,16 @@ def test_a_reserve_larger_than_the_machine_is_reported_and_the_standby_still_run
 
 
 @pytest.mark.timeout(150)
-def test_a_malformed_reserve_ends_the_standby_with_a_message_and_runs_nothing(
-        standbys: dict[str, Standby]) -> None:
+def test_a_malformed_reserve_ends_the_standby_with_a_message_and_runs_nothing(standbys: dict[str, Standby]) -> None:
     warm = standbys["malformed_reserve"].result()
     assert warm.returncode == 2
     assert "replicaft.process.standby: the reserve's 'reserve_bytes' must be a positive integer, got -1" in warm.stderr
     assert len(warm.stdout.splitlines()) == 1
 
 
-def test_a_reserve_the_kernel_refuses_is_reported_and_the_wait_goes_on(monkeypatch: pytest.MonkeyPatch,
-                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_reserve_the_kernel_refuses_is_reported_and_the_wait_goes_on(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from replicaft.process import reserve
 
     def refuse(num_bytes: int) -> None:
@@ -279,4 +302,7 @@ def test_a_reserve_the_kernel_refuses_is_reported_and_the_wait_goes_on(monkeypat
         assert standby.wait_for_activation(read_end) == Activation({"A": "1"})
     finally:
         os.close(read_end)
-    assert "replicaft.process.standby: no reserve of 4096 bytes: [Errno 12] Cannot allocate memory" in capsys.readouterr().err
+    assert (
+        "replicaft.process.standby: no reserve of 4096 bytes: [Errno 12] Cannot allocate memory"
+        in capsys.readouterr().err
+    )

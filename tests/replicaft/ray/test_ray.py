@@ -53,14 +53,27 @@ def test_replicaft_ray_exports_its_three_names() -> None:
 def test_workers_get_the_drivers_replicaft_settings_but_not_the_ones_of_its_own_node() -> None:
     from replicaft.ray.script import worker_env
 
-    env = worker_env({"REPLICAFT_TOKEN": "t", "REPLICAFT_EVENTS_DIR": "/e", "REPLICAFT_HOST": "10.0.0.1",
-                      "REPLICAFT_REPLICA_ID": "g7", "REPLICAFT_LIGHTHOUSE": "h:1", "HOME": "/root"})
-    assert env == {"REPLICAFT_TOKEN": "t", "REPLICAFT_EVENTS_DIR": "/e", "OMP_NUM_THREADS": "1",
-                   "GRPC_ENABLE_FORK_SUPPORT": "0"}
+    env = worker_env(
+        {
+            "REPLICAFT_TOKEN": "t",
+            "REPLICAFT_EVENTS_DIR": "/e",
+            "REPLICAFT_HOST": "10.0.0.1",
+            "REPLICAFT_REPLICA_ID": "g7",
+            "REPLICAFT_LIGHTHOUSE": "h:1",
+            "HOME": "/root",
+        }
+    )
+    assert env == {
+        "REPLICAFT_TOKEN": "t",
+        "REPLICAFT_EVENTS_DIR": "/e",
+        "OMP_NUM_THREADS": "1",
+        "GRPC_ENABLE_FORK_SUPPORT": "0",
+    }
 
 
 def test_a_bad_lighthouse_flag_fails_in_the_driver_and_each_job_gets_a_token_unless_given(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     module = _replicaft_ray()
     from lighthouse.errors import OptionsError
 
@@ -119,8 +132,9 @@ class Restart:
 
 
 def _committed(replica_id: str, min_step: int = 0, after_ts: float = 0.0) -> Callable[[dict[str, Any]], bool]:
-    return lambda e: (e["event"] == "committed" and e["replica_id"] == replica_id and e["step"] >= min_step
-                      and e["ts"] > after_ts)
+    return lambda e: (
+        e["event"] == "committed" and e["replica_id"] == replica_id and e["step"] >= min_step and e["ts"] > after_ts
+    )
 
 
 def kill_one_and_watch(events: Path, victim: str, survivors: list[str], driver: ManagedProcess) -> Restart:
@@ -132,14 +146,25 @@ def kill_one_and_watch(events: Path, victim: str, survivors: list[str], driver: 
     os.kill(start["pid"], signal.SIGKILL)
     killed_at = time.time()
     killed_step = max(e["step"] for e in read_events(events) if _committed(victim)(e))
-    replacement = wait_for_event(events, lambda e: e["event"] == "start" and e["replica_id"] == victim
-                                 and e["ts"] > killed_at, RESTART_TIMEOUT_S, f"{victim} restarted by Ray", driver)
+    replacement = wait_for_event(
+        events,
+        lambda e: e["event"] == "start" and e["replica_id"] == victim and e["ts"] > killed_at,
+        RESTART_TIMEOUT_S,
+        f"{victim} restarted by Ray",
+        driver,
+    )
     assert replacement["pid"] != start["pid"], "Ray must run the group in a new worker process"
-    heal = wait_for_event(events, lambda e: e["event"] == "heal_end" and e["replica_id"] == victim
-                          and e["ts"] > killed_at, RESTART_TIMEOUT_S, f"{victim} healed", driver)
+    heal = wait_for_event(
+        events,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == victim and e["ts"] > killed_at,
+        RESTART_TIMEOUT_S,
+        f"{victim} healed",
+        driver,
+    )
     assert heal["ok"], heal
-    first = wait_for_event(events, _committed(victim, 0, killed_at), RESTART_TIMEOUT_S,
-                           f"{victim} committed after its heal", driver)
+    first = wait_for_event(
+        events, _committed(victim, 0, killed_at), RESTART_TIMEOUT_S, f"{victim} committed after its heal", driver
+    )
     assert first["step"] == heal["step"] + 1, (first, heal)
 
     everything = read_events(events)
@@ -147,8 +172,11 @@ def kill_one_and_watch(events: Path, victim: str, survivors: list[str], driver: 
     for rid in survivors:
         starts = [e for e in everything if e["event"] == "start" and e["replica_id"] == rid]
         assert len(starts) == 1, f"survivor {rid} was restarted: {starts}"
-        times = [killed_at] + sorted(e["ts"] for e in everything if _committed(rid, 0, killed_at)(e)
-                                     and e["ts"] <= first["ts"]) + [first["ts"]]
+        times = (
+            [killed_at]
+            + sorted(e["ts"] for e in everything if _committed(rid, 0, killed_at)(e) and e["ts"] <= first["ts"])
+            + [first["ts"]]
+        )
         gap = max(b - a for a, b in zip(times, times[1:], strict=False))
         assert gap < MAX_SURVIVOR_GAP_S, f"survivor {rid} stopped for {gap:.1f}s while {victim} was down"
         survivor_commits += len(times) - 2
@@ -160,23 +188,33 @@ def finish_and_compare(driver: ManagedProcess, events: Path, restart: Restart, w
     steps after its heal included."""
     assert driver.wait_exit(START_TIMEOUT_S) == 0, driver.output_tail(60)
     num_steps = assert_digests_agree(events, min_steps=restart.heal["step"] + 2)
-    print(f"{what}: {num_steps} committed steps, equal digests at each; killed at step {restart.killed_step}, "
-          f"first commit {restart.restart_s:.1f}s after the SIGKILL (heal to step {restart.heal['step']} in "
-          f"{restart.heal['seconds']:.2f}s); survivors committed {restart.survivor_commits} steps meanwhile",
-          file=sys.stderr)
+    print(
+        f"{what}: {num_steps} committed steps, equal digests at each; killed at step {restart.killed_step}, "
+        f"first commit {restart.restart_s:.1f}s after the SIGKILL (heal to step {restart.heal['step']} in "
+        f"{restart.heal['seconds']:.2f}s); survivors committed {restart.survivor_commits} steps meanwhile",
+        file=sys.stderr,
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_ray_trains_torchfts_own_example_on_the_shim_through_a_sigkilled_group(
-        ray_cluster: RayCluster, tmp_path: Path) -> None:
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
     events = tmp_path / "events"
     env = ray_cluster.driver_env()
     env.update(REPLICAFT_EVENTS_DIR=str(events), PYTHONPATH=os.pathsep.join([str(TORCHFT_ALIAS_DIR), str(REPO_ROOT)]))
     # 3000 steps of the example: ~35 s with three groups, so the survivors are still training when
     # the replacement comes back (~1000 steps later) and it trains the last ones beside them.
-    driver = spawn_python(str(REPO_ROOT / "tests" / "support" / "ray_torchft_driver.py"), "--steps", "3000",
-                          "--storage-path", str(tmp_path / "ray"), name="ray-torchft", env=env)
+    driver = spawn_python(
+        str(REPO_ROOT / "tests" / "support" / "ray_torchft_driver.py"),
+        "--steps",
+        "3000",
+        "--storage-path",
+        str(tmp_path / "ray"),
+        name="ray-torchft",
+        env=env,
+    )
     _, resolved = driver.wait_for_json(lambda o: o.get("event") == "torchft_is", 60)
     assert Path(resolved["file"]).is_relative_to(REPO_ROOT / "replicaft" / "compat"), resolved
     restart = kill_one_and_watch(events, "train_ddp_1", ["train_ddp_0", "train_ddp_2"], driver)
@@ -189,13 +227,28 @@ def test_ray_trains_torchfts_own_example_on_the_shim_through_a_sigkilled_group(
 @pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_replicaft_ray_runs_a_script_in_three_groups_through_a_sigkilled_group(
-        ray_cluster: RayCluster, tmp_path: Path) -> None:
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
     events = tmp_path / "events"
     env = ray_cluster.driver_env()
     env["REPLICAFT_EVENTS_DIR"] = str(events)
-    driver = spawn_python("-m", "replicaft.ray", "--groups", "3", "--max-restarts", "3",
-                          "--storage-path", str(tmp_path / "ray"), str(REPO_ROOT / "examples" / "train_ddp.py"),
-                          "--steps", "400", "--step-delay", "0.03", name="replicaft.ray", env=env)
+    driver = spawn_python(
+        "-m",
+        "replicaft.ray",
+        "--groups",
+        "3",
+        "--max-restarts",
+        "3",
+        "--storage-path",
+        str(tmp_path / "ray"),
+        str(REPO_ROOT / "examples" / "train_ddp.py"),
+        "--steps",
+        "400",
+        "--step-delay",
+        "0.03",
+        name="replicaft.ray",
+        env=env,
+    )
     restart = kill_one_and_watch(events, "g1", ["g0", "g2"], driver)
     finish_and_compare(driver, events, restart, "replicaft.ray")
     assert "replicaft.ray: every group trained all its steps" in [line.text for line in driver.lines()]

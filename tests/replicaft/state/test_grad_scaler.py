@@ -41,8 +41,14 @@ def test_state_round_trips_and_the_loaded_scaler_continues_alike() -> None:
         train_step(registry, state, weight, commit=True)
     flat = flatten(registry.state_dict())
     saved = unflatten(flat.skeleton, list(flat.tensors))["grad_scaler"]
-    assert saved == {"enabled": True, "scale": 131072.0, "growth_factor": 2.0, "backoff_factor": 0.5,
-                     "growth_interval": 2, "_growth_tracker": 1}
+    assert saved == {
+        "enabled": True,
+        "scale": 131072.0,
+        "growth_factor": 2.0,
+        "backoff_factor": 0.5,
+        "growth_interval": 2,
+        "_growth_tracker": 1,
+    }
     other_registry, other, _ = build()
     other.load_state_dict(saved)
     assert other.state_dict() == saved

@@ -42,9 +42,18 @@ def test_replay_prepares_every_hook_then_steps_the_optimizers_then_applies() -> 
     weight.grad = torch.ones(2)
     records = [registry.capture(), registry.capture()]
     assert registry.replay(records) == 2
-    assert log == ["prepare ddp-record", "prepare sampler-record", "apply ddp-record", "apply sampler-record",
-                   "prepare ddp-record", "prepare sampler-record", "apply ddp-record", "apply sampler-record",
-                   "end ddp", "end sampler"]
+    assert log == [
+        "prepare ddp-record",
+        "prepare sampler-record",
+        "apply ddp-record",
+        "apply sampler-record",
+        "prepare ddp-record",
+        "prepare sampler-record",
+        "apply ddp-record",
+        "apply sampler-record",
+        "end ddp",
+        "end sampler",
+    ]
     assert torch.equal(weight.detach(), torch.full((2,), 1 - 0.5 - 0.25))  # two steps, the LR halved between
     assert sorted(registry.state_dict()) == ["lr_scheduler", "optimizer"]
 
@@ -88,7 +97,9 @@ def test_each_groups_own_state_is_checkpointed_but_not_served_so_two_donors_agre
     a, b = donor([0.5, 0.4]), donor([0.6, 0.3])
 
     def served(registry: StateRegistry) -> bytes:
-        return state_digest(Snapshot.capture(registry.flat(healed_only=True), step=3, quorum_id=1, replica_id="g").manifest)
+        return state_digest(
+            Snapshot.capture(registry.flat(healed_only=True), step=3, quorum_id=1, replica_id="g").manifest
+        )
 
     assert served(a) == served(b)
     assert "losses" in str(a.flat().skeleton), "a checkpoint carries it"
@@ -96,7 +107,8 @@ def test_each_groups_own_state_is_checkpointed_but_not_served_so_two_donors_agre
     loaded: list[dict[str, Any]] = []
     healer = StateRegistry()
     healer.register_state("model", lambda: {"w": torch.zeros(4)}, loaded.append)
-    healer.register_state("trajectory", lambda: {"losses": []}, lambda s: pytest.fail("a heal sets the healer's own"),
-                          healed=False)
+    healer.register_state(
+        "trajectory", lambda: {"losses": []}, lambda s: pytest.fail("a heal sets the healer's own"), healed=False
+    )
     healer.load_state_dict({"model": {"w": torch.ones(4)}})  # what a heal hands over
     assert len(loaded) == 1

@@ -130,19 +130,35 @@ MALFORMED: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("missing source", lambda s: s.pop("numpy"), "state.rng must be a map with exactly"),
     ("extra source", _set(("mps",), b""), "state.rng must be a map with exactly"),
     ("python version", _set(("python", "version"), 2), "state.rng.python.version is 2"),
-    ("python words dtype", _set(("python", "words"), torch.zeros(625, dtype=torch.int32)),
-     "state.rng.python.words must be an int64 tensor of shape (625,)"),
-    ("python words shape", _set(("python", "words"), torch.zeros(10**6, dtype=torch.int64)),
-     "state.rng.python.words must be an int64 tensor of shape (625,)"),
-    ("python word range", _set(("python", "words"), torch.full((625,), 2**32, dtype=torch.int64)),
-     "state.rng.python.words holds 4294967296"),
-    ("python position", _set(("python", "words"), torch.cat([torch.zeros(624, dtype=torch.int64), torch.tensor([625])])),
-     "(the position) holds 625"),
+    (
+        "python words dtype",
+        _set(("python", "words"), torch.zeros(625, dtype=torch.int32)),
+        "state.rng.python.words must be an int64 tensor of shape (625,)",
+    ),
+    (
+        "python words shape",
+        _set(("python", "words"), torch.zeros(10**6, dtype=torch.int64)),
+        "state.rng.python.words must be an int64 tensor of shape (625,)",
+    ),
+    (
+        "python word range",
+        _set(("python", "words"), torch.full((625,), 2**32, dtype=torch.int64)),
+        "state.rng.python.words holds 4294967296",
+    ),
+    (
+        "python position",
+        _set(("python", "words"), torch.cat([torch.zeros(624, dtype=torch.int64), torch.tensor([625])])),
+        "(the position) holds 625",
+    ),
     ("python gauss", _set(("python", "gauss_next"), "0.5"), "state.rng.python.gauss_next is a str"),
     ("python not a map", _set(("python",), [3, 1, 2]), "state.rng.python must be a map"),
     ("numpy algorithm", _set(("numpy", "algorithm"), "PCG64"), "state.rng.numpy.algorithm is 'PCG64'"),
     ("numpy key", _set(("numpy", "key"), torch.zeros(624, dtype=torch.uint8)), "state.rng.numpy.key must be an int64"),
-    ("numpy key range", _set(("numpy", "key"), torch.full((624,), -1, dtype=torch.int64)), "state.rng.numpy.key holds -1"),
+    (
+        "numpy key range",
+        _set(("numpy", "key"), torch.full((624,), -1, dtype=torch.int64)),
+        "state.rng.numpy.key holds -1",
+    ),
     ("numpy pos", _set(("numpy", "pos"), 700), "state.rng.numpy.pos is 700"),
     ("numpy has_gauss", _set(("numpy", "has_gauss"), True), "state.rng.numpy.has_gauss is True"),
     ("numpy cached", _set(("numpy", "cached_gaussian"), None), "state.rng.numpy.cached_gaussian is a NoneType"),
@@ -169,7 +185,8 @@ def test_each_commit_is_annotated_with_the_generators_fingerprint() -> None:
 
 @pytest.mark.parametrize(("mutate", "message"), [(m, msg) for _, m, msg in MALFORMED], ids=[c for c, _, _ in MALFORMED])
 def test_a_malformed_state_is_refused_by_name_and_no_generator_changes(
-        mutate: Callable[[dict[str, Any]], None], message: str) -> None:
+    mutate: Callable[[dict[str, Any]], None], message: str
+) -> None:
     provider = RngState(SOURCES, no_heal)
     state = over_the_wire(provider.state_dict())
     mutate(state)

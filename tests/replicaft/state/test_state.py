@@ -74,7 +74,13 @@ def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sch
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "step": 3,
-        "extras": {"cursor": 96, "run": "exp-1", "blob": b"\x00\xff", "nothing": None, "pairs": [(1, 2.5), ("a", [True])]},
+        "extras": {
+            "cursor": 96,
+            "run": "exp-1",
+            "blob": b"\x00\xff",
+            "nothing": None,
+            "pairs": [(1, 2.5), ("a", [True])],
+        },
     }
 
 
@@ -144,10 +150,12 @@ plain_values = st.recursive(
     | st.floats(allow_nan=False)
     | st.text(max_size=8)
     | st.binary(max_size=8),
-    lambda inner: st.lists(inner, max_size=4)
-    | st.lists(inner, max_size=4).map(tuple)
-    | st.dictionaries(st.text(max_size=8), inner, max_size=4)
-    | st.dictionaries(st.integers(-(2**63), 2**63 - 1), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        | st.dictionaries(st.integers(-(2**63), 2**63 - 1), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -191,7 +199,9 @@ def test_digest_changes_when_one_element_changes(change: Any) -> None:
 @pytest.mark.parametrize(
     ("a", "b"),
     [
-        pytest.param(torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.float32), id="same_bytes_other_dtype"),
+        pytest.param(
+            torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.float32), id="same_bytes_other_dtype"
+        ),
         pytest.param(torch.zeros(2, 3), torch.zeros(3, 2), id="same_bytes_other_shape"),
     ],
 )
@@ -211,11 +221,15 @@ class Opaque:
         pytest.param({"extras": [1, bytearray(b"x")]}, "state.extras[1]", "type bytearray", id="in_a_list"),
         pytest.param({"fn": len}, "state.fn", "type builtin_function_or_method", id="function"),
         pytest.param(
-            {"optimizer": {"state": {0: {"bad": Opaque()}}}}, "state.optimizer.state[0].bad", "type Opaque",
+            {"optimizer": {"state": {0: {"bad": Opaque()}}}},
+            "state.optimizer.state[0].bad",
+            "type Opaque",
             id="under_an_int_key",
         ),
         pytest.param({"extras": {(1, 2): "x"}}, "state.extras", "key (1, 2) of type tuple", id="tuple_key"),
-        pytest.param({"w": torch.zeros(2, dtype=torch.float8_e4m3fn)}, "state.w", "dtype torch.float8_e4m3fn", id="dtype"),
+        pytest.param(
+            {"w": torch.zeros(2, dtype=torch.float8_e4m3fn)}, "state.w", "dtype torch.float8_e4m3fn", id="dtype"
+        ),
         pytest.param({"w": torch.zeros(2, dtype=torch.uint16)}, "state.w", "dtype torch.uint16", id="uint16"),
         pytest.param({"count": 2**64}, "state.count", "does not fit in 64 bits", id="huge_int"),
         pytest.param({"count": -(2**63) - 1}, "state.count", "does not fit in 64 bits", id="huge_negative_int"),

@@ -27,32 +27,48 @@ def no(rank: int, reason: str = "", step: int = 7, quorum_id: int = 3) -> Vote:
         pytest.param([ok(0), ok(1), ok(2)], 2, False, ["votes from ranks [0, 1, 2]", "expected 0..1"], id="extra_rank"),
         pytest.param([ok(0), ok(5)], 2, False, ["votes from ranks [0, 5]"], id="rank_out_of_range"),
         pytest.param(
-            [ok(0, step=7), ok(1, step=8)], 2, False,
+            [ok(0, step=7), ok(1, step=8)],
+            2,
+            False,
             ["disagree on the step or quorum", "rank 0: step 7 quorum 3", "rank 1: step 8 quorum 3"],
             id="steps_disagree",
         ),
         pytest.param(
-            [ok(0, quorum_id=3), ok(1, quorum_id=4)], 2, False,
+            [ok(0, quorum_id=3), ok(1, quorum_id=4)],
+            2,
+            False,
             ["disagree on the step or quorum", "rank 1: step 7 quorum 4"],
             id="quorums_disagree",
         ),
         pytest.param(
-            [ok(0), no(1, "allreduce timed out")], 2, False,
+            [ok(0), no(1, "allreduce timed out")],
+            2,
+            False,
             ["1 of 2 ranks voted no", "rank 1: allreduce timed out"],
             id="one_rank_no_with_reason",
         ),
-        pytest.param([no(0), ok(1)], 2, False, ["1 of 2 ranks voted no", "rank 0: not ok"], id="one_rank_no_without_reason"),
         pytest.param(
-            [no(0, "a"), no(1, "b")], 2, False, ["2 of 2 ranks voted no", "rank 0: a", "rank 1: b"],
+            [no(0), ok(1)], 2, False, ["1 of 2 ranks voted no", "rank 0: not ok"], id="one_rank_no_without_reason"
+        ),
+        pytest.param(
+            [no(0, "a"), no(1, "b")],
+            2,
+            False,
+            ["2 of 2 ranks voted no", "rank 0: a", "rank 1: b"],
             id="every_rank_no",
         ),
         pytest.param(
-            [no(0, step=7), ok(1, step=8)], 2, False, ["disagree on the step or quorum"],
+            [no(0, step=7), ok(1, step=8)],
+            2,
+            False,
+            ["disagree on the step or quorum"],
             id="disagreement_reported_before_no_votes",
         ),
     ],
 )
-def test_group_commits_only_when_every_rank_votes_ok_on_the_same_step(votes: list[Vote], world_size: int, commit: bool, reason_parts: list[str]) -> None:
+def test_group_commits_only_when_every_rank_votes_ok_on_the_same_step(
+    votes: list[Vote], world_size: int, commit: bool, reason_parts: list[str]
+) -> None:
     decision = check_votes(votes, world_size)
     assert decision.commit is commit
     for part in reason_parts:
@@ -63,33 +79,45 @@ def test_group_commits_only_when_every_rank_votes_ok_on_the_same_step(votes: lis
     ("local", "fence_ok", "fence_reason", "expected"),
     [
         pytest.param(
-            CommitDecision(True, "every rank voted ok"), True, "",
+            CommitDecision(True, "every rank voted ok"),
+            True,
+            "",
             CommitDecision(True, "every rank voted ok and the quorum is current"),
             id="ok_and_current_commits",
         ),
         pytest.param(
-            CommitDecision(True, "every rank voted ok"), True, "within the commit lease",
+            CommitDecision(True, "every rank voted ok"),
+            True,
+            "within the commit lease",
             CommitDecision(True, "every rank voted ok and the quorum is current (within the commit lease)"),
             id="ok_within_the_commit_lease_says_so",
         ),
         pytest.param(
-            CommitDecision(True, "every rank voted ok"), False, "quorum 3 superseded by 4",
+            CommitDecision(True, "every rank voted ok"),
+            False,
+            "quorum 3 superseded by 4",
             CommitDecision(False, "fenced: quorum 3 superseded by 4"),
             id="ok_but_fenced_does_not_commit",
         ),
         pytest.param(
-            CommitDecision(False, "1 of 2 ranks voted no (rank 1: x)"), True, "",
+            CommitDecision(False, "1 of 2 ranks voted no (rank 1: x)"),
+            True,
+            "",
             CommitDecision(False, "1 of 2 ranks voted no (rank 1: x)"),
             id="local_no_wins_over_a_current_fence",
         ),
         pytest.param(
-            CommitDecision(False, "1 of 2 ranks voted no (rank 1: x)"), False, "lighthouse unreachable",
+            CommitDecision(False, "1 of 2 ranks voted no (rank 1: x)"),
+            False,
+            "lighthouse unreachable",
             CommitDecision(False, "1 of 2 ranks voted no (rank 1: x)"),
             id="local_no_reason_kept_when_also_fenced",
         ),
     ],
 )
-def test_fenced_or_local_no_does_not_commit(local: CommitDecision, fence_ok: bool, fence_reason: str, expected: CommitDecision) -> None:
+def test_fenced_or_local_no_does_not_commit(
+    local: CommitDecision, fence_ok: bool, fence_reason: str, expected: CommitDecision
+) -> None:
     assert decide_commit(local, fence_ok, fence_reason) == expected
 
 
@@ -113,10 +141,18 @@ from replicaft.step.commit import (  # noqa: E402
 )
 
 
-def inputs(*, plan: bool = True, healing: bool = False, caught_up: bool = True, holding: bool = False,
-           enough: bool = True, error: str | None = None) -> RankInputs:
-    return RankInputs(has_plan=plan, healing=healing, caught_up=caught_up, holding=holding, enough_replicas=enough,
-                      error=error)
+def inputs(
+    *,
+    plan: bool = True,
+    healing: bool = False,
+    caught_up: bool = True,
+    holding: bool = False,
+    enough: bool = True,
+    error: str | None = None,
+) -> RankInputs:
+    return RankInputs(
+        has_plan=plan, healing=healing, caught_up=caught_up, holding=holding, enough_replicas=enough, error=error
+    )
 
 
 @pytest.mark.parametrize(
@@ -128,10 +164,16 @@ def inputs(*, plan: bool = True, healing: bool = False, caught_up: bool = True, 
         pytest.param(inputs(plan=False, error="no quorum"), False, 1.0, False, id="no_plan"),
         pytest.param(inputs(healing=True), True, 0.0, False, id="healer_caught_up"),
         pytest.param(inputs(healing=True, caught_up=False), False, 0.0, True, id="healer_catching_up_never_vetoes"),
-        pytest.param(inputs(healing=True, caught_up=False, error="heal failed"), False, 0.0, False,
-                     id="healer_failed_still_never_vetoes_donors"),
-        pytest.param(inputs(healing=True, caught_up=False, holding=True), False, HOLD_FLAG, True,
-                     id="holding_healer_holds"),
+        pytest.param(
+            inputs(healing=True, caught_up=False, error="heal failed"),
+            False,
+            0.0,
+            False,
+            id="healer_failed_still_never_vetoes_donors",
+        ),
+        pytest.param(
+            inputs(healing=True, caught_up=False, holding=True), False, HOLD_FLAG, True, id="holding_healer_holds"
+        ),
         pytest.param(inputs(healing=True, caught_up=True, holding=True), True, 0.0, False, id="held_fetch_arrived"),
     ],
 )
@@ -162,14 +204,26 @@ def test_1023_holds_stay_below_one_failure() -> None:
     ("case", "flag", "error", "ok", "reason"),
     [
         pytest.param(inputs(), read_flag(0.0), None, True, "", id="commit"),
-        pytest.param(inputs(), read_flag(1.0), "1 participant rank(s) failed", False, "1 participant rank(s) failed",
-                     id="another_rank_failed"),
-        pytest.param(inputs(), read_flag(HOLD_FLAG), None, False, "held: a healer is receiving its base state",
-                     id="held_by_a_healer"),
-        pytest.param(inputs(enough=False), read_flag(1.0), None, False, "fewer groups than min_replicas",
-                     id="too_few"),
-        pytest.param(inputs(healing=True, caught_up=False), read_flag(0.0), None, False, "catching up",
-                     id="catching_up"),
+        pytest.param(
+            inputs(),
+            read_flag(1.0),
+            "1 participant rank(s) failed",
+            False,
+            "1 participant rank(s) failed",
+            id="another_rank_failed",
+        ),
+        pytest.param(
+            inputs(),
+            read_flag(HOLD_FLAG),
+            None,
+            False,
+            "held: a healer is receiving its base state",
+            id="held_by_a_healer",
+        ),
+        pytest.param(inputs(enough=False), read_flag(1.0), None, False, "fewer groups than min_replicas", id="too_few"),
+        pytest.param(
+            inputs(healing=True, caught_up=False), read_flag(0.0), None, False, "catching up", id="catching_up"
+        ),
         pytest.param(inputs(error="boom"), None, "boom", False, "boom", id="flag_not_reduced"),
     ],
 )
@@ -186,17 +240,56 @@ def test_rank_vote_table(case: RankInputs, flag: FlagReading | None, error: str 
         pytest.param(False, inputs(), read_flag(HOLD_FLAG), False, False, False, False, id="donor_held_is_no_failure"),
         pytest.param(False, inputs(), None, False, False, False, True, id="flag_lost_is_a_failure"),
         pytest.param(True, inputs(healing=True), read_flag(0.0), True, True, False, False, id="healer_applies"),
-        pytest.param(True, inputs(healing=True, caught_up=False), read_flag(0.0), False, False, True, False,
-                     id="healer_records_while_fetching"),
-        pytest.param(True, inputs(healing=True), read_flag(0.0), False, False, True, True,
-                     id="caught_up_healer_records_a_step_its_group_did_not_commit"),
-        pytest.param(True, inputs(healing=True, caught_up=False, holding=True), read_flag(HOLD_FLAG), False, False,
-                     False, False, id="holding_healer_records_nothing"),
-        pytest.param(True, inputs(healing=True, caught_up=False), read_flag(1.0), False, False, False, True,
-                     id="healer_step_failed_elsewhere"),
+        pytest.param(
+            True,
+            inputs(healing=True, caught_up=False),
+            read_flag(0.0),
+            False,
+            False,
+            True,
+            False,
+            id="healer_records_while_fetching",
+        ),
+        pytest.param(
+            True,
+            inputs(healing=True),
+            read_flag(0.0),
+            False,
+            False,
+            True,
+            True,
+            id="caught_up_healer_records_a_step_its_group_did_not_commit",
+        ),
+        pytest.param(
+            True,
+            inputs(healing=True, caught_up=False, holding=True),
+            read_flag(HOLD_FLAG),
+            False,
+            False,
+            False,
+            False,
+            id="holding_healer_records_nothing",
+        ),
+        pytest.param(
+            True,
+            inputs(healing=True, caught_up=False),
+            read_flag(1.0),
+            False,
+            False,
+            False,
+            True,
+            id="healer_step_failed_elsewhere",
+        ),
     ],
 )
-def test_step_outcome_table(healing: bool, case: RankInputs, flag: FlagReading | None, commit: bool, apply_heal: bool,
-                            record: bool, failed: bool) -> None:
+def test_step_outcome_table(
+    healing: bool,
+    case: RankInputs,
+    flag: FlagReading | None,
+    commit: bool,
+    apply_heal: bool,
+    record: bool,
+    failed: bool,
+) -> None:
     out = step_outcome(healing, rank_verdict(case), flag, commit)
     assert (out.commit, out.apply_heal, out.record, out.failed) == (commit, apply_heal, record, failed)

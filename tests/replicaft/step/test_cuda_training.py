@@ -49,12 +49,17 @@ def test_three_groups_on_one_gpu_one_killed_heals_into_gpu_memory_digests_equal(
     lh = start_lighthouse("--min-replicas", "3", status=False)
     args = ("--steps", "50", "--step-delay", "0.02", *GPU_ARGS)
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1", "g2")}
-    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 10, 180, "g2 at step 10")
+    wait_for_event(
+        tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 10, 180, "g2 at step 10"
+    )
     groups["g2"].kill()
     restarted_at = time.time()
     groups["g2"] = start_group(lh.grpc_address, "g2", tmp_path, *args)
     heal = wait_for_event(
-        tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e["ts"] > restarted_at, 120, "g2 heal"
+        tmp_path,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e["ts"] > restarted_at,
+        120,
+        "g2 heal",
     )
     assert heal["ok"], heal
     assert heal["in_place_bytes"] > 0, "nothing was received in place into GPU memory"
@@ -71,18 +76,25 @@ def test_checkpoint_captured_from_gpu_resumes_bitwise(tmp_path: Path) -> None:
     args = ("--steps", "40", "--step-delay", "0.02", *GPU_ARGS)
     groups = {rid: start_checkpointing_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     events = tmp_path / "events"
-    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= INTERVAL, 180,
-                   "a checkpoint")
+    wait_for_event(
+        events,
+        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= INTERVAL,
+        180,
+        "a checkpoint",
+    )
     for g in groups.values():
         g.kill()
     published = [i for i in CheckpointReader(tmp_path / "ckpt").list() if i.valid]
     assert published, "no checkpoint published"
     groups = {rid: start_checkpointing_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     for rid in groups:
-        resume = wait_for_event(events, lambda e, rid=rid: e["event"] == "resume" and e["replica_id"] == rid, 180,
-                                f"{rid} resumed")
+        resume = wait_for_event(
+            events, lambda e, rid=rid: e["event"] == "resume" and e["replica_id"] == rid, 180, f"{rid} resumed"
+        )
         assert resume["checkpoint_step"] == published[0].step
-        assert resume["digest"] == committed_digest(events, published[0].step), "resumed state differs from what was saved"
+        assert resume["digest"] == committed_digest(events, published[0].step), (
+            "resumed state differs from what was saved"
+        )
     for rid, g in groups.items():
         assert g.wait_exit(180) == 0, f"{rid}\n{g.output_tail()}"
     starts = [e for e in read_events(events) if e["event"] == "checkpoint_start"]

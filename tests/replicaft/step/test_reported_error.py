@@ -21,16 +21,37 @@ FAIL_STEP = 5
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("mode", "deterministic", "wrapper"), [
-    ("allreduce", "0", "ddp"), ("backward", "0", "ddp"), ("skip-backward", "0", "ddp"),
-    ("backward", "1", "ddp"), ("skip-backward", "1", "ddp"), ("short-backward", "1", "ddp"),
-    ("backward", "0", "fsdp"), ("skip-backward", "0", "fsdp"),
-])
-def test_a_reported_error_fails_the_step_everywhere_and_no_process_dies(tmp_path, mode: str, deterministic: str,
-                                                                        wrapper: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "deterministic", "wrapper"),
+    [
+        ("allreduce", "0", "ddp"),
+        ("backward", "0", "ddp"),
+        ("skip-backward", "0", "ddp"),
+        ("backward", "1", "ddp"),
+        ("skip-backward", "1", "ddp"),
+        ("short-backward", "1", "ddp"),
+        ("backward", "0", "fsdp"),
+        ("skip-backward", "0", "fsdp"),
+    ],
+)
+def test_a_reported_error_fails_the_step_everywhere_and_no_process_dies(
+    tmp_path, mode: str, deterministic: str, wrapper: str
+) -> None:
     lh = start_lighthouse("--min-replicas", "2", status=False)
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "12", mode, str(FAIL_STEP), wrapper, script=SCRIPT,
-                               REPLICAFT_DETERMINISTIC=deterministic) for rid in ("g0", "g1")}
+    groups = {
+        rid: start_group(
+            lh.grpc_address,
+            rid,
+            tmp_path,
+            "12",
+            mode,
+            str(FAIL_STEP),
+            wrapper,
+            script=SCRIPT,
+            REPLICAFT_DETERMINISTIC=deterministic,
+        )
+        for rid in ("g0", "g1")
+    }
     for rid, g in groups.items():
         assert g.wait_exit(90) == 0, f"{rid}\n{g.output_tail()}"
     events = read_events(tmp_path)

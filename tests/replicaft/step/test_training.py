@@ -36,7 +36,9 @@ ROUTED = str(REPO_ROOT / "tests" / "support" / "routed_train.py")
 def test_group_killed_mid_allreduce_survivors_commit_within_2s(tmp_path: Path) -> None:
     lh = start_lighthouse("--heartbeat-timeout", "30", "--progress-timeout", "60", status=False)
     groups = {
-        rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "40", fault_points="allreduce@8" if rid == "g2" else None)
+        rid: start_group(
+            lh.grpc_address, rid, tmp_path, "--steps", "40", fault_points="allreduce@8" if rid == "g2" else None
+        )
         for rid in ("g0", "g1", "g2")
     }
     assert groups["g2"].wait_exit(90) == -signal.SIGKILL
@@ -44,14 +46,18 @@ def test_group_killed_mid_allreduce_survivors_commit_within_2s(tmp_path: Path) -
     for rid in ("g0", "g1"):
         e = wait_for_event(
             tmp_path,
-            lambda e, rid=rid: e["event"] == "commit" and e["replica_id"] == rid and e["committed"] and e["num_contributors"] == 2,
+            lambda e, rid=rid: (
+                e["event"] == "commit" and e["replica_id"] == rid and e["committed"] and e["num_contributors"] == 2
+            ),
             30,
             f"commit by {rid} without g2",
         )
         assert e["ts"] - killed_at < 2.0, f"{rid} took {e['ts'] - killed_at:.2f}s to commit after g2 died"
     for rid in ("g0", "g1"):
         assert groups[rid].wait_exit(120) == 0, groups[rid].output_tail()
-    assert not [e for e in read_events(tmp_path) if e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 9]
+    assert not [
+        e for e in read_events(tmp_path) if e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 9
+    ]
     assert_digests_agree(tmp_path, min_steps=30)
     assert_samples_exactly_once(tmp_path, min_steps=40)
 
@@ -59,15 +65,23 @@ def test_group_killed_mid_allreduce_survivors_commit_within_2s(tmp_path: Path) -
 @pytest.mark.timeout(180)
 def test_group_stopped_others_continue_then_it_rejoins_and_heals(tmp_path: Path) -> None:
     lh = start_lighthouse("--heartbeat-timeout", "2", "--progress-timeout", "10", status=False)
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "60", "--step-delay", "0.05") for rid in ("g0", "g1", "g2")}
+    groups = {
+        rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "60", "--step-delay", "0.05")
+        for rid in ("g0", "g1", "g2")
+    }
     wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["step"] >= 5, 90, "step 5 committed")
     groups["g2"].send_signal(signal.SIGSTOP)
     stopped_at = time.time()
     for rid in ("g0", "g1"):
         wait_for_event(
             tmp_path,
-            lambda e, rid=rid: e["event"] == "commit" and e["replica_id"] == rid and e["committed"]
-            and e["num_contributors"] == 2 and e["ts"] > stopped_at,
+            lambda e, rid=rid: (
+                e["event"] == "commit"
+                and e["replica_id"] == rid
+                and e["committed"]
+                and e["num_contributors"] == 2
+                and e["ts"] > stopped_at
+            ),
             30,
             f"commit by {rid} while g2 is stopped",
         )
@@ -81,8 +95,13 @@ def test_group_stopped_others_continue_then_it_rejoins_and_heals(tmp_path: Path)
     )
     wait_for_event(
         tmp_path,
-        lambda e: e["event"] == "commit" and e["replica_id"] == "g2" and e["committed"]
-        and e["num_contributors"] == 3 and e["ts"] > resumed_at,
+        lambda e: (
+            e["event"] == "commit"
+            and e["replica_id"] == "g2"
+            and e["committed"]
+            and e["num_contributors"] == 3
+            and e["ts"] > resumed_at
+        ),
         60,
         "g2 contributing again",
     )
@@ -97,13 +116,21 @@ def test_killed_group_restarts_heals_and_matches_donors(tmp_path: Path) -> None:
     # min_replicas=3 holds the survivors in the quorum until g2 is back, however slowly a
     # loaded machine restarts it, so there is always someone ahead to heal from.
     lh = start_lighthouse("--min-replicas", "3", status=False)
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "50", "--step-delay", "0.02") for rid in ("g0", "g1", "g2")}
-    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 10, 90, "g2 at step 10")
+    groups = {
+        rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "50", "--step-delay", "0.02")
+        for rid in ("g0", "g1", "g2")
+    }
+    wait_for_event(
+        tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g2" and e["step"] >= 10, 90, "g2 at step 10"
+    )
     groups["g2"].kill()
     restarted_at = time.time()
     groups["g2"] = start_group(lh.grpc_address, "g2", tmp_path, "--steps", "50", "--step-delay", "0.02")
     heal = wait_for_event(
-        tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e["ts"] > restarted_at, 60, "g2 heal"
+        tmp_path,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e["ts"] > restarted_at,
+        60,
+        "g2 heal",
     )
     assert heal["ok"], heal
     assert heal["num_bytes"] > 0
@@ -127,14 +154,25 @@ def test_state_written_while_served_is_withdrawn_and_never_applied_by_the_healer
     g1 = start_group(lh.grpc_address, "g1", tmp_path, *args, fault_points="allreduce@6")
     assert g1.wait_exit(90) == -signal.SIGKILL
     g1 = start_group(lh.grpc_address, "g1", tmp_path, *args)
-    withdrawn = wait_for_event(tmp_path, lambda e: e["event"] == "serve_end" and e["replica_id"] == "g0" and not e["ok"],
-                               90, "g0 withdrawing the snapshot it served")
+    withdrawn = wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "serve_end" and e["replica_id"] == "g0" and not e["ok"],
+        90,
+        "g0 withdrawing the snapshot it served",
+    )
     assert "changed while it was served" in withdrawn["error"] and "optimizer" in withdrawn["error"], withdrawn
-    heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("ok")
-                          and e["ts"] > withdrawn["ts"], 90, "g1's heal after the withdrawal")
+    heal = wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("ok") and e["ts"] > withdrawn["ts"],
+        90,
+        "g1's heal after the withdrawal",
+    )
     assert heal["base_step"] >= withdrawn["served_step"], (heal, withdrawn)
-    dropped = [e for e in read_events(tmp_path) if e["event"] == "heal_end" and e["replica_id"] == "g1"
-               and not e["ok"] and e["ts"] < heal["ts"]]
+    dropped = [
+        e
+        for e in read_events(tmp_path)
+        if e["event"] == "heal_end" and e["replica_id"] == "g1" and not e["ok"] and e["ts"] < heal["ts"]
+    ]
     assert dropped, "g1 applied nothing from the withdrawn snapshot, but never said it dropped that heal"
     for rid, g in (("g0", g0), ("g1", g1)):
         assert g.wait_exit(120) == 0, f"{rid}\n{g.output_tail()}"
@@ -144,7 +182,10 @@ def test_state_written_while_served_is_withdrawn_and_never_applied_by_the_healer
 @pytest.mark.timeout(180)
 def test_lighthouse_killed_and_restarted_no_group_crashes_no_step_lost(tmp_path: Path) -> None:
     lh = start_lighthouse(status=False)
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "40", "--step-delay", "0.02") for rid in ("g0", "g1", "g2")}
+    groups = {
+        rid: start_group(lh.grpc_address, rid, tmp_path, "--steps", "40", "--step-delay", "0.02")
+        for rid in ("g0", "g1", "g2")
+    }
     wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["step"] >= 8, 90, "step 8 committed")
     lh.process.kill()
     killed_at = time.time()
@@ -177,24 +218,42 @@ def start_torchrun_group(lighthouse: str, replica_id: str, events: Path, *args: 
 @pytest.mark.timeout(180)
 def test_two_rank_groups_one_rank_killed_takes_its_group_down_others_continue(tmp_path: Path) -> None:
     lh = start_lighthouse("--heartbeat-timeout", "30", "--progress-timeout", "60", status=False)
-    groups = {rid: start_torchrun_group(lh.grpc_address, rid, tmp_path, "--steps", "40", "--step-delay", "0.02") for rid in ("g0", "g1")}
+    groups = {
+        rid: start_torchrun_group(lh.grpc_address, rid, tmp_path, "--steps", "40", "--step-delay", "0.02")
+        for rid in ("g0", "g1")
+    }
     wait_for_event(
-        tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["group_rank"] == 1 and e["step"] >= 8, 120, "g1 rank 1 at step 8"
+        tmp_path,
+        lambda e: e["event"] == "commit" and e["replica_id"] == "g1" and e["group_rank"] == 1 and e["step"] >= 8,
+        120,
+        "g1 rank 1 at step 8",
     )
-    start = wait_for_event(tmp_path, lambda e: e["event"] == "start" and e["replica_id"] == "g1" and e["group_rank"] == 1, 1, "g1/1 start")
+    start = wait_for_event(
+        tmp_path, lambda e: e["event"] == "start" and e["replica_id"] == "g1" and e["group_rank"] == 1, 1, "g1/1 start"
+    )
     os.kill(start["pid"], signal.SIGKILL)
     killed_at = time.time()
     # g1's rank 0 learns at once that its peer is gone (the peer's connection to it closed),
     # ends its step and leaves: it does not wait out a quorum or vote deadline (heartbeat 30 s here).
-    stop = wait_for_event(tmp_path, lambda e: e["event"] == "stop" and e["replica_id"] == "g1" and e["group_rank"] == 0
-                          and e["ts"] > killed_at, 10, "g1 rank 0 stopping")
+    stop = wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "stop" and e["replica_id"] == "g1" and e["group_rank"] == 0 and e["ts"] > killed_at,
+        10,
+        "g1 rank 0 stopping",
+    )
     assert "rank 1 of group 'g1' is gone" in stop["reason"], stop
     assert groups["g1"].wait_exit(60) != 0
     for rank in (0, 1):
         wait_for_event(
             tmp_path,
-            lambda e, rank=rank: e["event"] == "commit" and e["replica_id"] == "g0" and e["group_rank"] == rank
-            and e["committed"] and e["num_contributors"] == 1 and e["ts"] > killed_at,
+            lambda e, rank=rank: (
+                e["event"] == "commit"
+                and e["replica_id"] == "g0"
+                and e["group_rank"] == rank
+                and e["committed"]
+                and e["num_contributors"] == 1
+                and e["ts"] > killed_at
+            ),
             10,
             f"g0 rank {rank} committing alone",
         )
@@ -215,12 +274,17 @@ def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_pat
     faults = {"g0": "slow_serve@10", "g1": "slow_serve@10", "g2": "allreduce@15"}
     # Each group on its own loopback address, as on its own host: a heal reads one donor per host.
     hosts = {"g0": "127.0.0.1", "g1": "127.0.0.2", "g2": "127.0.0.3"}
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid], REPLICAFT_HOST=hosts[rid])
-              for rid in ("g0", "g1", "g2")}
+    groups = {
+        rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid], REPLICAFT_HOST=hosts[rid])
+        for rid in ("g0", "g1", "g2")
+    }
     assert groups["g2"].wait_exit(150) == -signal.SIGKILL
     groups["g2"] = start_group(lh.grpc_address, "g2", tmp_path, *args, REPLICAFT_HOST=hosts["g2"])
     heal = wait_for_event(
-        tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e.get("base_step", 0) > 0, 120, "g2 heal after restart"
+        tmp_path,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g2" and e.get("base_step", 0) > 0,
+        120,
+        "g2 heal after restart",
     )
     assert heal["ok"], heal
     assert heal["replayed_steps"] >= 1, f"the slowed transfer did not outlast a step: {heal}"
@@ -246,8 +310,13 @@ def test_healer_stalled_past_its_adaptive_limit_is_not_fenced_mid_heal(tmp_path:
     assert groups["g1"].wait_exit(150) == -signal.SIGKILL
     restarted = lh.process.mark("stderr")
     groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args)
-    declared = lh.process.wait_for_line(lambda t: "replica g1 is healing" in t, 60, stream="stderr", after=restarted,
-                                        what="the restarted g1's heartbeat declaring its heal")
+    declared = lh.process.wait_for_line(
+        lambda t: "replica g1 is healing" in t,
+        60,
+        stream="stderr",
+        after=restarted,
+        what="the restarted g1's heartbeat declaring its heal",
+    )
     assert lh.status_url is not None
     with urllib.request.urlopen(lh.status_url + "status.json", timeout=10) as reply:
         shown = {m["replica_id"]: m["healing"] for m in json.load(reply)["members"]}
@@ -257,14 +326,23 @@ def test_healer_stalled_past_its_adaptive_limit_is_not_fenced_mid_heal(tmp_path:
         time.sleep(1.0)  # the stall itself, not a wait for anything
     finally:
         groups["g1"].send_signal(signal.SIGCONT)
-    heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0,
-                          120, "g1 heal after restart")
+    heal = wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0,
+        120,
+        "g1 heal after restart",
+    )
     assert heal["ok"], heal
-    lost = [line.text for line in lh.process.lines("stderr")[declared.index:] if "member g1 lost" in line.text]
+    lost = [line.text for line in lh.process.lines("stderr")[declared.index :] if "member g1 lost" in line.text]
     assert lost == [], f"the stalled healer was dropped: {lost}\n{lh.process.output_tail(60)}"
     assert not [e for e in read_events(tmp_path) if e["event"] == "fenced" and e["replica_id"] == "g1"]
-    lh.process.wait_for_line(lambda t: "replica g1 is done healing" in t, 30, stream="stderr", after=declared.index,
-                             what="g1's heartbeat ending its heal")
+    lh.process.wait_for_line(
+        lambda t: "replica g1 is done healing" in t,
+        30,
+        stream="stderr",
+        after=declared.index,
+        what="g1's heartbeat ending its heal",
+    )
     for rid, g in groups.items():
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
     assert_digests_agree(tmp_path, min_steps=55)
@@ -281,16 +359,27 @@ def test_heal_outrunning_its_replay_bounds_holds_the_donors_on_its_next_attempt_
     faults = {"g0": "slow_serve@10", "g1": "allreduce@15"}
     groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points=faults[rid]) for rid in ("g0", "g1")}
     assert groups["g1"].wait_exit(150) == -signal.SIGKILL
-    groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args,
-                               REPLICAFT_HEAL_REPLAY_STEPS="1", REPLICAFT_HEAL_REPLAY_BYTES="0")
-    hold = wait_for_event(tmp_path, lambda e: e["event"] == "heal_start" and e["replica_id"] == "g1" and e["hold"], 120,
-                          "g1 holding the donors")
-    heal = wait_for_event(tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e["ok"]
-                          and e["ts"] > hold["ts"], 120, "g1 healed")
+    groups["g1"] = start_group(
+        lh.grpc_address, "g1", tmp_path, *args, REPLICAFT_HEAL_REPLAY_STEPS="1", REPLICAFT_HEAL_REPLAY_BYTES="0"
+    )
+    hold = wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "heal_start" and e["replica_id"] == "g1" and e["hold"],
+        120,
+        "g1 holding the donors",
+    )
+    heal = wait_for_event(
+        tmp_path,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e["ok"] and e["ts"] > hold["ts"],
+        120,
+        "g1 healed",
+    )
     assert heal["replayed_steps"] == 0 and heal["base_step"] == hold["max_step"], (hold, heal)
     for rid, g in groups.items():
         assert g.wait_exit(150) == 0, f"{rid}\n{g.output_tail()}"
-    held = [e for e in read_events(tmp_path) if e["event"] == "commit" and e["replica_id"] == "g0" and "held" in e["reason"]]
+    held = [
+        e for e in read_events(tmp_path) if e["event"] == "commit" and e["replica_id"] == "g0" and "held" in e["reason"]
+    ]
     assert len(held) >= 2, "g0 was not held while g1 received its state"
     assert len({e["quorum_id"] for e in held}) == 1, f"held steps counted as failures (a new quorum each): {held}"
     assert_digests_agree(tmp_path, min_steps=55)
@@ -305,7 +394,9 @@ def test_only_donor_dies_mid_heal_healer_with_partly_written_state_stops_instead
     lh = start_lighthouse(status=False)
     args = ("--steps", "100000", "--width", "600")
     g0 = start_group(lh.grpc_address, "g0", tmp_path, *args, fault_points="slow_serve@1")
-    wait_for_event(tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["step"] >= 5, 90, "g0 at step 5")
+    wait_for_event(
+        tmp_path, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["step"] >= 5, 90, "g0 at step 5"
+    )
     g1 = start_group(lh.grpc_address, "g1", tmp_path, *args)
     wait_for_event(tmp_path, lambda e: e["event"] == "heal_start" and e["replica_id"] == "g1", 90, "g1 healing from g0")
     g0.kill()
@@ -323,7 +414,10 @@ def test_dataloader_workers_and_micro_batches_keep_samples_exactly_once(tmp_path
     # change, so prefetched batches go stale and must be discarded, not trained on.
     lh = start_lighthouse("--min-replicas", "2", status=False)
     args = ("--steps", "30", "--num-workers", "1", "--micro-batch", "8")
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points="allreduce@12" if rid == "g1" else None) for rid in ("g0", "g1")}
+    groups = {
+        rid: start_group(lh.grpc_address, rid, tmp_path, *args, fault_points="allreduce@12" if rid == "g1" else None)
+        for rid in ("g0", "g1")
+    }
     assert groups["g1"].wait_exit(150) == -signal.SIGKILL
     groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args)
     for rid, g in groups.items():
@@ -341,5 +435,9 @@ def test_groups_whose_batches_leave_different_parameters_unused_stay_identical(t
     for group in groups:
         assert group.wait_exit(90) == 0, group.output_tail()
     assert_digests_agree(tmp_path, min_steps=10)
-    together = {e["step"] for e in read_events(tmp_path) if e["event"] == "commit" and e["committed"] and e["num_contributors"] == 2}
+    together = {
+        e["step"]
+        for e in read_events(tmp_path)
+        if e["event"] == "commit" and e["committed"] and e["num_contributors"] == 2
+    }
     assert len(together) >= 10, f"the groups trained together at steps {sorted(together)} only"

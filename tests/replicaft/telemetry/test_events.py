@@ -46,7 +46,10 @@ def test_every_event_the_library_emits_is_in_the_schema_issue_23() -> None:
     # The schema is the table in replicaft/telemetry/events.py's docstring; catalog_rebuilt and the
     # preemption events were emitted for a while without a row there.
     documented = set(re.findall(r"^``([a-z_]+)``", replicaft.telemetry.events.__doc__ or "", re.M))
-    emitted = {name for path in (REPO_ROOT / "replicaft").rglob("*.py")
-               for name in re.findall(r"emit\(\s*\"([a-z_]+)\"", path.read_text(encoding="utf-8"))}
+    emitted = {
+        name
+        for path in (REPO_ROOT / "replicaft").rglob("*.py")
+        for name in re.findall(r"emit\(\s*\"([a-z_]+)\"", path.read_text(encoding="utf-8"))
+    }
     assert {"commit", "checkpoint", "catalog_rebuilt"} <= emitted  # the search finds what it should
     assert emitted - documented == set()

@@ -26,8 +26,11 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 def samples(text: str) -> Samples:
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def scrape(url: str) -> Samples:
@@ -51,13 +54,45 @@ def test_events_become_metrics() -> None:
         event("commit", step=5, committed=False, step_time_s=0.3),
         event("heal_end", ok=True, num_bytes=1000, seconds=0.5),
         event("heal_end", ok=False, error="donor gone"),
-        event("checkpoint", checkpoint_step=5, ok=True, status="published", num_bytes=4000, duration_s=2.0,
-              blocked_s=0.01, throughput_mb_s=0.002, tier="local", host_bytes=4096, free_bytes=10**9),
-        event("checkpoint", checkpoint_step=6, ok=False, status="refused", num_bytes=4000, duration_s=0.0,
-              blocked_s=None, throughput_mb_s=0.0, tier="local", host_bytes=0, free_bytes=10),
+        event(
+            "checkpoint",
+            checkpoint_step=5,
+            ok=True,
+            status="published",
+            num_bytes=4000,
+            duration_s=2.0,
+            blocked_s=0.01,
+            throughput_mb_s=0.002,
+            tier="local",
+            host_bytes=4096,
+            free_bytes=10**9,
+        ),
+        event(
+            "checkpoint",
+            checkpoint_step=6,
+            ok=False,
+            status="refused",
+            num_bytes=4000,
+            duration_s=0.0,
+            blocked_s=None,
+            throughput_mb_s=0.0,
+            tier="local",
+            host_bytes=0,
+            free_bytes=10,
+        ),
         event("checkpoint_anomaly", checkpoint_step=5, kind="slow_save", reason="...", value=9.0, threshold=3.0),
-        event("resume", checkpoint_step=5, path="/c", digest="d", duration_s=1.5, blocked_s=1.5, num_bytes=4000,
-              throughput_mb_s=0.003, tier="local", host_bytes=4000),
+        event(
+            "resume",
+            checkpoint_step=5,
+            path="/c",
+            digest="d",
+            duration_s=1.5,
+            blocked_s=1.5,
+            num_bytes=4000,
+            throughput_mb_s=0.003,
+            tier="local",
+            host_bytes=4000,
+        ),
         event("fenced", reason="ignored: no figures"),
     ]:
         metrics.observe(e)
@@ -126,15 +161,25 @@ def free_port() -> int:
 def test_training_process_and_lighthouse_serve_metrics_that_match_the_events(tmp_path: Path) -> None:
     lighthouse = start_lighthouse("--min-replicas", "1")
     events = tmp_path / "events"
-    env = dict(os.environ, REPLICAFT_LIGHTHOUSE=lighthouse.grpc_address, REPLICAFT_REPLICA_ID="g0",
-               REPLICAFT_EVENTS_DIR=str(events), REPLICAFT_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
-               REPLICAFT_CHECKPOINT_INTERVAL_STEPS="5", REPLICAFT_METRICS_PORT=str(free_port()))
+    env = dict(
+        os.environ,
+        REPLICAFT_LIGHTHOUSE=lighthouse.grpc_address,
+        REPLICAFT_REPLICA_ID="g0",
+        REPLICAFT_EVENTS_DIR=str(events),
+        REPLICAFT_CHECKPOINT_DIR=str(tmp_path / "ckpt"),
+        REPLICAFT_CHECKPOINT_INTERVAL_STEPS="5",
+        REPLICAFT_METRICS_PORT=str(free_port()),
+    )
     env.pop("REPLICAFT_FAULT_POINTS", None)
     group = spawn_python(EXAMPLE, "--steps", "100000", "--step-delay", "0.01", name="g0", env=env)
     start = wait_for_event(events, lambda e: e["event"] == "start", 60, "start")
     assert start["metrics_url"] == f"http://127.0.0.1:{env['REPLICAFT_METRICS_PORT']}/metrics"
-    wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 10, 60,
-                   "two published checkpoints")
+    wait_for_event(
+        events,
+        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 10,
+        60,
+        "two published checkpoints",
+    )
 
     logged = read_events(events)
     values = scrape(start["metrics_url"])  # after reading the log: the metrics count at least as much

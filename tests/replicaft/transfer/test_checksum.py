@@ -91,7 +91,9 @@ def test_two_rows_swapped_are_detected() -> None:
     original = sample(ROW_BYTES * 8)
     corrupted = bytearray(original)
     corrupted[ROW_BYTES * 2 : ROW_BYTES * 3], corrupted[ROW_BYTES * 5 : ROW_BYTES * 6] = (
-        original[ROW_BYTES * 5 : ROW_BYTES * 6], original[ROW_BYTES * 2 : ROW_BYTES * 3])
+        original[ROW_BYTES * 5 : ROW_BYTES * 6],
+        original[ROW_BYTES * 2 : ROW_BYTES * 3],
+    )
     assert of(corrupted) != of(original)
 
 

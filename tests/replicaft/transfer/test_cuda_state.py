@@ -40,8 +40,9 @@ def to_device(value: object, device: torch.device) -> object:
 
 
 def test_heal_into_gpu_memory_lands_in_place_pinned_and_reuses_its_staging() -> None:
-    snapshot = Snapshot.capture(flatten(sample_state(num_floats=1 << 20)), step=STEP, quorum_id=1,
-                                replica_id="donor", chunk_bytes=CHUNK)
+    snapshot = Snapshot.capture(
+        flatten(sample_state(num_floats=1 << 20)), step=STEP, quorum_id=1, replica_id="donor", chunk_bytes=CHUNK
+    )
     allocated = None
     for heal in range(2):
         mine = flatten(cuda_state(seed=heal + 1))
@@ -62,16 +63,26 @@ def test_donor_serves_gpu_state_from_a_pinned_reused_host_copy() -> None:
     state = cuda_state()
     spare = SpareBuffer()
     for attempt in range(2):
-        live = LiveSnapshot(flatten(state), step=STEP + attempt, quorum_id=1, replica_id="donor",
-                            readers=frozenset({"h"}), spare=spare, chunk_bytes=CHUNK)
+        live = LiveSnapshot(
+            flatten(state),
+            step=STEP + attempt,
+            quorum_id=1,
+            replica_id="donor",
+            readers=frozenset({"h"}),
+            spare=spare,
+            chunk_bytes=CHUNK,
+        )
         assert live.reused_buffer == (attempt == 1)
         with serving(live) as (server, address):
-            result = fetch_state([Donor("donor", address)], STEP + attempt, token=None, timeout_s=DEADLINE_S, reader="h")
+            result = fetch_state(
+                [Donor("donor", address)], STEP + attempt, token=None, timeout_s=DEADLINE_S, reader="h"
+            )
             assert live.seal(wait_s=DEADLINE_S) == ""
             server.retain(set())
         cpu_state = to_device(state, torch.device("cpu"))
-        assert_same_state(result, Snapshot.capture(flatten(cpu_state), step=STEP, quorum_id=1, replica_id="donor",
-                                                   chunk_bytes=CHUNK))
+        assert_same_state(
+            result, Snapshot.capture(flatten(cpu_state), step=STEP, quorum_id=1, replica_id="donor", chunk_bytes=CHUNK)
+        )
     buffer = spare.take()
     assert buffer is not None and buffer.is_pinned()
 
@@ -105,8 +116,9 @@ def test_background_capture_from_gpu_overlaps_training_and_matches_a_cpu_copy() 
         snapshot, why = capture.finish(DEADLINE_S)
         assert snapshot is not None, why
         assert capture._plan.reused == (attempt == 1) and capture.deferred_bytes > 0
-        plain = Snapshot.capture(flatten(to_device(state, torch.device("cpu"))), step=STEP, quorum_id=1,
-                                 replica_id="r", with_checksums=False)
+        plain = Snapshot.capture(
+            flatten(to_device(state, torch.device("cpu"))), step=STEP, quorum_id=1, replica_id="r", with_checksums=False
+        )
         assert torch.equal(snapshot.buffer, plain.buffer)
         out = snapshot.buffer
     assert digest(flat) == digest(flatten(to_device(state, torch.device("cpu"))))

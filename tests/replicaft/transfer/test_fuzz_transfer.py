@@ -43,10 +43,14 @@ from replicaft.transfer.wire import MAX_FRAME_BYTES, recv_frame
 
 BUFFER = bytes(range(256)) * 2
 EXAMPLE = Manifest(
-    step=5, quorum_id=2, replica_id="g1",
+    step=5,
+    quorum_id=2,
+    replica_id="g1",
     skeleton={"model": {"w": {TENSOR: 0}, "b": {TENSOR: 1}}, "step": 5, "extra": {"__tuple__": [1, "a"]}},
     tensors=(TensorSpec("model.w", "float32", (4, 4), 0, 64), TensorSpec("model.b", "float32", (4,), 64, 16)),
-    total_bytes=len(BUFFER), chunk_bytes=128, checksums=tuple(chunk_checksums(memoryview(BUFFER), 128)),
+    total_bytes=len(BUFFER),
+    chunk_bytes=128,
+    checksums=tuple(chunk_checksums(memoryview(BUFFER), 128)),
 )
 
 
@@ -92,8 +96,10 @@ def test_manifest_with_one_hostile_field_decodes_or_raises_protocol_error(body: 
 
 
 @FUZZ
-@given(skeleton=st.one_of(hostile_values, st.dictionaries(st.text(max_size=5), hostile_values, max_size=4)),
-       num_tensors=st.integers(0, 3))
+@given(
+    skeleton=st.one_of(hostile_values, st.dictionaries(st.text(max_size=5), hostile_values, max_size=4)),
+    num_tensors=st.integers(0, 3),
+)
 def test_skeleton_is_accepted_or_raises_skeleton_error(skeleton: Any, num_tensors: int) -> None:
     call_decoder(lambda: check_skeleton(skeleton, num_tensors), SkeletonError, "check_skeleton")
 
@@ -116,8 +122,11 @@ def test_manifest_with_a_huge_chunk_size_is_refused_before_any_buffer_issue_19()
     body = msgpack.unpackb(EXAMPLE.encode(), raw=False)
     body["chunk_bytes"] = 1 << 40
     body["checksums"] = body["checksums"][:1]
-    with pytest.raises(ProtocolError, match=rf"Manifest.chunk_bytes is {1 << 40}; expected 1 <= chunk_bytes <= "
-                                            rf"{MAX_CHUNK_BYTES}"):
+    with pytest.raises(
+        ProtocolError,
+        match=rf"Manifest.chunk_bytes is {1 << 40}; expected 1 <= chunk_bytes <= "
+        rf"{MAX_CHUNK_BYTES}",
+    ):
         Manifest.decode(msgpack.packb(body, use_bin_type=True))
     assert MAX_CHUNK_BYTES >= CHUNK_BYTES
 
@@ -133,8 +142,9 @@ def read_frame_from(wire: bytes) -> dict[str, Any] | None:
         sender = threading.Thread(target=lambda: (theirs.sendall(wire), theirs.shutdown(socket.SHUT_WR)))
         sender.start()
         try:
-            return call_decoder(lambda: recv_frame(ours, "fuzzed"), (ProtocolError, ConnectionError), "recv_frame",
-                                len(wire))
+            return call_decoder(
+                lambda: recv_frame(ours, "fuzzed"), (ProtocolError, ConnectionError), "recv_frame", len(wire)
+            )
         finally:
             sender.join(timeout=5.0)
 

@@ -57,7 +57,9 @@ def sized_manifest(total_bytes: int, chunk_bytes: int) -> Manifest:
         ([4, 8, 12], [0, 64, 128], 192),
     ],
 )
-def test_layout_places_each_tensor_at_the_next_64_byte_boundary(sizes: list[int], offsets: list[int], total: int) -> None:
+def test_layout_places_each_tensor_at_the_next_64_byte_boundary(
+    sizes: list[int], offsets: list[int], total: int
+) -> None:
     assert layout(sizes) == (offsets, total)
 
 
@@ -97,7 +99,9 @@ def test_chunk_ok_checks_a_chunk_spread_over_pieces_and_finds_one_flipped_bit() 
 
 def test_manifest_with_overlapping_or_unordered_tensors_is_rejected() -> None:
     good = manifest_for(bytes(256), chunk_bytes=100)
-    overlapping = dataclasses.replace(good, tensors=(TensorSpec("a", "uint8", (128,), 0, 128), TensorSpec("b", "uint8", (128,), 64, 128)))
+    overlapping = dataclasses.replace(
+        good, tensors=(TensorSpec("a", "uint8", (128,), 0, 128), TensorSpec("b", "uint8", (128,), 64, 128))
+    )
     with pytest.raises(ProtocolError, match=r"tensors\[1\] \(b\) at offset 64 overlaps"):
         Manifest.decode(overlapping.encode())
 
@@ -116,7 +120,9 @@ def manifests_and_donors(draw: st.DrawFn) -> tuple[Manifest, list[str], int]:
 
 @settings(deadline=None)
 @given(manifests_and_donors())
-def test_chunk_stripes_cover_every_byte_once_chunk_aligned_from_given_donors(case: tuple[Manifest, list[str], int]) -> None:
+def test_chunk_stripes_cover_every_byte_once_chunk_aligned_from_given_donors(
+    case: tuple[Manifest, list[str], int],
+) -> None:
     manifest, donors, healer_index = case
     stripes = chunk_stripes(manifest, donors, healer_index)
     position = 0
@@ -213,9 +219,15 @@ def with_tensor(index: int, entry: Any) -> bytes:
         pytest.param(b"\xc1", "Manifest is not valid msgpack", id="not_msgpack"),
         pytest.param(b"", "Manifest is not valid msgpack", id="empty"),
         pytest.param(msgpack.packb([1, 2]), "Manifest must be a msgpack map, got list", id="not_a_map"),
-        pytest.param(with_change(v=_DELETE), f"Manifest.v is None; this side reads version {MANIFEST_VERSION}", id="no_version"),
-        pytest.param(with_change(v=1), f"Manifest.v is 1; this side reads version {MANIFEST_VERSION}", id="older_version"),
-        pytest.param(with_change(v=3), f"Manifest.v is 3; this side reads version {MANIFEST_VERSION}", id="newer_version"),
+        pytest.param(
+            with_change(v=_DELETE), f"Manifest.v is None; this side reads version {MANIFEST_VERSION}", id="no_version"
+        ),
+        pytest.param(
+            with_change(v=1), f"Manifest.v is 1; this side reads version {MANIFEST_VERSION}", id="older_version"
+        ),
+        pytest.param(
+            with_change(v=3), f"Manifest.v is 3; this side reads version {MANIFEST_VERSION}", id="newer_version"
+        ),
         pytest.param(with_change(v="1"), "Manifest.v is '1'", id="version_as_string"),
         pytest.param(with_change(step=_DELETE), "Manifest.step is missing", id="no_step"),
         pytest.param(with_change(step=-1), "Manifest.step is -1", id="negative_step"),
@@ -223,30 +235,68 @@ def with_tensor(index: int, entry: Any) -> bytes:
         pytest.param(with_change(step=True), "Manifest.step is bool", id="step_as_bool"),
         pytest.param(with_change(quorum_id=1.5), "Manifest.quorum_id is float", id="float_quorum_id"),
         pytest.param(with_change(replica_id=""), "Manifest.replica_id is empty", id="empty_replica_id"),
-        pytest.param(with_change(replica_id="x" * 129), "Manifest.replica_id is 129 characters long", id="long_replica_id"),
+        pytest.param(
+            with_change(replica_id="x" * 129), "Manifest.replica_id is 129 characters long", id="long_replica_id"
+        ),
         pytest.param(with_change(skeleton=_DELETE), "Manifest.skeleton is missing", id="no_skeleton"),
         pytest.param(with_change(total_bytes=-1), "Manifest.total_bytes is -1", id="negative_total"),
         pytest.param(with_change(total_bytes=2**63), "Manifest.total_bytes is 9223372036854775808", id="huge_total"),
         pytest.param(with_change(chunk_bytes=0), "Manifest.chunk_bytes is 0", id="zero_chunk"),
-        pytest.param(with_change(tensors={"a": 1}), f"Manifest.tensors must be a list of at most {MAX_TENSORS} entries", id="tensors_not_list"),
-        pytest.param(with_change(checksums=[bytes(16)]), "Manifest.checksums must list one digest per 200-byte chunk of 512 bytes",
-                     id="too_few_digests"),
-        pytest.param(with_change(checksums=[bytes(16)] * 4), "Manifest.checksums must list one digest", id="too_many_digests"),
-        pytest.param(with_change(checksums=[bytes(16), bytes(16), 7]), "Manifest.checksums[2] is 7; expected 16 bytes", id="crc_as_digest"),
-        pytest.param(with_change(checksums=[bytes(16), bytes(15), bytes(16)]), "Manifest.checksums[1] is b'", id="short_digest"),
+        pytest.param(
+            with_change(tensors={"a": 1}),
+            f"Manifest.tensors must be a list of at most {MAX_TENSORS} entries",
+            id="tensors_not_list",
+        ),
+        pytest.param(
+            with_change(checksums=[bytes(16)]),
+            "Manifest.checksums must list one digest per 200-byte chunk of 512 bytes",
+            id="too_few_digests",
+        ),
+        pytest.param(
+            with_change(checksums=[bytes(16)] * 4), "Manifest.checksums must list one digest", id="too_many_digests"
+        ),
+        pytest.param(
+            with_change(checksums=[bytes(16), bytes(16), 7]),
+            "Manifest.checksums[2] is 7; expected 16 bytes",
+            id="crc_as_digest",
+        ),
+        pytest.param(
+            with_change(checksums=[bytes(16), bytes(15), bytes(16)]), "Manifest.checksums[1] is b'", id="short_digest"
+        ),
         pytest.param(with_change(checksum=_DELETE), "Manifest.checksum is missing", id="no_algorithm"),
-        pytest.param(with_change(checksum="crc32"), f"Manifest.checksum is 'crc32'; this side verifies chunks with {ALGORITHM!r} only",
-                     id="unknown_algorithm"),
+        pytest.param(
+            with_change(checksum="crc32"),
+            f"Manifest.checksum is 'crc32'; this side verifies chunks with {ALGORITHM!r} only",
+            id="unknown_algorithm",
+        ),
         pytest.param(with_change(checksum=32), "Manifest.checksum is int", id="algorithm_not_str"),
         pytest.param(with_tensor(0, ["w", "float32", [4, 8], 0]), "Manifest.tensors[0] is malformed", id="short_entry"),
-        pytest.param(with_tensor(1, ["s", "int64", 8, 128, 8]), "Manifest.tensors[1] is malformed", id="shape_not_list"),
+        pytest.param(
+            with_tensor(1, ["s", "int64", 8, 128, 8]), "Manifest.tensors[1] is malformed", id="shape_not_list"
+        ),
         pytest.param(with_tensor(0, "w"), "Manifest.tensors[0] is malformed", id="entry_not_list"),
-        pytest.param(with_tensor(0, [7, "float32", [4, 8], 0, 128]), "Manifest.tensors[0].name is int", id="name_not_str"),
-        pytest.param(with_tensor(0, ["w", "f" * 33, [4, 8], 0, 128]), "Manifest.tensors[0].dtype is 33 characters", id="long_dtype"),
-        pytest.param(with_tensor(0, ["w", "float32", [4, -8], 0, 128]), "Manifest.tensors[0].shape is -8", id="negative_dim"),
-        pytest.param(with_tensor(1, ["s", "int64", [], 513, 8]), "Manifest.tensors[1].offset is 513", id="offset_past_end"),
-        pytest.param(with_tensor(1, ["s", "int64", [], 128, 600]), "Manifest.tensors[1].num_bytes is 600", id="size_past_end"),
-        pytest.param(with_tensor(1, ["s", "int64", [], 508, 8]), "Manifest.tensors[1] (s) ends past total_bytes=512", id="ends_past_end"),
+        pytest.param(
+            with_tensor(0, [7, "float32", [4, 8], 0, 128]), "Manifest.tensors[0].name is int", id="name_not_str"
+        ),
+        pytest.param(
+            with_tensor(0, ["w", "f" * 33, [4, 8], 0, 128]),
+            "Manifest.tensors[0].dtype is 33 characters",
+            id="long_dtype",
+        ),
+        pytest.param(
+            with_tensor(0, ["w", "float32", [4, -8], 0, 128]), "Manifest.tensors[0].shape is -8", id="negative_dim"
+        ),
+        pytest.param(
+            with_tensor(1, ["s", "int64", [], 513, 8]), "Manifest.tensors[1].offset is 513", id="offset_past_end"
+        ),
+        pytest.param(
+            with_tensor(1, ["s", "int64", [], 128, 600]), "Manifest.tensors[1].num_bytes is 600", id="size_past_end"
+        ),
+        pytest.param(
+            with_tensor(1, ["s", "int64", [], 508, 8]),
+            "Manifest.tensors[1] (s) ends past total_bytes=512",
+            id="ends_past_end",
+        ),
     ],
 )
 def test_decode_rejects_malformed_manifest_naming_the_field(raw: bytes, message: str) -> None:
@@ -256,7 +306,9 @@ def test_decode_rejects_malformed_manifest_naming_the_field(raw: bytes, message:
 
 
 def test_decode_rejects_an_oversized_manifest_before_parsing_it() -> None:
-    with pytest.raises(ProtocolError, match=f"Manifest is {MAX_MANIFEST_BYTES + 1} bytes; the limit is {MAX_MANIFEST_BYTES}"):
+    with pytest.raises(
+        ProtocolError, match=f"Manifest is {MAX_MANIFEST_BYTES + 1} bytes; the limit is {MAX_MANIFEST_BYTES}"
+    ):
         Manifest.decode(bytes(MAX_MANIFEST_BYTES + 1))
 
 

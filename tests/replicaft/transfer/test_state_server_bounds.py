@@ -175,8 +175,9 @@ def test_unauthenticated_connections_past_the_cap_are_closed_oldest_first_while_
         wait_for(lambda: server.statistics().num_open == 3, "the evicted connections' threads ending")
 
         # The three still held do not keep a healer out: its connections evict them in turn.
-        result = fetch_state([Donor("donor", f"{address[0]}:{address[1]}")], STEP, token=TOKEN, timeout_s=WAIT_S,
-                             connections=2)
+        result = fetch_state(
+            [Donor("donor", f"{address[0]}:{address[1]}")], STEP, token=TOKEN, timeout_s=WAIT_S, connections=2
+        )
         assert_same_state(result.tensors, SNAPSHOT)
         assert server.statistics().num_refused == 0
 
@@ -207,8 +208,9 @@ def test_a_connection_past_the_cap_of_authenticated_ones_is_refused_at_once_with
         (8, 0, "refuse"),  # every open connection authenticated
     ],
 )
-def test_admission_accepts_evicts_the_oldest_unauthenticated_or_refuses(num_open: int, num_unauthenticated: int,
-                                                                        action: str) -> None:
+def test_admission_accepts_evicts_the_oldest_unauthenticated_or_refuses(
+    num_open: int, num_unauthenticated: int, action: str
+) -> None:
     decision = admit(num_open, num_unauthenticated, ServerLimits(max_connections=8, max_unauthenticated=3))
     assert isinstance(decision, Admission) and decision.action == action
     assert (decision.reason == "") == (action == "accept")
@@ -239,7 +241,9 @@ def test_an_oversized_frame_length_is_refused_from_its_header_without_allocating
     assert peak < 64 << 20  # the test's own 1 MiB receive buffer included; the frame announced 4 GiB
 
 
-def test_a_huge_value_in_a_request_is_not_echoed_back_or_logged_in_full_issue_19(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_huge_value_in_a_request_is_not_echoed_back_or_logged_in_full_issue_19(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     # The version check quoted the peer's value: 60 KB in, 60 KB back and into the log, per request.
     with serving(ServerLimits()) as (_, address), socket.create_connection(address, timeout=WAIT_S) as sock:
         sock.sendall(manifest_request(v="x" * 60_000))
@@ -250,11 +254,15 @@ def test_a_huge_value_in_a_request_is_not_echoed_back_or_logged_in_full_issue_19
 
 
 def test_bad_first_requests_are_counted_and_logged_once_per_interval_not_once_each(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with serving(ServerLimits()) as (server, address):
         for _ in range(5):
             with socket.create_connection(address, timeout=WAIT_S) as sock:
                 sock.sendall(manifest_request(token="guessed"))
-                assert error_frame(read_until_closed(sock, time.monotonic() + WAIT_S))["error"] == "StateRequest: wrong token"
+                assert (
+                    error_frame(read_until_closed(sock, time.monotonic() + WAIT_S))["error"]
+                    == "StateRequest: wrong token"
+                )
         assert server.statistics().num_rejected == 5
     assert sum("rejected a first request" in r.getMessage() for r in caplog.records) == 1

@@ -48,8 +48,10 @@ def sample_state(num_floats: int = 300_000, seed: int = 0) -> dict[str, Any]:
     generator = torch.Generator().manual_seed(seed)
     return {
         "model": {"w": torch.randn(num_floats, generator=generator), "b": torch.randn(7, generator=generator)},
-        "optimizer": {"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(1000, generator=generator)}},
-                      "param_groups": [{"betas": (0.9, 0.95), "lr": 1e-3, "params": [0]}]},
+        "optimizer": {
+            "state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.randn(1000, generator=generator)}},
+            "param_groups": [{"betas": (0.9, 0.95), "lr": 1e-3, "params": [0]}],
+        },
         "buffers": {"count": torch.tensor(17, dtype=torch.int64), "mask": torch.rand(333, generator=generator) > 0.5},
         "step": STEP,
         "cursor": 4096,
@@ -57,7 +59,9 @@ def sample_state(num_floats: int = 300_000, seed: int = 0) -> dict[str, Any]:
 
 
 def sample_snapshot(seed: int = 0, step: int = STEP, replica_id: str = "donor") -> Snapshot:
-    return Snapshot.capture(flatten(sample_state(seed=seed)), step=step, quorum_id=1, replica_id=replica_id, chunk_bytes=CHUNK)
+    return Snapshot.capture(
+        flatten(sample_state(seed=seed)), step=step, quorum_id=1, replica_id=replica_id, chunk_bytes=CHUNK
+    )
 
 
 @contextmanager
@@ -84,8 +88,12 @@ def donors(
     is read (client.streams_by_donor); with ``one_host``, all on 127.0.0.1."""
     with ExitStack() as stack:
         yield [
-            Donor(rid, stack.enter_context(serving(snap, token=token, fault_hook=hook,
-                                                   host="127.0.0.1" if one_host else f"127.0.0.{i + 1}"))[1])
+            Donor(
+                rid,
+                stack.enter_context(
+                    serving(snap, token=token, fault_hook=hook, host="127.0.0.1" if one_host else f"127.0.0.{i + 1}")
+                )[1],
+            )
             for i, (rid, snap, hook) in enumerate(specs)
         ]
 
@@ -122,7 +130,11 @@ def assert_same_state(result: HealResult, snapshot: Snapshot) -> None:
     expected = tensors_from_buffer(snapshot.buffer, snapshot.manifest)
     assert len(result.tensors) == len(expected)
     for got, want in zip(result.tensors, expected, strict=True):
-        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
+        assert (
+            got.dtype == want.dtype
+            and got.shape == want.shape
+            and torch.equal(got.view(-1).view(torch.uint8), want.view(-1).view(torch.uint8))
+        )
 
 
 # -- snapshot -------------------------------------------------------------------------------
@@ -130,11 +142,16 @@ def assert_same_state(result: HealResult, snapshot: Snapshot) -> None:
 
 def test_snapshot_of_every_dtype_reads_back_bitwise() -> None:
     state = {
-        "f64": torch.randn(3, 2, dtype=torch.float64), "f16": torch.randn(5, dtype=torch.float16),
-        "bf16": torch.randn(5, dtype=torch.bfloat16), "i8": torch.tensor([-1, 2, 3], dtype=torch.int8),
-        "u8": torch.tensor([255, 0], dtype=torch.uint8), "b": torch.tensor([True, False, True]),
-        "c128": torch.tensor([1 + 1j, 2 - 3j], dtype=torch.complex128), "scalar": torch.tensor(2.5),
-        "empty": torch.empty(0, 4), "strided": torch.arange(20.0).reshape(4, 5).t(),
+        "f64": torch.randn(3, 2, dtype=torch.float64),
+        "f16": torch.randn(5, dtype=torch.float16),
+        "bf16": torch.randn(5, dtype=torch.bfloat16),
+        "i8": torch.tensor([-1, 2, 3], dtype=torch.int8),
+        "u8": torch.tensor([255, 0], dtype=torch.uint8),
+        "b": torch.tensor([True, False, True]),
+        "c128": torch.tensor([1 + 1j, 2 - 3j], dtype=torch.complex128),
+        "scalar": torch.tensor(2.5),
+        "empty": torch.empty(0, 4),
+        "strided": torch.arange(20.0).reshape(4, 5).t(),
     }
     flat = flatten(state)
     snapshot = Snapshot.capture(flat, step=2, quorum_id=9, replica_id="g0", chunk_bytes=256)
@@ -156,9 +173,14 @@ def test_snapshot_is_a_copy_unaffected_by_later_training() -> None:
 @pytest.mark.parametrize(
     ("spec", "message"),
     [
-        pytest.param(TensorSpec("state.w", "float128", (2,), 0, 32), "state.w has unknown dtype 'float128'", id="unknown_dtype"),
-        pytest.param(TensorSpec("state.w", "float32", (3,), 0, 8), "state.w: 8 bytes at offset 0 cannot hold float32 of shape [3]",
-                     id="too_few_bytes"),
+        pytest.param(
+            TensorSpec("state.w", "float128", (2,), 0, 32), "state.w has unknown dtype 'float128'", id="unknown_dtype"
+        ),
+        pytest.param(
+            TensorSpec("state.w", "float32", (3,), 0, 8),
+            "state.w: 8 bytes at offset 0 cannot hold float32 of shape [3]",
+            id="too_few_bytes",
+        ),
         pytest.param(TensorSpec("state.w", "float32", (2,), 2, 8), "state.w: 8 bytes at offset 2", id="misaligned"),
     ],
 )
@@ -226,7 +248,9 @@ def test_fetch_into_own_tensors_receives_in_place_and_new_memory_for_the_rest() 
     into = dict(zip(mine.names, mine.tensors, strict=True))
     into["state.buffers.mask"] = torch.zeros(334, dtype=torch.bool)  # another shape: not in place
     _, hook_of = connection_counter(2)
-    with donors(("a", snapshot, hook_of("a")), ("b", sample_snapshot(replica_id="b"), hook_of("b", flip_one_byte))) as ds:
+    with donors(
+        ("a", snapshot, hook_of("a")), ("b", sample_snapshot(replica_id="b"), hook_of("b", flip_one_byte))
+    ) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, into=into)
     assert_same_state(result, snapshot)
     assert result.refetched_stripes > 0  # b's bad stripes were refetched from a, in place too
@@ -279,8 +303,10 @@ def test_flipped_byte_in_an_early_chunk_received_in_place_is_refetched_and_overw
     mine = flatten(sample_state(seed=1))
     into = dict(zip(mine.names, mine.tensors, strict=True))
     _, hook_of = connection_counter(2)
-    with donors(("flipper", snapshot, hook_of("flipper", flip_in_the_first_chunk)),
-                ("good", sample_snapshot(replica_id="good"), hook_of("good"))) as ds:
+    with donors(
+        ("flipper", snapshot, hook_of("flipper", flip_in_the_first_chunk)),
+        ("good", sample_snapshot(replica_id="good"), hook_of("good")),
+    ) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, into=into)
     assert_same_state(result, snapshot)
     assert result.refetched_stripes >= 1
@@ -291,7 +317,9 @@ def test_manifest_naming_an_unknown_checksum_algorithm_is_refused_by_name() -> N
     snapshot = sample_snapshot()
     older = Snapshot(snapshot.buffer, dataclasses.replace(snapshot.manifest, checksum="crc32"))
     with donors(("older", older, None)) as ds:
-        with pytest.raises(ProtocolError, match="Manifest.checksum is 'crc32'; this side verifies chunks with 'rowsum64-512'"):
+        with pytest.raises(
+            ProtocolError, match="Manifest.checksum is 'crc32'; this side verifies chunks with 'rowsum64-512'"
+        ):
             fetch_manifest(ds[0], STEP, None, time.monotonic() + DEADLINE_S)
         with pytest.raises(HealError, match=r"no donor of \['older'\] served the manifest of step 5 \(.*'crc32'"):
             fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
@@ -332,8 +360,13 @@ def test_next_range_is_requested_before_the_current_one_is_read() -> None:
 
     with socket.create_server(("127.0.0.1", 0)) as listener, ThreadPoolExecutor(1) as pool:
         served = pool.submit(serve, listener)
-        result = fetch_state([Donor("d", f"127.0.0.1:{listener.getsockname()[1]}")], STEP, token=None,
-                             timeout_s=DEADLINE_S, connections=1)
+        result = fetch_state(
+            [Donor("d", f"127.0.0.1:{listener.getsockname()[1]}")],
+            STEP,
+            token=None,
+            timeout_s=DEADLINE_S,
+            connections=1,
+        )
         served.result(timeout=DEADLINE_S)
     assert_same_state(result, snapshot)
     assert requests_seen_first == [2]
@@ -415,7 +448,9 @@ def test_a_connection_done_with_its_donor_takes_over_the_stripes_a_slow_donor_ha
     asked for one of the slow donor's stripes; the heal completes with the fast donor having
     sent more than its share, and nothing was refetched (no donor failed)."""
     snapshot = sample_snapshot()
-    slow_stripes = {(st.start, st.stop) for st in chunk_stripes(snapshot.manifest, ["fast", "slow"]) if st.donor == "slow"}
+    slow_stripes = {
+        (st.start, st.stop) for st in chunk_stripes(snapshot.manifest, ["fast", "slow"]) if st.donor == "slow"
+    }
     taken_over = threading.Event()
     slow_ranges: list[tuple[int, int]] = []
 
@@ -451,8 +486,13 @@ def test_donor_stopped_between_manifest_and_ranges_is_replaced_by_the_other() ->
         raise ConnectionResetError("the donor went away")
 
     _, hook_of = connection_counter(2)
-    with serving(snapshot, fault_hook=hook_of("alive")) as (_, alive), \
-            serving(snapshot, fault_hook=hook_of("dying", stop_and_drop_the_connection), host="127.0.0.2") as (dying, address):
+    with (
+        serving(snapshot, fault_hook=hook_of("alive")) as (_, alive),
+        serving(snapshot, fault_hook=hook_of("dying", stop_and_drop_the_connection), host="127.0.0.2") as (
+            dying,
+            address,
+        ),
+    ):
         servers.append(dying)
         result = fetch_state([Donor("alive", alive), Donor("dying", address)], STEP, token=None, timeout_s=DEADLINE_S)
     assert_same_state(result, snapshot)
@@ -471,8 +511,17 @@ def test_stopped_server_refuses_new_connections() -> None:
 
 def test_donor_killed_mid_transfer_healer_completes_from_the_other() -> None:
     num_bytes, step = 64 * 1024 * 1024, 11
-    process = spawn_python(str(REPO_ROOT / "tests" / "support" / "transfer_donor.py"), "--num-bytes", str(num_bytes),
-                           "--step", str(step), "--stall-mid-send", "--host", "127.0.0.2", name="transfer-donor")
+    process = spawn_python(
+        str(REPO_ROOT / "tests" / "support" / "transfer_donor.py"),
+        "--num-bytes",
+        str(num_bytes),
+        "--step",
+        str(step),
+        "--stall-mid-send",
+        "--host",
+        "127.0.0.2",
+        name="transfer-donor",
+    )
     snapshot = build_snapshot(num_bytes, step, "in-process")
     _, serving_line = process.wait_for_json(lambda o: o.get("event") == "serving", 60.0, what="its address")
     remote_sending = threading.Event()
@@ -521,7 +570,9 @@ def test_stalled_only_donor_fails_with_heal_error_within_the_timeout() -> None:
 def test_minority_donor_with_other_bytes_is_not_used() -> None:
     snapshot = sample_snapshot(seed=0)
     _, hook_of = connection_counter(2)
-    with donors(("a", snapshot, hook_of("a")), ("odd", sample_snapshot(seed=1), None), ("b", snapshot, hook_of("b"))) as ds:
+    with donors(
+        ("a", snapshot, hook_of("a")), ("odd", sample_snapshot(seed=1), None), ("b", snapshot, hook_of("b"))
+    ) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
     assert_same_state(result, snapshot)
     assert set(result.bytes_by_donor) == {"a", "b"}
@@ -529,7 +580,9 @@ def test_minority_donor_with_other_bytes_is_not_used() -> None:
 
 def test_donor_serving_another_step_is_skipped() -> None:
     snapshot = sample_snapshot()
-    with donors(("behind", sample_snapshot(step=STEP - 1), None), ("current", snapshot, None), ("empty", None, None)) as ds:
+    with donors(
+        ("behind", sample_snapshot(step=STEP - 1), None), ("current", snapshot, None), ("empty", None, None)
+    ) as ds:
         result = fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S)
     assert_same_state(result, snapshot)
     assert set(result.bytes_by_donor) == {"current"}
@@ -659,14 +712,26 @@ def guarded_server() -> Iterator[tuple[str, int, Snapshot]]:
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
-        pytest.param(struct.pack(">I", MAX_FRAME_BYTES + 1), f"state request frame is {MAX_FRAME_BYTES + 1} bytes; the limit is {MAX_FRAME_BYTES}",
-                     id="oversized_frame_header"),
-        pytest.param(struct.pack(">I", 2**32 - 1) + b"x" * 1000, "state request frame is 4294967295 bytes", id="oversized_with_body"),
-        pytest.param(b"\x00\x00\x00\x04\xc1\xc1\xc1\xc1", "state request frame is not valid msgpack", id="garbage_bytes"),
+        pytest.param(
+            struct.pack(">I", MAX_FRAME_BYTES + 1),
+            f"state request frame is {MAX_FRAME_BYTES + 1} bytes; the limit is {MAX_FRAME_BYTES}",
+            id="oversized_frame_header",
+        ),
+        pytest.param(
+            struct.pack(">I", 2**32 - 1) + b"x" * 1000,
+            "state request frame is 4294967295 bytes",
+            id="oversized_with_body",
+        ),
+        pytest.param(
+            b"\x00\x00\x00\x04\xc1\xc1\xc1\xc1", "state request frame is not valid msgpack", id="garbage_bytes"
+        ),
         pytest.param(frame([1, 2, 3]), "state request frame must be a msgpack map, got list", id="not_a_map"),
         pytest.param(frame({1: 2}), "state request frame is not valid msgpack", id="int_keys"),
-        pytest.param(request(v=1), "StateRequest speaks version 1; this server speaks 2. Run the same replicaft version on donors "
-                     "and healers", id="older_version"),
+        pytest.param(
+            request(v=1),
+            "StateRequest speaks version 1; this server speaks 2. Run the same replicaft version on donors and healers",
+            id="older_version",
+        ),
         pytest.param(request(v=3), "StateRequest speaks version 3; this server speaks 2", id="newer_version"),
         pytest.param(without("v"), "StateRequest speaks version None", id="missing_version"),
         pytest.param(request(token="guess"), "StateRequest: wrong token", id="wrong_token"),
@@ -674,7 +739,9 @@ def guarded_server() -> Iterator[tuple[str, int, Snapshot]]:
         pytest.param(request(token=12345), "StateRequest: wrong token", id="token_not_a_string"),
         pytest.param(request(token=None), "StateRequest: missing token", id="null_token"),
         pytest.param(without("token"), "StateRequest: missing token", id="missing_token"),
-        pytest.param(request(op="delete"), "StateRequest.op is 'delete'; expected 'manifest', 'range' or 'done'", id="unknown_op"),
+        pytest.param(
+            request(op="delete"), "StateRequest.op is 'delete'; expected 'manifest', 'range' or 'done'", id="unknown_op"
+        ),
         pytest.param(request(op="done"), "StateRequest.reader is missing", id="done_without_reader"),
         pytest.param(request(op="done", reader=7), "StateRequest.reader is int", id="done_reader_not_a_string"),
         pytest.param(without("op"), "StateRequest.op is missing", id="missing_op"),
@@ -682,8 +749,12 @@ def guarded_server() -> Iterator[tuple[str, int, Snapshot]]:
         pytest.param(request(step=4), "StateRequest: step 4 is not served here (serving: [5])", id="wrong_step"),
         pytest.param(request(step="5"), "StateRequest.step is str '5'; expected an integer", id="step_not_an_int"),
         pytest.param(request(step=-1), "StateRequest.step is -1", id="negative_step"),
-        pytest.param(request(start=128, stop=64), "StateRequest.stop is 64; expected 128 <= stop <=", id="start_after_stop"),
-        pytest.param(request(stop=2**40), "StateRequest.stop is 1099511627776; expected 0 <= stop <=", id="stop_past_total"),
+        pytest.param(
+            request(start=128, stop=64), "StateRequest.stop is 64; expected 128 <= stop <=", id="start_after_stop"
+        ),
+        pytest.param(
+            request(stop=2**40), "StateRequest.stop is 1099511627776; expected 0 <= stop <=", id="stop_past_total"
+        ),
         pytest.param(request(start=-64), "StateRequest.start is -64", id="negative_start"),
         pytest.param(request(start=1.5), "StateRequest.start is float", id="float_start"),
         pytest.param(without("stop"), "StateRequest.stop is missing", id="missing_stop"),
@@ -713,7 +784,12 @@ def test_client_hanging_up_mid_frame_does_not_disturb_the_server(guarded_server:
 def test_one_connection_serves_many_requests(guarded_server: tuple[str, int, Snapshot]) -> None:
     host, port, snapshot = guarded_server
     with socket.create_connection((host, port), timeout=10.0) as sock:
-        for start, stop in ((0, 64), (64, 64), (100, 1000), (snapshot.manifest.total_bytes - 3, snapshot.manifest.total_bytes)):
+        for start, stop in (
+            (0, 64),
+            (64, 64),
+            (100, 1000),
+            (snapshot.manifest.total_bytes - 3, snapshot.manifest.total_bytes),
+        ):
             sock.sendall(request(start=start, stop=stop))
             assert recv_frame(sock, "reply") == {"ok": True, "num_bytes": stop - start}
             assert recv_all(sock, stop - start) == bytes(snapshot.buffer[start:stop].numpy())
@@ -725,7 +801,11 @@ def test_unpublished_server_says_it_serves_no_step() -> None:
         with socket.create_connection((host, int(port)), timeout=10.0) as sock:
             sock.sendall(frame({"v": WIRE_VERSION, "op": "manifest", "step": STEP}))
             reply = recv_frame(sock, "reply")
-    assert reply == {"ok": False, "error": "StateRequest: step 5 is not served here (serving: None)", "code": "not_served"}
+    assert reply == {
+        "ok": False,
+        "error": "StateRequest: step 5 is not served here (serving: None)",
+        "code": "not_served",
+    }
 
 
 def recv_all(sock: socket.socket, n: int) -> bytes:
@@ -754,7 +834,9 @@ def test_two_captures_of_the_same_state_have_identical_bytes_padding_included() 
     # could publish different checksums and be dropped as disagreeing.
     first = sample_snapshot()
     garbage = torch.full((first.manifest.total_bytes,), 0xAB, dtype=torch.uint8)
-    second = Snapshot.capture(flatten(sample_state()), step=STEP, quorum_id=1, replica_id="other", chunk_bytes=CHUNK, out=garbage)
+    second = Snapshot.capture(
+        flatten(sample_state()), step=STEP, quorum_id=1, replica_id="other", chunk_bytes=CHUNK, out=garbage
+    )
     assert torch.equal(first.buffer, second.buffer)
     assert first.manifest.checksums == second.manifest.checksums
 
@@ -765,8 +847,11 @@ def test_two_captures_of_the_same_state_have_identical_bytes_padding_included() 
 def big_state(seed: int = 0) -> dict[str, Any]:
     """Large tensors served live across several chunks, small ones copied at once."""
     generator = torch.Generator().manual_seed(seed)
-    return {"model": {"w": torch.randn(700_000, generator=generator), "b": torch.randn(5, generator=generator)},
-            "optimizer": {"exp_avg": torch.randn(400_003, generator=generator)}, "step": STEP}
+    return {
+        "model": {"w": torch.randn(700_000, generator=generator), "b": torch.randn(5, generator=generator)},
+        "optimizer": {"exp_avg": torch.randn(400_003, generator=generator)},
+        "step": STEP,
+    }
 
 
 def live_snapshot(state: dict[str, Any], readers: frozenset[str] = frozenset({"h"})) -> LiveSnapshot:
@@ -807,10 +892,13 @@ def test_two_live_donors_seal_without_waiting_or_keeping_once_the_healer_has_the
     state = big_state()
     a, b = live_snapshot(state), live_snapshot(state)
     _, hook_of = connection_counter(2)  # each donor sends some of the stripes
-    with serving(a, fault_hook=hook_of("a")) as (_, address_a), \
-            serving(b, fault_hook=hook_of("b"), host="127.0.0.2") as (_, address_b):
-        result = fetch_state([Donor("a", address_a), Donor("b", address_b)], STEP, token=None, timeout_s=DEADLINE_S,
-                             reader="h")
+    with (
+        serving(a, fault_hook=hook_of("a")) as (_, address_a),
+        serving(b, fault_hook=hook_of("b"), host="127.0.0.2") as (_, address_b),
+    ):
+        result = fetch_state(
+            [Donor("a", address_a), Donor("b", address_b)], STEP, token=None, timeout_s=DEADLINE_S, reader="h"
+        )
         assert all(n < result.num_bytes for n in result.bytes_by_donor.values())
         for donor in (a, b):
             assert donor.seal(wait_s=DEADLINE_S) == ""
@@ -830,10 +918,19 @@ def test_a_spare_live_donor_is_told_at_once_and_seals_without_waiting_or_keeping
         assert spare_sealed.wait(DEADLINE_S)
         return data
 
-    with serving(a, fault_hook=hold_until_the_spare_sealed) as (_, address_a), serving(b) as (_, address_b), \
-            ThreadPoolExecutor(1) as pool:
-        future = pool.submit(fetch_state, [Donor("a", address_a), Donor("b", address_b)], STEP, token=None,
-                             timeout_s=DEADLINE_S, reader="h")
+    with (
+        serving(a, fault_hook=hold_until_the_spare_sealed) as (_, address_a),
+        serving(b) as (_, address_b),
+        ThreadPoolExecutor(1) as pool,
+    ):
+        future = pool.submit(
+            fetch_state,
+            [Donor("a", address_a), Donor("b", address_b)],
+            STEP,
+            token=None,
+            timeout_s=DEADLINE_S,
+            reader="h",
+        )
         try:
             assert sending.wait(DEADLINE_S)
             assert b.seal(wait_s=DEADLINE_S) == ""
@@ -879,14 +976,24 @@ def test_seal_names_a_served_tensor_written_in_place_meanwhile() -> None:
 def test_seal_shuts_a_stalled_healers_connection_instead_of_waiting_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(live_module, "LIVE_SEND_GRACE_S", 0.2)
     state = {"w": torch.zeros(16 << 20)}  # 64 MiB in 16 MiB chunks: one chunk is more than loopback buffers hold
-    live = LiveSnapshot(flatten(state), step=STEP, quorum_id=1, replica_id="donor", readers=frozenset({"h"}),
-                        chunk_bytes=16 << 20)
+    live = LiveSnapshot(
+        flatten(state), step=STEP, quorum_id=1, replica_id="donor", readers=frozenset({"h"}), chunk_bytes=16 << 20
+    )
     with serving(live) as (_, address):
         host, port = address.rsplit(":", 1)
         with socket.create_connection((host, int(port)), timeout=DEADLINE_S) as stalled:
             stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
-            send_frame(stalled, {"v": WIRE_VERSION, "op": "range", "step": STEP, "start": 0,
-                                 "stop": live.manifest.total_bytes, "reader": "h"})
+            send_frame(
+                stalled,
+                {
+                    "v": WIRE_VERSION,
+                    "op": "range",
+                    "step": STEP,
+                    "start": 0,
+                    "stop": live.manifest.total_bytes,
+                    "reader": "h",
+                },
+            )
             assert recv_frame(stalled, "reply")["ok"]
             stalled.recv(1)  # the donor is sending; this healer reads no more
             started = time.monotonic()
@@ -931,8 +1038,15 @@ def test_kept_chunks_go_into_the_spare_buffer_which_returns_to_it_once_no_send_r
     warm = torch.zeros(copy.manifest.total_bytes + 4096, dtype=torch.uint8)
     spare = SpareBuffer()
     spare.give(warm)
-    live = LiveSnapshot(flatten(state), step=STEP, quorum_id=1, replica_id="donor", readers=frozenset({"h"}),
-                        spare=spare, chunk_bytes=CHUNK)
+    live = LiveSnapshot(
+        flatten(state),
+        step=STEP,
+        quorum_id=1,
+        replica_id="donor",
+        readers=frozenset({"h"}),
+        spare=spare,
+        chunk_bytes=CHUNK,
+    )
     assert live.reused_buffer and spare.take() is None
     assert live.seal(wait_s=0.0) == "" and live.kept_bytes == copy.manifest.total_bytes
     state["w"].mul_(-1.0)  # the optimizer steps
@@ -956,8 +1070,15 @@ def test_kept_chunks_go_into_the_spare_buffer_which_returns_to_it_once_no_send_r
 
 def test_a_state_server_retires_the_snapshots_it_stops_serving() -> None:
     spare = SpareBuffer()
-    live = LiveSnapshot(flatten(big_state()), step=STEP, quorum_id=1, replica_id="donor", readers=frozenset({"h"}),
-                        spare=spare, chunk_bytes=CHUNK)
+    live = LiveSnapshot(
+        flatten(big_state()),
+        step=STEP,
+        quorum_id=1,
+        replica_id="donor",
+        readers=frozenset({"h"}),
+        spare=spare,
+        chunk_bytes=CHUNK,
+    )
     with serving(live) as (server, _):
         assert live.seal(wait_s=0.0) == "" and spare.take() is None
         server.retain({STEP})
@@ -993,22 +1114,32 @@ def test_an_outvoted_liar_is_not_healed_from_even_when_its_id_sorts_first() -> N
 
 def test_a_tensor_relabelled_to_another_dtype_is_refused_against_the_healers_own() -> None:
     snapshot = sample_snapshot()
-    relabelled = tuple(dataclasses.replace(t, dtype="int32") if t.name == "state.model.w" else t
-                       for t in snapshot.manifest.tensors)
+    relabelled = tuple(
+        dataclasses.replace(t, dtype="int32") if t.name == "state.model.w" else t for t in snapshot.manifest.tensors
+    )
     own = flatten(sample_state())
-    expected = {n: (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in zip(own.names, own.tensors, strict=True)}
+    expected = {
+        n: (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for n, t in zip(own.names, own.tensors, strict=True)
+    }
     liar = Snapshot(snapshot.buffer, dataclasses.replace(snapshot.manifest, tensors=relabelled))
     with donors(("liar", liar, None)) as ds:
-        with pytest.raises(HealError, match=r"describes state.model.w as int32\[300000\]; this rank's is float32\[300000\]"):
+        with pytest.raises(
+            HealError, match=r"describes state.model.w as int32\[300000\]; this rank's is float32\[300000\]"
+        ):
             fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, expected=expected)
 
 
 def test_a_state_larger_than_the_healer_expects_is_refused_before_anything_is_allocated() -> None:
     snapshot = sample_snapshot()
     huge = 64 * 2**30
-    claim = dataclasses.replace(snapshot.manifest, skeleton={"w": {"__tensor__": 0}},
-                                tensors=(TensorSpec("state.w", "float32", (huge // 4,), 0, huge),),
-                                total_bytes=huge, chunk_bytes=2**30, checksums=(bytes(16),) * 64)
+    claim = dataclasses.replace(
+        snapshot.manifest,
+        skeleton={"w": {"__tensor__": 0}},
+        tensors=(TensorSpec("state.w", "float32", (huge // 4,), 0, huge),),
+        total_bytes=huge,
+        chunk_bytes=2**30,
+        checksums=(bytes(16),) * 64,
+    )
     with donors(("liar", Snapshot(snapshot.buffer, claim), None)) as ds:
         with pytest.raises(HealError, match=f"claims {huge} bytes of state; this rank expects at most 1000000"):
             fetch_state(ds, STEP, token=None, timeout_s=DEADLINE_S, max_bytes=1_000_000)

@@ -109,8 +109,17 @@ def start_hsdp_group(lighthouse: str, replica_id: str, events: Path) -> ManagedP
     # (the group's quorum or vote) for up to a collective or quorum timeout before it sees
     # torchrun's SIGTERM; after 5 s torchrun SIGKILLs it, as an orchestrator would.
     return spawn_python(
-        "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "5",
-        EXAMPLE, *ARGS, name=replica_id, env=env,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        "--shutdown-timeout",
+        "5",
+        EXAMPLE,
+        *ARGS,
+        name=replica_id,
+        env=env,
     )
 
 
@@ -148,7 +157,12 @@ def test_rank_killed_group_down_other_continues_restarted_group_heals_its_shards
     groups = {rid: start_hsdp_group(lh.grpc_address, rid, tmp_path) for rid in ("g0", "g1")}
     with stopped_at_exit(groups, tmp_path):
         wait_for_event(tmp_path, lambda e: committed(e, "g1", 1) and e["step"] >= 5, 90, "g1 rank 1 at step 5")
-        start = wait_for_event(tmp_path, lambda e: e["event"] == "start" and e["replica_id"] == "g1" and e["group_rank"] == 1, 1, "g1/1 start")
+        start = wait_for_event(
+            tmp_path,
+            lambda e: e["event"] == "start" and e["replica_id"] == "g1" and e["group_rank"] == 1,
+            1,
+            "g1/1 start",
+        )
         os.kill(start["pid"], signal.SIGKILL)
         killed_at = time.time()
         assert groups["g1"].wait_exit(60) != 0
@@ -165,8 +179,13 @@ def test_rank_killed_group_down_other_continues_restarted_group_heals_its_shards
         heals = [
             wait_for_event(
                 tmp_path,
-                lambda e, rank=rank: e["event"] == "heal_end" and e["replica_id"] == "g1" and e["group_rank"] == rank
-                and e["ok"] and e["ts"] > restarted_at,
+                lambda e, rank=rank: (
+                    e["event"] == "heal_end"
+                    and e["replica_id"] == "g1"
+                    and e["group_rank"] == rank
+                    and e["ok"]
+                    and e["ts"] > restarted_at
+                ),
                 90,
                 f"g1 rank {rank} healed",
             )
@@ -177,7 +196,9 @@ def test_rank_killed_group_down_other_continues_restarted_group_heals_its_shards
         for rank in (0, 1):
             wait_for_event(
                 tmp_path,
-                lambda e, rank=rank: committed(e, "g1", rank) and e["num_contributors"] == 2 and e["step"] >= healed_step + 5,
+                lambda e, rank=rank: (
+                    committed(e, "g1", rank) and e["num_contributors"] == 2 and e["step"] >= healed_step + 5
+                ),
                 30,
                 f"g1 rank {rank} contributing 5 steps after its heal",
             )
@@ -191,7 +212,9 @@ def test_rank_killed_group_down_other_continues_restarted_group_heals_its_shards
             both[(e["step"], e["group_rank"])].add(e["replica_id"])
     for rank in (0, 1):
         shared = [step for (step, r), rids in both.items() if r == rank and rids == {"g0", "g1"}]
-        assert len(shared) >= 5, f"rank {rank}: only steps {sorted(shared)} were committed by both groups after the heal"
+        assert len(shared) >= 5, (
+            f"rank {rank}: only steps {sorted(shared)} were committed by both groups after the heal"
+        )
     g1_steps = [e["step"] for e in read_events(tmp_path) if committed(e, "g1", 0) and e["ts"] > restarted_at]
     assert min(g1_steps) > 5, f"the restarted g1 started over instead of healing: {sorted(g1_steps)[:5]}"
 
@@ -215,7 +238,10 @@ def test_heal_slower_than_a_step_replays_missed_steps_on_sharded_state(tmp_path:
     assert groups["g1"].wait_exit(120) == -signal.SIGKILL
     groups["g1"] = spawn_python(EXAMPLE, *args, name="g1", env=group_env(lh.grpc_address, "g1", tmp_path))
     heal = wait_for_event(
-        tmp_path, lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0, 90, "g1 heal after restart"
+        tmp_path,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0,
+        90,
+        "g1 heal after restart",
     )
     assert heal["ok"], heal
     assert heal["replayed_steps"] >= 1, f"the slowed transfer did not outlast a step: {heal}"
@@ -236,14 +262,31 @@ def test_sharded_group_killed_whole_resumes_each_rank_from_its_checkpoint_shards
     def start() -> ManagedProcess:
         env = group_env(lh.grpc_address, "g0", tmp_path)
         env.update(REPLICAFT_CHECKPOINT_DIR=str(ckpt), REPLICAFT_CHECKPOINT_INTERVAL_STEPS="5")
-        return spawn_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "5",
-                            EXAMPLE, *ARGS, name="g0", env=env)
+        return spawn_python(
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--shutdown-timeout",
+            "5",
+            EXAMPLE,
+            *ARGS,
+            name="g0",
+            env=env,
+        )
 
     groups = {"g0": start()}
     with stopped_at_exit(groups, tmp_path):
         for rank in (0, 1):
-            wait_for_event(tmp_path, lambda e, rank=rank: e["event"] == "checkpoint" and e["ok"] and e["group_rank"] == rank
-                           and e["checkpoint_step"] >= 10, 120, f"rank {rank}: a checkpoint at step 10 or later")
+            wait_for_event(
+                tmp_path,
+                lambda e, rank=rank: (
+                    e["event"] == "checkpoint" and e["ok"] and e["group_rank"] == rank and e["checkpoint_step"] >= 10
+                ),
+                120,
+                f"rank {rank}: a checkpoint at step 10 or later",
+            )
         for pid in worker_pids(tmp_path):
             os.kill(pid, signal.SIGKILL)
         groups["g0"].kill()
@@ -255,14 +298,30 @@ def test_sharded_group_killed_whole_resumes_each_rank_from_its_checkpoint_shards
         restarted_at = time.time()
         groups["g0"] = start()
         for rank in (0, 1):
-            resume = wait_for_event(tmp_path, lambda e, rank=rank: e["event"] == "resume" and e["group_rank"] == rank
-                                    and e["ts"] > restarted_at, 120, f"rank {rank} resumed")
+            resume = wait_for_event(
+                tmp_path,
+                lambda e, rank=rank: e["event"] == "resume" and e["group_rank"] == rank and e["ts"] > restarted_at,
+                120,
+                f"rank {rank} resumed",
+            )
             assert resume["checkpoint_step"] == newest.step, (resume, newest)
-            saved = [e["digest"] for e in read_events(tmp_path) if e["event"] == "committed" and e["group_rank"] == rank
-                     and e["step"] == newest.step and e["ts"] < restarted_at]
+            saved = [
+                e["digest"]
+                for e in read_events(tmp_path)
+                if e["event"] == "committed"
+                and e["group_rank"] == rank
+                and e["step"] == newest.step
+                and e["ts"] < restarted_at
+            ]
             assert saved and resume["digest"] == saved[-1], f"rank {rank}: resumed state differs from what it saved"
-            wait_for_event(tmp_path, lambda e, rank=rank: committed(e, "g0", rank) and e["ts"] > restarted_at
-                           and e["step"] >= newest.step + 3, 60, f"rank {rank} training on after the resume")
+            wait_for_event(
+                tmp_path,
+                lambda e, rank=rank: (
+                    committed(e, "g0", rank) and e["ts"] > restarted_at and e["step"] >= newest.step + 3
+                ),
+                60,
+                f"rank {rank} training on after the resume",
+            )
 
 
 @pytest.mark.timeout(200)
@@ -275,14 +334,34 @@ def test_sigterm_to_one_rank_of_the_writer_group_stops_both_ranks_after_one_step
     ckpt = tmp_path / "ckpt"
     env = group_env(lh.grpc_address, "g0", tmp_path)
     env.update(REPLICAFT_CHECKPOINT_DIR=str(ckpt), REPLICAFT_CHECKPOINT_INTERVAL_STEPS="100000")
-    groups = {"g0": spawn_python("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "--shutdown-timeout", "5",
-                                 EXAMPLE, *ARGS, name="g0", env=env)}
+    groups = {
+        "g0": spawn_python(
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--shutdown-timeout",
+            "5",
+            EXAMPLE,
+            *ARGS,
+            name="g0",
+            env=env,
+        )
+    }
     with stopped_at_exit(groups, tmp_path):
         wait_for_event(tmp_path, lambda e: committed(e, "g0", 1) and e["step"] >= 5, 90, "rank 1 at step 5")
         start = wait_for_event(tmp_path, lambda e: e["event"] == "start" and e["group_rank"] == 1, 1, "rank 1 start")
         os.kill(start["pid"], signal.SIGTERM)
-        stops = [wait_for_event(tmp_path, lambda e, rank=rank: e["event"] == "stop" and e["group_rank"] == rank, 60, f"rank {rank} stops")
-                 for rank in (0, 1)]
+        stops = [
+            wait_for_event(
+                tmp_path,
+                lambda e, rank=rank: e["event"] == "stop" and e["group_rank"] == rank,
+                60,
+                f"rank {rank} stops",
+            )
+            for rank in (0, 1)
+        ]
         assert all("SIGTERM" in s["reason"] for s in stops), stops
         groups["g0"].wait_exit(60)
     events = read_events(tmp_path)
