@@ -135,7 +135,8 @@ def run(*, quick: bool) -> BenchmarkResult:
             f"2 replica groups of 1 rank + a lighthouse, {steps} steps, global batch {BATCH}, {SHARDS} virtual "
             "shards; step time is the slower group's median; wire bytes are the all-reduce payload per rank per "
             "step; the normal mode's final state between 1 and 2 groups is "
-            f"{'equal' if baselines['normal_final_state_equal_1_vs_2_groups'] else 'not equal'}; the deterministic mode's "
+            f"{'equal' if baselines['normal_final_state_equal_1_vs_2_groups'] else 'not equal'}; the deterministic "
+            "mode's "
             f"{'is equal' if figures['final_state_equal_1_vs_2_groups'] else 'is NOT equal'}"
         ),
         params={

@@ -418,15 +418,16 @@ def _result(r: dict[str, dict[str, Any]], seconds: float) -> BenchmarkResult:
         baselines=baselines,
         compared_to=compared,
         notes=(
-            f"3 groups of the GPT example (4 layers, d_model 256, context 64, 4 windows per step, 1 thread each), "
-            f"each group's link shaped to {RATE_MBIT:g} Mbit/s (tc tbf) in its own network namespace; every mode runs "
-            f"{seconds:g} s from its first commit. tokens/s counts committed steps or syncs of all groups; losses are "
-            "held-out (32 windows). A group is SIGKILLed in the middle of a round of the fault run and restarted 1 s later: "
-            "fault_cost_inner_steps is a survivor's longest round among the three after the kill, less its median round, "
-            "in inner steps (the worse survivor); fault_round_excess_inner_steps is the first of those rounds (ends at the "
-            "first sync after the kill), rejoin_round_excess_inner_steps the longer of the next two (the join and heal); "
-            "rounds vary by several inner steps here without faults. After a partial rerun (python -m benchmarks.diloco "
-            "--modes ... --update), params.modes_run says when each mode last ran."
+            "3 groups of the GPT example (4 layers, d_model 256, context 64, 4 windows per step, 1 thread each), "
+            f"each group's link shaped to {RATE_MBIT:g} Mbit/s (tc tbf) in its own network namespace; every mode "
+            f"runs {seconds:g} s from its first commit. tokens/s counts committed steps or syncs of all groups; "
+            "losses are held-out (32 windows). A group is SIGKILLed in the middle of a round of the fault run and "
+            "restarted 1 s later: fault_cost_inner_steps is a survivor's longest round among the three after the "
+            "kill, less its median round, in inner steps (the worse survivor); fault_round_excess_inner_steps is "
+            "the first of those rounds (ends at the first sync after the kill), rejoin_round_excess_inner_steps the "
+            "longer of the next two (the join and heal); rounds vary by several inner steps here without faults. "
+            "After a partial rerun (python -m benchmarks.diloco --modes ... --update), params.modes_run says when "
+            "each mode last ran."
         ),
         params={
             "seconds": seconds,

@@ -89,10 +89,10 @@ def run(*, quick: bool) -> BenchmarkResult:
             "int8_wire_bytes_per_value": "fp32_wire_bytes_per_value",
         },
         notes=(
-            f"3 groups of the GPT example (4 layers, d_model 256, context 64, 4 windows per inner step), DiLoCo H = 20, "
-            f"{syncs} syncs per wire format on loopback, same seeds and leases; held-out loss (32 windows) after the "
-            "last sync, mean of the groups. int8: codes in [0, 2*(127//N)] against a per-4096-value scale shared by "
-            "all groups, three per float32 word."
+            "3 groups of the GPT example (4 layers, d_model 256, context 64, 4 windows per inner step), DiLoCo H = "
+            f"20, {syncs} syncs per wire format on loopback, same seeds and leases; held-out loss (32 windows) after "
+            "the last sync, mean of the groups. int8: codes in [0, 2*(127//N)] against a per-4096-value scale "
+            "shared by all groups, three per float32 word."
         ),
         params={"syncs": syncs, "sync_every": 20},
     )

@@ -445,7 +445,8 @@ def run(*, quick: bool) -> BenchmarkResult:
             "steps after the kill run with 2 groups and are a few ms shorter than T_steady, which hides "
             "that much of the loss on both sides; hung_lost_s: the same with SIGSTOP instead of SIGKILL (the stopped "
             "process's connection stays open), against replicaft's lighthouse with the adaptive silence limit off "
-            f"({' '.join(FIXED_TIMEOUT_ARGS)}: the fixed timeout of before) and against the SIGKILL loss of the same run; "
+            f"({' '.join(FIXED_TIMEOUT_ARGS)}: the fixed timeout of before) and against the SIGKILL loss of the same "
+            "run; "
             "*_survivor_crashes counts survivors that raised or did not commit K steps within "
             f"{RECOVERY_TIMEOUT_S:g} s of the kill (left out of the median)"
             + (f"; no survivor recovered, so not reported: {', '.join(missing)}" if missing else "")

@@ -21,7 +21,8 @@ figure is the median over repeats of bytes / seconds (GB = 1e9 bytes). Those med
 tens of percent with what ran just before (after a transfer into fresh memory, which frees
 1 GiB when it ends, the next in-place heal took 1.2-1.9x as long in one run), more than more
 donors could change a heal on loopback, so ``PAIRED_ROUNDS`` more rounds run only the heals
-from one donor, from another one, from two and from three, back to back in a shuffled order: ``heal_{k}donor_speedup_paired_*`` is the median over rounds of
+from one donor, from another one, from two and from three, back to back in a shuffled order:
+``heal_{k}donor_speedup_paired_*`` is the median over rounds of
 t(1 donor) / t(k donors) within a round, t(1 donor) the mean of the round's two one-donor
 heals, with a bootstrap 95 % interval; ``heal_1donor_aa_paired_*``, the median of the ratio of
 the two one-donor heals, is the control: how far two identical heals differ within a round.
@@ -385,33 +386,31 @@ def run(*, quick: bool) -> BenchmarkResult:
         "receiver_breakdown": {},
     }
     notes = [
-        f"GB/s = state bytes / median seconds over {repeats} repeat(s), modes shuffled in each, after {warmup} discarded warm-up "
-        "round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state "
-        f"over {HEAL_CONNECTIONS} connections in all, at least one per donor host, "
-        "from manifest request to verified tensors (chunk digests: replicaft.transfer.checksum), received in place into the healer's own state of the "
-        "same shape (allocated once, as a healer's model and optimizer are; heal_gbps_*_fresh: into new memory, "
-        "as for a tensor the healer does not have yet); raw socket = plain TCP recv_into a preallocated, "
-        "pre-faulted buffer over one connection (raw_socket_2stream_*: two connections at once, half the bytes "
-        "each, as replicaft pulls one donor; raw_socket_fresh_* allocates a torch.empty buffer per transfer); torchft 0.2.0 HTTPTransport (num_chunks=0) and PGTransport (Gloo, 2 ranks, no in-place state "
-        "dict); each *_vs_torchft figure repeats the heal figure to carry its ratio to torchft_best; "
-        "params.receiver_breakdown has each receiver's median seconds, CPU seconds and minor page faults (for "
-        "replicaft also manifest_s, until every manifest was in, and recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 KiB "
-        "page, while torchft's per-tensor buffers of up to 32 MiB (the 100 MiB case) may be recycled from the "
-        "allocator's heap between repeats, without faults; "
-        f"heal_kdonor_speedup_paired_* = median over {paired} more rounds of only the heals from one donor, another "
-        "one, two and three, back to back in a shuffled order, of t(1 donor) / t(k donors) within the round, "
-        "t(1 donor) the mean of the round's two one-donor heals "
-        "(params has every round's and a bootstrap 95 % interval of the median; heal_1donor_aa_paired_* is the "
-        "one-donor heal over the other one-donor heal, the control: identical heals differ this much); the "
-        "loopback donors share one host, so with two or three one is read over both connections and the others "
-        "are spares, asked for their manifests only (replicaft.transfer.donors.streams_by_donor); "
-        "TLS: heal_gbps_*_1donor_tls heals from one donor over TLS (mutual; throw-away CA, ECDSA P-256; "
-        "the donor's second, TLS listener serves the same live tensors), its ratio is to the plaintext "
-        "one-donor heal of the same run (heal_plaintext_gbps_*); *_vs_raw_tls to the raw receiver over TLS "
-        "(one connection, Python's ssl: the limit of any heal over it); heal_1donor_tls_paired_* = median over "
-        "the paired rounds of t(plaintext 1-donor mean) / t(TLS), below 1 = TLS slower; "
-        "restart-to-commit and the donor's step during a heal: "
-        "python -m benchmarks recovery"
+        f"GB/s = state bytes / median seconds over {repeats} repeat(s), modes shuffled in each, after {warmup} "
+        "discarded warm-up round(s) (1e9 B/s), clocks in the receiving process; replicaft = fetch_state over "
+        f"{HEAL_CONNECTIONS} connections in all, at least one per donor host, from manifest request to verified "
+        "tensors (chunk digests: replicaft.transfer.checksum), received in place into the healer's own state of the "
+        "same shape (allocated once, as a healer's model and optimizer are; heal_gbps_*_fresh: into new memory, as "
+        "for a tensor the healer does not have yet); raw socket = plain TCP recv_into a preallocated, pre-faulted "
+        "buffer over one connection (raw_socket_2stream_*: two connections at once, half the bytes each, as "
+        "replicaft pulls one donor; raw_socket_fresh_* allocates a torch.empty buffer per transfer); torchft 0.2.0 "
+        "HTTPTransport (num_chunks=0) and PGTransport (Gloo, 2 ranks, no in-place state dict); each *_vs_torchft "
+        "figure repeats the heal figure to carry its ratio to torchft_best; params.receiver_breakdown has each "
+        "receiver's median seconds, CPU seconds and minor page faults (for replicaft also manifest_s, until every "
+        "manifest was in, and recv_s and verify_s, summed over its donor threads): new memory costs one fault per 4 "
+        "KiB page, while torchft's per-tensor buffers of up to 32 MiB (the 100 MiB case) may be recycled from the "
+        f"allocator's heap between repeats, without faults; heal_kdonor_speedup_paired_* = median over {paired} more "
+        "rounds of only the heals from one donor, another one, two and three, back to back in a shuffled order, of "
+        "t(1 donor) / t(k donors) within the round, t(1 donor) the mean of the round's two one-donor heals (params "
+        "has every round's and a bootstrap 95 % interval of the median; heal_1donor_aa_paired_* is the one-donor "
+        "heal over the other one-donor heal, the control: identical heals differ this much); the loopback donors "
+        "share one host, so with two or three one is read over both connections and the others are spares, asked "
+        "for their manifests only (replicaft.transfer.donors.streams_by_donor); TLS: heal_gbps_*_1donor_tls heals "
+        "from one donor over TLS (mutual; throw-away CA, ECDSA P-256; the donor's second, TLS listener serves the "
+        "same live tensors), its ratio is to the plaintext one-donor heal of the same run (heal_plaintext_gbps_*); "
+        "*_vs_raw_tls to the raw receiver over TLS (one connection, Python's ssl: the limit of any heal over it); "
+        "heal_1donor_tls_paired_* = median over the paired rounds of t(plaintext 1-donor mean) / t(TLS), below 1 = "
+        "TLS slower; restart-to-commit and the donor's step during a heal: python -m benchmarks recovery"
     ]
 
     for label, num_bytes in sizes.items():

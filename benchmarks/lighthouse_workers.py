@@ -16,7 +16,8 @@
   own :class:`AsyncLighthouseClient` (session, heartbeats; the clients of one process share
   a connection), plus a raw session stream to a second lighthouse and a raw stream and a
   channel to the barrier server, one connection each (raw streams: HTTP/2 frames on a
-  socket, benchmarks/raw_streams.py, so that members cost the process next to nothing). On each ``go STEP MODE SIZE`` line every member asks
+  socket, benchmarks/raw_streams.py, so that members cost the process next to nothing). On each ``go STEP MODE SIZE``
+  line every member asks
   at once (MODE: one of ``benchmarks.lighthouse.RoundMode``; SIZE: the barrier's N) and
   the process reports when its first and last requests left and answers came back.
 * ``notice-member``: one member in its own process that reports every notice it receives.

@@ -228,7 +228,8 @@ async def one_restart_launched(
         env = _bench_env(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
         async with ChildProcesses() as children:
             launcher = await children.start_python(
-                "launcher", "-m", "replicaft.launch", "--groups", "2", "--restart-delay", "0", "--events-dir", str(events),
+                "launcher", "-m", "replicaft.launch", "--groups", "2", "--restart-delay", "0",
+                "--events-dir", str(events),
                 "--standbys", "1" if standby else "0", *([] if reserve else ["--no-standby-reserve"]),
                 "--status-interval", "3600", "--stop-grace", "5", str(worker),
                 "--width", str(width), "--layers", str(layers), "--cpu-by-replica-id", env=env,

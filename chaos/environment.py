@@ -71,8 +71,8 @@ class RunEnvironment:
                     (
                         frozenset({"fill_disk"}),
                         (
-                            f"could not mount a tmpfs at {self.checkpoint_dir} to fill (the machine's own disk is never "
-                            f"filled): {e}"
+                            f"could not mount a tmpfs at {self.checkpoint_dir} to fill (the machine's own disk is "
+                            f"never filled): {e}"
                         ),
                     )
                 )

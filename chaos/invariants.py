@@ -121,7 +121,8 @@ def check_identical_digests(events: Sequence[Event], epoch_starts: Sequence[floa
                     IDENTICAL_DIGESTS,
                     step,
                     group,
-                    f"{group} reported two different states for step {step} (rank {rank}): {seen[:12]} then {str(e['digest'])[:12]}",
+                    f"{group} reported two different states for step {step} (rank {rank}): {seen[:12]} then "
+                    f"{str(e['digest'])[:12]}",
                 )
             )
     compared = 0

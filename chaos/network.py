@@ -72,7 +72,8 @@ def plan_hosts(prefix: str, group_ids: Sequence[str]) -> dict[str, Host]:
 
 
 def shaping_qdisc(rate_mbit: float | None, delay_ms: float | None) -> list[str]:
-    """The ``tc qdisc add dev X root ...`` tail for a link capped at ``rate_mbit`` and/or delayed by ``delay_ms``. Pure."""
+    """The ``tc qdisc add dev X root ...`` tail for a link capped at ``rate_mbit`` and/or delayed by ``delay_ms``.
+    Pure."""
     if delay_ms is not None:
         args = ["netem", "delay", f"{delay_ms:g}ms"]
         if rate_mbit is not None:

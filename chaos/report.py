@@ -43,9 +43,11 @@ _LEFT, _RIGHT, _TOP, _BOTTOM = 56, 150, 44, 40
 _STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1000px; color: #222; }
 h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
-table { border-collapse: collapse; margin: 8px 0; } td, th { border: 1px solid #ccc; padding: 4px 10px; text-align: left; vertical-align: top; }
+table { border-collapse: collapse; margin: 8px 0; } td, th { border: 1px solid #ccc; padding: 4px 10px; text-align:
+left; vertical-align: top; }
 th { background: #f3f3f3; } .held { color: #1a7f37; font-weight: 600; } .violated { color: #c62828; font-weight: 600; }
-.not_checked { color: #8a6d00; font-weight: 600; } .muted { color: #666; } svg text { font: 11px system-ui, sans-serif; }
+.not_checked { color: #8a6d00; font-weight: 600; } .muted { color: #666; } svg text { font: 11px system-ui, sans-serif;
+}
 .verdict { font-size: 18px; font-weight: 600; padding: 8px 12px; display: inline-block; border-radius: 4px; }
 .ok { background: #e6f4ea; color: #1a7f37; } .bad { background: #fdecea; color: #c62828; }
 """
@@ -104,7 +106,8 @@ def timeline_svg(
         f'<text x="{_LEFT + plot_w / 2}" y="{_H - 6}" text-anchor="middle">seconds since the run started</text>'
     )
     parts.append(
-        f'<text x="14" y="{_TOP + plot_h / 2}" text-anchor="middle" transform="rotate(-90 14 {_TOP + plot_h / 2})">committed step</text>'
+        f'<text x="14" y="{_TOP + plot_h / 2}" text-anchor="middle" transform="rotate(-90 14 '
+        f'{_TOP + plot_h / 2})">committed step</text>'
     )
 
     lines: dict[tuple[str, int], list[Commit]] = defaultdict(list)
@@ -146,7 +149,8 @@ def timeline_svg(
     for i, g in enumerate(groups):
         ly = _TOP + 10 + i * 18
         parts.append(
-            f'<line x1="{_W - _RIGHT + 12}" y1="{ly}" x2="{_W - _RIGHT + 36}" y2="{ly}" stroke="{color_of[g]}" stroke-width="2"/>'
+            f'<line x1="{_W - _RIGHT + 12}" y1="{ly}" x2="{_W - _RIGHT + 36}" y2="{ly}" stroke="{color_of[g]}" '
+            'stroke-width="2"/>'
         )
         parts.append(f'<text x="{_W - _RIGHT + 42}" y="{ly + 4}">{html.escape(g)}</text>')
     note_y = _TOP + 16 + len(groups) * 18
@@ -302,7 +306,8 @@ def render_report(
             "<h2>Resumes from disk</h2>",
             _table(resume_rows, ["group", "at s", "checkpoint step", "loss verdict", "deviation", "allowed", "why"]),
             "<p class=\"muted\">each resume's first steps' mean loss against the losses before its checkpoint "
-            "(replicaft/persistence/resume_check.py); diverged: the resumed run does not train like the one that saved it.</p>",
+            "(replicaft/persistence/resume_check.py); diverged: the resumed run does not train like the one that saved "
+            "it.</p>",
         ]
     body += _checkpoint_section(summary)
     if violation_rows:

@@ -425,7 +425,8 @@ class Scenario:
                 f"scenario {self.name!r}: warm_standby = true with ranks_per_group={self.ranks_per_group} and "
                 f"{'partition/slow_link faults' if self.needs_network else 'no network faults'}: torchrun starts the "
                 "ranks of a W > 1 group and network faults put each group in a namespace of its own, and a "
-                "standby can be neither; use ranks_per_group = 1 without partition or slow_link, or warm_standby = false"
+                "standby can be neither; use ranks_per_group = 1 without partition or slow_link, or warm_standby = "
+                "false"
             )
         if self.lighthouse_replicas not in (1, 3):
             raise ScenarioError(

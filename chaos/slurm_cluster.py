@@ -100,7 +100,8 @@ class SlurmCluster:
         lines = [
             "ClusterName=replicaft", f"SlurmctldHost={socket.gethostname()}(127.0.0.1)",
             f"SlurmctldPort={self.controller_port}", "SlurmUser=root", "SlurmdUser=root",
-            "AuthType=auth/munge", "CredType=cred/munge", f"AuthInfo=socket={self.munge_socket},cred_expire={self.cred_expire_s}",
+            "AuthType=auth/munge", "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket},cred_expire={self.cred_expire_s}",
             f"StateSaveLocation={r / 'state'}", f"SlurmdSpoolDir={r / 'spool'}/%n",
             f"SlurmctldPidFile={r / 'slurmctld.pid'}", f"SlurmdPidFile={r / 'slurmd'}.%n.pid",
             f"SlurmctldLogFile={r / 'slurmctld.log'}", f"SlurmdLogFile={r / 'slurmd'}.%n.log",

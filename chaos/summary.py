@@ -3,7 +3,8 @@
 The keys required by DESIGN.md ("Conventions other tools rely on") are always present:
 ``scenario``, ``faults_injected``, ``violations``, ``invariants_checked``, ``hangs``,
 ``committed_steps``, ``goodput``, ``goodput_vs_fault_free``, ``recovery_seconds``. The rest
-(per-fault rows, verdict notes, exits, each resume's loss verdict) is there so a reader can see why a figure is what it is.
+(per-fault rows, verdict notes, exits, each resume's loss verdict) is there so a reader can see why a figure is what it
+is.
 """
 
 from __future__ import annotations

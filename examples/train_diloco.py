@@ -5,7 +5,8 @@ Run several copies (one per group) against one lighthouse, as with the other exa
     replicaft-launch --groups 3 examples/train_diloco.py --syncs 30 --sync-every 20 --threads 1
 
 Each group runs AdamW (linear LR warm-up over its first ``--warmup-steps`` inner steps) on its
-own leased samples (exactly once across failures) for ``--sync-every`` inner steps; at a sync the pseudo-gradient (weights at the last sync minus
+own leased samples (exactly once across failures) for ``--sync-every`` inner steps; at a sync the pseudo-gradient
+(weights at the last sync minus
 now) is averaged across the quorum and an outer SGD with Nesterov momentum applies it
 (``replicaft.local_sgd.DiLoCo``). ``--fragments F`` syncs the model in F pieces at staggered
 steps (streaming DiLoCo), ``--delay`` overlaps each piece's all-reduce with that many inner

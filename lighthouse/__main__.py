@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
         "--hung-factor",
         type=float,
         default=d.hung_factor,
-        help="a group silent for its longest recent gap between messages plus this many heartbeat intervals less one is hung "
+        help="a group silent for its longest recent gap between messages plus this many heartbeat intervals "
+        "less one is hung "
         "(default: %(default)s)",
     )
     p.add_argument(

@@ -20,7 +20,8 @@ which covers those steps too.
 
 The price: once a group is lost, the survivors' next quorum waits until its commit lease
 has run out, at most two of its step intervals after its last quorum formed
-(``max_commit_lease_s`` if that quorum stood), less the time the survivors took to notice the loss. A restarted lighthouse
+(``max_commit_lease_s`` if that quorum stood), less the time the survivors took to notice the loss. A restarted
+lighthouse
 knows no leases, so its first quorum waits at least ``max_commit_lease_s`` (membership.py).
 """
 

@@ -29,7 +29,8 @@ such a delay: jitter was paid for three times.) A slow-but-alive member is not d
 do not lengthen its gaps (heartbeats fill them), and a member whose gaps do grow (a loaded
 machine starving its loop thread) raises its own limit within a window. Observed gaps alone
 would not do: a member stepping every 50 ms shows 50 ms gaps, then a slower step (a heal, a
-checkpoint) shows one heartbeat interval, which 3x the step time would have called hung. What this rule cannot tell apart is a
+checkpoint) shows one heartbeat interval, which 3x the step time would have called hung. What this rule cannot tell
+apart is a
 live process frozen longer than ``hung_factor`` times anything it did before (a multi-second
 stall of its whole interpreter); it is dropped, is fenced, reconnects and heals, which costs
 that group a heal and costs the survivors nothing.

@@ -9,7 +9,8 @@ advance: the same roster, one step on. So the lighthouse grants such a quorum
 again at the step after (every participant counts the same steps, so all ask at once).
 
 What keeps it safe is the commit lease (commit_lease.py), the longest the lighthouse grants
-for a standing quorum, which covers its standing steps: the lighthouse forms no quorum without a participant until its lease has run out, and a
+for a standing quorum, which covers its standing steps: the lighthouse forms no quorum without a participant until its
+lease has run out, and a
 participant commits a standing step without the fence only within the lease. Standing is
 granted only as far as the lease reaches: the steps that fit in the longest lease the
 lighthouse grants (``max_commit_lease_s``), at the slowest participant's step interval, after

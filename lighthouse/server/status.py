@@ -131,7 +131,8 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}} th{{background:#f
 tr.waiting td{{background:#fff7d6}} tr.in-quorum td{{background:#e6f6e6}} code{{background:#f3f3f3;padding:1px 4px}}
 </style></head><body>
 <h1>replicaft lighthouse</h1>
-<p>incarnation <code>{snap["incarnation"]}</code> · min_replicas {o["min_replicas"]} · join timeout {o["join_timeout_s"]}s ·
+<p>incarnation <code>{snap["incarnation"]}</code> · min_replicas {o["min_replicas"]} · join timeout
+{o["join_timeout_s"]}s ·
 heartbeat timeout {o["heartbeat_timeout_s"]}s · progress timeout {o["progress_timeout_s"]}s</p>
 <p>Current quorum: {quorum}</p>
 <p>Next quorum: <code>{e(snap["next_quorum_reason"])}</code></p>

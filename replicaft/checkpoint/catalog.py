@@ -21,7 +21,8 @@ readers never see half of one. ``synchronous=NORMAL``: a power loss may also los
 few changes, which a rebuild restores. Each call opens its own short-lived connection, so
 the writer thread, the training thread and a shell can use one catalog at once (sqlite's
 locks, ``BUSY_TIMEOUT_S``). Importing this module does not import torch (the manifests are
-read through reader.py, imported when a rebuild needs it). Rejected: a JSON index file rewritten per publish (a torn write
+read through reader.py, imported when a rebuild needs it). Rejected: a JSON index file rewritten per publish (a torn
+write
 loses every row; two writers race) and querying the manifests on every ``find`` (reads every
 checkpoint directory, slow on a network filesystem with thousands of them).
 """

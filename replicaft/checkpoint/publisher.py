@@ -144,7 +144,8 @@ class Publisher:
             if not space.ok:
                 reason = (
                     f"not enough free space in {self.directory}: checkpoint of step {step} {space.reason}; "
-                    f"training continues without it; free space there or lower keep_last={self.housekeeper.retention.keep_last}"
+                    f"training continues without it; free space there or lower "
+                    f"keep_last={self.housekeeper.retention.keep_last}"
                 )
                 self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
                 return Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))

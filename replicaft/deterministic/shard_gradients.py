@@ -124,8 +124,8 @@ class ShardGradients:
             expected = max(len(self.owned()), 1)
             self._manager.report_error(
                 GroupError(
-                    f"backward ran {self._done} of the {expected} times this step takes in the deterministic mode (one per "
-                    "virtual shard this group owns, as StepDataLoader.micro_batches() hands them out)"
+                    f"backward ran {self._done} of the {expected} times this step takes in the deterministic mode "
+                    "(one per virtual shard this group owns, as StepDataLoader.micro_batches() hands them out)"
                 )
             )
         self._reduce(buckets)

@@ -31,7 +31,8 @@ def render_status(groups: Sequence[GroupStatus], *, num_replicas: int | None, el
     states = ", ".join(f"{counts[s]} {s}" for s in ("running", "waiting", "done", "down") if counts[s])
     restarted = " ".join(f"{g.replica_id}:{g.num_restarts}" for g in groups if g.num_restarts)
     return (
-        f"{elapsed_s:.0f}s | step {max(steps) if steps else '-'} | quorum {num_replicas if num_replicas is not None else '-'}"
+        f"{elapsed_s:.0f}s | step {max(steps) if steps else '-'} | quorum "
+        f"{num_replicas if num_replicas is not None else '-'}"
         f" | groups {states} | restarts {sum(g.num_restarts for g in groups)}"
         + (f" ({restarted})" if restarted else "")
     )

@@ -32,9 +32,10 @@ class SyncSchedule:
         if self.num_fragments < 1:
             raise OptionsError(f"{self.num_fragments} model fragments; pass at least one module")
         if self.sync_every % self.num_fragments:
+            evenly = self.sync_every // self.num_fragments * self.num_fragments or self.num_fragments
             raise OptionsError(
                 f"sync_every={self.sync_every} is not a multiple of the {self.num_fragments} fragments, so the "
-                f"fragments cannot sync at evenly spaced steps; use sync_every={self.sync_every // self.num_fragments * self.num_fragments or self.num_fragments} or change the fragment count"
+                f"fragments cannot sync at evenly spaced steps; use sync_every={evenly} or change the fragment count"
             )
         if not 0 <= self.fragment_sync_delay < self.interval:
             raise OptionsError(

@@ -215,7 +215,8 @@ class BackgroundCapture:
         if self.changed:
             return (
                 None,
-                f"the state changed during the background copy (written in place: {', '.join(sorted(self.changed)[:5])})",
+                f"the state changed during the background copy (written in place: "
+                f"{', '.join(sorted(self.changed)[:5])})",
             )
         return self._plan.snapshot(**self._header, chunk_bytes=CHUNK_BYTES, with_checksums=False), ""
 

@@ -102,7 +102,8 @@ def test_without_cuda_run_raises_benchmark_unavailable() -> None:
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: torch.cuda.is_available() is false")
 def test_benchmark_runs_end_to_end_on_cuda() -> None:
-    # Width 600: train_ddp's tensors above 1 MiB, which a heal receives in place (tests/replicaft/step/test_cuda_training.py).
+    # Width 600: train_ddp's tensors above 1 MiB, which a heal receives in place
+    # (tests/replicaft/step/test_cuda_training.py).
     record = gpu.collect("cuda", dataclasses.replace(TINY, group_width=600)).to_record(when="now", machine={})
     check_record(record, "cuda")
     assert record["params"]["groups_heal_in_place_bytes"] > 0, "the restarted group healed nothing in place on the GPU"

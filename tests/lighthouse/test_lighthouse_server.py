@@ -492,7 +492,8 @@ _TORCH_PROBE = """
 import atexit, json, runpy, sys
 def report():
     loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
-    print(json.dumps({"event": "modules", "torch": loaded, "lighthouse": "lighthouse.server.grpc_server" in sys.modules}), flush=True)
+    print(json.dumps({"event": "modules", "torch": loaded, "lighthouse": "lighthouse.server.grpc_server" in
+    sys.modules}), flush=True)
 atexit.register(report)
 sys.argv = ["lighthouse", *sys.argv[1:]]
 runpy.run_module("lighthouse", run_name="__main__", alter_sys=True)

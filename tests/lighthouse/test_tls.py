@@ -105,7 +105,8 @@ def test_throwaway_certificate_names_loopback_and_the_hosts_given(tmp_path: Path
     [
         (
             "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls handshake failed "
-            "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED",
+            "(TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1000007d:SSL "
+            "routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED",
             True,
         ),
         ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused", False),

@@ -3,7 +3,8 @@
 What differs from torchft, and why (replicaft/local_sgd/diloco.py has the design): the first
 inner step ends with a join sync (all groups take the same weights, a restarted group heals
 and joins at the others' next sync) and that step's update is replaced by the synced weights;
-a sync that does not commit is retried at once instead of discarding the round; ``should_quantize=True`` sends packed 8-bit pseudo-gradients
+a sync that does not commit is retried at once instead of discarding the round; ``should_quantize=True`` sends packed
+8-bit pseudo-gradients
 (replicaft/local_sgd/wire.py) where torchft sends fp8. ``backup_device``, ``pin_memory``,
 ``use_bucketization`` and ``bucket_cap_mb`` are accepted: the synced copy lives beside the
 parameters and each fragment's pseudo-gradient travels as one flat buffer. The states the

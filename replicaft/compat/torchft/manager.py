@@ -29,7 +29,8 @@ out raises ``TimeoutError`` (a synchronous ``start_quorum`` without a quorum, a
 Also different: ``should_commit`` right after another ``should_commit`` asks for the new
 step's quorum first (torchft commits it on the last quorum); an error injected through
 ``FakeProcessGroupWrapper`` fails only this facade's ``allreduce`` (torchft: any all-reduce;
-the wrappers' go through replicaft's manager, see ``_StepWatch``); under ``DiLoCo`` and ``LocalSGD`` heals do not move the states registered with
+the wrappers' go through replicaft's manager, see ``_StepWatch``); under ``DiLoCo`` and ``LocalSGD`` heals do not move
+the states registered with
 ``register_state_dict_fn`` (the group's local weights and inner optimizer, which differ
 between groups: see ``keep_user_state_per_group``); and random generator state is not moved
 (torchft moves none). The tensors a script's state shares with what the compat

@@ -147,7 +147,8 @@ UPLOADER_CHILD = textwrap.dedent(
     store = ObjectStore(sys.argv[2], endpoint_url=sys.argv[3], part_bytes=5 * 1024 * 1024, max_concurrency=2)
     writer = CheckpointWriter(sys.argv[1], object_store=store)
     state = {"model": {"w": torch.arange(10 * 1024 * 1024, dtype=torch.float32)}}
-    print(writer.save_async(Snapshot.capture(flatten(state), step=10, quorum_id=1, replica_id="g0"), 10).wait(60).status,
+    print(writer.save_async(Snapshot.capture(flatten(state), step=10, quorum_id=1, replica_id="g0"),
+    10).wait(60).status,
           flush=True)
     writer.uploader.wait_idle(600)
     """

@@ -425,7 +425,8 @@ RANK_CHILD = textwrap.dedent(
     with CheckpointWriter(directory, process_group=checkpoint_group, writer_id=f"g0/{rank}") as writer:
         snap = Snapshot.capture(flatten(state), step=10, quorum_id=2, replica_id="g0")
         result = writer.save_async(snap, 10).wait(60)
-    print(json.dumps({"rank": rank, "status": result.status, "path": str(result.path), "digest": digest(flatten(state))}))
+    print(json.dumps({"rank": rank, "status": result.status, "path": str(result.path), "digest":
+    digest(flatten(state))}))
     dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)  # skip finalisation: see the note above RANK_CHILD

@@ -113,7 +113,8 @@ def hostile_manifest_json(draw: st.DrawFn) -> bytes:
 
 RAW_JSON_HOSTILE = [
     b'{"format": "replicaft-checkpoint", "version": 1, "step": ' + b"1" * 5000 + b"}",
-    b'{"format": "replicaft-checkpoint", "version": 1, "step": 1, "created_unix_s": 1e999, "metadata": {}, "files": []}',
+    b'{"format": "replicaft-checkpoint", "version": 1, "step": 1, "created_unix_s": 1e999, '
+    b'"metadata": {}, "files": []}',
     b"[" * 100_000,
     b'{"a": "\xff\xfe"}',
     b"\xef\xbb\xbf{}",

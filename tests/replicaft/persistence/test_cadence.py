@@ -1,4 +1,5 @@
-"""checkpoint_interval="auto": the options, and the shell that feeds the cadence rule (replicaft/persistence/cadence.py).
+"""checkpoint_interval="auto": the options, and the shell that feeds the cadence rule
+(replicaft/persistence/cadence.py).
 
 A fake clock and a list of emitted events stand in for time and the event log; the rule itself
 is tested in test_checkpoint_cadence.py, and a real training process in test_cadence_training.py.

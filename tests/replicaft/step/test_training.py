@@ -265,7 +265,8 @@ def test_two_rank_groups_one_rank_killed_takes_its_group_down_others_continue(tm
 def test_heal_slower_than_a_step_replays_missed_steps_and_matches_donors(tmp_path: Path) -> None:
     # The donors' state servers are slowed (slow_serve: 1.5 s per range) so the transfer
     # outlasts several steps: the healer records the steps it takes part in meanwhile and
-    # replays them; the donors are not held beyond their step (they serve their live state, then a copy of what is left).
+    # replays them; the donors are not held beyond their step (they serve their live state, then a copy of what is
+    # left).
     lh = start_lighthouse("--min-replicas", "3", status=False)
     # Enough steps that the donors are still training when the slowed transfer ends, however
     # fast the machine: the 75 steps after the kill take at least 3.75 s, the transfer ~3 s

@@ -3,7 +3,8 @@
 Unit tests on a one-rank mesh: a DTensor travels as its local shard, a Partial one is
 refused, and loaded optimizer moments become DTensors again.
 
-Across real processes: two replica groups of two FSDP2 ranks each, under torchrun. Each group runs ``examples/train_hsdp.py`` (FSDP2 over its two ranks, Gloo, BatchNorm, AdamW,
+Across real processes: two replica groups of two FSDP2 ranks each, under torchrun. Each group runs
+``examples/train_hsdp.py`` (FSDP2 over its two ranks, Gloo, BatchNorm, AdamW,
 an LR schedule). One rank of one group is SIGKILLed; its torchrun tears the group down; the
 other group keeps committing alone. The killed group is started again (a new torchrun), each
 of its ranks heals its own shards from the same rank of the survivor, and from then on the
