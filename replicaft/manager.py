@@ -31,9 +31,9 @@ from replicaft.process.faults import parse_fault_points
 from replicaft.process.services import RankServices
 from replicaft.state.registry import LoadStateDictFn, StateDictFn, StateRegistry, StepHooks
 from replicaft.state.rng_state import STATE_NAME as RNG_STATE
-from replicaft.state.rng_state import RngState, available_sources
+from replicaft.state.rng_state import RngState, available_sources, step_seed
 from replicaft.step.boundary import StepBoundary
-from replicaft.step.driver import StepDriver, step_seed
+from replicaft.step.driver import StepDriver
 from replicaft.step.notices import StepNotices
 from replicaft.step.plan_applier import PlanApplier
 from replicaft.telemetry.events import EventLog

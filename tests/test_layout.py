@@ -25,8 +25,6 @@ BEING_SPLIT = {
     "replicaft.checkpoint.writer.CheckpointWriter",
     "replicaft.persistence.duties",
     "replicaft.persistence.duties.Persistence",
-    "replicaft.step.driver",
-    "replicaft.step.driver.StepDriver",
     "replicaft.transfer.client",
     "replicaft.transfer.server",
     "replicaft.transfer.server.StateServer",

@@ -323,3 +323,10 @@ class RngState(StepHooks):
         start, self._step_start = self._step_start, None
         if start is not None:
             restore(start)
+
+
+def step_seed(seed: int, step: int, replica_rank: int) -> int:
+    """A 63-bit seed from (seed, step, replica rank) (``Manager.step_seed``): a pure function of
+    the three, so a healed or restarted group draws what it would have drawn."""
+    h = hashlib.blake2b(f"{seed}/{step}/{replica_rank}".encode(), digest_size=8)
+    return int.from_bytes(h.digest(), "little") & (2**63 - 1)

@@ -17,8 +17,9 @@
 The ``Manager`` (manager.py) forwards these four calls here unchanged; the methods below follow
 them in that order. Decisions are pure functions (commit.py for the verdict, the flag and the
 outcome; lighthouse/rules/plan.py for the plan); applying a plan (plan_applier.py), the healer and
-donor sides of a heal (heal/) and the duties at a step boundary (boundary.py) are modules of
-their own that return outcomes and never call back here.
+donor sides of a heal (heal/), the flag and the vote that end a step (agreement.py) and the duties
+at a step boundary (boundary.py) are modules of their own that return outcomes and never call
+back here.
 
 Threads: only the training thread runs this code and applies a plan. The quorum forms on the
 group coordinator's loop (rank 0) or in gRPC (ranks > 0) and comes back as a future; a heal's
@@ -34,7 +35,6 @@ the end of a step whose group cannot go on.
 from __future__ import annotations
 
 import concurrent.futures
-import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -55,22 +55,15 @@ from replicaft.column.process_group import (
 from replicaft.config.options import ManagerOptions
 from replicaft.errors import GroupBroken, GroupError
 from replicaft.group.client import QuorumAnswer
-from replicaft.group.protocol import VoteResponse
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
 from replicaft.persistence.duties import Persistence
 from replicaft.process.faults import reached
 from replicaft.process.services import RankServices
 from replicaft.state.registry import StateRegistry
+from replicaft.step.agreement import StepAgreement
 from replicaft.step.boundary import StepBoundary
-from replicaft.step.commit import (
-    FlagReading,
-    RankInputs,
-    rank_verdict,
-    rank_vote,
-    read_flag,
-    step_outcome,
-)
+from replicaft.step.commit import RankInputs, rank_verdict, rank_vote, step_outcome
 from replicaft.step.notices import StepNotices
 from replicaft.step.plan_applier import PlanApplier
 from replicaft.step.record import StepRecord
@@ -117,6 +110,7 @@ class StepDriver:
         self._progress = progress
         self._emit_event = emit
         self._faults = faults
+        self._agreement = StepAgreement(options, services, column, notices, progress, persistence)
         self.step = 0
         """Committed steps so far: registered state, so it travels with a heal and a checkpoint."""
         self.current = StepRecord(0, self._reported)
@@ -293,13 +287,13 @@ class StepDriver:
             error=s.error,
         )
         verdict = rank_verdict(inputs)
-        flag = self._reduce_flag(plan, verdict.flag)
+        flag = self._agreement.reduce_flag(plan, verdict.flag, self.current, self.step, self.report_error)
         # A fetch deferred past the collectives starts here: every donor sealed its snapshot
         # before reducing the flag, so no send from its live state can hold its step now.
         self._healer.start_deferred()
         vote = rank_vote(inputs, verdict, flag, None if s.error is None else str(s.error))
         with s.timed("vote", blocked=False):
-            decision = self._vote(plan, vote.ok, vote.reason, timeout_s)
+            decision = self._agreement.vote(plan, self.step, vote.ok, vote.reason, timeout_s)
         self._leaving = decision.leave
         outcome = step_outcome(inputs.healing, verdict, flag, decision.commit)
         # A checkpoint copy may still be running behind this step: it must end before anything
@@ -320,46 +314,6 @@ class StepDriver:
         why = self._donor.seal(s.own_s())
         if why is not None:
             self.report_error(GroupError(why))
-
-    def _reduce_flag(self, plan: StepPlan | None, value: float) -> FlagReading | None:
-        """The column's "ok" flag (commit.py); None when it cannot be reduced."""
-        if plan is None or self._column.broken is not None:
-            return None
-        try:
-            with self.current.timed("flag"):
-                total = self._column.reduce_flag(
-                    value,
-                    plan.max_step,
-                    time.monotonic() + self.options.collective_timeout_s,
-                    self._notices.abort,
-                    lambda: self._progress.record(self.step),
-                )
-        except CollectiveError as e:
-            self.report_error(e)
-            return None
-        reading = read_flag(total)
-        if reading.failures:
-            self.report_error(
-                GroupError(f"{reading.failures} participant rank(s) of this column reported a failed step")
-            )
-        return reading
-
-    def _vote(self, plan: StepPlan | None, ok: bool, reason: str, timeout_s: float | None) -> VoteResponse:
-        """The group's decision on this step; a rank that cannot reach it leaves on its own if
-        it was asked to (SIGTERM)."""
-        leaving = self._persistence.preempted.is_set()
-        assert self._services.channel is not None
-        try:
-            return self._services.channel.vote(
-                self.step,
-                plan.quorum_id if plan is not None else 0,
-                ok,
-                reason,
-                self.options.collective_timeout_s if timeout_s is None else timeout_s,
-                leaving=leaving,
-            )
-        except GroupError as e:
-            return VoteResponse(False, f"vote failed: {e}", leaving)
 
     def _finish(self, plan: StepPlan | None, commit: bool, reason: str, *, failed: bool) -> None:
         s = self.current
@@ -421,12 +375,6 @@ def _wait_for_answer(
             return why
         if time.monotonic() > deadline:
             return "the group's coordinator did not answer the quorum in time"
-
-
-def step_seed(seed: int, step: int, replica_rank: int) -> int:
-    """A 63-bit seed from (seed, step, replica rank) (``Manager.step_seed``)."""
-    h = hashlib.blake2b(f"{seed}/{step}/{replica_rank}".encode(), digest_size=8)
-    return int.from_bytes(h.digest(), "little") & (2**63 - 1)
 
 
 def _divide(tensor: torch.Tensor, divisor: int) -> bool:

@@ -162,3 +162,31 @@ def assert_samples_exactly_once(directory: Path, min_steps: int = 1) -> None:
             f"step {step} trained positions {start}..{stop}, expected to start at {position}"
         )
         position = stop
+
+
+CHECKPOINT_INTERVAL_STEPS = 10
+"""How often the checkpointing groups of the tests save."""
+
+
+def start_checkpointing_group(
+    lighthouse: str, replica_id: str, tmp: Path, *args: str, **options: str
+) -> ManagedProcess:
+    """``options``: more ``REPLICAFT_*`` variables, e.g. ``REPLICAFT_RESUME_VERIFY_ACTION="stop"``."""
+    env = dict(os.environ)
+    env.update(
+        REPLICAFT_LIGHTHOUSE=lighthouse,
+        REPLICAFT_REPLICA_ID=replica_id,
+        REPLICAFT_EVENTS_DIR=str(tmp / "events"),
+        REPLICAFT_CHECKPOINT_DIR=str(tmp / "ckpt"),
+        REPLICAFT_CHECKPOINT_INTERVAL_STEPS=str(CHECKPOINT_INTERVAL_STEPS),
+        **options,
+    )
+    env.pop("REPLICAFT_FAULT_POINTS", None)
+    return spawn_python(EXAMPLE, *args, name=replica_id, env=env)
+
+
+def committed_digest(events: Path, step: int) -> str:
+    for e in read_events(events):
+        if e["event"] == "committed" and e["step"] == step:
+            return e["digest"]
+    raise AssertionError(f"no committed digest for step {step}")

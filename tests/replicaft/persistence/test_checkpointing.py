@@ -6,49 +6,26 @@ tests kill groups with real signals and read the structured events and the direc
 
 from __future__ import annotations
 
-import os
 import random
 import signal
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ManagedProcess, spawn_python, start_lighthouse
+from conftest import start_lighthouse
 from support.training_events import (
-    EXAMPLE,
+    CHECKPOINT_INTERVAL_STEPS,
     assert_digests_agree,
     assert_samples_exactly_once,
+    committed_digest,
     read_events,
+    start_checkpointing_group,
     wait_for_event,
 )
 
 from replicaft.checkpoint import CheckpointReader
 
 pytestmark = pytest.mark.slow
-
-INTERVAL = 10
-
-
-def start_group(lighthouse: str, replica_id: str, tmp: Path, *args: str, **options: str) -> ManagedProcess:
-    """``options``: more ``REPLICAFT_*`` variables, e.g. ``REPLICAFT_RESUME_VERIFY_ACTION="stop"``."""
-    env = dict(os.environ)
-    env.update(
-        REPLICAFT_LIGHTHOUSE=lighthouse,
-        REPLICAFT_REPLICA_ID=replica_id,
-        REPLICAFT_EVENTS_DIR=str(tmp / "events"),
-        REPLICAFT_CHECKPOINT_DIR=str(tmp / "ckpt"),
-        REPLICAFT_CHECKPOINT_INTERVAL_STEPS=str(INTERVAL),
-        **options,
-    )
-    env.pop("REPLICAFT_FAULT_POINTS", None)
-    return spawn_python(EXAMPLE, *args, name=replica_id, env=env)
-
-
-def committed_digest(events: Path, step: int) -> str:
-    for e in read_events(events):
-        if e["event"] == "committed" and e["step"] == step:
-            return e["digest"]
-    raise AssertionError(f"no committed digest for step {step}")
 
 
 def flip_a_byte(checkpoint: Path) -> Path:
@@ -72,11 +49,11 @@ def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corru
     # other's session registered late), and the other then heals from it instead.
     lh = start_lighthouse("--min-replicas", "2", status=False)
     args = ("--steps", "60", "--step-delay", "0.02", "--width", str(width))
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
+    groups = {rid: start_checkpointing_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     events = tmp_path / "events"
     wait_for_event(
         events,
-        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL,
+        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * CHECKPOINT_INTERVAL_STEPS,
         120,
         "two checkpoints",
     )
@@ -89,10 +66,10 @@ def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corru
     if corrupt_newest:
         flip_a_byte(published[0].path)
         expected = published[1]
-    assert last_committed - expected.step <= 2 * INTERVAL
+    assert last_committed - expected.step <= 2 * CHECKPOINT_INTERVAL_STEPS
     before = len(read_events(events))
 
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
+    groups = {rid: start_checkpointing_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     for rid in groups:
         resume = wait_for_event(
             events, lambda e, rid=rid: e["event"] == "resume" and e["replica_id"] == rid, 120, f"{rid} resumed"
@@ -117,11 +94,11 @@ def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corru
 def test_group_restarting_while_peers_alive_heals_and_reads_no_checkpoint(tmp_path: Path) -> None:
     lh = start_lighthouse("--min-replicas", "2", status=False)
     args = ("--steps", "50", "--step-delay", "0.02")
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
+    groups = {rid: start_checkpointing_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     events = tmp_path / "events"
     wait_for_event(events, lambda e: e["event"] == "checkpoint" and e["ok"], 120, "a checkpoint")
     groups["g1"].kill()
-    groups["g1"] = start_group(lh.grpc_address, "g1", tmp_path, *args)
+    groups["g1"] = start_checkpointing_group(lh.grpc_address, "g1", tmp_path, *args)
     heal = wait_for_event(
         events,
         lambda e: e["event"] == "heal_end" and e["replica_id"] == "g1" and e.get("base_step", 0) > 0,
@@ -144,16 +121,16 @@ def test_resume_into_a_changed_loss_is_reported_diverged_issue_23(tmp_path: Path
     # initial descent, whose spread allows almost anything (resume_check.py is lenient by design).
     lh = start_lighthouse(status=False)
     args = ("--steps", "40", "--step-delay", "0.02")
-    group = start_group(lh.grpc_address, "g0", tmp_path, *args)
+    group = start_checkpointing_group(lh.grpc_address, "g0", tmp_path, *args)
     events = tmp_path / "events"
     wait_for_event(
         events,
-        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * INTERVAL,
+        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * CHECKPOINT_INTERVAL_STEPS,
         120,
         "a checkpoint of step 20",
     )
     group.kill()
-    group = start_group(
+    group = start_checkpointing_group(
         lh.grpc_address, "g0", tmp_path, *args, "--loss-scale", "10", REPLICAFT_RESUME_VERIFY_ACTION=action
     )
     resume = wait_for_event(events, lambda e: e["event"] == "resume", 120, "the resume")
@@ -171,7 +148,7 @@ def test_resume_into_a_changed_loss_is_reported_diverged_issue_23(tmp_path: Path
 def test_sigterm_to_the_writer_saves_its_step_before_exit(tmp_path: Path) -> None:
     lh = start_lighthouse(status=False)
     args = ("--steps", "400", "--step-delay", "0.02")
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
+    groups = {rid: start_checkpointing_group(lh.grpc_address, rid, tmp_path, *args) for rid in ("g0", "g1")}
     events = tmp_path / "events"
     wait_for_event(
         events, lambda e: e["event"] == "commit" and e["replica_id"] == "g0" and e["step"] >= 13, 120, "g0 at step 13"
@@ -195,7 +172,7 @@ def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Pat
     lh = start_lighthouse(status=False)
     args = ("--steps", "100", "--step-delay", "0.02", "--dataset-size", "300")
     ids = ("g0", "g1", "g2")
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ids}
+    groups = {rid: start_checkpointing_group(lh.grpc_address, rid, tmp_path, *args) for rid in ids}
     events = tmp_path / "events"
     step = 5
     for _ in range(3):
@@ -205,7 +182,7 @@ def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Pat
             events, lambda e, s=step: e["event"] == "commit" and e["committed"] and e["step"] >= s, 120, f"step {step}"
         )
         groups[victim].kill()
-        groups[victim] = start_group(lh.grpc_address, victim, tmp_path, *args)
+        groups[victim] = start_checkpointing_group(lh.grpc_address, victim, tmp_path, *args)
     wait_for_event(
         events,
         lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= step,
@@ -215,7 +192,7 @@ def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Pat
     for g in groups.values():
         g.kill()
     restarted_at = time.time()
-    groups = {rid: start_group(lh.grpc_address, rid, tmp_path, *args) for rid in ids}
+    groups = {rid: start_checkpointing_group(lh.grpc_address, rid, tmp_path, *args) for rid in ids}
     # The first groups back find nobody ahead and resume from disk; a group that starts later
     # finds them ahead and heals from them instead (it reads no checkpoint).
     wait_for_event(events, lambda e: e["event"] == "resume" and e["ts"] > restarted_at, 120, "a resume from disk")

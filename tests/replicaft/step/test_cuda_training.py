@@ -16,14 +16,15 @@ import pytest
 import torch
 from conftest import start_lighthouse
 from support.training_events import (
+    CHECKPOINT_INTERVAL_STEPS,
     assert_digests_agree,
     commits,
+    committed_digest,
     read_events,
+    start_checkpointing_group,
     start_group,
     wait_for_event,
 )
-from test_checkpointing import INTERVAL, committed_digest
-from test_checkpointing import start_group as start_checkpointing_group
 
 from replicaft.checkpoint import CheckpointReader
 
@@ -78,7 +79,7 @@ def test_checkpoint_captured_from_gpu_resumes_bitwise(tmp_path: Path) -> None:
     events = tmp_path / "events"
     wait_for_event(
         events,
-        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= INTERVAL,
+        lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= CHECKPOINT_INTERVAL_STEPS,
         180,
         "a checkpoint",
     )
