@@ -100,15 +100,26 @@ class StepPlan:
     def lost_participant(self, notice: Notice) -> bool:
         """Whether a ``member_lost`` notice is about a participant of this plan.
 
-        The notice carries the last quorum the lost member was in during its session (-1: none
-        yet, say after a lighthouse restart). A plan of a later quorum with a member of that
-        name has a new incarnation of it (the lighthouse removed the lost one before that
-        quorum formed: the group restarted and joined again), so a notice that arrives after
-        the restarted group joined must not abort a step with it.
+        The notice carries the last quorum the lost member was in during its session. A plan
+        of a later quorum with a member of that name has a new process or session of it (the
+        lighthouse removed the lost one before that quorum formed: the group restarted and
+        joined again), so a notice that arrives after the restarted group joined must not
+        abort a step with it.
+
+        -1: the lost session was in no quorum of the lighthouse incarnation that lost it. If
+        that is the incarnation that formed this plan's quorum, the member in the plan is a
+        later session: a group fenced while it started (its interpreter stalled past its
+        silence limit before its first quorum) and back in time for the first quorum. Taken
+        as a participant, the notice aborted the first step on the groups that read it early
+        while the others waited out the column rendezvous for them (10 s at every loaded
+        start). From another incarnation (the lighthouse restarted while this plan's step ran)
+        it may be this plan's member: it is.
         """
         if self.member(notice.replica_id) is None:
             return False
-        return notice.quorum_id < 0 or self.quorum_id <= notice.quorum_id
+        if notice.quorum_id < 0:
+            return notice.incarnation != self.incarnation
+        return self.quorum_id <= notice.quorum_id
 
 
 def plan_step(quorum: Quorum, replica_id: str) -> StepPlan:

@@ -131,7 +131,13 @@ class TestLostParticipant:
         plan = plan_step(quorum({"a": 3, "b": 0}, quorum_id=5), "a")
         assert not plan.lost_participant(Notice("member_lost", 4, "b"))
 
-    def test_a_member_lost_before_any_quorum_of_its_session_counts_as_a_participant(self) -> None:
+    def test_a_member_lost_before_any_quorum_of_another_incarnation_counts_as_a_participant(self) -> None:
         # After a lighthouse restart a reconnected member is in no quorum of its new session yet.
-        plan = plan_step(quorum({"a": 3, "b": 3}, quorum_id=5), "a")
-        assert plan.lost_participant(Notice("member_lost", -1, "b"))
+        plan = plan_step(quorum({"a": 3, "b": 3}, quorum_id=5, incarnation=9), "a")
+        assert plan.lost_participant(Notice("member_lost", -1, "b", incarnation=10))
+
+    def test_a_member_lost_before_any_quorum_of_the_plans_incarnation_is_not(self) -> None:
+        """b was fenced while it started, before its first quorum; quorum 5 of the same
+        lighthouse formed with b's next session."""
+        plan = plan_step(quorum({"a": 3, "b": 3}, quorum_id=5, incarnation=9), "a")
+        assert not plan.lost_participant(Notice("member_lost", -1, "b", incarnation=9))

@@ -49,6 +49,16 @@ def test_loss_that_predates_the_new_quorum_does_not_abort_it() -> None:
     assert not notices.abort.is_set()
 
 
+def test_a_group_fenced_while_it_started_does_not_abort_the_first_quorums_step() -> None:
+    """g1's interpreter stalled before its first quorum, it was fenced and registered again
+    in time for quorum 5 of the same lighthouse: the early notice is about its old session."""
+    notices, _ = make()
+    notices.new_step()
+    notices.deliver(Notice("member_lost", quorum_id=-1, replica_id="g1", incarnation=1))
+    notices.bind(plan(quorum_id=5))
+    assert not notices.abort.is_set()
+
+
 def test_a_new_step_forgets_the_last_steps_abort_and_notices() -> None:
     notices, _ = make()
     notices.new_step()
