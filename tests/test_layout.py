@@ -25,7 +25,6 @@ BEING_SPLIT = {
     "replicaft.checkpoint.writer.CheckpointWriter",
     "replicaft.persistence.duties",
     "replicaft.persistence.duties.Persistence",
-    "replicaft.transfer.client",
     "replicaft.transfer.server",
     "replicaft.transfer.server.StateServer",
     "replicaft.transfer.snapshot",
