@@ -25,8 +25,6 @@ BEING_SPLIT = {
     "replicaft.checkpoint.writer.CheckpointWriter",
     "replicaft.persistence.duties",
     "replicaft.persistence.duties.Persistence",
-    "replicaft.transfer.server",
-    "replicaft.transfer.server.StateServer",
     "replicaft.transfer.snapshot",
     "lighthouse.client.async_client.AsyncLighthouseClient",
     "lighthouse.rules.membership.Membership",
