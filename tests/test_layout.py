@@ -25,7 +25,6 @@ BEING_SPLIT = {
     "replicaft.checkpoint.writer.CheckpointWriter",
     "replicaft.persistence.duties",
     "replicaft.persistence.duties.Persistence",
-    "replicaft.transfer.snapshot",
     "lighthouse.client.async_client.AsyncLighthouseClient",
     "lighthouse.rules.membership.Membership",
     "lighthouse.server.grpc_server",

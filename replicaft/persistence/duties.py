@@ -61,7 +61,8 @@ from replicaft.persistence.cadence import AutoCadence
 from replicaft.persistence.preemption import PreemptionFlag, PreemptionWatcher, parse_notice_source
 from replicaft.state.content import BufferHashes
 from replicaft.state.flat import flatten
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+from replicaft.transfer.capture import BackgroundCapture
+from replicaft.transfer.snapshot import Snapshot
 from replicaft.transfer.spare import SpareBuffer
 
 if TYPE_CHECKING:
