@@ -23,8 +23,6 @@ BEING_SPLIT = {
     "replicaft.checkpoint.objectstore.ObjectStore",
     "replicaft.checkpoint.writer",
     "replicaft.checkpoint.writer.CheckpointWriter",
-    "replicaft.persistence.duties",
-    "replicaft.persistence.duties.Persistence",
     "lighthouse.client.async_client.AsyncLighthouseClient",
     "lighthouse.rules.membership.Membership",
     "lighthouse.server.grpc_server",
