@@ -34,7 +34,7 @@ import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 
@@ -93,6 +93,7 @@ def fetch_state(
     stream: CopyStream | None = None,
     expected: Mapping[str, tuple[str, tuple[int, ...]]] | None = None,
     max_bytes: int | None = None,
+    required: Collection[str] | None = None,
     progress: FetchProgress | None = None,
 ) -> HealResult:
     """Fetch and verify the state at ``step`` from ``donors``; raises HealError on failure.
@@ -105,10 +106,12 @@ def fetch_state(
     (``streams_by_donor``). ``tls``: a client context (lighthouse.tls.files.TlsFiles.client_context)
     when the donors serve over TLS. ``stream``: the copy stream ``into``'s device tensors are
     received through (placement.py; default: the process's stream for their device).
-    ``expected``: the dtype and shape of each tensor the healer has, by manifest name, and
-    ``max_bytes``: the most state it will take; a manifest at odds with either is refused
-    before anything is allocated (``check_against_own``). ``progress``: counts the verified
-    bytes as they arrive (progress.py).
+    ``expected``: the dtype and shape of each tensor the healer has, by manifest name,
+    ``max_bytes``: the most state it will take, and ``required``: the states a load of it must
+    find; a manifest at odds with any of them, or whose skeleton does not place its tensors
+    where their names say, is refused before anything is allocated (``check_against_own``),
+    be it one donor's or several donors' agreed one. ``progress``: counts the verified bytes as
+    they arrive (progress.py).
     """
     if connections < 1:
         raise ValueError(f"connections={connections}; it must be at least 1")
@@ -148,7 +151,7 @@ def fetch_state(
             )
         usable = agreed_donors(manifests, step)
         manifest = manifests[usable[0]]
-        check_against_own(manifest, expected, max_bytes)
+        check_against_own(manifest, expected, max_bytes, required)
         try:
             placement = Placement(manifest, into, stream)
         except StateError as e:
