@@ -185,12 +185,13 @@ class _Timer:
 
 def healer(args: argparse.Namespace) -> None:
     import replicaft.transfer.client as client
+    import replicaft.transfer.stripes as stripes
 
     timer = _Timer()
-    # The client module imported these by name; wrapping its references times the stripe
+    # The stripes module imported these by name; wrapping its references times the stripe
     # receive and the chunk check without touching replicaft.
-    client.recv_exact_into = timer.wrap("recv_s", client.recv_exact_into)
-    client.chunk_ok = timer.wrap("verify_s", client.chunk_ok)
+    stripes.recv_exact_into = timer.wrap("recv_s", stripes.recv_exact_into)
+    stripes.chunk_ok = timer.wrap("verify_s", stripes.chunk_ok)
     placed_at: list[float] = []
     place = client.Placement
 

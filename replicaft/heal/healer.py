@@ -116,6 +116,7 @@ class Healer:
             for name, t in zip(own.names, own.tensors, strict=True)
         }
         max_bytes = HEAL_SIZE_FACTOR * sum(t.numel() * t.element_size() for t in own.tensors) + HEAL_SIZE_SLACK_BYTES
+        required = self._registry.required
         self._torn = self._torn or bool(targets)
         deferred = not self._registry.fetch_beside_collectives(plan.max_step)
         self._emit(
@@ -140,7 +141,7 @@ class Healer:
         progress = self._catchup.progress
 
         def start() -> None:
-            fetch = self._pool.submit(self._fetch, plan, targets, expected, max_bytes, progress)
+            fetch = self._pool.submit(self._fetch, plan, targets, expected, max_bytes, required, progress)
             fetch.add_done_callback(lambda done: _settle(future, done))
 
         if deferred:
@@ -267,6 +268,7 @@ class Healer:
         targets: dict[str, torch.Tensor],
         expected: dict[str, tuple[str, tuple[int, ...]]],
         max_bytes: int,
+        required: frozenset[str],
         progress: FetchProgress,
     ) -> HealResult:
         """On the heal thread: pull and verify the donors' snapshot of ``plan.max_step``."""
@@ -291,6 +293,7 @@ class Healer:
             tls=tls.client_context() if tls else None,
             expected=expected,
             max_bytes=max_bytes,
+            required=required,
             progress=progress,
         )
 

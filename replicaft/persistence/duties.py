@@ -8,60 +8,50 @@
   at step 0 (every group died, or the job is new) does it load the newest *valid* checkpoint;
   that first step is then not committed, so every group enters the next quorum at the loaded
   step (groups that loaded an older checkpoint heal from the ones ahead).
-* **Lineage**: the history the state belongs to (checkpoint/layout.py). It is training state:
+* **Lineage**: the history the state belongs to (lineage.py). It is training state:
   :meth:`Persistence.state_dict` / :meth:`Persistence.load_state_dict` are registered with the
-  manager under ``STATE_NAME``, so a heal hands it over with the rest and whichever group
-  writes names the same history. A run that starts from nothing mints one (every group at
-  step 0 adopts the first donor's through the initial sync); a resume continues the loaded
-  checkpoint's, unless newer checkpoints of that lineage failed to load, in which case it
-  forks a new one: its steps are not the ones those checkpoints hold.
+  manager under ``STATE_NAME``, so a heal hands it over with the rest.
 * **Preemption**: SIGTERM is noted by a handler, carried in the rank's vote on the current
   step, and acted on at the step boundary after it, where the state is consistent: a vote
   tells every rank of the group that one of them is leaving, so all ranks of a W > 1 group
   stop after the same step even when the signal reached them on either side of a boundary.
   The writer group saves at once (bounded by ``preemption_grace_s``) and the process exits
   with status 143; other groups just leave. A preemption notice (``preemption_notice``,
-  preemption.py) raises the same flag, naming its source, before any SIGTERM: same path.
+  preemption.py) raises the same flag, naming its source, before any SIGTERM: same path
+  (departure.py holds the flag, the handler and the notice's watcher).
 
 W > 1: DCP then needs a process group spanning the group's ranks, taken from the default
 process group the script initialised inside its group (FSDP/HSDP scripts do); each rank
 writes its own shards (sharded state reaches DCP as DTensors, see replicaft.state.flat), and a
 checkpoint loads into another W through DCP's resharding. Every rank must save the same
-steps without talking about it: time-based intervals are refused, and a save due while the
-previous one is still being written waits for it rather than being skipped.
+steps without talking about it: time-based intervals are refused (open_checkpoints.py), and a
+save due while the previous one is still being written waits for it rather than being skipped.
 """
 
 from __future__ import annotations
 
-import datetime
 import logging
-import signal
-import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 
 from replicaft.checkpoint.cadence import CadenceLimits
 from replicaft.checkpoint.labels import CheckpointLabels
-from replicaft.checkpoint.layout import (
-    LEGACY_LINEAGE,
-    forked_lineage,
-    is_lineage,
-    lineage_label,
-    new_lineage,
-)
 from replicaft.checkpoint.results import SaveResult
 from replicaft.checkpoint.telemetry import CheckpointTelemetry
 from replicaft.config.options import ManagerOptions
-from replicaft.errors import OptionsError
 from replicaft.persistence.cadence import AutoCadence
-from replicaft.persistence.preemption import PreemptionFlag, PreemptionWatcher, parse_notice_source
+from replicaft.persistence.departure import Departure
+from replicaft.persistence.lineage import Lineage
+from replicaft.persistence.open_checkpoints import SAVE_TIMEOUT_S, open_checkpoints
+from replicaft.persistence.preemption import PreemptionFlag
+from replicaft.persistence.save_events import report_save, report_upload
 from replicaft.state.content import BufferHashes
 from replicaft.state.flat import flatten
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+from replicaft.transfer.capture import BackgroundCapture
+from replicaft.transfer.snapshot import Snapshot
 from replicaft.transfer.spare import SpareBuffer
 
 if TYPE_CHECKING:
@@ -73,9 +63,6 @@ logger = logging.getLogger(__name__)
 PREEMPTED_EXIT_CODE = 143
 STATE_NAME = "checkpoint"
 """Name under which the manager registers :meth:`Persistence.state_dict` (the lineage)."""
-SAVE_TIMEOUT_S = 600.0
-"""W > 1: the writer group's collectives time out after this long, and a due save waits this
-long at most for the previous one (every rank must save the same steps)."""
 
 
 class Persistence:
@@ -86,26 +73,14 @@ class Persistence:
         """Shared with the donor's live snapshots (snapshot.py)."""
         self._writer: CheckpointWriter | None = None
         self._reader: CheckpointReader | None = None
-        self.preempted = PreemptionFlag()
-        self.preemption_reason = "SIGTERM"
-        """What raised ``preempted`` first: SIGTERM, or a notice naming its source."""
-        self._noticed_at: float | None = None
-        self._sigterm_at: float | None = None
-        source = parse_notice_source(options.preemption_notice, options.preemption_notice_kind)
-        self._watcher = (
-            PreemptionWatcher(
-                source, options.preemption_poll_s, self.preempt, emit, f"{options.replica_id}/{options.group_rank}"
-            )
-            if source
-            else None
-        )
-        self._previous_sigterm: Any = None
+        self.departure = Departure(options, emit)
+        """SIGTERM or a preemption notice: leave at the next step boundary (departure.py)."""
         self._in_flight: Snapshot | None = None
         self._capture: BackgroundCapture | None = None
         self._copy_now: frozenset[str] = frozenset()
         """Tensors a background copy saw written mid-step: copied at once from then on."""
-        self._lineage = new_lineage() if options.checkpoint_dir is not None else LEGACY_LINEAGE
-        """The history this group's state belongs to (see the module docstring)."""
+        self._lineage = Lineage(options.replica_id, has_checkpoints=options.checkpoint_dir is not None)
+        """The history this group's state belongs to (lineage.py)."""
         self.cadence = (
             AutoCadence(
                 CadenceLimits(
@@ -138,27 +113,10 @@ class Persistence:
         return self.options.checkpoint_dir is not None
 
     def start(self) -> None:
-        o = self.options
-        if threading.current_thread() is threading.main_thread():
-            self._previous_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
-        if self._watcher is not None:
-            self._watcher.start()
-        if o.checkpoint_dir is None:
+        self.departure.start()
+        if self.options.checkpoint_dir is None:
             return
-        process_group = None
-        if o.group_world_size > 1:
-            if not dist.is_initialized():
-                raise OptionsError(
-                    f"checkpoint_dir with group_world_size={o.group_world_size} needs torch.distributed "
-                    "initialised inside the group (init_process_group, as FSDP scripts do)"
-                )
-            if o.checkpoint_interval_s:
-                raise OptionsError(
-                    "checkpoint_interval_s cannot be used with W > 1 (the ranks must agree on every "
-                    "save); use checkpoint_interval_steps"
-                )
-            process_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SAVE_TIMEOUT_S))
-        self._reader, self._writer = open_checkpoints(o, process_group)
+        self._reader, self._writer = open_checkpoints(self.options)
         if self._writer.catalog is not None:
             self._check_catalog(self._writer.catalog)
 
@@ -173,55 +131,38 @@ class Persistence:
             self._emit("catalog_rebuilt", reason=problem)
 
     def close(self) -> None:
-        if self._watcher is not None:
-            self._watcher.stop()
+        self.departure.stop_watching()
         self.settle()
         if self._writer is not None:
             self._writer.close(timeout_s=self.options.preemption_grace_s)
             self._report()
-        if self._previous_sigterm is not None:
-            signal.signal(signal.SIGTERM, self._previous_sigterm)
-            self._previous_sigterm = None
-        if self._noticed_at is not None and self._sigterm_at is not None:
-            # Reported here, not by the handler: emitting takes the event log's lock, which the
-            # interrupted main thread may hold.
-            self._emit("preemption_sigterm", after_notice_s=round(self._sigterm_at - self._noticed_at, 3))
-            self._noticed_at = None  # reported once, should close() run twice
+        self.departure.restore()
+
+    @property
+    def preempted(self) -> PreemptionFlag:
+        """Raised by SIGTERM or a preemption notice; the step carries it in the rank's vote."""
+        return self.departure.preempted
+
+    @property
+    def preemption_reason(self) -> str:
+        return self.departure.reason
 
     def preempt(self, reason: str) -> None:
         """Any thread: leave at the next step boundary, as after SIGTERM (the module docstring).
         The first reason stays."""
-        if not self.preempted.is_set():
-            self.preemption_reason = reason
-            self._noticed_at = time.monotonic()
-        self.preempted.set()
-
-    def _on_sigterm(self, *_: object) -> None:
-        self._sigterm_at = time.monotonic()
-        self.preempted.set()
+        self.departure.preempt(reason)
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint part of the training state, which heals carry: the lineage."""
-        return {"lineage": self._lineage}
+        return self._lineage.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Adopt the lineage of a donor's state (a heal) or of a loaded checkpoint."""
-        lineage = state.get("lineage") if isinstance(state, dict) else None
-        if not is_lineage(lineage):
-            logger.warning(
-                "[%s] ignoring lineage %r in the loaded state (not a lineage id); keeping %s",
-                self.options.replica_id,
-                lineage,
-                lineage_label(self._lineage),
-            )
-            return
-        assert isinstance(lineage, str)
-        if lineage != LEGACY_LINEAGE or self.options.checkpoint_dir is None:
-            self._lineage = lineage
+        self._lineage.load_state_dict(state)
 
     @property
     def lineage(self) -> str:
-        return self._lineage
+        return self._lineage.current
 
     def has_checkpoint(self) -> bool:
         """Cheap: is any checkpoint published, in any tier? (Validity is checked when loading.)"""
@@ -236,22 +177,7 @@ class Persistence:
         loaded = self._reader.load_latest_valid(template, rank=self.options.group_rank)
         if loaded is None:
             return None
-        if loaded.lineage == LEGACY_LINEAGE or not loaded.newest_in_lineage:
-            self._lineage = forked_lineage(loaded.lineage, loaded.step, occasion)
-            why = (
-                "it was written before lineages existed"
-                if loaded.lineage == LEGACY_LINEAGE
-                else f"newer checkpoints of lineage {loaded.lineage} did not load"
-            )
-            logger.warning(
-                "[%s] resumed from step %d; %s, so this run continues as the new lineage %s",
-                self.options.replica_id,
-                loaded.step,
-                why,
-                self._lineage,
-            )
-        else:
-            self._lineage = loaded.lineage
+        self._lineage.resumed(loaded, occasion)
         if STATE_NAME in template:
             loaded.state[STATE_NAME] = self.state_dict()
         if self.on_resumed is not None:
@@ -291,7 +217,7 @@ class Persistence:
             deferred = 0
             if self.options.group_world_size > 1:
                 self._in_flight = self._snapshot(state, step, quorum_id, spare, content)
-                self._writer.save_async(self._in_flight, step, self.labels.take(), lineage=self._lineage)
+                self._writer.save_async(self._in_flight, step, self.labels.take(), lineage=self.lineage)
                 host_bytes = self._in_flight.buffer.numel()
             else:
                 self._capture_labels = self.labels.take()
@@ -343,7 +269,7 @@ class Persistence:
             )
             return
         self._in_flight = snapshot
-        self._writer.save_async(snapshot, snapshot.manifest.step, self._capture_labels, lineage=self._lineage)
+        self._writer.save_async(snapshot, snapshot.manifest.step, self._capture_labels, lineage=self.lineage)
 
     def emergency_save(self, step: int, state: Callable[[], dict[str, Any]], quorum_id: int) -> None:
         self.settle()
@@ -353,7 +279,7 @@ class Persistence:
             self._snapshot(state, step, quorum_id, None),
             step,
             {"reason": "preemption", **self.labels.take()},
-            lineage=self._lineage,
+            lineage=self.lineage,
         )
         deadline = time.monotonic() + self.options.preemption_grace_s
         try:
@@ -402,87 +328,6 @@ class Persistence:
             blocked_s = self._blocked_s.pop(r.step, None)
             if self.cadence is not None and r.ok and blocked_s is not None:
                 self.cadence.save_measured(blocked_s, r.seconds)
-            figures, anomalies = self.telemetry.finished(r, blocked_s)
-            self._emit(
-                "checkpoint",
-                checkpoint_step=r.step,
-                ok=r.ok,
-                status=r.status,
-                reason=r.reason,
-                path=str(r.path) if r.path else None,
-                num_bytes=r.num_bytes,
-                kind=r.kind,
-                **figures,
-            )
-            for a in anomalies:
-                logger.warning("[%s] checkpoint anomaly (%s): %s", self.options.replica_id, a.kind, a.reason)
-                self._emit(
-                    "checkpoint_anomaly",
-                    checkpoint_step=r.step,
-                    kind=a.kind,
-                    reason=a.reason,
-                    value=a.value,
-                    threshold=a.threshold,
-                )
+            report_save(r, blocked_s, self.telemetry, self._emit, self.options.replica_id)
         for u in self._writer.uploader.pop_finished() if self._writer.uploader is not None else ():
-            if u.ok and self._writer.catalog is not None:
-                self._writer.catalog.set_tier([u.name], "object", present=True)
-            if u.ok:
-                self.telemetry.uploaded(u.step)
-            self._emit(
-                "checkpoint_upload",
-                checkpoint_step=u.step,
-                name=u.name,
-                ok=u.ok,
-                reason=u.reason,
-                num_bytes=u.num_bytes,
-                seconds=u.seconds,
-                tier="object",
-            )
-
-
-def open_checkpoints(
-    o: ManagerOptions, process_group: dist.ProcessGroup | None
-) -> tuple[CheckpointReader, CheckpointWriter]:
-    """The reader and writer of ``o.checkpoint_dir`` and its tiers, with the options' retention,
-    cadence, chain, compression, key and object store."""
-    # Imported here: DCP pulls in DTensor and sympy, about a second of every start-up,
-    # which a job without checkpoints (or a restarted group about to heal) need not pay.
-    from replicaft.checkpoint import CheckpointReader, CheckpointWriter
-    from replicaft.checkpoint.keys import load_key
-    from replicaft.checkpoint.objectstore import ObjectStore
-
-    key = load_key(
-        key_file=o.checkpoint_key_file,
-        key=o.checkpoint_key,
-        data_directories=(o.checkpoint_dir, o.checkpoint_tier2_dir),
-    )
-    store = (
-        ObjectStore(o.checkpoint_object_store, endpoint_url=o.checkpoint_object_store_endpoint)
-        if o.checkpoint_object_store
-        else None
-    )
-    reader = CheckpointReader(
-        o.checkpoint_dir, tier2_directory=o.checkpoint_tier2_dir, encryption_key=key, object_store=store
-    )
-    writer = CheckpointWriter(
-        o.checkpoint_dir,
-        tier2_directory=o.checkpoint_tier2_dir,
-        keep_last=o.checkpoint_keep_last,
-        milestone_every=o.checkpoint_milestone_every,
-        milestone_at_epoch_end=o.checkpoint_milestone_at_epoch_end,
-        keep_geometric_from=o.checkpoint_keep_geometric_from,
-        keep_best_k=o.checkpoint_keep_best_k,
-        keep_best_metric=o.checkpoint_keep_best_metric,
-        keep_best_mode=o.checkpoint_keep_best_mode,
-        interval_steps=o.checkpoint_interval_steps,
-        interval_s=o.checkpoint_interval_s,
-        process_group=process_group,
-        writer_id=f"{o.replica_id}/{o.group_rank}",
-        wait_when_busy_s=SAVE_TIMEOUT_S if process_group is not None else None,
-        chain_length=o.checkpoint_chain_length,
-        compression_level=o.checkpoint_compression_level,
-        encryption_key=key,
-        object_store=store,
-    )
-    return reader, writer
+            report_upload(u, self._writer.catalog, self.telemetry, self._emit)

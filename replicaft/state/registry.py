@@ -154,8 +154,13 @@ class StateRegistry:
             state = {name: value for name, value in state.items() if name not in self._own}
         return flatten(state)
 
+    @property
+    def required(self) -> frozenset[str]:
+        """The states every state to load must hold (a heal's donor included): all but the optional ones."""
+        return frozenset(set(self._states) - self._optional)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = set(self._states) - set(state) - self._optional
+        missing = self.required - set(state)
         if missing:
             raise StateError(f"state to load lacks {sorted(missing)}; registered: {sorted(self._states)}")
         for name, (_, load) in self._states.items():

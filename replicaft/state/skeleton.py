@@ -5,6 +5,7 @@ can check a donor's skeleton when it decodes it, before any vote or allocation.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from lighthouse.errors import shown
@@ -92,12 +93,8 @@ def check_skeleton(skeleton: Any, num_tensors: int) -> None:
 
 def _path(where: Where) -> str:
     """``state.model[3]['k']``: the place ``where`` spelled out, at most MAX_PATH_CHARS long."""
-    steps = []
-    while where is not None:
-        where, step = where
-        steps.append(step)
     text = "state"
-    for step in reversed(steps):
+    for step in _steps(where):
         if isinstance(step, int):
             text += f"[{step}]"
         elif isinstance(step, tuple):
@@ -105,3 +102,64 @@ def _path(where: Where) -> str:
         else:
             text += f".{step[:40]}" + ("..." if len(step) > 40 else "")
     return text if len(text) <= MAX_PATH_CHARS else "..." + text[-MAX_PATH_CHARS:]
+
+
+def misplaced_tensor(skeleton: Any, names: Sequence[str]) -> tuple[int, str] | None:
+    """The lowest-numbered tensor whose place in ``skeleton`` is not the name ``names`` gives it:
+    (its index, its place as ``flatten`` spells names, cut short once it cannot match), or None
+    when every tensor's name is its place. ``skeleton`` must have passed :func:`check_skeleton` for
+    ``len(names)`` tensors.
+
+    ``flatten`` names each tensor by its place (``state.model.weight``), so the two agree in
+    any state it made. A heal manifest carries both, and the healer checks the tensors it
+    receives by name (dtype, shape) but puts them where the skeleton says: a skeleton that
+    places a tensor elsewhere than its name would load it into the wrong parameter, unseen by
+    every check by name. Spelling a place stops one character past its name's length, so a
+    hostile skeleton costs at most the length of the names it carries."""
+    found: tuple[int, str] | None = None
+    stack: list[tuple[Any, Where]] = [(skeleton, None)]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, list):
+            stack.extend((v, (where, i)) for i, v in enumerate(value))
+        elif isinstance(value, dict):
+            if TENSOR in value:
+                index = value[TENSOR]
+                if found is not None and index > found[0]:
+                    continue
+                place = _place(where, len(names[index]) + 1)
+                if place != names[index]:
+                    found = index, place
+            elif TUPLE in value:
+                stack.extend((v, (where, i)) for i, v in enumerate(value[TUPLE]))
+            elif DICT in value:
+                stack.extend((v, (where, (k,))) for k, v in value[DICT])
+            else:
+                stack.extend((v, (where, k)) for k, v in value.items())
+    return found
+
+
+def _place(where: Where, limit: int) -> str:
+    """``where`` spelled exactly as ``flatten`` names a tensor there, or its first ``limit`` characters."""
+    text = "state"
+    for step in _steps(where):
+        if isinstance(step, int):
+            text += f"[{step}]"
+        elif isinstance(step, tuple):
+            key = step[0]
+            # A key longer than the limit cannot match; its repr would copy all of it.
+            text += f"[{key[:limit]}" if isinstance(key, str) and len(key) > limit else f"[{key!r}]"
+        else:
+            text += f".{step[:limit]}"
+        if len(text) >= limit:
+            return text[:limit]
+    return text
+
+
+def _steps(where: Where) -> list[Any]:
+    """The steps from the skeleton's root to ``where``, in order."""
+    steps = []
+    while where is not None:
+        where, step = where
+        steps.append(step)
+    return steps[::-1]

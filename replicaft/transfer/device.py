@@ -9,7 +9,7 @@ stream, behind (and in front of) the training step. Instead:
 * device-to-host copies run on a side stream (:class:`CudaCopyStream`), ordered after the work
   the compute stream had queued when the copy was asked for (:meth:`CopyStream.after_compute`),
   into pinned host memory (the rank's reused snapshot buffer), in pieces queued by a thread
-  while the step goes on (snapshot.BackgroundCapture), waited for by event;
+  while the step goes on (capture.BackgroundCapture), waited for by event;
 * host-to-device copies land in the healer's own tensors in place, on the side stream, from
   pinned staging buffers (:class:`StagingPool`, bounded and reused: a heal or a snapshot after
   the first allocates nothing) while the next piece is being received;

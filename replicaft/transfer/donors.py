@@ -2,8 +2,10 @@
 
 * ``agreed_donors``: the donors whose whole-state digest (manifest.state_digest) has a strict
   majority; no majority, no heal.
-* ``check_against_own``: a manifest must fit the healer's own tensors (dtype, shape) and the
-  state size it expects, before anything is allocated for it.
+* ``check_against_own``: a manifest must be one the healer can load: its skeleton consistent
+  with its tensor list, holding every state the healer requires, fitting the healer's own
+  tensors (dtype, shape) and the state size it expects; checked before anything is allocated
+  for it, and for a single donor's manifest as for one several donors agreed on.
 * ``streams_by_donor``: how the healer's connections are dealt over donors and hosts.
 """
 
@@ -11,10 +13,11 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from replicaft.errors import HealError
+from replicaft.state.skeleton import misplaced_tensor
 from replicaft.transfer.manifest import Manifest, state_digest
 
 logger = logging.getLogger(__name__)
@@ -80,13 +83,39 @@ def agreed_donors(manifests: Mapping[str, Manifest], step: int) -> list[str]:
 
 
 def check_against_own(
-    manifest: Manifest, expected: Mapping[str, tuple[str, tuple[int, ...]]] | None, max_bytes: int | None
+    manifest: Manifest,
+    expected: Mapping[str, tuple[str, tuple[int, ...]]] | None,
+    max_bytes: int | None,
+    required: Collection[str] | None = None,
 ) -> None:
-    """Refuse a manifest whose size exceeds ``max_bytes`` or whose tensors differ in dtype or
-    shape from the healer's own of the same name (HealError naming the first such tensor)."""
+    """Refuse (HealError naming the first fault) a manifest the healer can tell is not a state it
+    could load, whether one donor sent it or several agreed on it (issue 37):
+
+    * its size exceeds ``max_bytes``;
+    * its skeleton places a tensor elsewhere than the name its tensor list gives it (the
+      tensors would be checked under one name and loaded into another, state.skeleton's
+      ``misplaced_tensor``);
+    * it lacks one of the ``required`` states (the healer's registered states that a load
+      must find, StateRegistry.required): loading it would fail after the vote;
+    * one of its tensors differs in dtype or shape from the healer's own of the same name.
+    """
     who = f"the manifest of step {manifest.step} from {manifest.replica_id}"
     if max_bytes is not None and manifest.total_bytes > max_bytes:
         raise HealError(f"{who} claims {manifest.total_bytes} bytes of state; this rank expects at most {max_bytes}")
+    misplaced = misplaced_tensor(manifest.skeleton, [t.name for t in manifest.tensors])
+    if misplaced is not None:
+        index, place = misplaced
+        raise HealError(
+            f"{who} names tensor {index} {manifest.tensors[index].name!r} but its skeleton puts it at "
+            f"{place!r}; a donor's flatten names every tensor by its place, so this manifest is not one "
+            "it made: not healing from it"
+        )
+    missing = sorted(set(required or ()) - set(manifest.skeleton))
+    if missing:
+        raise HealError(
+            f"{who} lacks the states {missing} that this rank registered (its states: "
+            f"{sorted(map(str, manifest.skeleton))[:20]}); do the donor and this rank run the same training script?"
+        )
     for t in manifest.tensors if expected else ():
         own = expected.get(t.name)  # type: ignore[union-attr]
         if own is not None and own != (t.dtype, t.shape):

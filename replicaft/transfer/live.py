@@ -47,9 +47,10 @@ import time
 import torch
 
 from replicaft.state.flat import SMALL_TENSOR_BYTES, Flat
+from replicaft.transfer.capture import deferrable, version_counter
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest
 from replicaft.transfer.server import NotServed
-from replicaft.transfer.snapshot import CopyPlan, deferrable, version_counter
+from replicaft.transfer.snapshot import CopyPlan
 from replicaft.transfer.spare import SpareBuffer
 
 LIVE_SEND_GRACE_S = 2.0

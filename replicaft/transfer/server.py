@@ -9,8 +9,8 @@ Resource bounds (issue 19): connections are admitted by admission.py's rule, eac
 deadlines for its handshake, its request frames and the idle time between them; a frame's
 length is checked before its body is allocated (wire.py), ranges against the served state;
 error texts, which may quote the peer's input, are cut to ``MAX_ERROR_CHARS``. Each bound
-enforced is counted (``statistics()``) and logged at most once per ``BOUND_LOG_INTERVAL_S``
-per kind, so a flood does not flood the log as well.
+enforced is counted (``statistics()``) and logged sparingly by the connection table
+(connections.py), which the accept loop and the connections' threads share.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from lighthouse.errors import ProtocolError
 from lighthouse.wire.envelope import MAX_ID_CHARS, check_int, check_str, require
-from replicaft.transfer.admission import Admission, ServerLimits, ServerStatistics, admit
+from replicaft.transfer.admission import ServerLimits, ServerStatistics
+from replicaft.transfer.connections import Connection, ConnectionTable, shut_reading
 from replicaft.transfer.manifest import Manifest
 from replicaft.transfer.wire import (
     SEND_PIECE_BYTES,
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__)
 
 MAX_ERROR_CHARS = 512
 """Error texts quote the peer's input (a 60 KB string where the version goes); cut to this."""
-BOUND_LOG_INTERVAL_S = 10.0
 ERROR_SEND_TIMEOUT_S = 1.0
 """How long an error frame to a peer being cut off may take (it fits a socket buffer)."""
 
@@ -74,17 +73,6 @@ RangeHook = Callable[[int, int, memoryview], memoryview]
 """Fault injection for tests (``fault_hook``): may return altered bytes for a range."""
 
 
-@dataclass(eq=False)
-class _Connection:
-    sock: socket.socket
-    peer: object
-    accepted: float
-    """Monotonic time of the accept: the handshake deadline counts from it."""
-    authenticated: bool = False
-    evicted: str | None = None
-    """Why the accept loop closed it for a newer one (set before it shuts the socket down)."""
-
-
 def _cut(text: str) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else f"{text[:MAX_ERROR_CHARS]}... ({len(text)} characters)"
 
@@ -112,11 +100,7 @@ class StateServer:
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
-        self._conn_lock = threading.Lock()
-        self._connections: list[_Connection] = []
-        """Open connections in accept order (evicted ones leave it at once)."""
-        self._counts = {"refused": 0, "evicted": 0, "handshake_timeouts": 0, "request_timeouts": 0, "rejected": 0}
-        self._last_logged: dict[str, float] = {}
+        self._table = ConnectionTable(self._limits)
 
     def start(self) -> str:
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
@@ -144,17 +128,7 @@ class StateServer:
             self._thread.join(5.0)
 
     def statistics(self) -> ServerStatistics:
-        with self._conn_lock:
-            c = self._counts
-            return ServerStatistics(
-                len(self._connections),
-                sum(not x.authenticated for x in self._connections),
-                c["refused"],
-                c["evicted"],
-                c["handshake_timeouts"],
-                c["request_timeouts"],
-                c["rejected"],
-            )
+        return self._table.statistics()
 
     def publish(self, snapshot: Served) -> None:
         """Serve ``snapshot`` (alongside any other step still retained)."""
@@ -182,36 +156,24 @@ class StateServer:
                 conn, peer = self._sock.accept()
             except OSError:
                 return
-            record = _Connection(conn, peer, time.monotonic())
-            evicted: _Connection | None = None
-            admission: Admission
-            with self._conn_lock:
-                admission = admit(
-                    len(self._connections), sum(not c.authenticated for c in self._connections), self._limits
-                )
-                if admission.action == "refuse":
-                    self._counts["refused"] += 1
-                else:
-                    if admission.action == "evict_oldest":
-                        evicted = next(c for c in self._connections if not c.authenticated)
-                        evicted.evicted = admission.reason
-                        self._connections.remove(evicted)
-                        self._counts["evicted"] += 1
-                    self._connections.append(record)
+            record = Connection(conn, peer, time.monotonic())
+            admission, evicted = self._table.admit(record)
             if admission.action == "refuse":
-                self._log_bound("refused", "state server: refused a connection from %s: %s", peer, admission.reason)
+                self._table.log_bound(
+                    "refused", "state server: refused a connection from %s: %s", peer, admission.reason
+                )
                 self._refuse(conn, admission.reason)
                 continue
             if evicted is not None:
-                self._log_bound(
+                self._table.log_bound(
                     "evicted", "state server: closed the connection from %s: %s", evicted.peer, admission.reason
                 )
-                _shut_reading(evicted.sock)
+                shut_reading(evicted.sock)
             try:
                 threading.Thread(target=self._serve, args=(record,), name="replicaft-state-conn", daemon=True).start()
             except RuntimeError as e:  # the process is out of threads: this connection goes, the server stays
                 logger.warning("state server: no thread for the connection from %s (%s); closed it", peer, e)
-                self._forget(record)
+                self._table.forget(record)
                 conn.close()
 
     def _refuse(self, conn: socket.socket, reason: str) -> None:
@@ -228,27 +190,7 @@ class StateServer:
         finally:
             conn.close()
 
-    def _log_bound(self, kind: str, message: str, *args: object) -> None:
-        """Warn that a bound was enforced, at most once per BOUND_LOG_INTERVAL_S per kind, with
-        the count so far (a flood of refusals must not also flood the log)."""
-        now = time.monotonic()
-        with self._conn_lock:
-            if now - self._last_logged.get(kind, -BOUND_LOG_INTERVAL_S) < BOUND_LOG_INTERVAL_S:
-                return
-            self._last_logged[kind] = now
-            count = self._counts.get(kind, 0)
-        logger.warning(message + " (%d so far; logged at most every %gs)", *args, count, BOUND_LOG_INTERVAL_S)
-
-    def _forget(self, record: _Connection) -> None:
-        with self._conn_lock:
-            if record in self._connections:
-                self._connections.remove(record)
-
-    def _authenticated(self, record: _Connection) -> None:
-        with self._conn_lock:
-            record.authenticated = True
-
-    def _serve(self, record: _Connection) -> None:
+    def _serve(self, record: Connection) -> None:
         limits = self._limits
         handshake_deadline = record.accepted + limits.handshake_timeout_s
         conn = record.sock
@@ -270,7 +212,7 @@ class StateServer:
                     )
                 self._check_credentials(request)
                 if not record.authenticated:
-                    self._authenticated(record)
+                    self._table.authenticated(record)
                 conn.settimeout(limits.idle_timeout_s)  # each sendall of the reply, in total (Python >= 3.5)
                 self._answer(conn, request)
         except FrameTimeout as e:
@@ -287,18 +229,18 @@ class StateServer:
                 self._send_error(conn, record.evicted, BUSY)
             logger.debug("state server: connection from %s ended: %s", record.peer, e)
         finally:
-            self._forget(record)
+            self._table.forget(record)
             record.sock.close()  # the TLS-wrapped socket once wrapped (conn is still the raw one if that failed)
 
-    def _tls_handshake(self, record: _Connection, deadline: float) -> ssl.SSLSocket:
+    def _tls_handshake(self, record: Connection, deadline: float) -> ssl.SSLSocket:
         """The connection wrapped in TLS, its handshake done by ``deadline``. The wrapped socket
         replaces the raw one in ``record`` before any I/O, so an eviction can always shut it."""
-        with self._conn_lock:
+        with self._table.lock:
             assert self._tls is not None
             conn = self._tls.wrap_socket(record.sock, server_side=True, do_handshake_on_connect=False)
             record.sock = conn
             if record.evicted is not None:
-                _shut_reading(conn)
+                shut_reading(conn)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise FrameTimeout("TLS handshake not begun before the handshake deadline", begun=False)
@@ -314,7 +256,7 @@ class StateServer:
             raise
         return conn
 
-    def _timed_out(self, conn: socket.socket, record: _Connection, error: FrameTimeout) -> None:
+    def _timed_out(self, conn: socket.socket, record: Connection, error: FrameTimeout) -> None:
         """Close a connection that passed a deadline: quietly if it was idle between requests,
         else counted, logged and told which limit it passed."""
         limits = self._limits
@@ -327,10 +269,9 @@ class StateServer:
             kind, why = "request_timeouts", f"request_timeout_s={limits.request_timeout_s:g}"
         else:
             kind, why = "handshake_timeouts", f"handshake_timeout_s={limits.handshake_timeout_s:g} after connecting"
-        with self._conn_lock:
-            self._counts[kind] += 1
+        self._table.count(kind)
         message = f"{error}; the limit is {why}: closing the connection"
-        self._log_bound(kind, "state server: %s: %s", record.peer, message)
+        self._table.log_bound(kind, "state server: %s: %s", record.peer, message)
         self._send_error(conn, message, "timeout")
 
     def _send_error(self, conn: socket.socket, error: str, code: str) -> None:
@@ -341,7 +282,7 @@ class StateServer:
         except OSError:
             pass
 
-    def _reject(self, conn: socket.socket, record: _Connection, error: ProtocolError) -> None:
+    def _reject(self, conn: socket.socket, record: Connection, error: ProtocolError) -> None:
         """Answer a bad request with what was wrong. Logged each time from a peer that had the
         token (a job member with a bug), at most once per BOUND_LOG_INTERVAL_S from one that
         never showed it: anyone can send those, as fast as they can connect."""
@@ -351,9 +292,8 @@ class StateServer:
         elif record.authenticated:
             logger.warning("state server: rejected a request from %s: %s", record.peer, text)
         else:
-            with self._conn_lock:
-                self._counts["rejected"] += 1
-            self._log_bound("rejected", "state server: rejected a first request from %s: %s", record.peer, text)
+            self._table.count("rejected")
+            self._table.log_bound("rejected", "state server: rejected a first request from %s: %s", record.peer, text)
         self._send_error(conn, text, NOT_SERVED if isinstance(error, NotServed) else "rejected")
 
     def _check_credentials(self, request: dict) -> None:
@@ -406,14 +346,3 @@ class StateServer:
         send_frame(conn, {"ok": True, "num_bytes": stop - start})
         for i in range(0, len(data), SEND_PIECE_BYTES):
             conn.sendall(data[i : i + SEND_PIECE_BYTES])
-
-
-def _shut_reading(sock: socket.socket) -> None:
-    """Wake the thread reading ``sock`` (its ``recv`` returns end of file) and let it say why it
-    closes: the write side stays open. Called from the accept loop, never the reader's thread.
-    ``socket.socket.shutdown`` itself, not an SSLSocket's, which drops its TLS state under the
-    reader's feet."""
-    try:
-        socket.socket.shutdown(sock, socket.SHUT_RD)
-    except OSError:
-        pass

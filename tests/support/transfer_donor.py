@@ -1,18 +1,22 @@
 """A state donor as a real process, for tests/replicaft/transfer/test_transfer.py: serve a snapshot until killed.
 
     python tests/support/transfer_donor.py --num-bytes N --step S [--stall-mid-send] [--host 127.0.0.2]
+        [--misplace-tensor]
 
 Builds the deterministic snapshot of :func:`build_snapshot` (the test builds the same one in
 process), serves it from a ``StateServer`` on loopback and prints one JSON line
 ``{"event": "serving", "address": ...}``. With ``--stall-mid-send`` the first range it serves
 stops half-way: it prints ``{"event": "mid_send", "start", "stop", "sent"}`` once the first
 half is on the wire and then sends nothing more, so a test can SIGKILL it while a healer is
-part-way through receiving that range.
+part-way through receiving that range. With ``--misplace-tensor`` its manifest's skeleton puts
+the model's tensor at ``state.model.v`` while its tensor list still names it ``state.model.w``
+(a donor whose manifest is not one ``flatten`` made: issue 37).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import threading
 from typing import Any
@@ -64,9 +68,13 @@ def main() -> None:
     parser.add_argument("--replica-id", default="subprocess-donor")
     parser.add_argument("--stall-mid-send", action="store_true")
     parser.add_argument("--host", default="127.0.0.1", help="loopback address to serve on (another is another host)")
+    parser.add_argument("--misplace-tensor", action="store_true", help="serve a skeleton at odds with the tensor list")
     args = parser.parse_args()
 
     snapshot = build_snapshot(args.num_bytes, args.step, args.replica_id)
+    if args.misplace_tensor:
+        skeleton = {**snapshot.manifest.skeleton, "model": {"v": snapshot.manifest.skeleton["model"]["w"]}}
+        snapshot = dataclasses.replace(snapshot, manifest=dataclasses.replace(snapshot.manifest, skeleton=skeleton))
     hook = None
     if args.stall_mid_send:
         # Send in small pieces so that "half-way" is several pieces into the range.

@@ -15,7 +15,8 @@ from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.layout import MANIFEST_FILE, TENSORS_FILE
 from replicaft.state.content import CHUNK_BYTES, buffer_hashes, chunk_hashes, copy_changed
 from replicaft.state.flat import Flat, content_hashes, digest, flatten
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+from replicaft.transfer.capture import BackgroundCapture
+from replicaft.transfer.snapshot import Snapshot
 from replicaft.transfer.spare import SpareBuffer
 
 

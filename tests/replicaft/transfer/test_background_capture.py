@@ -1,4 +1,4 @@
-"""The checkpoint snapshot copied behind the training step (replicaft/transfer/snapshot.py).
+"""The checkpoint snapshot copied behind the training step (replicaft/transfer/capture.py).
 
 A copy deferred to a thread may only be used if nothing wrote the deferred tensors while it
 ran: these tests write them (as a forward pass updating a buffer would) and expect a refusal
@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from replicaft.state.flat import digest, flatten, unflatten
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot, tensors_from_buffer
+from replicaft.transfer.capture import BackgroundCapture
+from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 
 BIG = 1 << 20  # bytes: the default threshold below which tensors are copied at once
 

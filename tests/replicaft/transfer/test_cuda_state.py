@@ -14,10 +14,11 @@ import torch
 from test_transfer import CHUNK, DEADLINE_S, STEP, assert_same_state, donors, sample_state, serving
 
 from replicaft.state.flat import digest, flatten
+from replicaft.transfer.capture import BackgroundCapture
 from replicaft.transfer.client import Donor, fetch_state
 from replicaft.transfer.device import pool_for, stream_for
 from replicaft.transfer.live import LiveSnapshot
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+from replicaft.transfer.snapshot import Snapshot
 from replicaft.transfer.spare import SpareBuffer
 
 pytestmark = [

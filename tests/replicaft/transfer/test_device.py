@@ -25,6 +25,7 @@ from test_transfer import (
 )
 
 from replicaft.state.flat import flatten
+from replicaft.transfer.capture import BackgroundCapture
 from replicaft.transfer.client import fetch_state
 from replicaft.transfer.device import (
     STAGING_BUFFERS,
@@ -35,7 +36,7 @@ from replicaft.transfer.device import (
     raw_bytes,
 )
 from replicaft.transfer.placement import Placement
-from replicaft.transfer.snapshot import BackgroundCapture, Snapshot
+from replicaft.transfer.snapshot import Snapshot
 
 
 def deadline() -> float:

@@ -28,8 +28,9 @@ from support.transfer_donor import build_snapshot
 from lighthouse.errors import ProtocolError
 from lighthouse.tls.throwaway_ca import make_throwaway_ca
 from replicaft.transfer.admission import Admission, ServerLimits, admit
-from replicaft.transfer.client import fetch_manifest, fetch_state
+from replicaft.transfer.client import fetch_state
 from replicaft.transfer.donors import Donor
+from replicaft.transfer.requests import fetch_manifest
 from replicaft.transfer.server import MAX_ERROR_CHARS, StateServer
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 from replicaft.transfer.wire import MAX_FRAME_BYTES, WIRE_VERSION, recv_frame

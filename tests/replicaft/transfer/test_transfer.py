@@ -27,12 +27,13 @@ from lighthouse.errors import ProtocolError
 from replicaft.errors import HealError, StateError
 from replicaft.state.flat import flatten, unflatten
 from replicaft.transfer import live as live_module
-from replicaft.transfer.client import HealResult, fetch_manifest, fetch_state
+from replicaft.transfer.client import HealResult, fetch_state
 from replicaft.transfer.donors import Donor, streams_by_donor
 from replicaft.transfer.live import LiveSnapshot
 from replicaft.transfer.manifest import MAX_MANIFEST_BYTES, Manifest, TensorSpec, chunk_stripes
 from replicaft.transfer.placement import Placement
 from replicaft.transfer.progress import FetchProgress
+from replicaft.transfer.requests import fetch_manifest
 from replicaft.transfer.server import NotServed, RangeHook, Served, StateServer
 from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
 from replicaft.transfer.spare import SpareBuffer
