@@ -83,6 +83,8 @@ class Manager:
             collective_timeout_s=o.collective_timeout_s,
             connect_timeout_s=o.connect_timeout_s,
             host=o.host,
+            token=o.token,
+            tls=self._services.tls,
         )
         spare = SpareBuffer()  # the host buffer a checkpoint's snapshots and a donor's kept chunks reuse
         self._persistence = Persistence(o, self._emit, spare)

@@ -26,13 +26,12 @@ from typing import Any
 import grpc
 
 from lighthouse.client.asks import SessionAsks
-from lighthouse.client.channels import CHANNEL_OPTIONS, FATAL, Targets, parse_addresses, translate
+from lighthouse.client.channels import CHANNEL_OPTIONS, Reconnect, Targets, parse_addresses, translate
+from lighthouse.client.leader_watch import LeaderWatch
 from lighthouse.client.stream_writer import StreamWriter
 from lighthouse.config.options import TOKEN_METADATA_KEY
 from lighthouse.errors import (
-    DuplicateReplica,
     LighthouseUnavailable,
-    NotLeader,
     ProtocolError,
     QuorumTimeout,
 )
@@ -112,6 +111,8 @@ class AsyncLighthouseClient:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._writer = StreamWriter()
         self._asks = SessionAsks(replica_id)
+        self._watch = LeaderWatch(replica_id)
+        """Leaves a replicated leader whose lease ran out (leader_watch.py)."""
         self._closing = False
 
     async def start(self) -> None:
@@ -276,37 +277,18 @@ class AsyncLighthouseClient:
         return await call(body, timeout=timeout_s, metadata=self._metadata, wait_for_ready=self._wait_for_ready)
 
     async def _run_session(self) -> None:
-        refused_since: float | None = None
+        reconnect = Reconnect(self.targets, self.replica_id, self.duplicate_patience_s)
         while not self._closing:
             try:
-                registered = await self._one_session()
-                pause = self.targets.after_session() if registered else self.targets.after_failure()
-                refused_since = None
+                pause = reconnect.after_session(await self._one_session())
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
                 error = translate(e, self.address)
-                if isinstance(error, NotLeader):
-                    pause = self.targets.after_not_leader(str(error))
-                    logger.debug("%s: %s; trying %s", self.replica_id, error, self.targets.current)
-                elif isinstance(error, DuplicateReplica):
-                    refused_since = time.monotonic() if refused_since is None else refused_since
-                    if time.monotonic() - refused_since >= self.duplicate_patience_s:
-                        self._refuse(error)
-                        return
-                    logger.warning(
-                        "lighthouse refused the session of %s, retrying for up to %gs: %s",
-                        self.replica_id,
-                        self.duplicate_patience_s,
-                        error,
-                    )
-                    pause = self.targets.after_failure()
-                elif isinstance(error, FATAL):
+                if (after := reconnect.after_error(error, time.monotonic())) is None:
                     self._refuse(error)
                     return
-                else:
-                    logger.debug("lighthouse session of %s at %s broke: %s", self.replica_id, self.address, error)
-                    pause = self.targets.after_failure()
+                pause = after
             except ProtocolError as e:
                 logger.error("bad message from the lighthouse at %s: %s", self.address, e)
                 pause = self.targets.after_failure()
@@ -336,6 +318,8 @@ class AsyncLighthouseClient:
         )
         self._asks.new_session()
         self._call = call
+        if self.targets.replicated:
+            self._watch.begin(call, self.targets.current)
         heartbeats: asyncio.Task[None] | None = None
         try:
             await self._writer.write(
@@ -357,6 +341,7 @@ class AsyncLighthouseClient:
             if not isinstance(first, Notice) or first.kind != "registered":
                 raise ProtocolError(f"expected a 'registered' notice first, got {first!r}")
             self.incarnation = first.incarnation
+            self._watch.renewed(first.lease_s)
             self._pace(first)
             self.session_epoch += 1
             self._registered.set()
@@ -375,11 +360,19 @@ class AsyncLighthouseClient:
                 if not isinstance(reply, Notice):
                     self._asks.settle(reply)
                     continue
+                if reply.kind == "lease":
+                    self._watch.renewed(reply.lease_s)
+                    continue
                 self._pace(reply)
                 self._notify(reply)
                 if reply.kind == "fenced":
                     return True
+        except asyncio.CancelledError:
+            if self._watch.lapsed is None or self._closing:
+                raise
+            return self._registered.is_set()  # the watch cancelled the call: on to the next lighthouse
         finally:
+            self._watch.end()
             self._call = None
             self._asks.fail(LighthouseUnavailable("the session with the lighthouse ended"))
             if heartbeats is not None:

@@ -18,6 +18,7 @@ waited for while it restarts.
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
@@ -37,6 +38,8 @@ from lighthouse.errors import (
 )
 from lighthouse.tls.files import tls_refusal
 from lighthouse.wire import envelope
+
+logger = logging.getLogger(__name__)
 
 RECONNECT_INITIAL_S = 0.05
 RECONNECT_MAX_S = 1.0
@@ -141,3 +144,41 @@ class Targets:
         pause = self._backoff
         self._backoff = min(self._backoff * 2, RECONNECT_MAX_S)
         return pause
+
+
+@dataclass(slots=True)
+class Reconnect:
+    """What a failed session means for the next: the pause before it (Targets says where it
+    goes), or None when retrying cannot help. A refusal because another process holds the
+    replica id is retried for ``duplicate_patience_s`` (async_client.DUPLICATE_PATIENCE_S)."""
+
+    targets: Targets
+    replica_id: str
+    duplicate_patience_s: float
+    refused_since: float | None = None
+
+    def after_session(self, registered: bool) -> float:
+        self.refused_since = None
+        return self.targets.after_session() if registered else self.targets.after_failure()
+
+    def after_error(self, error: Exception, now: float) -> float | None:
+        """``error``: the session's, translated (``translate``); ``now``: monotonic."""
+        if isinstance(error, NotLeader):
+            pause = self.targets.after_not_leader(str(error))
+            logger.debug("%s: %s; trying %s", self.replica_id, error, self.targets.current)
+            return pause
+        if isinstance(error, DuplicateReplica):
+            self.refused_since = now if self.refused_since is None else self.refused_since
+            if now - self.refused_since >= self.duplicate_patience_s:
+                return None
+            logger.warning(
+                "lighthouse refused the session of %s, retrying for up to %gs: %s",
+                self.replica_id,
+                self.duplicate_patience_s,
+                error,
+            )
+            return self.targets.after_failure()
+        if isinstance(error, FATAL):
+            return None
+        logger.debug("lighthouse session of %s at %s broke: %s", self.replica_id, self.targets.current, error)
+        return self.targets.after_failure()

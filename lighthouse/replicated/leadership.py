@@ -36,6 +36,11 @@ class Leadership(Protocol):
         """Where members should go instead (the leader's address), or why there is none."""
         ...
 
+    def lease_remaining_s(self) -> float:
+        """How long the lease surely holds from now (0 when not serving): members leave the
+        leader when it runs out without a newer one (lighthouse/client/leader_watch.py)."""
+        ...
+
     async def publish(self, quorum: Quorum, next_quorum_id: int) -> bool:
         """Record a quorum with a new id before any member hears of it; False when this
         lighthouse was deposed meanwhile (it must then not send it)."""

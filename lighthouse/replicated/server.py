@@ -21,6 +21,12 @@ Three ways leadership moves, and what each costs the job:
 * The leader is cut off from etcd (partition): its keepalives fail, and it stops serving on
   its own clock before etcd could let another lead (leadership.py's LeaseClock); members'
   sessions end with "not the leader" and they move on. Costs about one lease.
+* The leader freezes (SIGSTOP, a stalled host): its members' sessions stay open, and nothing
+  it could say reaches them. So the leader tells its members its lease with each renewal
+  (a ``lease`` notice), and a member that hears no newer lease before the last one runs out
+  leaves for the other lighthouses (lighthouse/client/leader_watch.py): a frozen leader held
+  its members until their quorum requests timed out (60 s with 30 s timeouts, issue 37), and
+  now costs them about one lease.
 * etcd loses its quorum: no leader can renew, every lighthouse stops serving and says why;
   members keep retrying, training waits. When etcd is back, one campaigns successfully.
 
@@ -112,6 +118,9 @@ class ReplicatedLighthouse:
     def leader_hint(self) -> str:
         return self._hint
 
+    def lease_remaining_s(self) -> float:
+        return self._clock.remaining_s(time.monotonic()) if self.serving() else 0.0
+
     async def publish(self, quorum: Quorum, next_quorum_id: int) -> bool:
         state = {
             "incarnation": quorum.incarnation,
@@ -200,6 +209,8 @@ class ReplicatedLighthouse:
             self._clock = self._clock.renewed(sent, ttl)
             if ttl <= 0:
                 return
+            if self.serving():
+                self.server.announce_lease(self.lease_remaining_s())
 
     async def _lead(self, term: int, keeper: asyncio.Task[None]) -> None:
         stored = await self.etcd.get(self._state_key, ETCD_TIMEOUT_S)

@@ -86,6 +86,10 @@ class Delivery:
             if rid != req.replica_id and session is not None:
                 session.send(notice)
 
+    def send_to_all(self, notice: bytes) -> None:
+        for session in self._sessions.values():
+            session.send(notice)
+
     def send_lost(self, m: Lost, incarnation: int) -> None:
         if m.graceful:
             logger.info("member %s left (quorum %d)", m.replica_id, m.quorum_id)

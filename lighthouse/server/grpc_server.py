@@ -177,6 +177,7 @@ class LighthouseServer:
                         incarnation=self.incarnation,
                         replica_id=reg.replica_id,
                         heartbeat_interval_s=self.membership.heartbeat_floor_s,
+                        lease_s=self.leadership.lease_remaining_s() if self.leadership is not None else 0.0,
                     )
                 )
             )
@@ -379,6 +380,10 @@ class LighthouseServer:
             next_quorum_id,
             sorted(last_quorum) if last_quorum is not None else "no recorded quorum",
         )
+
+    def announce_lease(self, lease_s: float) -> None:
+        """Tell every session the leader's lease holds ``lease_s`` longer (Notice.lease_s)."""
+        self._delivery.send_to_all(envelope.encode(Notice("lease", incarnation=self.incarnation, lease_s=lease_s)))
 
     def step_down(self, reason: str) -> None:
         """Stop serving: every session ends (told where the leader is) and every wait fails.

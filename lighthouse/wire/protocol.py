@@ -51,12 +51,13 @@ FENCE_METHOD = f"/{SERVICE}/Fence"
 
 NoticeKind = Literal["registered", "member_lost", "member_left", "quorum_formed", "fenced"]
 NOTICE_KINDS: frozenset[str] = frozenset(
-    {"registered", "member_lost", "member_left", "quorum_formed", "fenced", "standing_ended"}
+    {"registered", "member_lost", "member_left", "quorum_formed", "fenced", "standing_ended", "lease"}
 )
 """``member_lost``: a member failed (survivors abandon in-flight collectives with it);
 ``member_left``: a member shut down cleanly after finishing its step (nothing to abandon);
 ``standing_ended``: a member asked for a new quorum while its quorum stood (standing.py): the
-others abandon their step on that quorum, which could not complete without it."""
+others abandon their step on that quorum, which could not complete without it; ``lease``: a
+replicated leader renewed its lease (``Notice.lease_s``; lighthouse/client/leader_watch.py)."""
 
 
 def _check_address(msg: str, name: str, value: Any) -> str:
@@ -155,6 +156,10 @@ class Notice:
     heartbeat_interval_s: float = 0.0
     """``registered`` and ``quorum_formed``: heartbeat no more often than this (the
     lighthouse's heartbeat budget, liveness.py); 0: no floor."""
+    lease_s: float = 0.0
+    """``registered`` and ``lease``, from the leader of a replicated set: its lease holds at least
+    this long after it sent the notice; a member that hears no newer one by then leaves it. 0:
+    no lease (a single lighthouse)."""
 
     @classmethod
     def decode(cls, raw: bytes) -> Notice:
@@ -172,6 +177,7 @@ class Notice:
             heartbeat_interval_s=check_float(
                 m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0, MAX_TIMEOUT_S
             ),
+            lease_s=check_float(m, "lease_s", o.get("lease_s", 0.0), 0.0, MAX_TIMEOUT_S),
         )
 
 

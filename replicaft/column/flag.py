@@ -11,15 +11,17 @@ the direct exchange took 0.8-1.7 ms off a 10 MB step.
 
 The mesh is built with the column group, once per quorum (process_group.py). Each rank
 publishes its listening address in the quorum's rendezvous store, connects to every lower
-rank and accepts every higher one; a connection opens with a hello naming its quorum and
-rank, and a hello for another quorum (a late connection of an old one) is closed. Every
-message names the quorum and the step, so a rank never reads a stale flag as this step's:
-a mismatch, a malformed message, a closed connection, the deadline or the abort signal ends
-the exchange with a CollectiveError, and the caller breaks the column (the next quorum
-rebuilds it, mesh included).
+rank and accepts every higher one; each connection opens with authenticated hellos both ways
+(flag_handshake.py: the job's token, mutual TLS when the job has TLS; a hello for another
+quorum, a late connection of an old one, is closed), and a connection that never says hello
+costs nothing but a slot among ``MAX_PENDING``. Every message names the quorum and the step,
+so a rank never reads a stale flag as this step's: a mismatch, a malformed message, a closed
+connection, the deadline or the abort signal ends the exchange with a CollectiveError, and the
+caller breaks the column (the next quorum rebuilds it, mesh included).
 
-Trust: that of the column's Gloo group, whose peers these are (Gloo authenticates nobody
-either); what arrives is validated, never trusted to be well formed.
+Trust: a peer is a process holding the job's token (and, under TLS, certificate); what
+arrives is validated all the same, never trusted to be well formed. Without TLS the messages
+after the hellos are as open to an on-path attacker as every plaintext channel of the job.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import logging
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -34,15 +37,12 @@ from collections.abc import Callable
 
 import torch.distributed as dist
 
+from lighthouse.tls.files import TlsFiles
+from replicaft.column.flag_handshake import MeshForming, Refused, contexts
 from replicaft.step.commit import HOLD_FLAG
-from replicaft.transfer.donors import host_port
-from replicaft.transfer.wire import recv_exact_into
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"rfok"
-HELLO = struct.Struct("!4sQI")
-"""magic, quorum id, the connecting rank."""
 MESSAGE = struct.Struct("!QQd")
 """quorum id, step, the sender's flag."""
 FLAG_VALUES = frozenset((0.0, HOLD_FLAG, 1.0))
@@ -57,7 +57,11 @@ class FlagError(RuntimeError):
 class FlagMesh:
     """One rank's connections to the other ranks of its column. Training thread only."""
 
-    def __init__(self, host: str) -> None:
+    def __init__(self, host: str, *, token: str | None = None, tls: TlsFiles | None = None) -> None:
+        """``token``: the job's (``REPLICAFT_TOKEN``), which every peer's hello must prove;
+        ``tls``: the job's files, for mutual TLS on every connection (flag_handshake.py)."""
+        self._token = token
+        self._tls = contexts(tls) if tls is not None else None
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family, backlog=128)
         port = self._listener.getsockname()[1]
@@ -88,19 +92,14 @@ class FlagMesh:
         returns once every peer is connected, or raises FlagError at ``deadline``."""
         self.close_peers()
         self._quorum_id, self._rank = quorum_id, rank
+        forming = MeshForming(self._listener, self._token, self._tls, quorum_id, rank, world_size)
         try:
-            for peer in range(rank):
-                address = store.get(f"flag/{peer}").decode()
-                sock = socket.create_connection(host_port(address), timeout=_left(deadline))
-                self._peers[peer] = sock
-                sock.sendall(HELLO.pack(MAGIC, quorum_id, rank))
-            while len(self._peers) < world_size - 1:
-                self._listener.settimeout(_left(deadline))
-                sock, _ = self._listener.accept()
-                self._admit(sock, quorum_id, rank, world_size, deadline)
-        except (OSError, RuntimeError, UnicodeDecodeError, ValueError) as e:
-            connected = sorted(self._peers)
-            self.close_peers()
+            addresses = {peer: store.get(f"flag/{peer}").decode() for peer in range(rank)}
+            self._peers = forming.form(addresses, deadline)
+        except (OSError, Refused, RuntimeError, UnicodeDecodeError) as e:
+            connected = sorted(forming.peers)
+            for sock in forming.peers.values():
+                sock.close()
             raise FlagError(
                 f"ok-flag mesh of quorum {quorum_id}: rank {rank} connected to "
                 f"{connected} of {world_size - 1} peers: {e}"
@@ -109,27 +108,6 @@ class FlagMesh:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.setblocking(False)
             self._by_fd[sock.fileno()] = peer
-
-    def _admit(self, sock: socket.socket, quorum_id: int, rank: int, world_size: int, deadline: float) -> None:
-        hello = bytearray(HELLO.size)
-        try:
-            recv_exact_into(sock, memoryview(hello), deadline)
-        except OSError as e:
-            logger.warning("ok-flag mesh of quorum %d: dropped a connection that sent no hello (%s)", quorum_id, e)
-            sock.close()
-            return
-        magic, quorum, peer = HELLO.unpack(hello)
-        if magic != MAGIC or quorum != quorum_id or not rank < peer < world_size or peer in self._peers:
-            logger.warning(
-                "ok-flag mesh of quorum %d: dropped a hello for quorum %d from rank %d (magic %r)",
-                quorum_id,
-                quorum,
-                peer,
-                magic,
-            )
-            sock.close()
-            return
-        self._peers[peer] = sock
 
     def reduce(
         self, value: float, step: int, deadline: float, abort: threading.Event, tick: Callable[[], None] | None = None
@@ -150,7 +128,9 @@ class FlagMesh:
         for sock in self._peers.values():
             poll.register(sock, select.POLLIN)
         while len(got) <= len(self._peers):
-            events = poll.poll(max(0.0, min(WAIT_POLL_S, deadline - time.monotonic())) * 1000)
+            # A TLS socket may hold a decrypted message the kernel no longer reports as readable.
+            events = [(s.fileno(), 0) for p, s in self._peers.items() if p not in got and _buffered(s)]
+            events = events or poll.poll(max(0.0, min(WAIT_POLL_S, deadline - time.monotonic())) * 1000)
             for fd, _ in events:
                 peer = self._by_fd[fd]
                 reading = self._read(peer, partial.get(peer, b""), step)
@@ -175,7 +155,7 @@ class FlagMesh:
         further than this message: what follows it stays in the socket for the next step."""
         try:
             data = self._peers[peer].recv(MESSAGE.size - len(buffered))
-        except BlockingIOError:
+        except (BlockingIOError, ssl.SSLWantReadError):
             return buffered
         except OSError as e:
             raise FlagError(f"ok flag of step {step}: column rank {peer} failed: {e}") from e
@@ -207,8 +187,5 @@ class FlagMesh:
         self._listener.close()
 
 
-def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the deadline passed")
-    return left
+def _buffered(sock: socket.socket) -> bool:
+    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0

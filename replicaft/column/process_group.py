@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from lighthouse.rules.plan import StepPlan
+from lighthouse.tls.files import TlsFiles
 from replicaft.column.flag import FlagError, FlagMesh
 from replicaft.errors import GroupError
 
@@ -165,8 +166,16 @@ class FaultTolerantProcessGroup:
     """One rank's view of its column across the groups of the current quorum."""
 
     def __init__(
-        self, backend: str, *, collective_timeout_s: float, connect_timeout_s: float, host: str = "127.0.0.1"
+        self,
+        backend: str,
+        *,
+        collective_timeout_s: float,
+        connect_timeout_s: float,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        tls: TlsFiles | None = None,
     ) -> None:
+        """``token`` and ``tls``: the job's, which authenticate (and encrypt) the flag mesh (flag_handshake.py)."""
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={backend!r}; expected 'gloo' or 'nccl'")
         self.backend = backend
@@ -183,6 +192,8 @@ class FaultTolerantProcessGroup:
         self._pending: list[dist.Work] = []
         self._parked: list[tuple[dist.ProcessGroup, list[dist.Work]]] = []
         self._flags: FlagMesh | None = None
+        self._token = token
+        self._tls = tls
 
     @property
     def device(self) -> torch.device:
@@ -215,7 +226,7 @@ class FaultTolerantProcessGroup:
             )
             prefixed = dist.PrefixStore(spec.prefix, store)
             if self._flags is None:
-                self._flags = FlagMesh(self.host)
+                self._flags = FlagMesh(self.host, token=self._token, tls=self._tls)
             self._flags.publish(prefixed, spec.rank)
             deadline = time.monotonic() + self.connect_timeout_s
             try:

@@ -118,9 +118,10 @@ def log_time(text: str) -> float:
     return time.mktime(time.strptime(match.group(1), "%Y-%m-%d %H:%M:%S")) + int(match.group(2)) / 1000
 
 
-def start_members(lighthouses: Lighthouses, names: list[str]) -> dict[str, ManagedProcess]:
+def start_members(lighthouses: Lighthouses, names: list[str], *args: str) -> dict[str, ManagedProcess]:
     members = {
-        n: spawn_python(MEMBER_SCRIPT, lighthouses.addresses, n, name=f"member-{n}", env=lighthouses.env) for n in names
+        n: spawn_python(MEMBER_SCRIPT, lighthouses.addresses, n, *args, name=f"member-{n}", env=lighthouses.env)
+        for n in names
     }
     for m in members.values():
         wait_quorum(m, sorted(names), timeout_s=EVENT_TIMEOUT_S)
@@ -172,6 +173,36 @@ def test_sigkilled_leader_replaced_and_members_resume_with_no_quorum_id_reused(e
     for _, quorum in resumed.values():
         assert quorum["quorum_id"] > before, (quorum, before)
     assert new_leader != leader
+
+
+def test_sigstopped_leader_is_left_within_its_lease_issue_37(etcd: EtcdCluster) -> None:
+    """A frozen leader keeps its members' sessions open (the kernel still acknowledges their
+    bytes): they waited out their 30 s quorum requests. Now they leave it when the lease it last
+    announced runs out, and reach the follower that took the lead within a few leases."""
+    quorum_timeout_s = 30.0
+    lighthouses = Lighthouses([etcd.endpoints] * 3, "/test/sigstop")
+    for i in range(3):
+        lighthouses.start(i)
+    leader, _ = lighthouses.wait_leader()
+    members = start_members(lighthouses, ["a", "b"], "--quorum-timeout-s", f"{quorum_timeout_s:g}")
+    marks = {n: m.mark() for n, m in members.items()}
+    stderr_marks = {n: m.mark("stderr") for n, m in members.items()}
+    lighthouse_marks = lighthouses.marks()
+    victim = lighthouses.processes[leader]
+    assert victim is not None
+    stopped_at = time.monotonic()
+    victim.send_signal(signal.SIGSTOP)
+    try:
+        lighthouses.wait_leader(exclude=(leader,), after=lighthouse_marks)
+        resumed = [wait_quorum(m, ["a", "b"], after=marks[n], timeout_s=EVENT_TIMEOUT_S) for n, m in members.items()]
+        assert max(read_at for read_at, _ in resumed) - stopped_at < quorum_timeout_s / 3
+        for n, m in members.items():
+            m.wait_for_line(
+                lambda t: "leaves the leader" in t, EVENT_TIMEOUT_S, stream="stderr", after=stderr_marks[n], what="it"
+            )
+    finally:
+        victim.send_signal(signal.SIGCONT)
+        victim.kill()
 
 
 def test_partitioned_leader_stops_serving_before_another_leads(etcd: EtcdCluster, tmp_path: Path) -> None:

@@ -15,13 +15,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch.distributed as dist
 from conftest import REPO_ROOT, spawn_python
+from support.flag_peers import DEADLINE_S, FakePeer, deadline, mesh_of, reduce_all
 
-from replicaft.column.flag import HELLO, MAGIC, MESSAGE, FlagError, FlagMesh
+from replicaft.column.flag import MESSAGE, FlagError, FlagMesh
 from replicaft.column.process_group import CollectiveError, ColumnSpec, FaultTolerantProcessGroup
 from replicaft.step.commit import HOLD_FLAG
 from replicaft.transfer.donors import host_port
-
-DEADLINE_S = 30.0
 
 
 @pytest.fixture
@@ -31,44 +30,12 @@ def store() -> Iterator[dist.TCPStore]:
     del master
 
 
-def deadline() -> float:
-    return time.monotonic() + DEADLINE_S
-
-
-def mesh_of(store: dist.Store, size: int, quorum_id: int = 7) -> list[FlagMesh]:
-    meshes = [FlagMesh("127.0.0.1") for _ in range(size)]
-    for rank, mesh in enumerate(meshes):
-        mesh.publish(store, rank)
-    with ThreadPoolExecutor(size) as pool:
-        for f in [pool.submit(m.connect, store, quorum_id, rank, size, deadline()) for rank, m in enumerate(meshes)]:
-            f.result(timeout=DEADLINE_S)
-    return meshes
-
-
-def reduce_all(meshes: list[FlagMesh], values: list[float], step: int) -> list[float]:
-    with ThreadPoolExecutor(len(meshes)) as pool:
-        futures = [
-            pool.submit(m.reduce, v, step, deadline(), threading.Event()) for m, v in zip(meshes, values, strict=True)
-        ]
-        return [f.result(timeout=DEADLINE_S) for f in futures]
-
-
-class FakePeer:
-    """Rank 1 of a two-rank mesh, written by hand: sends what a test wants it to."""
-
-    def __init__(self, store: dist.Store, quorum_id: int = 7, rank: int = 1) -> None:
-        self.sock = socket.create_connection(host_port(store.get("flag/0").decode()), timeout=DEADLINE_S)
-        self.sock.sendall(HELLO.pack(MAGIC, quorum_id, rank))
-
-    def send(self, quorum_id: int, step: int, value: float) -> None:
-        self.sock.sendall(MESSAGE.pack(quorum_id, step, value))
-
-
 def rank0_with_fake_peer(store: dist.Store) -> tuple[FlagMesh, FakePeer]:
     rank0 = FlagMesh("127.0.0.1")
     rank0.publish(store, 0)
     peer = FakePeer(store)
     rank0.connect(store, 7, 0, 2, deadline())
+    peer.read_answer()
     return rank0, peer
 
 
