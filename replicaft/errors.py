@@ -8,10 +8,12 @@ from lighthouse.errors import LighthouseError, ProtocolError
 __all__ = [
     "CheckpointCorrupt",
     "CheckpointKeyError",
+    "CheckpointStoreUnavailable",
     "GroupError",
     "HealError",
     "LighthouseError",
     "ObjectStoreError",
+    "ObjectStoreRefused",
     "OptionsError",
     "ProtocolError",
     "ReplicaftError",
@@ -63,3 +65,14 @@ class CheckpointKeyError(ReplicaftError):
 
 class ObjectStoreError(ReplicaftError):
     """The object-store tier refused or failed a request (credentials, bucket, server)."""
+
+
+class ObjectStoreRefused(ObjectStoreError):
+    """The store answered, and said no (credentials, permissions, no such bucket): asking again
+    gives the same answer, so nothing retries it."""
+
+
+class CheckpointStoreUnavailable(ObjectStoreError):
+    """A checkpoint may be in the object store, and the store cannot be asked (down, black-holed,
+    refusing the credentials). A starting group stops with this rather than train from step 0:
+    that would begin a second history beside the stored one, and upload it there."""

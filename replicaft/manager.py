@@ -25,6 +25,7 @@ from replicaft.heal.healer import Healer
 from replicaft.persistence.cadence import STATE_NAME as CADENCE_STATE
 from replicaft.persistence.duties import STATE_NAME as CHECKPOINT_STATE
 from replicaft.persistence.duties import Persistence
+from replicaft.persistence.metric_reports import MetricReports
 from replicaft.persistence.resume_check import STATE_NAME as TRAJECTORY_STATE
 from replicaft.persistence.resume_check import ResumeCheck
 from replicaft.process.faults import parse_fault_points
@@ -138,6 +139,8 @@ class Manager:
             self._registry.register_state(TRAJECTORY_STATE, check.state_dict, check.load_state_dict, healed=False)
             self._registry.register_hooks(check)
             self._persistence.on_resumed = check.resumed
+        context = f"{o.replica_id}/{o.group_rank}"
+        self._metric_reports = MetricReports(self._persistence.labels, self._resume_check, self._emit, context)
         if self._persistence.cadence is not None:
             self._registry.register_state(
                 CADENCE_STATE,
@@ -235,10 +238,9 @@ class Manager:
         """Metrics for the next checkpoint only (``loss=loss.item()``): keep-best retention and
         ``replicaft-ckpt find --best`` rank checkpoints by them. Report every step to attach the
         loss of the step a checkpoint holds; ``loss`` also joins the trajectory a resume is
-        verified against (resume_check.py). Training thread. Raises ValueError (not finite)."""
-        self._persistence.labels.report_metrics(**metrics)
-        if self._resume_check is not None and "loss" in metrics:
-            self._resume_check.report_loss(float(metrics["loss"]))
+        verified against (resume_check.py). Training thread. Raises ValueError for no number; a
+        NaN or inf is a training event, not an error (``non_finite_metric``, metric_reports.py)."""
+        self._metric_reports.report(**metrics)
 
     def state_dict(self) -> dict[str, Any]:
         return self._registry.state_dict()

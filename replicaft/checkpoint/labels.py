@@ -5,7 +5,7 @@ A training script labels its checkpoints through the manager (``Manager.checkpoi
 ``manifest.json`` under these keys::
 
     "tags":         {"experiment": "lr-sweep-3", "epoch": 4, ...}  str/int/float/bool values
-    "metrics":      {"loss": 0.231, ...}                          finite numbers
+    "metrics":      {"loss": 0.231, ...}                          finite numbers (a NaN or inf is not kept)
     "config_hash":  "9f1c2a..."                                   of the config the script passed
     "code_version": "v0.4.1-12-g3ab2c1d"                          added by the writer (catalog.py)
 
@@ -94,6 +94,11 @@ def check_metric(key: object, value: object) -> float:
     return float(value)
 
 
+def is_non_finite(value: object) -> bool:
+    """A number that is NaN or infinite: a training event (a loss that blew up), not a bad argument."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isfinite(value)
+
+
 class CheckpointLabels:
     """The labels the next checkpoint is saved with. Training thread only (no lock)."""
 
@@ -110,9 +115,18 @@ class CheckpointLabels:
             self._config_hash = config_hash(config)
         self._tags.update(checked)
 
-    def report_metrics(self, **metrics: float) -> None:
-        """Metrics for the next checkpoint (a metric reported again replaces its value)."""
-        self._metrics.update({key: check_metric(key, value) for key, value in metrics.items()})
+    def report_metrics(self, **metrics: float) -> list[str]:
+        """Metrics for the next checkpoint (a metric reported again replaces its value). Returns
+        the names of the non-finite ones (NaN, inf), which are not attached and withdraw an
+        earlier value of theirs: keep-best never ranks a checkpoint by a loss that blew up, nor
+        by one from before it did. Raises ValueError for a name or a value that is no number."""
+        non_finite = [key for key, value in metrics.items() if is_non_finite(value)]
+        checked = {key: check_metric(key, 0.0 if key in non_finite else value) for key, value in metrics.items()}
+        for key in non_finite:
+            del checked[key]
+            self._metrics.pop(key, None)
+        self._metrics.update(checked)
+        return non_finite
 
     def take(self) -> dict[str, Any]:
         """The metadata for a save starting now; the metrics are cleared (see the module docstring)."""

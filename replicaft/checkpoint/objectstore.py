@@ -65,7 +65,7 @@ from replicaft.checkpoint.parts import (
     stored_composite_crc32,
 )
 from replicaft.checkpoint.retry import RetryPolicy, next_delay
-from replicaft.errors import CheckpointCorrupt, ObjectStoreError
+from replicaft.errors import CheckpointCorrupt, ObjectStoreError, ObjectStoreRefused
 
 logger = logging.getLogger(__name__)
 
@@ -186,12 +186,12 @@ class ObjectStore:
                     raise _UploadGone(what) from e
                 if code in _FATAL_CODES or (400 <= status < 500 and code not in _TRANSIENT_4XX):
                     fix = _FATAL_CODES.get(code, _FATAL_CODES["Forbidden"] if status == 403 else "")
-                    raise ObjectStoreError(
+                    raise ObjectStoreRefused(
                         f"{self._where()}: {what} was refused: {code} (HTTP {status}){'; ' + fix if fix else ''}"
                     ) from e
                 error: Exception = e
             except bex.NoCredentialsError as e:
-                raise ObjectStoreError(
+                raise ObjectStoreRefused(
                     f"{self._where()}: no credentials for {what}; set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)"
                 ) from e

@@ -6,6 +6,13 @@ every tier, orders them by lineage and step (lineage.py; at equal steps the near
 first), and loads the first that verifies. A checkpoint only in the object store (a new
 machine, or a local copy lost or damaged) is first fetched into the checkpoint directory,
 verified file by file, and then loaded like a local one.
+
+**A store that cannot be asked is not an empty one.** A resume that found nothing to load
+because the object store could not be listed, or because a stored checkpoint could not be
+fetched, raises :class:`~replicaft.errors.CheckpointStoreUnavailable` instead of returning
+None: the caller would train from step 0 under a new lineage beside the stored history
+(issue 37). With a local checkpoint to load, an unlistable store is logged and the local
+one loads (the store holds uploads of local saves, so it is rarely ahead).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +38,21 @@ from replicaft.checkpoint.reader import (
     scan_checkpoints,
     verify,
 )
-from replicaft.errors import CheckpointCorrupt, ObjectStoreError
+from replicaft.errors import CheckpointCorrupt, CheckpointStoreUnavailable, ObjectStoreError
 
 logger = logging.getLogger(__name__)
 
 OBJECT_TIER = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What a resume can choose from: every published checkpoint of every tier, in the order a
+    resume tries them (lineage.py), and why the object store's are not among them if it could
+    not be listed (its checkpoints are then unknown, not absent)."""
+
+    candidates: tuple[tuple[Candidate, Path], ...]
+    store_error: ObjectStoreError | None = None
 
 
 class CheckpointReader:
@@ -93,18 +111,12 @@ class CheckpointReader:
         """Load one given checkpoint (e.g. to go back to a milestone); see :func:`load`."""
         return load(path, template, rank=rank, key=self.encryption_key)
 
-    def has_any(self) -> bool:
-        """Cheap: is any checkpoint published in any tier? (Validity is checked when loading.)"""
-        if self.list(verify_files=False):
-            return True
-        if self.tier2_directory is not None and scan_checkpoints(self.tier2_directory).found:
-            return True
-        return self.object_store is not None and bool(stored_checkpoints(self.object_store))
-
-    def candidates(self) -> list[tuple[Candidate, Path]]:
+    def survey(self) -> Survey:
         """Every published checkpoint of every tier, in the order a resume tries them (lineage.py).
 
-        An object-store candidate's path is where :meth:`load_latest_valid` fetches it to.
+        An object-store candidate's path is where :meth:`load_latest_valid` fetches it to. Reads
+        manifests and lists the store (its requests retried under its policy); never raises for
+        what it finds: a store that cannot be listed is the survey's ``store_error``.
         """
         found: dict[Candidate, Path] = {}
         for tier, directory in enumerate((self.directory, self.tier2_directory)):
@@ -120,25 +132,41 @@ class CheckpointReader:
                     created = None
                 label = path.name if tier == 0 else f"tier 2 {path.name}"
                 found[Candidate(name.step, name.lineage, created, tier, label)] = path
+        store_error = None
         if self.object_store is not None:
-            found.update(self._stored_candidates(self.object_store))
+            try:
+                found.update(self._stored_candidates(self.object_store))
+            except ObjectStoreError as e:
+                store_error = e
         order = order_for_resume(found)
         if found:
             logger.info("resume order: %s", order.reason)
-        return [(c, found[c]) for c in order.candidates]
+        return Survey(tuple((c, found[c]) for c in order.candidates), store_error)
 
-    def load_latest_valid(self, template: Mapping[str, Any] | None = None, *, rank: int = 0) -> LoadedCheckpoint | None:
-        """Load the newest checkpoint that verifies, from ``directory`` then tier 2; None if none does.
+    def load_latest_valid(
+        self, template: Mapping[str, Any] | None = None, *, rank: int = 0, survey: Survey | None = None
+    ) -> LoadedCheckpoint | None:
+        """Load the newest checkpoint that verifies, from every tier; None if there is none to load.
 
         With several lineages (histories) present, the one written most recently is tried
         first, whole, then the others (lineage.py); the choice is logged. Call at startup
         only when no peer can donate (peers are always fresher). Damaged checkpoints are
         skipped with a warning naming the file and the reason; a StateError (template does
         not match) and a CheckpointKeyError (no key, or the wrong one) are raised, since an
-        older checkpoint would not load either. Blocks for
-        as long as reading and hashing the checkpoints takes.
+        older checkpoint would not load either; CheckpointStoreUnavailable when nothing loaded
+        and the object store could not be listed or read (see the module docstring). Blocks
+        for as long as reading and hashing the checkpoints takes. ``survey``: the one taken
+        already (:meth:`survey`), so the store is not listed twice.
         """
-        candidates = self.candidates()
+        survey = self.survey() if survey is None else survey
+        candidates = survey.candidates
+        store_failure = survey.store_error
+        if store_failure is not None and candidates:
+            logger.error(
+                "cannot list the checkpoints in %s: %s; resuming from the local tiers only",
+                self._store_url(),
+                store_failure,
+            )
         for i, (candidate, path) in enumerate(candidates):
             try:
                 if candidate.tier == OBJECT_TIER:
@@ -146,6 +174,8 @@ class CheckpointReader:
                     path = fetch_checkpoint(self.object_store, path.name, self.directory)
                 loaded = load(path, template, rank=rank, key=self.encryption_key)
             except (CheckpointCorrupt, ObjectStoreError) as e:
+                if isinstance(e, ObjectStoreError):
+                    store_failure = e
                 following = (
                     f"trying step {candidates[i + 1][0].step} ({candidates[i + 1][0].label})"
                     if i + 1 < len(candidates)
@@ -161,21 +191,25 @@ class CheckpointReader:
                 path,
             )
             return loaded._replace(newest_in_lineage=candidate.step == newest)
+        if store_failure is not None:
+            raise CheckpointStoreUnavailable(
+                f"no checkpoint could be loaded, and {self._store_url()} could not be "
+                f"{'listed' if store_failure is survey.store_error else 'read'} ({store_failure}): a checkpoint may be "
+                "there, so this does not start without one (that would begin a second history beside it)"
+            ) from store_failure
         if candidates:
             logger.error(
                 "none of the %d checkpoints in %s is intact; starting without one", len(candidates), self.directory
             )
         return None
 
+    def _store_url(self) -> str:
+        return self.object_store.url if self.object_store is not None else "the object store"
+
     def _stored_candidates(self, store: ObjectStore) -> dict[Candidate, Path]:
-        """The object store's checkpoints; a store that cannot be listed contributes none (logged)."""
+        """The object store's checkpoints; raises ObjectStoreError when it cannot be listed."""
         found: dict[Candidate, Path] = {}
-        try:
-            names = stored_checkpoints(store)
-        except ObjectStoreError as e:
-            logger.error("cannot list the checkpoints in %s: %s; resuming from the local tiers only", store.url, e)
-            return found
-        for stored in names:
+        for stored in stored_checkpoints(store):
             name = parse_dirname(stored)
             assert name is not None
             try:

@@ -48,6 +48,7 @@ NUMBER_RANGES: Mapping[str, tuple[float, float, str]] = {
     "heal_timeout_s": (0.001, MAX_SECONDS, "seconds, e.g. 30.0"),
     "connect_timeout_s": (0.001, MAX_SECONDS, "seconds, e.g. 10.0"),
     "preemption_grace_s": (0.001, MAX_SECONDS, "seconds, e.g. 30.0"),
+    "checkpoint_store_wait_s": (0.001, MAX_SECONDS, "seconds a start waits for the object store, e.g. 300.0"),
     "preemption_poll_s": (0.01, 3600.0, "seconds between two looks at preemption_notice; AWS suggests 5"),
     "heal_connections": (1, MAX_HEAL_CONNECTIONS, "at least 1 per donor host"),
     "heal_replay_steps": (

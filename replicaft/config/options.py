@@ -172,6 +172,11 @@ class ManagerOptions:
     from there when no local copy is left. Credentials: boto3's (``AWS_ACCESS_KEY_ID``, ...)."""
     checkpoint_object_store_endpoint: str | None = None
     """The S3 API endpoint (``http://host:port``) of a store other than AWS's."""
+    checkpoint_store_wait_s: float = 300.0
+    """A starting group whose local directories hold no checkpoint asks the object store whether
+    one exists; while the store cannot answer it does not train (that would start a second
+    history beside a stored one) and asks again at each quorum, and after this long it stops
+    with ``CheckpointStoreUnavailable`` (replicaft/persistence/resume_question.py)."""
     preemption_grace_s: float = 30.0
     """After SIGTERM, how long the writer group may spend on its emergency save."""
     preemption_notice: str | None = None

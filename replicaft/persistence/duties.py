@@ -7,7 +7,9 @@
   heals from peers and reads nothing from disk. Only if the first quorum it joins is entirely
   at step 0 (every group died, or the job is new) does it load the newest *valid* checkpoint;
   that first step is then not committed, so every group enters the next quorum at the loaded
-  step (groups that loaded an older checkpoint heal from the ones ahead).
+  step (groups that loaded an older checkpoint heal from the ones ahead). Whether a checkpoint
+  exists is a question the object store may fail to answer: then the group does not train,
+  asks again at each quorum, and stops after ``checkpoint_store_wait_s`` (resume_question.py).
 * **Lineage**: the history the state belongs to (lineage.py). It is training state:
   :meth:`Persistence.state_dict` / :meth:`Persistence.load_state_dict` are registered with the
   manager under ``STATE_NAME``, so a heal hands it over with the rest.
@@ -47,6 +49,7 @@ from replicaft.persistence.departure import Departure
 from replicaft.persistence.lineage import Lineage
 from replicaft.persistence.open_checkpoints import SAVE_TIMEOUT_S, open_checkpoints
 from replicaft.persistence.preemption import PreemptionFlag
+from replicaft.persistence.resume_question import ResumeQuestion
 from replicaft.persistence.save_events import report_save, report_upload
 from replicaft.state.content import BufferHashes
 from replicaft.state.flat import flatten
@@ -57,6 +60,7 @@ from replicaft.transfer.spare import SpareBuffer
 if TYPE_CHECKING:
     from replicaft.checkpoint import CheckpointReader, CheckpointWriter, LoadedCheckpoint
     from replicaft.checkpoint.catalog import Catalog
+    from replicaft.checkpoint.tiers import Survey
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +108,9 @@ class Persistence:
             options.checkpoint_dir, has_object_tier=bool(options.checkpoint_object_store)
         )
         """Each save's figures and anomalies (``checkpoint``/``checkpoint_anomaly`` events)."""
+        self._question: ResumeQuestion | None = None
+        self._survey: Survey | None = None
+        """The answer of the start-up question, which :meth:`load_latest` loads from."""
         self.on_resumed: Callable[[int], None] | None = None
         """Told the checkpoint step after :meth:`load_latest` loaded one, before its state is
         applied (the manager's resume verification, resume_check.py)."""
@@ -164,9 +171,24 @@ class Persistence:
     def lineage(self) -> str:
         return self._lineage.current
 
-    def has_checkpoint(self) -> bool:
-        """Cheap: is any checkpoint published, in any tier? (Validity is checked when loading.)"""
-        return self._reader is not None and self._reader.has_any()
+    def ask_resume(self) -> bool | None:
+        """At the first quorum, all at step 0: is there a checkpoint to resume from, in any tier?
+        None: the object store cannot be asked yet (the step must not commit; ask again at the
+        next quorum). Raises CheckpointStoreUnavailable once it has not answered for
+        ``checkpoint_store_wait_s`` (resume_question.py). Validity is checked when loading."""
+        if self._reader is None:
+            return False
+        if self._question is None:
+            store = self._reader.object_store
+            self._question = ResumeQuestion(
+                self._reader.survey,
+                where=f"object store {store.url}" if store is not None else "the checkpoint directories",
+                wait_s=self.options.checkpoint_store_wait_s,
+                per_quorum_s=self.options.collective_timeout_s / 2,
+                emit=self._emit,
+            )
+        self._survey = self._question.answer()
+        return None if self._survey is None else bool(self._survey.candidates)
 
     def load_latest(self, template: dict[str, Any], occasion: str) -> LoadedCheckpoint | None:
         """Load the newest valid checkpoint into ``template``; the state returned carries the
@@ -174,7 +196,8 @@ class Persistence:
         names this resume the same way on every group that resumes with it (their first quorum):
         a forked lineage is derived from it (layout.py, ``forked_lineage``)."""
         assert self._reader is not None
-        loaded = self._reader.load_latest_valid(template, rank=self.options.group_rank)
+        survey, self._survey = self._survey, None
+        loaded = self._reader.load_latest_valid(template, rank=self.options.group_rank, survey=survey)
         if loaded is None:
             return None
         self._lineage.resumed(loaded, occasion)

@@ -33,7 +33,11 @@ model (``examples/train_ddp.py --loss-scale 10`` after a resume is off by seven 
 allows), not a subtle drift, and a checkpoint taken in the steep first descent allows a lot
 (its spread is large); a false alarm on every healthy resume would teach people to ignore it.
 A jump either way is a divergence: a loss suddenly much *lower* after a
-resume is as suspicious as a higher one (another dataset, a changed reduction). Rejected: a
+resume is as suspicious as a higher one (another dataset, a changed reduction). A loss that is
+not finite (NaN, inf) in the judged steps is a divergence at once, whatever the reference (no
+mean or spread can hold it); it is never recorded in the trajectory, which holds the finite
+losses that later verdicts compare against, and the manager reports it as a
+``non_finite_metric`` event whether or not a resume is being judged. Rejected: a
 per-step comparison against the old run's losses of S+1.. (not available, see above), and a
 fitted trend line (a few noisy points extrapolate badly; a mean and a spread are robust and
 easy to read in the event).
@@ -100,8 +104,9 @@ class ResumeVerdict:
     def fields(self) -> dict[str, Any]:
         """The event's fields (rounded where a float's last digits only add noise)."""
 
-        def r(x: float | None) -> float | None:
-            return None if x is None else round(x, 6)
+        def r(x: float | None) -> float | str | None:
+            """Rounded; a NaN or inf as its name (``"nan"``, ``"inf"``), which JSON has no number for."""
+            return None if x is None else round(x, 6) if math.isfinite(x) else repr(x)
 
         return {
             "verdict": self.verdict,
@@ -131,6 +136,13 @@ def decide_resume(
     reference = sorted(p for p in trajectory if p[0] <= checkpoint_step)[-2 * num_steps :]
     steps = tuple(s for s, _ in reference)
     new = tuple(new_losses[:num_steps])
+    blown = next((i for i, x in enumerate(new) if not math.isfinite(x)), None)
+    if blown is not None:
+        why = (
+            f"the loss of step {checkpoint_step + blown + 1}, {blown + 1} after the resume from step "
+            f"{checkpoint_step}, is {new[blown]!r}: training diverged (a loss that is not finite fits no trajectory)"
+        )
+        return ResumeVerdict("diverged", checkpoint_step, steps, None, None, new, None, None, None, tolerance, why)
     if len(reference) < MIN_REFERENCE or len(new) < num_steps:
         why = (
             f"the checkpoint of step {checkpoint_step} carries {len(reference)} loss(es) of the steps before it; "
@@ -214,11 +226,12 @@ class ResumeCheck(StepHooks):
         loss, self._pending = self._pending, None
         if loss is None or self._healing():
             return
-        self._trajectory.append((self._current_step() + 1, loss))
+        if math.isfinite(loss):
+            self._trajectory.append((self._current_step() + 1, loss))
         if self._resumed_at is None:
             return
         self._new.append(loss)
-        if len(self._new) >= self._num_steps:
+        if len(self._new) >= self._num_steps or not math.isfinite(loss):
             resumed_at, self._resumed_at = self._resumed_at, None
             self._judge(
                 decide_resume(

@@ -53,7 +53,7 @@ from replicaft.column.process_group import (
     Reduce,
 )
 from replicaft.config.options import ManagerOptions
-from replicaft.errors import GroupBroken, GroupError
+from replicaft.errors import CheckpointStoreUnavailable, GroupBroken, GroupError
 from replicaft.group.client import QuorumAnswer
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
@@ -175,15 +175,15 @@ class StepDriver:
                 self.report_error(GroupError(answer))
             else:
                 with s.timed("plan", blocked=False):
-                    s.plan = self._applier.apply(answer, self.step)
+                    s.plan = self._applier.apply(answer, self.step, self.report_error)
                 self._progress.healing = self._healer.healing
                 self._quorum_failures = 0
         except GroupBroken as e:
             self._broken = e  # raised at the end of the step, where the loop can take it
             self.report_error(e)
-        except (Unauthenticated, TlsRefused, VersionMismatch) as e:
-            # Retrying cannot help (a wrong token, CA or version): every later step would fail
-            # at once the same way, a busy loop instead of an error.
+        except (Unauthenticated, TlsRefused, VersionMismatch, CheckpointStoreUnavailable) as e:
+            # Retrying cannot help (a wrong token, CA or version; a store that never answered
+            # whether a checkpoint exists): every later step would fail the same way.
             self.report_error(e)
             raise
         except (QuorumTimeout, GroupError) as e:

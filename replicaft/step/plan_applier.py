@@ -5,7 +5,9 @@ lighthouse/rules/plan.py). What the plan then asks of one rank is I/O, done here
 thread when the step first needs the plan (its first all-reduce, at the latest its commit):
 
 * on the first quorum a process joins: decide whether to resume from disk (every participant
-  at step 0 and a checkpoint on disk: every group died, or the job restarts; replicaft/persistence/duties.py);
+  at step 0 and a checkpoint on disk: every group died, or the job restarts; replicaft/persistence/duties.py).
+  The question stays open until it is answered: a step whose question the object store could
+  not answer does not commit, and the next quorum asks again (issue 37);
 * at step 0, with ``init_sync``, every group but one heals from it, so all start identical;
 * a healer starts (or keeps) its fetch (heal/healer.py); a donor publishes the snapshot its
   healers need (heal/donor.py);
@@ -56,18 +58,17 @@ class PlanApplier:
         self._notices = notices
         self._emit = emit
         self._faults = faults
-        self._first_quorum = True
+        self._resume_open = True
+        """Whether to resume from disk is still to be decided (a first quorum not yet answered)."""
         self.resume_pending = False
         """This process's first quorum found nobody ahead and a checkpoint on disk: the step
         loads it (at its end) and does not commit."""
 
-    def apply(self, answer: QuorumAnswer, step: int) -> StepPlan:
+    def apply(self, answer: QuorumAnswer, step: int, report_error: Callable[[Exception], None]) -> StepPlan:
+        """``report_error``: the step's, for a resume question the object store could not answer."""
         plan = plan_step(answer.quorum, self._options.replica_id)
-        if self._first_quorum:
-            self._first_quorum = False
-            self.resume_pending = (
-                plan.max_step == 0 and self._persistence.enabled and self._persistence.has_checkpoint()
-            )
+        if self._resume_open:
+            self._decide_resume(plan, report_error)
         if self._init_sync and plan.max_step == 0 and len(plan.donors) > 1 and not self.resume_pending:
             plan = plan.with_one_donor()
         self._notices.bind(plan)
@@ -101,3 +102,16 @@ class PlanApplier:
             reconfigured=reconfigured,
         )
         return plan
+
+    def _decide_resume(self, plan: StepPlan, report_error: Callable[[Exception], None]) -> None:
+        """Resume from disk only if every participant is at step 0 and a checkpoint exists; a
+        peer ahead is healed from instead. Raises CheckpointStoreUnavailable (duties.py)."""
+        if plan.max_step > 0 or not self._persistence.enabled:
+            self._resume_open = False
+            return
+        found = self._persistence.ask_resume()
+        if found is None:
+            report_error(GroupError("waiting for the object store to say whether a checkpoint exists"))
+            return
+        self._resume_open = False
+        self.resume_pending = found

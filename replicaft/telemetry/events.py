@@ -43,6 +43,9 @@ event              fields
                    (ok/diverged/not_enough_data), ``checkpoint_step``, ``reference_steps``,
                    ``reference_mean``, ``reference_spread``, ``new_losses``, ``new_mean``,
                    ``deviation``, ``allowed``, ``tolerance``, ``action`` (warn/stop), ``reason``
+``non_finite_metric`` a metric reported with ``Manager.report_metrics`` was NaN or infinite (a loss
+                   that blew up): ``metric``, ``value`` (``"nan"``, ``"inf"``, ``"-inf"``); it is
+                   not saved with the checkpoint, and training goes on
 ``checkpoint_cadence`` ``checkpoint_interval="auto"`` chose an interval (cadence.py): ``interval_s``,
                    ``rule_s`` (Young/Daly before the bounds), ``cost_s``, ``blocked_s``, ``write_s``,
                    ``num_saves_measured``, ``mtbf_s``, ``mtbf_source`` (prior/member_losses/observed),

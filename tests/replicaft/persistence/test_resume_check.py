@@ -174,6 +174,35 @@ def test_diverged_resume_with_action_stop_raises_naming_the_checkpoint_and_the_f
     assert d.events[0]["verdict"] == "diverged" and d.events[0]["action"] == "stop"
 
 
+@pytest.mark.parametrize("blown", [float("inf"), float("nan"), float("-inf")], ids=repr)
+def test_non_finite_loss_after_a_resume_is_diverged_at_once_issue_37(blown: float) -> None:
+    v = decide_resume(falling(1, 20), 20, [0.8, blown, 0.7], num_steps=3, tolerance=0.5)
+    assert v.verdict == "diverged" and v.deviation is None, v
+    assert f"the loss of step 22, 2 after the resume from step 20, is {blown!r}" in v.reason
+    assert v.fields()["new_losses"] == [0.8, repr(blown), 0.7]  # JSON has no number for it
+    d = Driver()
+    resumed(d, falling(1, 20))
+    d.run(0.8, blown)  # judged without waiting for the third step
+    [event] = d.events
+    assert event["verdict"] == "diverged" and event["new_losses"] == [0.8, repr(blown)], event
+    assert "resume_loss_deviation" not in d.labels.take().get("metrics", {})
+
+
+def test_non_finite_losses_stay_out_of_the_trajectory_issue_37() -> None:
+    d = Driver()
+    d.run(1.0, float("nan"), float("inf"), 0.9)
+    assert d.check.state_dict() == {"steps": [1, 4], "losses": [1.0, 0.9]}
+
+
+def test_checkpoint_labels_keep_a_non_finite_metric_off_and_withdraw_its_last_value_issue_37() -> None:
+    labels = CheckpointLabels()
+    labels.report_metrics(loss=0.5, accuracy=0.9)
+    assert labels.report_metrics(loss=float("nan"), lr=0.1) == ["loss"]
+    assert labels.take()["metrics"] == {"accuracy": 0.9, "lr": 0.1}
+    with pytest.raises(ValueError, match=r"metric loss='x' must be a finite number"):
+        labels.report_metrics(loss="x")  # type: ignore[arg-type]  # no number: still the script's mistake
+
+
 def test_verification_off_with_zero_steps() -> None:
     d = Driver(num_steps=0)
     resumed(d, falling(1, 20))
