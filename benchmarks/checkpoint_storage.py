@@ -3,9 +3,10 @@
 Everything runs in this process through the real writer and store (replicaft/checkpoint/),
 on examples/train_gpt.py's model, trained with AdamW on its corpus (the standard library's
 source) for a few steps between saves. Checkpoints go to a temporary directory on the
-machine's disk; the object store is moto's S3 server on loopback (chaos/s3_server.py), in
-its own process. Figures are medians over repetitions, each beside a baseline measured in the
-same run, alternating which of the pair goes first:
+machine's disk; the object store is a real S3-compatible server, SeaweedFS (``weed server -s3``,
+chaos/s3_server.py), on loopback in its own processes, reached directly
+(not through the fault proxy). Figures are medians over repetitions, each
+beside a baseline measured in the same run, alternating which of the pair goes first:
 
 * **incremental vs full save** (``incr_*`` vs ``full_save_*``): the same snapshots saved by
   two writers, one making every save a full base (``chain_length=1``), the other a chain
@@ -40,7 +41,7 @@ same run, alternating which of the pair goes first:
   codec (chunk id only), the compression ratio per level, and a whole full save compressed
   or encrypted against a plain one (MB/s of state saved).
 
-The machine is a shared 2-core VM: the moto server, the writer thread and training share
+The machine is a shared 2-core VM: the SeaweedFS server, the writer thread and training share
 those cores, so compare ratios, not absolute times. Targets (from issue 22) and whether this
 run met them are in ``params.targets``; they are judged, not tuned for.
 """
@@ -283,8 +284,8 @@ def measure_increments(run: GPTRun, root: Path, repeats: int) -> dict[str, list[
 
 @contextmanager
 def s3_credentials() -> Iterator[None]:
-    """moto's server without ``--auth`` takes any key, but boto3 signs every request and needs
-    one; set for the benchmark only (an entry point), the previous values restored after."""
+    """SeaweedFS checks every request's signature against the keys chaos/s3_server.py configures
+    (``replicaft`` is one); set for the benchmark only (an entry point), the previous values restored after."""
     names = {"AWS_ACCESS_KEY_ID": "replicaft", "AWS_SECRET_ACCESS_KEY": "replicaft", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {name: os.environ.get(name) for name in names}
     os.environ.update(names)
@@ -392,8 +393,8 @@ def measure_transfers(server: S3Server, root: Path, num_bytes: int, repeats: int
         for start in range(0, num_bytes, 1 << 24):
             f.write(os.urandom(min(1 << 24, num_bytes - start)))
     sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
-    store = ObjectStore(f"s3://{BUCKET}/transfer", endpoint_url=server.endpoint)
-    client = server.client()
+    store = ObjectStore(f"s3://{BUCKET}/transfer", endpoint_url=server.server_endpoint)
+    client = server.client(endpoint=server.server_endpoint)
     out: dict[str, list[float]] = {"ours_up": [], "ours_down": [], "boto3_up": [], "boto3_down": []}
 
     def ours() -> None:
@@ -402,7 +403,7 @@ def measure_transfers(server: S3Server, root: Path, num_bytes: int, repeats: int
         out["ours_down"].append(
             _seconds(lambda: store.download_file(key, root / "ours.out", num_bytes=num_bytes, sha256=sha256))
         )
-        store.delete_keys([key])  # moto holds objects in memory
+        store.delete_keys([key])  # keep the server's data directory small
 
     def boto3() -> None:
         key = f"transfer/boto3-{uuid.uuid4().hex}"
@@ -579,9 +580,9 @@ def run(*, quick: bool) -> BenchmarkResult:
                 mb_per_s(transfer_bytes, t["boto3_down"]),
             )
             # quick: one save each (a background upload competing with training takes 5-20 s)
-            b = measure_blocked(training, root / "blocked", server.endpoint, 1 if quick else repeats)
+            b = measure_blocked(training, root / "blocked", server.server_endpoint, 1 if quick else repeats)
         finally:
-            server.kill()
+            server.close()
     baselines["step_ms"] = med(b["plain"]) * 1000
     blocked = {side: max(med(b[f"{side}_extra"]), 0.0) * 1000 for side in ("local", "tier")}
     pair("blocked_tier_ms", blocked["tier"], "blocked_local_ms", blocked["local"])
@@ -613,7 +614,7 @@ def run(*, quick: bool) -> BenchmarkResult:
             "parameters and AdamW's two moments of each, so its bytes are at least 3T/(E+3T) of a full save "
             f"({params['bytes_floor_finetune']:.2f} and {params['bytes_floor_finetune_wide']:.2f}: 0.25 needs >= 90% "
             "frozen); blocked = save step minus the plain steps "
-            "before it (manager's Persistence), object tier = moto's S3 server on loopback; transfers of "
+            "before it (manager's Persistence), object tier = SeaweedFS's S3 server on loopback; transfers of "
             f"{transfer_bytes // (1024 * 1024)} MiB vs boto3 upload_file/download_file; codec MB/s per 4 MiB chunk "
             f"vs the plain codec. Targets missed: {', '.join(missed) if missed else 'none'}"
         ),

@@ -98,12 +98,12 @@ class RunEnvironment:
             return
         self.s3 = server
         self.object_store = f"s3://{OBJECT_STORE_BUCKET}/{OBJECT_STORE_PREFIX}"
-        self.notes["object_store"] = f"{self.object_store} on moto's S3 server at {server.endpoint}"
+        self.notes["object_store"] = f"{self.object_store} on SeaweedFS's S3 server at {server.endpoint}"
 
     def close(self) -> None:
         """Unmount and delete what ``build`` made; call after every process is gone. Never raises."""
         if self.s3 is not None:
-            self.s3.kill()
+            self.s3.close()
             self.s3 = None
         if self.disk is not None:
             try:

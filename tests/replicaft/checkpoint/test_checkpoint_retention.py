@@ -233,7 +233,7 @@ def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[S3Server]:
         monkeypatch.setenv(key, value)
     server = S3Server(buckets=["retention"]).start()
     yield server
-    server.kill()
+    server.close()
 
 
 def test_writer_keeps_checkpoints_whose_upload_is_pending(s3: S3Server, tmp_path: Path) -> None:
