@@ -21,7 +21,6 @@ REPLICAFT_API = {
     "GroupError",
     "HealError",
     "LocalSGD",
-    "ManagedProcessGroup",
     "ManagedWork",
     "Manager",
     "ManagerOptions",
