@@ -24,7 +24,6 @@ BEING_SPLIT = {
     "replicaft.checkpoint.writer",
     "replicaft.checkpoint.writer.CheckpointWriter",
     "lighthouse.client.async_client.AsyncLighthouseClient",
-    "lighthouse.rules.membership.Membership",
     "lighthouse.server.grpc_server",
     "lighthouse.server.grpc_server.LighthouseServer",
 }

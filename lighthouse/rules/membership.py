@@ -39,6 +39,7 @@ import msgpack
 
 from lighthouse.config.options import MembershipOptions
 from lighthouse.rules.commit_lease import CommitLeases
+from lighthouse.rules.history import LostSteps
 from lighthouse.rules.liveness import LivenessRules, heartbeat_floor_s, paced_interval
 from lighthouse.rules.members import (
     Lost,
@@ -50,6 +51,7 @@ from lighthouse.rules.members import (
     fence_answer,
 )
 from lighthouse.rules.quorum import QuorumDecision, QuorumRules, QuorumView, Waiting, decide_quorum
+from lighthouse.rules.reconnects import ReconnectGrace
 from lighthouse.rules.standing import StandingTerm, standing_steps
 from lighthouse.wire.envelope import MAX_MESSAGE_BYTES
 from lighthouse.wire.protocol import (
@@ -86,25 +88,24 @@ class Membership:
     _next_session: int = 1
     _next_quorum_id: int = 1
     _current_sessions: frozenset[tuple[str, int]] = frozenset()
-    _reconnecting_since: float | None = None
-    """When the first member of a previous incarnation's quorum registered (restart only)."""
     _current_ids: tuple[str, ...] | None = None
     """``current.replica_ids``, kept because the view is rebuilt on every join."""
     _survivors: int | None = None
     """How many of ``current``'s members are still healthy; None: recount (membership changed)."""
     _entry_bytes: int = 0
     """Sum of the members' ``entry_bytes``: the most a quorum of them could carry."""
-    _restored: frozenset[str] | None = None
-    """A replicated lighthouse's new leader: the last quorum's members, as etcd recorded them."""
-    _restored_at: float = 0.0
     _liveness: LivenessRules = field(init=False)
     """``options.liveness``, built once: members cache their silence limit per rules object."""
     _commit_leases: CommitLeases = field(init=False)
+    _reconnects: ReconnectGrace = field(init=False)
     _standing: StandingTerm = field(default_factory=StandingTerm)
+    _lost_steps: LostSteps = field(default_factory=LostSteps)
+    """Members declared hung, until they come back: no quorum forms behind their steps (history.py)."""
 
     def __post_init__(self) -> None:
         self._liveness = self.options.liveness
         self._commit_leases = CommitLeases(self.options.max_commit_lease_s)
+        self._reconnects = ReconnectGrace(self.options.join_timeout_s, self.options.max_commit_lease_s)
 
     @property
     def rules(self) -> QuorumRules:
@@ -145,17 +146,11 @@ class Membership:
         return heartbeat_floor_s(len(self.members))
 
     def restore(self, last_quorum: tuple[str, ...] | None, next_quorum_id: int, now: float) -> None:
-        """Take over from a replicated lighthouse's previous leader (its state from etcd).
-
-        Quorum ids continue above every id it issued. The first quorum waits until every
-        member of the last one has registered again (they report the steps they committed,
-        so no step is committed twice in two histories), or ``join_timeout_s`` for one that
-        is gone: a restarted single lighthouse, knowing nothing, always waits the timeout.
-        """
+        """Take over from a replicated lighthouse's previous leader (its state from etcd): quorum
+        ids continue above every id it issued, and the first quorum waits for the last one's
+        members (reconnects.py)."""
         self._next_quorum_id = max(self._next_quorum_id, next_quorum_id)
-        if last_quorum is not None:  # none recorded: wait as a restarted single lighthouse does
-            self._restored = frozenset(last_quorum)
-            self._restored_at = now
+        self._reconnects.restore(last_quorum, now)
 
     def register(self, reg: Register, now: float, *, peer: str = "") -> tuple[int, list[Lost]]:
         """Open a session; returns its serial and the member it superseded, if any.
@@ -169,9 +164,10 @@ class Membership:
             if old.silent_too_long(now, self._liveness) is None and reg.instance != old.instance:
                 raise duplicate_refusal(old, reg.replica_id, reg.instance, now, peer)
             lost = self._remove(old, "a new session registered under the same replica id")
+        self._lost_steps.back(reg.replica_id)
         self._next_quorum_id = max(self._next_quorum_id, reg.last_quorum_id + 1)
-        if reg.last_quorum_id >= 0 and self._reconnecting_since is None and self.current is None:
-            self._reconnecting_since = now
+        if self.current is None:
+            self._reconnects.registered(reg.last_quorum_id, now)
         session = self._next_session
         self._next_session += 1
         self._survivors = None
@@ -261,6 +257,9 @@ class Membership:
                     f"alive but no progress for {stuck_s:.2f}s at step {m.step} "
                     f"(progress_timeout_s={self.options.progress_timeout_s:g})",
                 )
+            else:
+                continue
+            self._lost_steps.lost(m.replica_id, m.step, now)
         return lost
 
     def view(self) -> QuorumView:
@@ -275,20 +274,14 @@ class Membership:
     def decide(self, now: float, now_unix_s: float | None = None) -> Quorum | None:
         """Form a quorum if the rules allow; returns it (already recorded) or None."""
         decision = decide_quorum(self.view(), now, self.rules)
-        if decision.participants is not None and self._awaiting_reconnects(now):
-            if self._restored is not None:
-                missing = sorted(self._restored - self.members.keys())
-                reason = (
-                    f"new leader: waiting for the last quorum's members {missing} to reconnect (at most "
-                    f"join_timeout {self.options.join_timeout_s:g}s) before forming the first quorum"
-                )
-            else:
-                reason = (
-                    "this lighthouse restarted: waiting join_timeout "
-                    f"{self.options.join_timeout_s:g}s for the members of the last quorum to reconnect "
-                    "before forming the first one"
-                )
-            decision = QuorumDecision(None, reason)
+        if decision.participants is not None:
+            reach = max(self._joins[rid].request.step for rid in decision.participants)
+            others = ((rid, m.step) for rid, m in self.members.items() if rid not in self._joins)
+            held = self._lost_steps.holdout(reach, others, now, self.options.join_timeout_s)
+            if held is None and self.current is None:
+                held = self._reconnects.holdout(self.members.keys(), now)
+            if held is not None:
+                decision = QuorumDecision(None, held)
         sessions = frozenset((rid, self.members[rid].session) for rid in decision.participants or ())
         if decision.participants is not None and (held := self._commit_leases.holding_out(sessions, now)) is not None:
             decision = QuorumDecision(
@@ -340,6 +333,7 @@ class Membership:
             self.members[rid].newcomer = False
             self._resume_progress_clock(rid, now)
         self.current = quorum
+        self._lost_steps.passed(reach)
         self._current_ids = quorum.replica_ids
         self._survivors = None
         self._current_sessions = sessions
@@ -347,24 +341,6 @@ class Membership:
             QuorumRecord(quorum_id, decision.participants, quorum.created_unix_s, decision.path, decision.reason)
         )
         return quorum
-
-    def _awaiting_reconnects(self, now: float) -> bool:
-        """After a lighthouse restart the first quorum waits for stragglers to reconnect.
-
-        A member reporting a previous quorum id means this incarnation replaced another. Its
-        peers reconnect with backoff, and a first quorum formed without them could commit a
-        step some of them had already committed in the previous incarnation, making two
-        different histories of one step that nobody would heal. So the first quorum of a
-        restarted lighthouse forms only once join_timeout has passed since the first such
-        member registered (at a fresh start nobody reports an id, and nothing waits).
-        """
-        if self.current is not None:
-            return False
-        # Never shorter than a commit lease the last incarnation granted (commit_lease.py).
-        grace_s = max(self.options.join_timeout_s, self.options.max_commit_lease_s)
-        if self._restored is not None:
-            return not self._restored <= self.members.keys() and now - self._restored_at < grace_s
-        return self._reconnecting_since is not None and now - self._reconnecting_since < grace_s
 
     def fence(self, req: FenceRequest) -> FenceResponse:
         """A group may commit only while its quorum is the current one and it is in it."""

@@ -43,6 +43,9 @@ event              fields
                    (ok/diverged/not_enough_data), ``checkpoint_step``, ``reference_steps``,
                    ``reference_mean``, ``reference_spread``, ``new_losses``, ``new_mean``,
                    ``deviation``, ``allowed``, ``tolerance``, ``action`` (warn/stop), ``reason``
+``resume_store_waiting`` at start, with no local checkpoint, the object store could not be asked whether
+                   one exists (resume_question.py); the group waits, asking again at each quorum, and
+                   does not train from scratch: ``store``, ``waited_s``, ``error``
 ``non_finite_metric`` a metric reported with ``Manager.report_metrics`` was NaN or infinite (a loss
                    that blew up): ``metric``, ``value`` (``"nan"``, ``"inf"``, ``"-inf"``); it is
                    not saved with the checkpoint, and training goes on

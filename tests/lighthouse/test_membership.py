@@ -594,3 +594,78 @@ class TestNewLeader:
         assert m.decide(1.0) is None
         quorum = m.decide(2.01)
         assert quorum is not None and quorum.quorum_id == 41
+
+
+class TestHistory:
+    """No quorum forms behind a member that holds later committed steps (lighthouse/rules/history.py).
+
+    The Ray test of torchft's example (min_replicas=1) found it: both survivors declared hung
+    within a second; the first had committed ten steps alone before, and the second, back
+    first at its older step, formed a quorum of its own there: two histories of those steps."""
+
+    def setup_method(self) -> None:
+        self.m = new_membership()  # min_replicas=1, join_timeout_s=2, heartbeat_timeout_s=1
+        self.sessions = {rid: register(self.m, rid, now=0.0) for rid in "ab"}
+        form(self.m, "ab", 0.0, step=10)
+        # b falls silent (SIGSTOP, load) and is declared hung; a trains on alone to step 20 ...
+        self.m.heartbeat("a", self.sessions["a"], Heartbeat(10, 1), 0.5)
+        assert [x.replica_id for x in self.m.expire(1.2)] == ["b"]
+        form(self.m, "a", 1.2, step=10)
+        self.m.heartbeat("a", self.sessions["a"], Heartbeat(20, 2), 1.5)
+        # ... and is declared hung in its turn, at step 20.
+        assert [x.replica_id for x in self.m.expire(2.6)] == ["a"]
+
+    def come_back(self, rid: str, now: float, step: int) -> None:
+        self.sessions[rid] = register(self.m, rid, now=now, step=step, last_quorum_id=2)
+        assert self.m.join(request(rid, step), now)
+
+    def test_the_member_behind_waits_for_the_one_ahead_and_heals_from_it(self) -> None:
+        self.come_back("b", 2.7, step=10)
+        assert self.m.decide(2.7) is None
+        assert self.m.last_decision is not None
+        assert "for 'a', lost at step 20, ahead of every member asking (they reach step 10)" in (
+            self.m.last_decision.reason
+        )
+        self.come_back("a", 2.9, step=20)
+        quorum = self.m.decide(2.9)
+        assert quorum is not None and quorum.replica_ids == ("a", "b") and max(quorum.steps) == 20
+
+    def test_after_the_join_timeout_the_ones_behind_go_on_and_say_what_is_given_up(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        self.come_back("b", 2.7, step=10)
+        assert self.m.decide(4.5) is None  # a was lost at 2.6: 1.9 s of its 2 s
+        with caplog.at_level("WARNING", logger="lighthouse.rules.history"):
+            quorum = self.m.decide(4.61)
+        assert quorum is not None and quorum.replica_ids == ("b",) and max(quorum.steps) == 10
+        assert "replica a, lost at step 20, did not come back within 2s" in caplog.text
+
+    def test_a_member_whose_stream_closed_is_dead_and_not_waited_for(self) -> None:
+        m = new_membership()
+        sessions = {rid: register(m, rid, now=0.0) for rid in "ab"}
+        form(m, "ab", 0.0, step=10)
+        m.heartbeat("a", sessions["a"], Heartbeat(20, 1), 0.5)  # a alone ahead (b still at 10)
+        m.close_session("a", sessions["a"], "session stream closed")  # SIGKILL: its steps died with it
+        assert m.join(request("b", 10), 0.6)
+        quorum = m.decide(0.6)
+        assert quorum is not None and quorum.replica_ids == ("b",)
+
+    def test_a_healthy_member_ahead_is_waited_for_past_the_join_timeout_until_it_asks(self) -> None:
+        """b and c, back from a SIGSTOP at step 10, are a majority; a, which trained on alone to
+        step 30, is in the middle of a long step: they wait for it, not the join timeout."""
+        m = new_membership()
+        sessions = {rid: register(m, rid, now=0.0) for rid in "abc"}
+        form(m, "abc", 0.0, step=10)
+        m.heartbeat("a", sessions["a"], Heartbeat(10, 1), 0.5)
+        assert sorted(x.replica_id for x in m.expire(1.2)) == ["b", "c"]
+        form(m, "a", 1.2, step=10)
+        for rid in "bc":
+            sessions[rid] = register(m, rid, now=1.3, step=10, last_quorum_id=2)
+            assert m.join(request(rid, 10), 1.3)
+        for t in (1.5, 2.0, 2.5, 3.0, 3.5, 4.0):  # a heartbeats, progressing, at step 30
+            m.heartbeat("a", sessions["a"], Heartbeat(30, int(t * 10)), t)
+        assert m.decide(4.0) is None
+        assert m.last_decision is not None and "waiting for 'a', at step 30" in m.last_decision.reason
+        assert m.join(request("a", 30), 4.1)
+        quorum = m.decide(4.1)
+        assert quorum is not None and quorum.replica_ids == ("a", "b", "c") and max(quorum.steps) == 30
