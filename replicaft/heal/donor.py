@@ -71,12 +71,21 @@ class DonorSide:
 
     def serve(self, plan: StepPlan, step: int) -> None:
         """Publish the snapshot ``plan``'s healers need; keep serving the bases of heals in
-        progress (a healer tells its base with its quorum request, ``heal_base``)."""
+        progress (a healer tells its base with its quorum request, ``heal_base``).
+
+        A step already published is published afresh when a healer starts a fetch of it (one
+        that tells no base): sealed, it keeps only the bytes its own healers had not been sent,
+        and a donor whose step did not commit meets new healers at the same step (a group
+        restarted beside a heal that had just ended was refused every byte and failed its
+        first heal; a healer retrying a failed heal would be too). The live state is still that
+        step's, so a healer continuing its fetch is sent the same bytes."""
         bases: dict[str, int] = {}
+        starting = False
         for rid in plan.healers:
             base = plan.rank_entry(rid, self._group_rank).get("heal_base")
+            starting |= not isinstance(base, int)
             bases[rid] = base if isinstance(base, int) else plan.max_step
-        if plan.max_step in bases.values() and plan.max_step not in self._server.published_steps:
+        if starting or (plan.max_step in bases.values() and plan.max_step not in self._server.published_steps):
             readers = frozenset(rid for rid, base in bases.items() if base == plan.max_step)
             self._serving = LiveSnapshot(
                 self._registry.flat(healed_only=True),

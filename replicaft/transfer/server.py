@@ -131,9 +131,13 @@ class StateServer:
         return self._table.statistics()
 
     def publish(self, snapshot: Served) -> None:
-        """Serve ``snapshot`` (alongside any other step still retained)."""
+        """Serve ``snapshot`` (alongside any other step still retained); one it replaces, of the
+        same step, is retired."""
         with self._lock:
+            replaced = self._snapshots.get(snapshot.manifest.step)
             self._snapshots[snapshot.manifest.step] = snapshot
+        if replaced is not None:
+            replaced.retire()
 
     def retain(self, steps: set[int]) -> None:
         """Stop serving every step not in ``steps``; each dropped snapshot is retired (its
