@@ -29,6 +29,7 @@ On CUDA with NCCL, ``abort()`` does unblock the communicator, so an abandon also
 from __future__ import annotations
 
 import datetime
+import functools
 import logging
 import os
 import threading
@@ -42,6 +43,7 @@ import torch.distributed as dist
 
 from lighthouse.rules.plan import StepPlan
 from lighthouse.tls.files import TlsFiles
+from replicaft.column import rendezvous
 from replicaft.column.flag import FlagError, FlagMesh
 from replicaft.errors import GroupError
 
@@ -211,34 +213,43 @@ class FaultTolerantProcessGroup:
         Gloo's rendezvous, which follows, cannot be interrupted, and a member that died after
         the quorum formed never joins it, so entering it waited out the whole connect timeout
         (chaos ``every_fault``: a donor killed as it began serving a heal cost the others
-        10 s). Set, ``abort`` (a member of the quorum was lost) ends that wait at once."""
+        10 s). Set, ``abort`` (a member of the quorum was lost) ends that wait at once, and
+        Gloo's rendezvous itself is watched for it and for a peer that gave up (rendezvous.py)."""
         self._retire()
         self.spec = None
         self.broken = None
         if spec.world_size > 1:
-            host, port = spec.store_address.rsplit(":", 1)
-            store = dist.TCPStore(
-                host.strip("[]"),
-                int(port),
-                is_master=False,
-                timeout=datetime.timedelta(seconds=self.connect_timeout_s),
-                wait_for_workers=False,
-            )
-            prefixed = dist.PrefixStore(spec.prefix, store)
+            # Two clients: Gloo's rendezvous holds one while the other watches (rendezvous.py).
+            prefixed, watch = self._store_client(spec), self._store_client(spec)
             if self._flags is None:
                 self._flags = FlagMesh(self.host, token=self._token, tls=self._tls)
             self._flags.publish(prefixed, spec.rank)
             deadline = time.monotonic() + self.connect_timeout_s
+            abort = abort or threading.Event()
             try:
-                self._flags.await_peers(prefixed, spec.world_size, deadline, abort or threading.Event())
-            except FlagError as e:
+                self._flags.await_peers(prefixed, spec.world_size, deadline, abort)
+                create = functools.partial(self._create, prefixed, spec.rank, spec.world_size)
+                self._pg = rendezvous.join(create, watch, deadline, abort) if self.backend == "gloo" else create()
+            except (FlagError, rendezvous.RendezvousError) as e:
+                rendezvous.mark_abandoned(watch, spec.rank)
                 raise CollectiveError(str(e)) from None
-            self._pg = self._create(prefixed, spec.rank, spec.world_size)
             try:
                 self._flags.connect(prefixed, spec.quorum_id, spec.rank, spec.world_size, deadline)
             except FlagError as e:
                 raise CollectiveError(str(e)) from None
         self.spec = spec
+
+    def _store_client(self, spec: ColumnSpec) -> dist.Store:
+        """A connection to the quorum's rendezvous store, under the quorum's prefix."""
+        host, port = spec.store_address.rsplit(":", 1)
+        store = dist.TCPStore(
+            host.strip("[]"),
+            int(port),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=self.connect_timeout_s),
+            wait_for_workers=False,
+        )
+        return dist.PrefixStore(spec.prefix, store)
 
     def _create(self, store: dist.Store, rank: int, size: int) -> dist.ProcessGroup:
         timeout = datetime.timedelta(seconds=self.collective_timeout_s)

@@ -182,3 +182,31 @@ def test_a_member_that_never_joins_ends_the_rendezvous_at_the_abort_or_the_deadl
     assert time.monotonic() - started < DEADLINE_S / 2
     assert rank0.spec is None  # the next quorum configures afresh
     rank0.shutdown()
+
+
+def test_a_member_that_finds_every_key_after_its_peer_gave_up_is_not_held_in_the_backends_rendezvous(
+    store: dist.TCPStore,
+) -> None:
+    """The lighthouse declared rank 1 lost while it was frozen; rank 0's abort fired and it gave
+    the rendezvous up. Rank 1, back, found rank 0's key published and entered Gloo's rendezvous,
+    which nothing interrupts: it waited out the whole timeout (60 s in the Ray test of torchft's
+    example) while the others trained on. Now it sees rank 0's mark and gives up at once."""
+    address = f"127.0.0.1:{store.port}"
+    store.set("gave-up/flag/0", "127.0.0.1:1")  # rank 0 published ...
+    store.set("gave-up/abandoned", "0")  # ... and gave up (rendezvous.mark_abandoned)
+    rank1 = FaultTolerantProcessGroup("gloo", collective_timeout_s=DEADLINE_S, connect_timeout_s=DEADLINE_S)
+    started = time.monotonic()
+    with pytest.raises(CollectiveError, match="column rendezvous abandoned: rank 0 gave it up"):
+        rank1.configure(ColumnSpec(address, "gave-up", 1, 2, quorum_id=5))
+    assert time.monotonic() - started < DEADLINE_S / 2
+    assert rank1.spec is None
+    rank1.shutdown()
+
+
+def test_a_member_that_gives_up_the_rendezvous_marks_it_for_the_others(store: dist.TCPStore) -> None:
+    address = f"127.0.0.1:{store.port}"
+    rank0 = FaultTolerantProcessGroup("gloo", collective_timeout_s=DEADLINE_S, connect_timeout_s=0.3)
+    with pytest.raises(CollectiveError, match="the deadline passed"):
+        rank0.configure(ColumnSpec(address, "marks", 0, 2, quorum_id=6))
+    assert store.get("marks/abandoned") == b"0"
+    rank0.shutdown()
