@@ -35,14 +35,18 @@ from replicaft.state.flat import DTYPES
 from replicaft.state.skeleton import SkeletonError, check_skeleton
 
 FORMAT = "replicaft-checkpoint"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """Version 2 added the lineage (layout.py). Version 3: chunked tensors (``tensors.msgpack`` and
 packs in place of DCP's files, storage.py), incremental chains (``kind``, ``requires``,
-chain.py) and the codec (compression level, encryption key id). Versions 1 and 2 hold DCP's
+chain.py) and the codec (compression level, encryption key id). Version 4: every sealed piece
+of an encrypted checkpoint carries its place as associated data (places.py; version 3's
+sealed pieces, which do not, are still read). Versions 1 and 2 hold DCP's
 own files (``DCP_FILES_VERSIONS``), read by legacy.py. Every version this release can read is
 listed in ``READABLE_VERSIONS``; a checkpoint of a newer one is refused with the version
 named, never guessed at."""
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
+UNPLACED_SEALS_VERSIONS = (3,)
+"""Versions whose sealed pieces (when encrypted) carry no place."""
 DCP_FILES_VERSIONS = (1, 2)
 LAYOUT_VERSION = 1
 """Version of ``state.msgpack``'s own encoding (unchanged since version 1 of the format)."""
@@ -92,7 +96,7 @@ class CheckpointManifest:
         return json.dumps(
             {
                 "format": FORMAT,
-                "version": FORMAT_VERSION,
+                "version": self.version,
                 "step": self.step,
                 "lineage": self.lineage,
                 "kind": self.kind,

@@ -43,12 +43,14 @@ from replicaft.checkpoint.layout import (
     STATE_FILE,
     TENSORS_FILE,
     CheckpointName,
+    checkpoint_dirname,
     dcp_key,
     lineage_label,
     parse_dirname,
 )
 from replicaft.checkpoint.legacy import SafeFileSystemReader
-from replicaft.checkpoint.manifest import CheckpointManifest, StateLayout
+from replicaft.checkpoint.manifest import UNPLACED_SEALS_VERSIONS, CheckpointManifest, StateLayout
+from replicaft.checkpoint.places import Place
 from replicaft.checkpoint.storage import ChunkStorageReader
 from replicaft.errors import CheckpointCorrupt, CheckpointKeyError, StateError
 from replicaft.state.flat import DTYPES, Sharding, flatten, unflatten
@@ -192,7 +194,15 @@ def codec_for(manifest: CheckpointManifest, key: EncryptionKey | None, where: st
             f"{where} was encrypted under key id {manifest.key_id}, but the key given has id {key.key_id}: the wrong "
             f"key. Give the key it was written with ({KEY_FILE_ENV} or {KEY_ENV}); the checkpoint is not damaged"
         )
-    return ChunkCodec(key=key)
+    unplaced = manifest.version in UNPLACED_SEALS_VERSIONS
+    if unplaced:
+        logger.warning(
+            "%s is of format version %d: its sealed pieces are authenticated but not bound to their "
+            "places (places.py); the next save writes a base of format version 4",
+            where,
+            manifest.version,
+        )
+    return ChunkCodec(key=key, unplaced_seals=unplaced)
 
 
 def scan_checkpoints(directory: Path) -> Scan:
@@ -262,6 +272,7 @@ def load(
             encrypted=manifest.key_id is not None,
             max_bytes=MAX_SMALL_FILE_BYTES,
             where=where,
+            place=Place.state(checkpoint_dirname(manifest.step, manifest.lineage)),
         )
         layout = StateLayout.decode(raw, where)
         to_load, tensors = _targets(path, layout, _template_tensors(template), rank)
