@@ -15,6 +15,8 @@ runs this module, so only one process ever names, renames or deletes checkpoints
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -183,9 +185,11 @@ class Publisher:
         tmp = prepared.tmp
         assert tmp is not None
         name = checkpoint_dirname(step, request.lineage)
-        write_durably(tmp / STATE_FILE, seal_blob(self.codec, layout.encode(), Place.state(name)))
         where = f"{tmp.name}/{TENSORS_FILE}"
-        index, pieces = decode_index(read_small(tmp / TENSORS_FILE, where), where)
+        raw_index = read_small(tmp / TENSORS_FILE, where)
+        index, pieces = decode_index(raw_index, where)
+        bound = dataclasses.replace(layout, index_sha256=hashlib.sha256(raw_index).hexdigest())
+        write_durably(tmp / STATE_FILE, seal_blob(self.codec, bound.encode(), Place.state(name)))
         saved = index.state_dict_metadata
         expected = [
             dcp_key(t.name, rank if t.own else None)

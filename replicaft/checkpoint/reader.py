@@ -277,6 +277,7 @@ def load(
         layout = StateLayout.decode(raw, where)
         to_load, tensors = _targets(path, layout, _template_tensors(template), rank)
         dcp.load(to_load, storage_reader=_storage_reader(path, manifest, codec), no_dist=True)
+        _check_index(path, manifest, layout)  # after the chunks, whose refusals name the tensors
         state = unflatten(layout.skeleton, tensors)
     except TemplateMismatch:
         raise
@@ -294,6 +295,20 @@ def load(
     return LoadedCheckpoint(
         manifest.step, state, path, manifest.lineage, imported=manifest.metadata.get("imported") is True
     )
+
+
+def _check_index(path: Path, manifest: CheckpointManifest, layout: StateLayout) -> None:
+    """Refuse a ``tensors.msgpack`` other than the one the state was saved with (StateLayout.index_sha256)."""
+    sealed = manifest.key_id is not None and manifest.version not in UNPLACED_SEALS_VERSIONS
+    if layout.index_sha256 is None and not sealed:
+        return  # written before states named their index, or plain: nothing binds it
+    listed = next((f.sha256 for f in manifest.files if f.name == TENSORS_FILE), None)
+    if layout.index_sha256 != listed:
+        said = f"{layout.index_sha256[:16]}…" if layout.index_sha256 is not None else "none"
+        raise CheckpointCorrupt(
+            f"{path.name}/{TENSORS_FILE}: refused: the state of step {manifest.step} was saved with the index of "
+            f"SHA-256 {said}, this one is {str(listed)[:16]}… (an index copied in from another checkpoint)"
+        )
 
 
 def _targets(

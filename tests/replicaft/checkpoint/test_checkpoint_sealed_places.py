@@ -37,7 +37,7 @@ V3_FIXTURE = REPO_ROOT / "tests" / "replicaft" / "checkpoint" / "fixtures" / "ch
 
 
 def state(step: int, big: torch.Tensor | None = None) -> dict[str, object]:
-    model = {"w": torch.full((64,), float(step)), "b": torch.full((64,), -float(step))}
+    model = {"w": torch.full((64,), float(step)), "b": torch.full((64,), -float(step)), "frozen": torch.ones(16)}
     if big is not None:
         model["big"] = big
     return {"replicaft": {"step": step}, "cursor": {"batch": 10 * step}, "model": model}
@@ -110,6 +110,21 @@ def test_state_of_another_step_is_refused_naming_both_steps(tmp_path: Path, capl
     ):
         CheckpointReader(tmp_path, encryption_key=KEY).load(newer)
     assert_falls_back_to(tmp_path, 100, caplog, "step 100", "step 200")
+
+
+def test_the_index_of_an_earlier_checkpoint_of_the_chain_is_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Step 100's index in step 200's directory, 200 an increment on 100: every chunk it refers
+    to is in 200's chain and opens where it is, so only the state's binding of its index
+    (StateLayout.index_sha256) tells that step 100's tensors would load under step 200's state."""
+    older, newer = write(tmp_path, [100, 200], chain_length=4)
+    assert json.loads((newer / MANIFEST_FILE).read_text())["requires"] == [older.name]
+    replace_and_rehash(newer, TENSORS_FILE, (older / TENSORS_FILE).read_bytes())
+
+    with pytest.raises(CheckpointCorrupt, match="the state of step 200 was saved with the index of SHA-256"):
+        CheckpointReader(tmp_path, encryption_key=KEY).load(newer)
+    assert_falls_back_to(tmp_path, 100, caplog, f"{newer.name}/{TENSORS_FILE}", "copied in")
 
 
 def test_a_chunk_moved_to_another_offset_of_its_pack_is_refused(

@@ -69,6 +69,7 @@ LAYOUT = {
     "skeleton": {"model": {"w": {"__tensor__": 0}, "b": {"__tensor__": 1}}, "step": 40, "t": {"__tuple__": [1, 2]}},
     "tensors": [["model.w", "float32", [4, 4]], ["model.b", "float32", [4], True]],
     "own_ranks": 2,
+    "index_sha256": "c" * 64,
 }
 INDEX = {
     "version": 1,
