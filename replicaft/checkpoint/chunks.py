@@ -129,7 +129,7 @@ class ChunkCodec:
             raise CheckpointCorrupt(f"{where}: empty chunk record")
         flags, payload = stored[0], memoryview(stored)[1:]
         placed = 0 if self.unplaced_seals else _PLACED
-        if flags & ~(_COMPRESSED | _ENCRYPTED | placed):
+        if flags & ~(_COMPRESSED | _ENCRYPTED | placed) or flags & (_ENCRYPTED | _PLACED) == _PLACED:
             raise CheckpointCorrupt(f"{where}: unknown chunk flags {flags:#x}")
         if not flags & _ENCRYPTED:
             if self._aead is not None:
@@ -148,7 +148,6 @@ class ChunkCodec:
             found = Place.decode(said, where)
             if found != place:
                 raise misplaced(found, place, where)
-            said = place.encode()  # the canonical form, as it was sealed
         if len(payload) < _NONCE_BYTES + _TAG_BYTES:
             # AESGCM raises ValueError, not InvalidTag, for a nonce under 8 bytes (issue 19).
             raise CheckpointCorrupt(

@@ -447,6 +447,14 @@ def test_encrypted_chunk_too_short_for_its_nonce_is_corrupt_issue_19(stored: byt
         CODEC.decode(CHUNK_ID, stored, len(CHUNK), "pack-0.bin@0", PLACE)
 
 
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "encrypted"])
+def test_a_place_without_a_seal_is_unknown_flags_issue_37(plain: bool) -> None:
+    """Flag 4 (a place) means nothing without flag 2 (sealed): refused, never read as plain bytes."""
+    codec = ChunkCodec() if plain else CODEC
+    with pytest.raises(CheckpointCorrupt, match="unknown chunk flags 0x4"):
+        codec.decode(CHUNK_ID, b"\x04" + CHUNK, len(CHUNK), "pack-0.bin@0", PLACE)
+
+
 @pytest.mark.parametrize(
     ("record", "name", "value", "message"),
     [
