@@ -67,10 +67,11 @@ class ChunkStorageWriter(StorageWriter):
     """Writes one rank's part of a checkpoint into ``directory`` (the temporary directory).
 
     ``known`` maps chunks (by reuse.reuse_key) to where the parent checkpoint's chain holds
-    them (empty for a base); ``location`` is the final name of the checkpoint being written, which its own
-    chunk references carry. ``content`` pairs the snapshot's tensors with their content hashes
-    (replicaft/state/content.py): without encryption those are the chunk ids, so a tensor DCP hands
-    over as that same memory, found by its address ``(data_ptr, nbytes)``, is not hashed
+    them (empty for a base); ``location`` is the final name of the checkpoint being written,
+    which its own chunk references carry, and its sealed chunks' places (places.py).
+    ``content`` pairs the snapshot's tensors with their content hashes
+    (replicaft/state/content.py): without encryption those are the chunk ids, so a tensor DCP
+    hands over as that same memory, found by its address ``(data_ptr, nbytes)``, is not hashed
     again. The address is a sound key only while those tensors live and do not change, which a
     snapshot being saved guarantees; any other tensor (a copy, a narrowed shard) is hashed here.
     """
