@@ -71,6 +71,7 @@ from replicaft.checkpoint import CheckpointWriter, SaveResult
 from replicaft.checkpoint.chunks import ChunkCodec
 from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.objectstore import ObjectStore
+from replicaft.checkpoint.places import Place
 from replicaft.config.options import ManagerOptions
 from replicaft.persistence.duties import Persistence
 from replicaft.state.content import CHUNK_BYTES
@@ -441,6 +442,11 @@ def state_chunks(snapshot: Snapshot) -> list[memoryview]:
     ]
 
 
+def place(n: int) -> Place:
+    """The place the writer seals chunk ``n`` for (one tensor's chunks, one after another)."""
+    return Place.chunk("step-000000001-0123456789ab", 0, n * CHUNK_BYTES, "state.w", (0,), n * CHUNK_BYTES)
+
+
 def measure_codecs(chunks: list[memoryview], key: EncryptionKey, repeats: int) -> dict[str, list[float]]:
     """Seconds to encode and decode every chunk, and the bytes stored, per codec."""
     codecs = {
@@ -452,10 +458,10 @@ def measure_codecs(chunks: list[memoryview], key: EncryptionKey, repeats: int) -
     for r in range(repeats):
         for name, codec in codecs.items() if r % 2 == 0 else reversed(codecs.items()):
             started = time.perf_counter()
-            stored = [(cid := codec.chunk_id(c), codec.encode(cid, c)) for c in chunks]
+            stored = [(cid := codec.chunk_id(c), codec.encode(cid, c, place(i))) for i, c in enumerate(chunks)]
             encoded = time.perf_counter()
-            for (cid, s), c in zip(stored, chunks, strict=True):
-                codec.decode(cid, s, len(c), name)
+            for i, ((cid, s), c) in enumerate(zip(stored, chunks, strict=True)):
+                codec.decode(cid, s, len(c), name, place(i))
             out.setdefault(f"{name}_encode", []).append(encoded - started)
             out.setdefault(f"{name}_decode", []).append(time.perf_counter() - encoded)
             out[f"{name}_stored"] = [sum(len(s) for _, s in stored)]

@@ -13,9 +13,10 @@ from replicaft.checkpoint.entries import read_small
 from replicaft.checkpoint.index import ChunkRef, decode_index
 from replicaft.checkpoint.labels import labels_of
 from replicaft.checkpoint.layout import TENSORS_FILE, parse_dirname
-from replicaft.checkpoint.manifest import CheckpointManifest
+from replicaft.checkpoint.manifest import FORMAT_VERSION, CheckpointManifest
 from replicaft.checkpoint.reader import read_manifest, scan_checkpoints
 from replicaft.checkpoint.retention import CheckpointFacts
+from replicaft.checkpoint.reuse import ReuseKey, reusable
 from replicaft.errors import CheckpointCorrupt
 
 logger = logging.getLogger(__name__)
@@ -52,13 +53,18 @@ def find_parent(directory: Path, lineage: str) -> Parent | None:
             return Parent(path.name, 1, None, False, str(e))
         if manifest.holds_dcp_files:
             return Parent(path.name, 1, None, False, "it is in the previous release's format")
+        if manifest.version != FORMAT_VERSION:
+            # A chain is read under its newest checkpoint's version: version 3's sealed
+            # chunks carry no place (places.py), and a version-4 reader refuses them.
+            why = f"it is of format version {manifest.version}, this save of {FORMAT_VERSION}"
+            return Parent(path.name, 1, None, False, why)
         missing = files_present(path, manifest)
         return Parent(path.name, manifest.chain_position, manifest.key_id, not missing, missing)
     return None
 
 
-def known_chunks(directory: Path, parent: str | None) -> dict[bytes, ChunkRef]:
-    """Every chunk the parent's index refers to, by id: what an increment need not write.
+def known_chunks(directory: Path, parent: str | None, *, sealed: bool) -> dict[ReuseKey, ChunkRef]:
+    """Every chunk the parent's index refers to (reuse.py): what an increment need not write.
 
     An unreadable index gives none (the save then writes every chunk, which is always
     correct) and a warning.
@@ -71,7 +77,7 @@ def known_chunks(directory: Path, parent: str | None) -> dict[bytes, ChunkRef]:
     except CheckpointCorrupt as e:
         logger.warning("%s; this save writes every chunk", e)
         return {}
-    return {ref.chunk_id: ref for piece in pieces.values() for ref in piece.chunks}
+    return reusable(pieces, sealed=sealed)
 
 
 def retention_facts(directory: Path, lineage: str, pending_upload: Collection[str] = ()) -> dict[int, CheckpointFacts]:

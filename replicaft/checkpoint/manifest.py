@@ -35,14 +35,18 @@ from replicaft.state.flat import DTYPES
 from replicaft.state.skeleton import SkeletonError, check_skeleton
 
 FORMAT = "replicaft-checkpoint"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 """Version 2 added the lineage (layout.py). Version 3: chunked tensors (``tensors.msgpack`` and
 packs in place of DCP's files, storage.py), incremental chains (``kind``, ``requires``,
-chain.py) and the codec (compression level, encryption key id). Versions 1 and 2 hold DCP's
+chain.py) and the codec (compression level, encryption key id). Version 4: every sealed piece
+of an encrypted checkpoint carries its place as associated data (places.py; version 3's
+sealed pieces, which do not, are still read). Versions 1 and 2 hold DCP's
 own files (``DCP_FILES_VERSIONS``), read by legacy.py. Every version this release can read is
 listed in ``READABLE_VERSIONS``; a checkpoint of a newer one is refused with the version
 named, never guessed at."""
-READABLE_VERSIONS = (1, 2, 3)
+READABLE_VERSIONS = (1, 2, 3, 4)
+UNPLACED_SEALS_VERSIONS = (3,)
+"""Versions whose sealed pieces (when encrypted) carry no place."""
 DCP_FILES_VERSIONS = (1, 2)
 LAYOUT_VERSION = 1
 """Version of ``state.msgpack``'s own encoding (unchanged since version 1 of the format)."""
@@ -92,7 +96,7 @@ class CheckpointManifest:
         return json.dumps(
             {
                 "format": FORMAT,
-                "version": FORMAT_VERSION,
+                "version": self.version,
                 "step": self.step,
                 "lineage": self.lineage,
                 "kind": self.kind,
@@ -206,6 +210,11 @@ class StateLayout:
     W > 0: the group's state was sharded over W ranks, and each rank saved its own value of
     every plain tensor (``SavedTensor.own``: FSDP's BatchNorm statistics differ per rank)
     under ``layout.dcp_key(name, rank)``."""
+    index_sha256: str | None = None
+    """The SHA-256 of the ``tensors.msgpack`` saved with this state (format version 4 on).
+    Sealed with the state, it binds an encrypted checkpoint's readable index to it: an index
+    copied in from another checkpoint of the chain refers only to chunks that open where they
+    are (places.py), but not to this state's tensors (issue 37)."""
 
     def encode(self) -> bytes:
         o: dict[str, Any] = {
@@ -215,6 +224,8 @@ class StateLayout:
         }
         if self.own_ranks:
             o["own_ranks"] = self.own_ranks
+        if self.index_sha256 is not None:
+            o["index_sha256"] = self.index_sha256
         return msgpack.packb(o, use_bin_type=True)
 
     @classmethod
@@ -243,13 +254,16 @@ class StateLayout:
         own_ranks = o.get("own_ranks", 0)
         if isinstance(own_ranks, bool) or not isinstance(own_ranks, int) or own_ranks < 0:
             raise CheckpointCorrupt(f"{where}: own_ranks = {shown(own_ranks)} is not a rank count")
+        index_sha256 = o.get("index_sha256")
+        if index_sha256 is not None and not (isinstance(index_sha256, str) and _SHA256_HEX.fullmatch(index_sha256)):
+            raise CheckpointCorrupt(f"{where}: index_sha256 = {shown(index_sha256)} is not a SHA-256")
         try:
             check_skeleton(o["skeleton"], len(tensors))
         except SkeletonError as e:
             # Checked here, not left to unflatten: a skeleton that nests 10 000 deep or names
             # a tensor twice is a damaged file, named as such (issue 19).
             raise CheckpointCorrupt(f"{where}: {e}") from None
-        return cls(o["skeleton"], tuple(tensors), own_ranks)
+        return cls(o["skeleton"], tuple(tensors), own_ranks, index_sha256)
 
 
 def _field(o: dict[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:

@@ -15,6 +15,8 @@ runs this module, so only one process ever names, renames or deletes checkpoints
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -54,9 +56,11 @@ from replicaft.checkpoint.layout import (
     tmp_dirname,
 )
 from replicaft.checkpoint.manifest import FORMAT_VERSION, CheckpointManifest, StateLayout
+from replicaft.checkpoint.places import Place
 from replicaft.checkpoint.policy import enough_space
 from replicaft.checkpoint.reader import check, scan_checkpoints
 from replicaft.checkpoint.results import SaveResult
+from replicaft.checkpoint.reuse import ReuseKey, reusable
 from replicaft.errors import CheckpointCorrupt
 from replicaft.state.flat import DIGEST_SCHEME, Flat, digest
 from replicaft.transfer.snapshot import Snapshot
@@ -114,12 +118,12 @@ class Publisher:
         self.housekeeper = housekeeper
         self.group_world_size = group_world_size
         self.writer_id = writer_id
-        self._last_chunks: tuple[str, tuple[int, int, int], dict[bytes, ChunkRef]] | None = None
+        self._last_chunks: tuple[str, tuple[int, int, int], dict[ReuseKey, ChunkRef]] | None = None
         """The name of the last checkpoint this writer published, its index file's identity
-        (inode, size, mtime) and the chunks that index refers to, by id: the next increment's
+        (inode, size, mtime) and the chunks that index refers to (reuse.py): the next increment's
         parent, whose index need not be read again while the file is the one written."""
 
-    def known_chunks(self, parent: str | None) -> dict[bytes, ChunkRef]:
+    def known_chunks(self, parent: str | None) -> dict[ReuseKey, ChunkRef]:
         """Every chunk the parent's index refers to (chainfiles.known_chunks), from memory when
         the parent is the checkpoint this writer published last and its index file is
         untouched since (~4 ms of each increment)."""
@@ -127,7 +131,7 @@ class Publisher:
             with contextlib.suppress(OSError):
                 if _identity(self.directory / parent / TENSORS_FILE) == self._last_chunks[1]:
                     return self._last_chunks[2]
-        return known_chunks(self.directory, parent)
+        return known_chunks(self.directory, parent, sealed=self.codec.key is not None)
 
     def prepare(self, request: SaveRequest, estimated: int) -> Prepared:
         """Clean leftovers once, check free space, create the temporary directory.
@@ -180,9 +184,12 @@ class Publisher:
         step = request.step
         tmp = prepared.tmp
         assert tmp is not None
-        write_durably(tmp / STATE_FILE, seal_blob(self.codec, layout.encode()))
+        name = checkpoint_dirname(step, request.lineage)
         where = f"{tmp.name}/{TENSORS_FILE}"
-        index, pieces = decode_index(read_small(tmp / TENSORS_FILE, where), where)
+        raw_index = read_small(tmp / TENSORS_FILE, where)
+        index, pieces = decode_index(raw_index, where)
+        bound = dataclasses.replace(layout, index_sha256=hashlib.sha256(raw_index).hexdigest())
+        write_durably(tmp / STATE_FILE, seal_blob(self.codec, bound.encode(), Place.state(name)))
         saved = index.state_dict_metadata
         expected = [
             dcp_key(t.name, rank if t.own else None)
@@ -194,7 +201,6 @@ class Publisher:
             raise CheckpointCorrupt(f"{tmp.name}: the tensor index lacks {len(missing)} tensors, e.g. {missing[:3]}")
         files = tuple(file_entry(p) for p in sorted(tmp.iterdir()) if p.is_file())
         state_digest = digest(Flat(layout.skeleton, tensors, [t.name for t in layout.tensors]), hashes)
-        name = checkpoint_dirname(step, request.lineage)
         requires = tuple(sorted({ref.location for piece in pieces.values() for ref in piece.chunks} - {name}))
         manifest = CheckpointManifest(
             step,
@@ -221,7 +227,7 @@ class Publisher:
         self._last_chunks = (
             final.name,
             identity,
-            {ref.chunk_id: ref for piece in pieces.values() for ref in piece.chunks},
+            reusable(pieces, sealed=self.codec.key is not None),
         )
         seconds = time.monotonic() - started
         self._log(

@@ -43,12 +43,14 @@ from replicaft.checkpoint.layout import (
     STATE_FILE,
     TENSORS_FILE,
     CheckpointName,
+    checkpoint_dirname,
     dcp_key,
     lineage_label,
     parse_dirname,
 )
 from replicaft.checkpoint.legacy import SafeFileSystemReader
-from replicaft.checkpoint.manifest import CheckpointManifest, StateLayout
+from replicaft.checkpoint.manifest import UNPLACED_SEALS_VERSIONS, CheckpointManifest, StateLayout
+from replicaft.checkpoint.places import Place
 from replicaft.checkpoint.storage import ChunkStorageReader
 from replicaft.errors import CheckpointCorrupt, CheckpointKeyError, StateError
 from replicaft.state.flat import DTYPES, Sharding, flatten, unflatten
@@ -192,7 +194,15 @@ def codec_for(manifest: CheckpointManifest, key: EncryptionKey | None, where: st
             f"{where} was encrypted under key id {manifest.key_id}, but the key given has id {key.key_id}: the wrong "
             f"key. Give the key it was written with ({KEY_FILE_ENV} or {KEY_ENV}); the checkpoint is not damaged"
         )
-    return ChunkCodec(key=key)
+    unplaced = manifest.version in UNPLACED_SEALS_VERSIONS
+    if unplaced:
+        logger.warning(
+            "%s is of format version %d: its sealed pieces are authenticated but not bound to their "
+            "places (places.py); the next save writes a base of format version 4",
+            where,
+            manifest.version,
+        )
+    return ChunkCodec(key=key, unplaced_seals=unplaced)
 
 
 def scan_checkpoints(directory: Path) -> Scan:
@@ -262,10 +272,12 @@ def load(
             encrypted=manifest.key_id is not None,
             max_bytes=MAX_SMALL_FILE_BYTES,
             where=where,
+            place=Place.state(checkpoint_dirname(manifest.step, manifest.lineage)),
         )
         layout = StateLayout.decode(raw, where)
         to_load, tensors = _targets(path, layout, _template_tensors(template), rank)
         dcp.load(to_load, storage_reader=_storage_reader(path, manifest, codec), no_dist=True)
+        _check_index(path, manifest, layout)  # after the chunks, whose refusals name the tensors
         state = unflatten(layout.skeleton, tensors)
     except TemplateMismatch:
         raise
@@ -283,6 +295,20 @@ def load(
     return LoadedCheckpoint(
         manifest.step, state, path, manifest.lineage, imported=manifest.metadata.get("imported") is True
     )
+
+
+def _check_index(path: Path, manifest: CheckpointManifest, layout: StateLayout) -> None:
+    """Refuse a ``tensors.msgpack`` other than the one the state was saved with (StateLayout.index_sha256)."""
+    sealed = manifest.key_id is not None and manifest.version not in UNPLACED_SEALS_VERSIONS
+    if layout.index_sha256 is None and not sealed:
+        return  # written before states named their index, or plain: nothing binds it
+    listed = next((f.sha256 for f in manifest.files if f.name == TENSORS_FILE), None)
+    if layout.index_sha256 != listed:
+        said = f"{layout.index_sha256[:16]}…" if layout.index_sha256 is not None else "none"
+        raise CheckpointCorrupt(
+            f"{path.name}/{TENSORS_FILE}: refused: the state of step {manifest.step} was saved with the index of "
+            f"SHA-256 {said}, this one is {str(listed)[:16]}… (an index copied in from another checkpoint)"
+        )
 
 
 def _targets(

@@ -50,6 +50,8 @@ from replicaft.checkpoint.chunks import ChunkCodec
 from replicaft.checkpoint.entries import open_regular, read_small
 from replicaft.checkpoint.index import ChunkRef, StoredPiece, decode_index, dtype_name, encode_index
 from replicaft.checkpoint.layout import TENSORS_FILE, pack_name
+from replicaft.checkpoint.places import Place
+from replicaft.checkpoint.reuse import ReuseKey, reuse_key, shard_of
 from replicaft.errors import CheckpointCorrupt
 from replicaft.state.content import CHUNK_BYTES
 from replicaft.state.flat import DTYPES, tensor_bytes
@@ -64,11 +66,12 @@ def piece_bytes(tensor: torch.Tensor) -> memoryview:
 class ChunkStorageWriter(StorageWriter):
     """Writes one rank's part of a checkpoint into ``directory`` (the temporary directory).
 
-    ``known`` maps chunk ids to where the parent checkpoint's chain holds them (empty for a
-    base); ``location`` is the final name of the checkpoint being written, which its own
-    chunk references carry. ``content`` pairs the snapshot's tensors with their content hashes
-    (replicaft/state/content.py): without encryption those are the chunk ids, so a tensor DCP hands
-    over as that same memory, found by its address ``(data_ptr, nbytes)``, is not hashed
+    ``known`` maps chunks (by reuse.reuse_key) to where the parent checkpoint's chain holds
+    them (empty for a base); ``location`` is the final name of the checkpoint being written,
+    which its own chunk references carry, and its sealed chunks' places (places.py).
+    ``content`` pairs the snapshot's tensors with their content hashes
+    (replicaft/state/content.py): without encryption those are the chunk ids, so a tensor DCP
+    hands over as that same memory, found by its address ``(data_ptr, nbytes)``, is not hashed
     again. The address is a sound key only while those tensors live and do not change, which a
     snapshot being saved guarantees; any other tensor (a copy, a narrowed shard) is hashed here.
     """
@@ -80,7 +83,7 @@ class ChunkStorageWriter(StorageWriter):
         rank: int,
         location: str,
         codec: ChunkCodec,
-        known: dict[bytes, ChunkRef],
+        known: dict[ReuseKey, ChunkRef],
         content: Iterable[tuple[torch.Tensor, Sequence[bytes]]] = (),
     ) -> None:
         super().__init__()
@@ -125,15 +128,18 @@ class ChunkStorageWriter(StorageWriter):
                 data = piece_bytes(tensor)
                 hashed = self.content.get((tensor.data_ptr(), len(data))) if tensor.is_contiguous() else None
                 refs = []
+                fqn, shard = item.index.fqn, shard_of(item.index)
                 for n, start in enumerate(range(0, len(data), CHUNK_BYTES)):
                     chunk = data[start : start + CHUNK_BYTES]
                     chunk_id = hashed[n] if hashed is not None else self.codec.chunk_id(chunk)
-                    ref = self.known.get(chunk_id)
+                    key = reuse_key(chunk_id, fqn, shard, start, sealed=self.codec.key is not None)
+                    ref = self.known.get(key)
                     if ref is None:
-                        stored = self.codec.encode(chunk_id, chunk)
+                        place = Place.chunk(self.location, self.rank, offset, fqn, shard, start)
+                        stored = self.codec.encode(chunk_id, chunk, place)
                         pack.write(stored)
                         ref = ChunkRef(self.location, self.rank, offset, len(stored), len(chunk), chunk_id)
-                        self.known[chunk_id] = ref
+                        self.known[key] = ref
                         offset += len(stored)
                         self.num_new_bytes += len(stored)
                     refs.append(ref)
@@ -201,7 +207,8 @@ class ChunkStorageReader(StorageReader):
                 piece = self.pieces.get(req.storage_index)
                 if piece is None:
                     raise CheckpointCorrupt(f"{self.path.name}/{TENSORS_FILE} has no chunks for {req.storage_index}")
-                tensor = narrow_tensor_by_index(self._assemble(piece, packs), req.storage_offsets, req.lengths)
+                whole = self._assemble(req.storage_index, piece, packs)
+                tensor = narrow_tensor_by_index(whole, req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != tensor.size():
                     raise CheckpointCorrupt(
@@ -217,7 +224,7 @@ class ChunkStorageReader(StorageReader):
         future.set_result(None)
         return future
 
-    def _assemble(self, piece: StoredPiece, packs: dict[tuple[str, int], Any]) -> torch.Tensor:
+    def _assemble(self, index: MetadataIndex, piece: StoredPiece, packs: dict[tuple[str, int], Any]) -> torch.Tensor:
         out = torch.empty(piece.shape, dtype=DTYPES[piece.dtype])
         data = piece_bytes(out) if out.numel() else memoryview(bytearray())
         start = 0
@@ -231,7 +238,8 @@ class ChunkStorageReader(StorageReader):
             stored = os.pread(f.fileno(), ref.stored_len, ref.offset)
             if len(stored) != ref.stored_len:
                 raise CheckpointCorrupt(f"{where}: {len(stored)} of {ref.stored_len} bytes there (truncated)")
-            data[start : start + ref.raw_len] = self.codec.decode(ref.chunk_id, stored, ref.raw_len, where)
+            place = Place.chunk(ref.location, ref.pack, ref.offset, index.fqn, shard_of(index), start)
+            data[start : start + ref.raw_len] = self.codec.decode(ref.chunk_id, stored, ref.raw_len, where, place)
             start += ref.raw_len
         return out
 

@@ -21,6 +21,7 @@ from replicaft.checkpoint.__main__ import main
 from replicaft.checkpoint.catalog import CATALOG_FILE, USER_TAGS_FILE, Catalog, code_version
 from replicaft.checkpoint.labels import CheckpointLabels
 from replicaft.checkpoint.layout import checkpoint_dirname
+from replicaft.checkpoint.manifest import FORMAT_VERSION
 from replicaft.state.flat import flatten
 from replicaft.transfer.snapshot import Snapshot
 
@@ -65,7 +66,7 @@ def test_publish_registers_labels_and_retention_roles(tmp_path: Path) -> None:
     assert emergency.roles == ("emergency", "latest") and emergency.metrics == {}
     assert best.config_hash is not None and len(best.config_hash) == 16
     assert best.code_version == code_version() and best.code_version
-    assert (best.step, best.lineage, best.save_kind, best.format_version) == (20, LINEAGE, "base", 3)
+    assert (best.step, best.lineage, best.save_kind, best.format_version) == (20, LINEAGE, "base", FORMAT_VERSION)
     assert best.num_bytes == sum(p.stat().st_size for p in (tmp_path / name(20)).iterdir() if p.name != "manifest.json")
     assert [e.name for e in Catalog(tmp_path).find(experiment="sweep", best="loss")] == [name(20)]
 

@@ -13,6 +13,7 @@ from replicaft.checkpoint import CheckpointWriter
 from replicaft.checkpoint.__main__ import main
 from replicaft.checkpoint.labels import CheckpointLabels
 from replicaft.checkpoint.layout import checkpoint_dirname
+from replicaft.checkpoint.manifest import FORMAT_VERSION
 from replicaft.state.flat import flatten
 from replicaft.transfer.snapshot import Snapshot
 
@@ -150,7 +151,7 @@ def test_catalog_find_show_and_tag(tmp_path: Path, capsys: pytest.CaptureFixture
         "roles: latest",
         "tiers: local",
         "kind: base",
-        "format version: 3",
+        f"format version: {FORMAT_VERSION}",
         "metric loss: 0.9",
         "tag note: first try",
     } <= set(out), out

@@ -6,7 +6,7 @@ manifest entry re-hashed) ran code on resume; DCP's ``CheckpointException`` is a
 trying the previous checkpoint. Issue 22: checkpoints of the previous releases' formats
 (``tests/support/fixtures/checkpoint_v1`` and ``checkpoint_v2``, each written by that release) still
 load, bitwise, through the same restricted reader, and a save after one continues its
-lineage. This release's format (version 3) holds no pickle at all.
+lineage. This release's format (versions 3 and 4) holds no pickle at all.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from replicaft.checkpoint.layout import (
     MANIFEST_FILE,
     TENSORS_FILE,
 )
+from replicaft.checkpoint.manifest import FORMAT_VERSION
 from replicaft.checkpoint.reader import load
 from replicaft.errors import CheckpointCorrupt
 from replicaft.state.flat import Flat, digest, flatten, tensor_bytes
@@ -172,7 +173,7 @@ def test_previous_release_checkpoint_loads_bitwise_and_the_next_save_continues_i
         snap = Snapshot.capture(flatten(loaded.state), step=6, quorum_id=1, replica_id="g0")
         result = writer.save_async(snap, 6, lineage=loaded.lineage).wait(60)
     assert result.ok and result.kind == "base", result.reason
-    assert json.loads((result.path / MANIFEST_FILE).read_text())["version"] == 3
+    assert json.loads((result.path / MANIFEST_FILE).read_text())["version"] == FORMAT_VERSION
     newer = CheckpointReader(tmp_path / "old").load_latest_valid()
     assert newer is not None and (newer.step, newer.lineage) == (6, expected["lineage"])
     assert release_digest(flatten(newer.state)) == expected["digest"]

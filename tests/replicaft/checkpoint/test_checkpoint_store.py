@@ -19,6 +19,7 @@ import torch
 from conftest import spawn_python
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, SaveResult
+from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.layout import MANIFEST_FILE, is_tmp_dirname
 from replicaft.checkpoint.reader import scan_checkpoints
 from replicaft.errors import StateError
@@ -434,10 +435,11 @@ RANK_CHILD = textwrap.dedent(
 )
 
 
-def run_two_ranks(child: str, directory: Path, init_file: Path) -> list[dict[str, Any]]:
+def run_two_ranks(child: str, directory: Path, init_file: Path, *args: str) -> list[dict[str, Any]]:
     """Run ``child`` as ranks 0 and 1 of a group; their JSON reports, once both saved and exited."""
     ranks = [
-        spawn_python("-c", child, str(rank), str(directory), str(init_file), name=f"rank{rank}") for rank in (0, 1)
+        spawn_python("-c", child, str(rank), str(directory), str(init_file), *args, name=f"rank{rank}")
+        for rank in (0, 1)
     ]
     reports = [rank.wait_for_json(lambda o: "status" in o, WAIT_S, what="the save result")[1] for rank in ranks]
     codes = [rank.wait_exit(WAIT_S) for rank in ranks]
@@ -467,11 +469,13 @@ SHARDED_RANK_CHILD = textwrap.dedent(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from replicaft.checkpoint import CheckpointReader, CheckpointWriter
+    from replicaft.checkpoint.keys import EncryptionKey
     from replicaft.wrappers.fsdp import shard_optimizer_state
     from replicaft.state.flat import digest, flatten
     from replicaft.transfer.snapshot import Snapshot
 
     rank, directory, init_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    key = EncryptionKey.from_bytes(bytes.fromhex(sys.argv[4])) if len(sys.argv) > 4 else None
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     checkpoint_group = dist.new_group(backend="gloo")
     mesh = init_device_mesh("cpu", (2,))
@@ -500,12 +504,13 @@ SHARDED_RANK_CHILD = textwrap.dedent(
         optimizer.step()
         optimizer.zero_grad()
     saved = state(model, optimizer)
-    with CheckpointWriter(directory, process_group=checkpoint_group, writer_id=f"g0/{rank}") as writer:
-        result = writer.save_async(Snapshot.capture(flatten(saved), step=10, quorum_id=2, replica_id="g0"), 10).wait(60)
+    with CheckpointWriter(directory, process_group=checkpoint_group, writer_id=f"g0/{rank}", encryption_key=key) as w:
+        result = w.save_async(Snapshot.capture(flatten(saved), step=10, quorum_id=2, replica_id="g0"), 10).wait(60)
 
     # W = 2 again, into a differently initialised model and a fresh optimizer (no moments yet).
     model2, optimizer2 = build(1)
-    loaded = CheckpointReader(directory).load_latest_valid(state(model2, optimizer2, torch.zeros(3)), rank=rank)
+    reader = CheckpointReader(directory, encryption_key=key)
+    loaded = reader.load_latest_valid(state(model2, optimizer2, torch.zeros(3)), rank=rank)
     optimizer2.load_state_dict(loaded.state["optimizer"])
     restored = state(model2, optimizer2, loaded.state["own"])
     print(json.dumps({
@@ -523,15 +528,22 @@ SHARDED_RANK_CHILD = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_sharded_two_rank_save_restores_each_rank_and_loads_whole_with_one_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_sharded_two_rank_save_restores_each_rank_and_loads_whole_with_one_rank(
+    tmp_path: Path, encrypted: bool
+) -> None:
+    """Encrypted too: each shard's chunks are sealed for the shard's offsets (places.py), and
+    open both where each rank reads its own shards and where one process reads them all."""
     directory = tmp_path / "ckpt"
-    reports = run_two_ranks(SHARDED_RANK_CHILD, directory, tmp_path / "init")
+    key = EncryptionKey.from_bytes(bytes(range(32))) if encrypted else None
+    args = (bytes(range(32)).hex(),) if encrypted else ()
+    reports = run_two_ranks(SHARDED_RANK_CHILD, directory, tmp_path / "init", *args)
     assert reports[0]["shard_digest"] != reports[1]["shard_digest"]  # the ranks really hold different shards
     for r in reports:  # W = 2 -> W = 2: each rank gets exactly its own shards back, as DTensors
         assert r["restored_digest"] == r["shard_digest"] and r["moments_sharded"], r
     # W = 2 -> W = 1: one process with no template gets the whole tensors (both ranks' parts)
     # and rank 0's own values.
-    loaded = CheckpointReader(directory).load_latest_valid()
+    loaded = CheckpointReader(directory, encryption_key=key).load_latest_valid()
     assert (
         loaded is not None and digest(flatten(loaded.state)) == reports[0]["full_digest"] != reports[1]["full_digest"]
     )

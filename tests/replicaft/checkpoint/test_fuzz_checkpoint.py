@@ -43,6 +43,7 @@ from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.layout import DCP_METADATA_FILE, parse_dirname
 from replicaft.checkpoint.legacy import read_dcp_metadata
 from replicaft.checkpoint.manifest import CheckpointManifest, StateLayout
+from replicaft.checkpoint.places import Place
 from replicaft.errors import CheckpointCorrupt
 
 LINEAGE = "3f9c2a1b7e55"
@@ -68,6 +69,7 @@ LAYOUT = {
     "skeleton": {"model": {"w": {"__tensor__": 0}, "b": {"__tensor__": 1}}, "step": 40, "t": {"__tuple__": [1, 2]}},
     "tensors": [["model.w", "float32", [4, 4]], ["model.b", "float32", [4], True]],
     "own_ranks": 2,
+    "index_sha256": "c" * 64,
 }
 INDEX = {
     "version": 1,
@@ -197,7 +199,8 @@ def test_tensor_index_decodes_or_raises_checkpoint_corrupt(raw: bytes) -> None:
 
 CHUNK = b"state bytes " * 20
 CHUNK_ID = CODEC.chunk_id(CHUNK)
-STORED = CODEC.encode(CHUNK_ID, CHUNK)
+PLACE = Place.chunk(PARENT, 0, 0, "model.w", (0, 0), 0)
+STORED = CODEC.encode(CHUNK_ID, CHUNK, PLACE)
 
 
 @FUZZ
@@ -209,7 +212,7 @@ STORED = CODEC.encode(CHUNK_ID, CHUNK)
 def test_chunk_record_decodes_or_raises_checkpoint_corrupt(stored: bytes, raw_len: int, plain: bool) -> None:
     codec = ChunkCodec(compression_level=3) if plain else CODEC
     data = call_decoder(
-        lambda: codec.decode(CHUNK_ID, stored, raw_len, "pack-0.bin@0"),
+        lambda: codec.decode(CHUNK_ID, stored, raw_len, "pack-0.bin@0", PLACE),
         CheckpointCorrupt,
         "ChunkCodec.decode",
         len(stored),
@@ -217,16 +220,107 @@ def test_chunk_record_decodes_or_raises_checkpoint_corrupt(stored: bytes, raw_le
     assert data is None or data == CHUNK
 
 
+STATE_PLACE = Place.state(PARENT)
+
+
 @FUZZ
-@given(stored=st.one_of(st.binary(max_size=120), damaged_bytes(seal_blob(CODEC, b"layout"))))
+@given(stored=st.one_of(st.binary(max_size=120), damaged_bytes(seal_blob(CODEC, b"layout", STATE_PLACE))))
 def test_sealed_file_opens_or_raises_checkpoint_corrupt(stored: bytes) -> None:
     data = call_decoder(
-        lambda: open_blob(CODEC, stored, encrypted=True, max_bytes=1 << 20, where="state.msgpack"),
+        lambda: open_blob(CODEC, stored, encrypted=True, max_bytes=1 << 20, where="state.msgpack", place=STATE_PLACE),
         CheckpointCorrupt,
         "open_blob",
         len(stored),
     )
     assert data is None or data == b"layout"
+
+
+# -- sealed pieces and their places (issue 37) --------------------------------------------------
+
+CHECKPOINTS = [PARENT, f"step-000000040-{LINEAGE}", "step-000000030-0123456789ab", "not a name"]
+
+
+@st.composite
+def places(draw: st.DrawFn) -> Place:
+    """Any place a reader may expect a piece at: a state or a chunk, near PLACE or far from it."""
+    checkpoint = draw(st.sampled_from(CHECKPOINTS))
+    if draw(st.booleans()):
+        return Place.state(checkpoint)
+    return Place.chunk(
+        checkpoint,
+        draw(st.sampled_from([0, 1, 1 << 20])),
+        draw(st.sampled_from([0, 1, len(STORED)])),
+        draw(st.sampled_from(["model.w", "model.b", "", "model.w\x00"])),
+        draw(st.sampled_from([(0, 0), (4, 0), ()])),
+        draw(st.sampled_from([0, 4 << 20])),
+    )
+
+
+def with_place(stored: bytes, said: bytes) -> bytes:
+    """``stored`` (a sealed chunk record) with its clear place replaced by ``said``: what one
+    without the key does to make a piece claim the place it was moved to."""
+    length = int.from_bytes(stored[1:3], "big")
+    return stored[:1] + len(said).to_bytes(2, "big") + said + stored[3 + length :]
+
+
+@FUZZ
+@given(
+    stored=st.one_of(st.binary(max_size=120), damaged_bytes(STORED), st.just(STORED)),
+    place=st.one_of(st.just(PLACE), places()),
+)
+def test_sealed_chunk_opens_only_intact_and_where_it_was_sealed_for(stored: bytes, place: Place) -> None:
+    """Arbitrary bytes, flipped bits and another place (wrong associated data) never decode and
+    always raise CheckpointCorrupt; only the intact record read where it was sealed for does."""
+    data = call_decoder(
+        lambda: CODEC.decode(CHUNK_ID, stored, len(CHUNK), "pack-0.bin@0", place),
+        CheckpointCorrupt,
+        "ChunkCodec.decode",
+        len(stored),
+    )
+    assert data is None or (data == CHUNK and place == PLACE and stored == STORED)
+
+
+@FUZZ
+@given(place=places(), said=st.one_of(st.binary(max_size=40), msgpack_values))
+def test_a_sealed_chunk_whose_clear_place_is_rewritten_never_opens(place: Place, said: Any) -> None:
+    """The place a record shows is checked by its seal: rewriting it (to the place it is read
+    at, or to anything else) fails, as CheckpointCorrupt, wherever the record is read."""
+    claim = said if isinstance(said, bytes) else msgpack.packb(said, use_bin_type=True)
+    for forged in (with_place(STORED, place.encode()), with_place(STORED, claim[:0xFFFF])):
+        data = call_decoder(
+            lambda forged=forged: CODEC.decode(CHUNK_ID, forged, len(CHUNK), "pack-0.bin@0", place),
+            CheckpointCorrupt,
+            "ChunkCodec.decode",
+            len(forged),
+        )
+        assert data is None or (place == PLACE and forged == STORED)
+
+
+@FUZZ
+@given(
+    stored=st.one_of(st.binary(max_size=120), damaged_bytes(seal_blob(CODEC, b"layout", STATE_PLACE))),
+    place=st.one_of(st.just(STATE_PLACE), places()),
+)
+def test_sealed_file_opens_only_as_the_state_it_was_sealed_for(stored: bytes, place: Place) -> None:
+    sealed = seal_blob(CODEC, b"layout", STATE_PLACE)
+    for blob in (stored, sealed):
+        data = call_decoder(
+            lambda blob=blob: open_blob(CODEC, blob, encrypted=True, max_bytes=1 << 20, where="state", place=place),
+            CheckpointCorrupt,
+            "open_blob",
+            len(blob),
+        )
+        assert data is None or (data == b"layout" and place == STATE_PLACE)
+
+
+def packed(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+@FUZZ
+@given(raw=st.one_of(st.binary(max_size=60), damaged_bytes(PLACE.encode()), hostile_values.map(packed)))
+def test_place_decodes_or_raises_checkpoint_corrupt(raw: bytes) -> None:
+    call_decoder(lambda: Place.decode(raw, "pack-0.bin@0"), CheckpointCorrupt, "Place.decode", len(raw))
 
 
 @FUZZ
@@ -350,7 +444,15 @@ def test_directory_name_with_a_step_too_long_for_an_int_is_not_a_checkpoint_issu
 @pytest.mark.parametrize("stored", [b"\x02", b"\x02" + bytes(5), b"\x03" + bytes(7)])
 def test_encrypted_chunk_too_short_for_its_nonce_is_corrupt_issue_19(stored: bytes) -> None:
     with pytest.raises(CheckpointCorrupt, match="pack-0.bin@0"):
-        CODEC.decode(CHUNK_ID, stored, len(CHUNK), "pack-0.bin@0")
+        CODEC.decode(CHUNK_ID, stored, len(CHUNK), "pack-0.bin@0", PLACE)
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain", "encrypted"])
+def test_a_place_without_a_seal_is_unknown_flags_issue_37(plain: bool) -> None:
+    """Flag 4 (a place) means nothing without flag 2 (sealed): refused, never read as plain bytes."""
+    codec = ChunkCodec() if plain else CODEC
+    with pytest.raises(CheckpointCorrupt, match="unknown chunk flags 0x4"):
+        codec.decode(CHUNK_ID, b"\x04" + CHUNK, len(CHUNK), "pack-0.bin@0", PLACE)
 
 
 @pytest.mark.parametrize(
