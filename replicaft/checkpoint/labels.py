@@ -62,9 +62,11 @@ class Labels:
 
 
 def config_hash(config: Mapping[str, Any]) -> str:
-    """A short, stable hash of a JSON-able config (key order does not matter)."""
+    """A short, stable hash of a JSON-able config (key order does not matter). A NaN or infinite
+    value hashes as its name: the config is hashed, never stored, and ``vars(args)`` of a run
+    given ``--loss-scale inf`` is a config like any other (refusing it stopped that run at start)."""
     try:
-        canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        canonical = json.dumps(config, sort_keys=True, separators=(",", ":"))
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint config must hold JSON values only (it is hashed, not stored): {e}") from e
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -6,6 +6,7 @@ tests kill groups with real signals and read the structured events and the direc
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -213,3 +214,25 @@ def test_random_kills_then_every_group_killed_samples_exactly_once(tmp_path: Pat
     assert positions > 2 * 300, "the run should cross at least one epoch boundary"
     assert_digests_agree(events, min_steps=90)
     assert_samples_exactly_once(events, min_steps=100)
+
+
+@pytest.mark.timeout(120)
+def test_a_loss_that_blows_up_is_recorded_and_training_goes_on_issue_37(tmp_path: Path) -> None:
+    """``--loss-scale inf``: every loss is infinite. ``report_metrics`` raised and the group
+    exited with 1 (bug 6), and the script's ``checkpoint_tags(config=vars(args))`` refused the
+    infinite value in its config first. Now each is a ``non_finite_metric`` event, the run
+    trains its steps, saves its checkpoints without the loss, and exits 0."""
+    lh = start_lighthouse(status=False)
+    group = start_checkpointing_group(lh.grpc_address, "g0", tmp_path, "--steps", "12", "--loss-scale", "inf")
+    assert group.wait_exit(100) == 0, group.output_tail()
+    events = read_events(tmp_path / "events")
+    blown = [e for e in events if e["event"] == "non_finite_metric"]
+    # The first loss is infinite; its gradients make the weights NaN, and every loss after is NaN.
+    assert len(blown) >= 12 and blown[0]["value"] == "inf", blown[:3]
+    assert {(e["metric"], e["value"]) for e in blown} <= {("loss", "inf"), ("loss", "nan")}, blown[:3]
+    saved = [e for e in events if e["event"] == "checkpoint" and e["ok"]]
+    assert saved, "no checkpoint was saved"
+    for info in CheckpointReader(tmp_path / "ckpt").list():
+        metadata = json.loads((info.path / "manifest.json").read_text())["metadata"]
+        assert "loss" not in metadata.get("metrics", {}), (info.step, metadata)
+        assert "config_hash" in metadata, metadata  # the config, inf and all, was hashed
