@@ -29,6 +29,7 @@ from torch import nn
 
 import replicaft
 from replicaft.data import ExactlyOnceSampler, StepDataLoader
+from replicaft.errors import CheckpointStoreUnavailable
 from replicaft.persistence.resume_check import ResumeDiverged
 from replicaft.state.grad_scaler import GradScalerState
 
@@ -164,5 +165,8 @@ if __name__ == "__main__":
         print(f"train_ddp: {e}", file=sys.stderr)
         sys.exit(1)
     except ResumeDiverged as e:  # REPLICAFT_RESUME_VERIFY_ACTION=stop, and the resumed run is not the saved one
+        print(f"train_ddp: {e}", file=sys.stderr)
+        sys.exit(1)
+    except CheckpointStoreUnavailable as e:  # no local checkpoint, and the object store could not be asked
         print(f"train_ddp: {e}", file=sys.stderr)
         sys.exit(1)
