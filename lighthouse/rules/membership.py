@@ -167,7 +167,7 @@ class Membership:
         self._lost_steps.back(reg.replica_id)
         self._next_quorum_id = max(self._next_quorum_id, reg.last_quorum_id + 1)
         if self.current is None:
-            self._reconnects.registered(reg.last_quorum_id, now)
+            self._reconnects.registered(reg.last_quorum_id, reg.last_quorum_members, now)
         session = self._next_session
         self._next_session += 1
         self._survivors = None
@@ -263,7 +263,7 @@ class Membership:
         return lost
 
     def view(self) -> QuorumView:
-        previous = self._current_ids
+        previous = self._current_ids if self._current_ids is not None else self._reconnects.last_quorum
         return QuorumView(
             healthy=frozenset(self.members),
             waiting={rid: j.waiting for rid, j in self._joins.items()},
@@ -279,7 +279,7 @@ class Membership:
             others = ((rid, m.step) for rid, m in self.members.items() if rid not in self._joins)
             held = self._lost_steps.holdout(reach, others, now, self.options.join_timeout_s)
             if held is None and self.current is None:
-                held = self._reconnects.holdout(self.members.keys(), now)
+                held = self._reconnects.holdout(self.members.keys(), decision.participants, now)
             if held is not None:
                 decision = QuorumDecision(None, held)
         sessions = frozenset((rid, self.members[rid].session) for rid in decision.participants or ())
