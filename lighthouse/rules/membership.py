@@ -127,10 +127,11 @@ class Membership:
         costs O(N) instead of N full decisions; decisions that a deadline makes possible (join
         timeout, restart grace) are taken by the server's periodic tick.
         """
-        if self._current_ids is None:
+        previous = self._reconnects.previous(self._current_ids)
+        if previous is None:
             return len(self._joins) >= len(self.members)
         if self._survivors is None:
-            self._survivors = sum(1 for rid in self._current_ids if rid in self.members)
+            self._survivors = sum(1 for rid in previous if rid in self.members)
         return len(self._joins) >= self._survivors
 
     def successor(self, incarnation: int) -> Membership:
@@ -263,7 +264,7 @@ class Membership:
         return lost
 
     def view(self) -> QuorumView:
-        previous = self._current_ids if self._current_ids is not None else self._reconnects.last_quorum
+        previous = self._reconnects.previous(self._current_ids)
         return QuorumView(
             healthy=frozenset(self.members),
             waiting={rid: j.waiting for rid, j in self._joins.items()},

@@ -75,10 +75,11 @@ class ReconnectGrace:
         elif members != self._last_members:
             self._last_members, self._disputed = None, True
 
-    @property
-    def last_quorum(self) -> tuple[str, ...] | None:
-        """The members of the last quorum where known, sorted: etcd's record, or the reports (None: unknown).
-        Until the first quorum they are the previous quorum of the rules (quorum.py's fast path)."""
+    def previous(self, current: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        """The previous quorum of the rules (quorum.py's fast path): ``current``, this incarnation's
+        last; before its first, the last one's members where known (etcd's record, or the reports)."""
+        if current is not None:
+            return current
         return self._restored if self._restored is not None else self._last_members
 
     def holdout(self, members: Collection[str], participants: Collection[str], now: float) -> str | None:

@@ -87,6 +87,24 @@ class TestEveryMemberBack:
         quorum = m.decide(LEASE_S)
         assert quorum is not None and quorum.replica_ids == ("a", "b")
 
+    def test_without_a_lease_the_join_that_completes_the_last_quorum_forms_it(self) -> None:
+        """The server decides on a join only when ``may_form_now`` says so: before the first
+        quorum it counts the reported last quorum's members, as the rules do."""
+        m = Membership(
+            MembershipOptions(
+                join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0, max_commit_lease_s=0.0
+            ),
+            incarnation=2,
+        )
+        m.register(Register("n", "host-n", 1, 0), 0.0)  # a newcomer, not asking
+        back(m, "a", 0.0, 7, "ab")
+        m.register(Register("b", "host-b", 1, 10, 7, ("a", "b")), 0.01)
+        assert not m.may_form_now()
+        assert m.join(QuorumRequest("b", 10, "host-b", 1, timeout_s=10.0), 0.01)
+        assert m.may_form_now()
+        quorum = m.decide(0.01)
+        assert quorum is not None and quorum.replica_ids == ("a", "b")
+
 
 class TestMemberMissing:
     def test_one_missing_is_waited_for_the_join_timeout_then_left_out(self) -> None:
@@ -178,7 +196,7 @@ def test_a_newer_quorum_whose_members_nobody_names_voids_an_older_list() -> None
     grace = ReconnectGrace(JOIN_TIMEOUT_S, LEASE_S)
     grace.registered(7, ("a", "b"), 0.0)
     grace.registered(9, (), 0.0)
-    assert grace.last_quorum is None  # quorum 9's members unknown: 7's list says nothing about them
+    assert grace.previous(None) is None  # quorum 9's members unknown: 7's list says nothing about them
     assert grace.holdout(("a", "b"), ("a", "b"), 1.0) is not None
     assert grace.holdout(("a", "b"), ("a", "b"), JOIN_TIMEOUT_S) is None
 
