@@ -12,15 +12,23 @@ for ``join_timeout_s`` after the first reporter registered (at a fresh start nob
 id, and nothing waits).
 
 Why the highest id is enough. Quorum ids only grow, so a member reporting a lower id was left
-out of that quorum: it is behind, and the first quorum heals it (history.py keeps it from
-forming behind a member holding later steps). A quorum after the highest one reported could
-have committed a step only if every one of its members had it, and none of them reports it; a
-member that knows it was dropped since its last quorum (it registered again since) reports no
-ids, and when no reporter of the highest id names its members, the grace waits the join timeout
-as it always did. Reports of one id that name different members cannot both be true: the grace
-waits the join timeout then too. A replicated lighthouse's new leader knows the last quorum's
-members from etcd (:meth:`ReconnectGrace.restore`), so it waits only until those have registered
-again, or the same timeout for one that is gone.
+out of that quorum: it is behind, and the first quorum heals it (history.py keeps a quorum from
+forming behind a member holding later steps). A later quorum that committed a step had every
+one of its members hold it, and they would report it: it can be missing from the reports only
+if every member of the highest one reported was left out of it. A member left out because its
+session ended (dropped, its stream broken) registered again since, and then reports the id
+alone (lighthouse/client/last_quorum.py); when no reporter of the highest id names its members,
+the grace waits the join timeout as it always did, and so it does when reports of one id name
+different members (they cannot both be true). What no report shows is a last quorum whose
+members were all left out with their sessions open, and told of it too late or not at all (all
+of them stragglers beyond the join timeout, or all declared hung while stopped, the lighthouse
+dying before they read their ``fenced`` notice) while other members went on: the first quorum
+may then form before those others are back. It takes every member of the last quorum stalled or
+hung and the lighthouse killed before they hear of it, two faults at once.
+
+A replicated lighthouse's new leader knows the last quorum's members from etcd
+(:meth:`ReconnectGrace.restore`), so it waits only until those have registered again, or the
+same timeout for one that is gone.
 
 Never before ``max_commit_lease_s`` after the first reporter registered: a commit lease the
 dead incarnation granted may still run (commit_lease.py), and this one knows none of them.
