@@ -286,7 +286,7 @@ class AsyncLighthouseClient:
                 raise
             except grpc.aio.AioRpcError as e:
                 error = translate(e, self.address)
-                if (after := reconnect.after_error(error, time.monotonic())) is None:
+                if (after := reconnect.after_error(error, time.monotonic(), self._registered.is_set())) is None:
                     self._refuse(error)
                     return
                 pause = after
