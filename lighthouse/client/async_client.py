@@ -27,6 +27,7 @@ import grpc
 
 from lighthouse.client.asks import SessionAsks
 from lighthouse.client.channels import CHANNEL_OPTIONS, Reconnect, Targets, parse_addresses, translate
+from lighthouse.client.last_quorum import LastQuorum
 from lighthouse.client.leader_watch import LeaderWatch
 from lighthouse.client.stream_writer import StreamWriter
 from lighthouse.config.options import TOKEN_METADATA_KEY
@@ -90,7 +91,7 @@ class AsyncLighthouseClient:
         self.incarnation: int | None = None
         self.session_epoch = 0
         """Counts sessions registered so far; a change means the lighthouse saw us anew."""
-        self.last_quorum_id = -1
+        self.last_quorum = LastQuorum()
         self.commit_lease = MemberLease()
         """The commit lease of the last quorum answered (commit_lease.py)."""
         self.instance = secrets.token_hex(8)
@@ -203,7 +204,7 @@ class AsyncLighthouseClient:
                 last = str(e)
                 await asyncio.sleep(RETRY_PAUSE_S)
                 continue
-            self.last_quorum_id = max(self.last_quorum_id, quorum.quorum_id)
+            self.last_quorum.seen(quorum, self.session_epoch)
             self.commit_lease.granted(
                 quorum.quorum_id, step, lease_s, quorum.standing_steps, quorum.max_commit_lease_s, sent_at
             )
@@ -285,7 +286,7 @@ class AsyncLighthouseClient:
                 raise
             except grpc.aio.AioRpcError as e:
                 error = translate(e, self.address)
-                if (after := reconnect.after_error(error, time.monotonic())) is None:
+                if (after := reconnect.after_error(error, time.monotonic(), self._registered.is_set())) is None:
                     self._refuse(error)
                     return
                 pause = after
@@ -329,7 +330,7 @@ class AsyncLighthouseClient:
                     self.member_address,
                     self.world_size,
                     self.progress.step,
-                    self.last_quorum_id,
+                    *self.last_quorum.report(self.session_epoch),
                     self.instance,
                     self.heartbeat_interval_s,
                 ),

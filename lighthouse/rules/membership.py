@@ -127,10 +127,11 @@ class Membership:
         costs O(N) instead of N full decisions; decisions that a deadline makes possible (join
         timeout, restart grace) are taken by the server's periodic tick.
         """
-        if self._current_ids is None:
+        previous = self._reconnects.previous(self._current_ids)
+        if previous is None:
             return len(self._joins) >= len(self.members)
         if self._survivors is None:
-            self._survivors = sum(1 for rid in self._current_ids if rid in self.members)
+            self._survivors = sum(1 for rid in previous if rid in self.members)
         return len(self._joins) >= self._survivors
 
     def successor(self, incarnation: int) -> Membership:
@@ -167,7 +168,7 @@ class Membership:
         self._lost_steps.back(reg.replica_id)
         self._next_quorum_id = max(self._next_quorum_id, reg.last_quorum_id + 1)
         if self.current is None:
-            self._reconnects.registered(reg.last_quorum_id, now)
+            self._reconnects.registered(reg.last_quorum_id, reg.last_quorum_members, now)
         session = self._next_session
         self._next_session += 1
         self._survivors = None
@@ -263,7 +264,7 @@ class Membership:
         return lost
 
     def view(self) -> QuorumView:
-        previous = self._current_ids
+        previous = self._reconnects.previous(self._current_ids)
         return QuorumView(
             healthy=frozenset(self.members),
             waiting={rid: j.waiting for rid, j in self._joins.items()},
@@ -279,7 +280,7 @@ class Membership:
             others = ((rid, m.step) for rid, m in self.members.items() if rid not in self._joins)
             held = self._lost_steps.holdout(reach, others, now, self.options.join_timeout_s)
             if held is None and self.current is None:
-                held = self._reconnects.holdout(self.members.keys(), now)
+                held = self._reconnects.holdout(self.members.keys(), decision.participants, now)
             if held is not None:
                 decision = QuorumDecision(None, held)
         sessions = frozenset((rid, self.members[rid].session) for rid in decision.participants or ())

@@ -73,6 +73,16 @@ def _optional_replica_id(msg: str, value: Any) -> str:
     return value if value == "" else check_replica_id(value, where=f"{msg}.replica_id")
 
 
+def _check_ids(msg: str, name: str, value: Any) -> tuple[str, ...]:
+    """The replica ids of a quorum's members: each a valid id, none twice (the message's size bounds the count)."""
+    ids = check_str_column(msg, name, value, None, MAX_ID_CHARS)
+    check_replica_id_column(msg, name, ids)
+    if len(set(ids)) != len(ids):
+        twice = next(rid for i, rid in enumerate(ids) if rid in ids[:i])
+        raise ProtocolError(f"{msg}.{name} lists {twice!r} more than once; each member appears once")
+    return ids
+
+
 @dataclass(frozen=True, slots=True)
 class Register:
     """First message of a session stream: who this replica group is."""
@@ -83,6 +93,8 @@ class Register:
     step: int
     last_quorum_id: int = -1
     """Highest quorum id this group has seen, so a restarted lighthouse never reuses ids."""
+    last_quorum_members: tuple[str, ...] = ()
+    """That quorum's replica ids (empty: unknown), for a restarted lighthouse to wait for (reconnects.py)."""
     instance: str = ""
     """Random per client object: the lighthouse tells a reconnect of this process (same
     instance) from a second process using the same replica id (another instance)."""
@@ -100,6 +112,7 @@ class Register:
             world_size=check_int(m, "world_size", require(o, m, "world_size"), 1, MAX_WORLD_SIZE),
             step=check_int(m, "step", require(o, m, "step"), 0),
             last_quorum_id=check_int(m, "last_quorum_id", o.get("last_quorum_id", -1), -1),
+            last_quorum_members=_check_ids(m, "last_quorum_members", o.get("last_quorum_members", [])),
             instance=_check_address(m, "instance", o.get("instance", "")),
             heartbeat_interval_s=check_float(
                 m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0, MAX_TIMEOUT_S
@@ -312,12 +325,8 @@ class Quorum:
     def decode(cls, raw: bytes) -> Quorum:
         m = "Quorum"
         o = unpack(raw, m)
-        ids = check_str_column(m, "replica_ids", require(o, m, "replica_ids"), None, MAX_ID_CHARS)
-        check_replica_id_column(m, "replica_ids", ids)
+        ids = _check_ids(m, "replica_ids", require(o, m, "replica_ids"))
         n = len(ids)
-        if len(set(ids)) != n:
-            twice = next(rid for i, rid in enumerate(ids) if rid in ids[:i])
-            raise ProtocolError(f"Quorum.replica_ids lists {twice!r} more than once; each member appears once")
         return cls(
             quorum_id=check_int(m, "quorum_id", require(o, m, "quorum_id"), 0),
             incarnation=check_int(m, "incarnation", require(o, m, "incarnation"), 0),

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lighthouse.client.channels import RECONNECT_INITIAL_S, Targets, parse_addresses
-from lighthouse.errors import OptionsError
+from lighthouse.client.channels import RECONNECT_INITIAL_S, Reconnect, Targets, parse_addresses
+from lighthouse.errors import LighthouseUnavailable, OptionsError
 
 THREE = ("10.0.0.1:29510", "10.0.0.2:29510", "10.0.0.3:29510")
 
@@ -34,6 +34,17 @@ def test_single_lighthouse_is_waited_for_with_backoff() -> None:
     t = Targets(("127.0.0.1:29510",))
     assert [t.after_failure() for _ in range(3)] == [0.05, 0.1, 0.2]
     assert t.current == "127.0.0.1:29510" and not t.replicated
+
+
+def test_each_restart_of_the_lighthouse_is_found_with_the_first_pause_again() -> None:
+    """A SIGKILLed lighthouse breaks its registered sessions with an error (UNAVAILABLE), not an
+    end of stream. Before, that counted as one more failure: the job's n-th restart was found a
+    doubling later each time, 0.05 s, 0.1, 0.2, ... up to 1 s after it was back."""
+    reconnect = Reconnect(Targets(("127.0.0.1:29510",)), "g0", duplicate_patience_s=5.0)
+    broke = LighthouseUnavailable("UNAVAILABLE: Socket closed")
+    pauses = [reconnect.after_error(broke, now=float(i), registered=True) for i in range(5)]
+    assert pauses == [RECONNECT_INITIAL_S] * 5
+    assert reconnect.after_error(broke, now=5.0) == 2 * RECONNECT_INITIAL_S  # not registered: backing off
 
 
 @pytest.mark.parametrize("text", ["127.0.0.1", "127.0.0.1:0", "a:1,", ":29510", "h:99999", "h:p"])

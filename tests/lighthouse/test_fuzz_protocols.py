@@ -58,7 +58,9 @@ MESSAGES = _message_types()
 
 ROSTER = Quorum.of(7, 1, 1_700_000_000.5, (Member("g0", "h:1", 3, 1, {"store": "h:2"}), Member("g1", "", 3, 2)))
 EXAMPLES: dict[type, Any] = {
-    lighthouse.wire.protocol.Register: lighthouse.wire.protocol.Register("g0", "127.0.0.1:1", 2, 3, 4, "inst-1", 0.5),
+    lighthouse.wire.protocol.Register: lighthouse.wire.protocol.Register(
+        "g0", "127.0.0.1:1", 2, 3, 4, ("g0", "g1"), "inst-1", 0.5
+    ),
     lighthouse.wire.protocol.Heartbeat: lighthouse.wire.protocol.Heartbeat(3, 9, False),
     lighthouse.wire.protocol.Notice: Notice("member_lost", 2, "g1", "gone", 5, 0.25),
     lighthouse.wire.protocol.QuorumRequest: lighthouse.wire.protocol.QuorumRequest(

@@ -153,6 +153,53 @@ class TestQuorumFormation:
             assert ids == sorted(ids), f"quorum ids went backwards at {rid}: {ids}"
         assert restarted.popen.poll() is None
 
+    def restart_after_sigkill(
+        self, join_timeout_s: float, also_killed: str | None = None
+    ) -> tuple[dict[str, ManagedProcess], dict[str, int], dict[str, Any], float]:
+        """Groups a, b, c train on a lighthouse that is SIGKILLed (and ``also_killed`` with it)
+        and restarted on its port: (members, marks, last quorum before, monotonic restart time)."""
+        args = ("--min-replicas", "2", "--join-timeout", f"{join_timeout_s:g}")
+        lighthouse = start_lighthouse(*args, status=False)
+        members = start_group(lighthouse, ["a", "b", "c"])
+        _, old = wait_quorum(members["a"], ["a", "b", "c"], after=members["a"].mark())
+        lighthouse.process.kill()
+        if also_killed is not None:
+            members.pop(also_killed).kill()
+        marks = {rid: m.mark() for rid, m in members.items()}
+        restarted_at = time.monotonic()
+        start_lighthouse(*args, port=lighthouse.port, status=False)
+        return members, marks, old, restarted_at
+
+    def test_restarted_lighthouse_forms_its_first_quorum_once_the_last_quorums_members_are_back(self) -> None:
+        """Each member reports the last quorum's members when it registers again: once all are
+        back and asking, the first quorum forms, not a join timeout later. A 60 s join timeout
+        here, so a quorum within the event deadline shows that nothing waited for it."""
+        members, marks, old, _ = self.restart_after_sigkill(join_timeout_s=60.0)
+        for rid, member in members.items():
+            _, first = member.wait_for_json(
+                lambda o: o["event"] == "quorum" and o["incarnation"] != old["incarnation"],
+                EVENT_TIMEOUT_S,
+                after=marks[rid],
+                what="the restarted lighthouse's first quorum, well within its 60 s join timeout",
+            )
+            assert first["participants"] == ["a", "b", "c"], first
+            assert first["quorum_id"] > old["quorum_id"]
+
+    def test_restarted_lighthouse_waits_the_join_timeout_for_a_member_of_the_last_quorum_that_is_gone(
+        self,
+    ) -> None:
+        join_timeout_s = 2.0
+        members, marks, old, restarted_at = self.restart_after_sigkill(join_timeout_s, also_killed="c")
+        for rid, member in members.items():
+            _, first = member.wait_for_json(
+                lambda o: o["event"] == "quorum" and o["incarnation"] != old["incarnation"],
+                EVENT_TIMEOUT_S + join_timeout_s,
+                after=marks[rid],
+                what="the restarted lighthouse's first quorum, without c",
+            )
+            assert first["participants"] == ["a", "b"], first
+            assert first["t"] - restarted_at >= join_timeout_s, "it did not wait for c, of the last quorum"
+
 
 class TestHostileCalls:
     TOKEN = "s3cret-token"

@@ -78,6 +78,7 @@ def raw(cls: type, **changes: Any) -> bytes:
 ROUND_TRIPS = [
     Register("g1", "127.0.0.1:5", 8, 100, 41),
     Register("g1", "", 1, 0),
+    Register("g1", "127.0.0.1:5", 8, 100, 41, ("g0", "g1", "job.7:rank-0")),
     Heartbeat(7, 1234),
     Heartbeat(7, 1235, healing=True),
     Notice("registered", incarnation=9, replica_id="g1"),
@@ -134,6 +135,8 @@ FIELD_ERRORS = [
     (Register, "step", True, "is bool True; expected an integer"),
     (Register, "step", 2**63, f"is {2**63}; expected 0 <= step <= {2**62}"),
     (Register, "last_quorum_id", -2, "is -2; expected -1 <= last_quorum_id"),
+    (Register, "last_quorum_members", "g1", "is str; expected a list"),
+    (Register, "last_quorum_members", ["g1", "g1"], "lists 'g1' more than once"),
     (Register, "replica_id", None, "is missing"),
     (Register, "world_size", None, "is missing"),
     (Heartbeat, "step", "3", "is str '3'; expected an integer"),
@@ -207,6 +210,33 @@ def test_bad_field_rejected_naming_message_and_field(cls: type, name: str, value
 def test_bad_quorum_column_element_rejected_naming_its_index(column: str, value: Any, expected: str) -> None:
     with pytest.raises(ProtocolError, match="^" + re.escape(expected)):
         Quorum.decode(raw(Quorum, **{column: value}))
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (["g1", 7], "Register.last_quorum_members[1] is int 7; expected a string"),
+        (["", "g2"], "Register.last_quorum_members[0] is empty; expected a non-empty string"),
+        (["g1", "x" * 129], "Register.last_quorum_members[1] is 129 characters long; the limit is 128"),
+        (["g1", "g0\nINFO forged"], "Register.last_quorum_members[1] is 'g0\\nINFO forged'; a replica id is"),
+    ],
+)
+def test_bad_last_quorum_member_rejected_naming_its_index(value: Any, expected: str) -> None:
+    with pytest.raises(ProtocolError, match="^" + re.escape(expected)):
+        Register.decode(raw(Register, last_quorum_members=value))
+
+
+def test_a_register_without_last_quorum_members_reports_none() -> None:
+    """An older client leaves the field out: the restarted lighthouse does not know its last
+    quorum's members, and waits for them as it always did (reconnects.py)."""
+    assert Register.decode(raw(Register)).last_quorum_members == ()
+
+
+def test_last_quorum_members_of_a_thousand_groups_fit_the_message_limit() -> None:
+    ids = tuple(f"group-{i:04d}-{'x' * 100}" for i in range(1000))
+    assert Register.decode(encode(Register("g1", "", 1, 0, 7, ids))).last_quorum_members == ids
+    with pytest.raises(ProtocolError, match="^Register is .* bytes; the limit is"):
+        Register.decode(raw(Register, last_quorum_members=[f"g{i}-{'x' * 120}" for i in range(40_000)]))
 
 
 def test_quorum_participants_are_its_columns_as_members() -> None:
