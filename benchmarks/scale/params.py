@@ -133,6 +133,8 @@ class Costs:
     checkpoint_load_s_per_gb: float = 1.6
     job_restart_s: float = 600.0
     """Stopping and restarting a whole large job (scheduler, host swap, process and NCCL start)."""
+    collective_timeout_s: float = 600.0
+    """torch.distributed's default NCCL timeout: a job without fault tolerance notices a hang after it."""
     torchft_timeout_s: float = 60.0
     """torchft Manager's ``timeout``: a collective with a silent or hung peer fails after it."""
     basis: dict[str, str] = field(default_factory=dict, compare=False)
