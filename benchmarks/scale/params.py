@@ -82,7 +82,7 @@ class FaultRates:
             + self.hang_per_h
             + self.sigstop_per_h
             + self.preempt_per_h
-            + (self.rack_per_h)
+            + self.rack_per_h / self.rack_groups  # a rack fails per rack, as one failure of the job
         )
 
 
