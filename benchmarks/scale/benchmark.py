@@ -10,7 +10,9 @@ group-steps over what the fault-free job does in the same wall time (outcome.py)
 alternatives run against one fault schedule per configuration; checkpoint-restart is
 simulated over it too (checkpoint_job.py), at the Young/Daly interval, with Daly's closed form
 beside it. Two sweeps: the number of groups at Llama 3's rate, and the failure rate at one
-size. ``params.left_out`` is a known rule problem reproduced (left_out.py). The HTML page with
+size. ``params.left_out`` is a known rule problem reproduced (left_out.py); ``params.validation``
+the simulator's prediction for the real chaos soak's faults against its measured goodput
+(validation.py; ``soak_simulated_goodput`` over the measured figure). The HTML page with
 the charts is written beside the JSON (``benchmarks/results/scale.html``).
 """
 
@@ -27,6 +29,7 @@ from benchmarks.scale.compare import SYSTEMS, Config, describe_config, describe_
 from benchmarks.scale.page import write_page
 from benchmarks.scale.params import LLAMA3_BY_KIND, Costs, FaultRates, JobShape
 from benchmarks.scale.steps import RoundCost
+from benchmarks.scale.validation import replay_soak
 from lighthouse.config.options import MembershipOptions
 
 GROUPS = (8, 32, 128, 512, 2048)
@@ -68,6 +71,7 @@ def run(*, quick: bool) -> BenchmarkResult:
         row = _configuration(dataclasses.replace(config, label=label), costs, round_cost)
         by_rate.append({**row, "rate_factor": round(factor, 3)})
     problem = left_out.sweep(costs)
+    soak = replay_soak(costs)
 
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
@@ -85,6 +89,9 @@ def run(*, quick: bool) -> BenchmarkResult:
     for name in SYSTEMS:
         for kind, seconds in largest["runs"][name]["lost_job_s_per_fault"].items():
             figures[f"lost_job_s_per_{kind}_{name}_{largest['groups']}g"] = seconds
+    figures["soak_simulated_goodput"] = soak["simulated_goodput"]
+    baselines["soak_measured_goodput_vs_fault_free"] = soak["measured_goodput_vs_fault_free"]
+    compared_to["soak_simulated_goodput"] = "soak_measured_goodput_vs_fault_free"
     figures["left_out_smallest_step_to_join_timeout_ratio"] = problem["smallest_ratio_left_out"]["kill"] or 0.0
     figures["lighthouse_max_members_at_4s_step"] = float(round_cost.max_members(JobShape(groups=2)))
     params: dict[str, Any] = {
@@ -98,6 +105,20 @@ def run(*, quick: bool) -> BenchmarkResult:
         "by_groups": by_groups,
         "by_rate": by_rate,
         "left_out": problem,
+        "validation": {
+            "soak": soak,
+            "table": [
+                ["scenario", "faults", "step s", "measured goodput vs fault-free", "simulated", "error"],
+                [
+                    "soak",
+                    sum(soak["faults"].values()),
+                    soak["step_s"],
+                    soak["measured_goodput_vs_fault_free"],
+                    soak["simulated_goodput"],
+                    soak["error"],
+                ],
+            ],
+        },
     }
     result = BenchmarkResult(
         name="scale",
