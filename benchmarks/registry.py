@@ -21,6 +21,7 @@ BENCHMARKS: dict[str, str] = {
     "recovery": "benchmarks.recovery",
     "slurm_restart": "benchmarks.slurm_restart",
     "step_overhead": "benchmarks.step_overhead",
+    "scale": "benchmarks.scale.benchmark",
     "torchft_suite": "benchmarks.torchft_suite",
 }
 """name -> module exposing ``run(*, quick: bool) -> BenchmarkResult``."""

@@ -28,12 +28,9 @@ from benchmarks.scale.faults import Fault
 from benchmarks.scale.group import Group
 from benchmarks.scale.outcome import Ledger, Outcome
 from benchmarks.scale.params import Costs, JobShape
-from benchmarks.scale.steps import RoundCost, slowest_of
+from benchmarks.scale.steps import RoundCost, slowest_of, step_moments, sum_of_steps
 from benchmarks.scale.system import Formed, System
 from lighthouse.rules.liveness import GAP_WINDOW
-
-IDEAL_DRAWS = 4000
-"""Draws that estimate the fault-free step's mean compute time (goodput's yardstick)."""
 
 
 class InFlight:
@@ -65,7 +62,7 @@ class Job:
         self.rng = random.Random(seed)
         self.groups = {f"g{i:05d}": Group(f"g{i:05d}") for i in range(shape.groups)}
         self.rids = list(self.groups)
-        self.ledger = Ledger(shape.groups, self._ideal_step_s(seed))
+        self.ledger = Ledger(shape.groups, step_moments(shape.groups, shape)[0])
         self.schedule = schedule
         self.step: InFlight | None = None
         self._token = 0
@@ -76,10 +73,6 @@ class Job:
         from benchmarks.scale.recovery import Recovery  # the fault handlers act on this job
 
         self.recovery = Recovery(self)
-
-    def _ideal_step_s(self, seed: int) -> float:
-        rng = random.Random(seed ^ 0x5EED)
-        return sum(slowest_of(self.shape.groups, self.shape, rng) for _ in range(IDEAL_DRAWS)) / IDEAL_DRAWS
 
     # -- running ----------------------------------------------------------------------------
 
@@ -285,15 +278,11 @@ class Job:
         horizon, n = self._horizon(), len(members)
         added = self.round_cost.added_s(n, self.shape)
         slow = self.costs.donor_slowdown if any(g.heal_until > now for g in members) else 1.0
-        t, steps = now, 0
-        while True:
-            duration = (slowest_of(n, self.shape, self.rng) + added) * slow
-            if t + 2 * duration >= horizon:  # leave the step the event lands in to the rules
-                break
-            t += duration
-            steps += 1
+        # The step the next event lands in is left to the rules (sum_of_steps keeps one in hand).
+        steps, took = sum_of_steps(n, self.shape, added, (horizon - now) / slow, self.rng)
         if steps < 2:
             return False
+        t = now + took * slow
         for g in members:
             g.step += steps
             if g.heal_until <= now:

@@ -15,6 +15,7 @@ extrapolated beyond them along the last measured slope.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from collections.abc import Mapping
@@ -25,12 +26,48 @@ from benchmarks.scale.params import JobShape
 _NORMAL = NormalDist()
 
 
+LEAP_EXACT_STEPS = 64
+"""A leap over fewer steps draws each; a longer one draws their sum at once (:func:`sum_of_steps`)."""
+MOMENT_DRAWS = 4000
+
+
 def slowest_of(n: int, shape: JobShape, rng: random.Random) -> float:
     """The compute time of one step of ``n`` groups: the slowest group's."""
     if shape.step_sigma <= 0:
         return shape.step_s
     u = min(rng.random() ** (1.0 / max(1, n)), 1.0 - 1e-12)
     return shape.step_s * math.exp(shape.step_sigma * _NORMAL.inv_cdf(max(u, 1e-12)))
+
+
+@functools.lru_cache(maxsize=256)
+def step_moments(n: int, shape: JobShape) -> tuple[float, float]:
+    """Mean and standard deviation of one step of ``n`` groups, from a fixed seed's draws: the
+    fault-free step that goodput is measured against, and what a long leap's sum is drawn from
+    (one estimate for both, so that a fault-free run's goodput is 1 within its draws' noise)."""
+    rng = random.Random(n)
+    draws = [slowest_of(n, shape, rng) for _ in range(MOMENT_DRAWS)]
+    mean = sum(draws) / len(draws)
+    return mean, math.sqrt(sum((d - mean) ** 2 for d in draws) / len(draws))
+
+
+def sum_of_steps(n: int, shape: JobShape, added_s: float, budget_s: float, rng: random.Random) -> tuple[int, float]:
+    """As many steps of ``n`` groups (each ``added_s`` longer) as end ``budget_s`` or more before
+    ``budget_s`` runs out, leaving room for one more: (steps, their total time).
+
+    Up to :data:`LEAP_EXACT_STEPS` steps each is drawn; past that their sum is drawn from its
+    normal limit (the draws are independent), so that a leap over a day of steps between two
+    faults costs one draw instead of twenty thousand."""
+    mean, sd = step_moments(n, shape)
+    mean += added_s
+    if budget_s < LEAP_EXACT_STEPS * mean:
+        t, steps = 0.0, 0
+        while (duration := slowest_of(n, shape, rng) + added_s) and t + 2 * duration < budget_s:
+            t += duration
+            steps += 1
+        return steps, t
+    steps = int(budget_s / mean) - 2
+    total = steps * mean + math.sqrt(steps) * sd * rng.gauss(0.0, 1.0)
+    return steps, min(total, budget_s - mean)
 
 
 class RoundCost:
