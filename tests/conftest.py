@@ -233,6 +233,21 @@ def reap_processes() -> Iterator[None]:
     kill_all()
 
 
+def _replicaft_environment() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(("REPLICAFT_", "TORCHFT_"))}
+
+
+@pytest.fixture(autouse=True)
+def environment_kept() -> Iterator[None]:
+    """A test leaves this process's replicaft settings as it found them (monkeypatch undoes its
+    own). Every job a later test starts inherits them: CI once saw the Ray tests' groups all
+    exit 2 at start there, and pass alone; a setting left behind fails here, at the test that left it."""
+    before = _replicaft_environment()
+    yield
+    after = _replicaft_environment()
+    assert after == before, f"the test changed os.environ's replicaft settings: {before} -> {after}"
+
+
 def parse_json_line(text: str) -> dict[str, Any] | None:
     if not text.startswith("{"):
         return None
