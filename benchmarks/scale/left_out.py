@@ -1,16 +1,18 @@
-"""A known rule problem, reproduced: with steps longer than ``join_timeout_s``, one group is
-left out of every quorum after a single failure, for good.
+"""A rule problem the simulator found, and its fix checked: with steps longer than
+``join_timeout_s``, one group was left out of every quorum after a single failure, for good.
 
-The mechanism, in the real rules (lighthouse/rules/quorum.py, membership.py): a group that
-comes back mid-step (a restart) asks for a quorum and waits while the others finish their
+The mechanism, in the rules before the fix (lighthouse/rules/quorum.py, membership.py): a group
+that comes back mid-step (a restart) asks for a quorum and waits while the others finish their
 step. ``Membership.may_form_now`` lets a decision run as soon as as many members wait as the
 last quorum had survivors, which the waiting newcomer makes true one join early; the fast path
-does not apply (one survivor has not asked yet), so the slow path runs, and the newcomer has
-waited longer than ``join_timeout_s``: the quorum forms without the last member to ask. That
-member then waits a whole step, longer than the join timeout again, and the next round leaves
-out whoever asks last. Each round one group sits out and the one it let in heals: a job of
-``n`` groups keeps about ``(n - 2) / n`` of its work, for the rest of the run. torchft's
-``quorum_compute`` has the same slow path (its default join timeout, 60 s, needs longer steps).
+does not apply (one survivor has not asked yet), so the slow path ran, and its join timeout ran
+from the first waiter, the newcomer, who had waited longer than ``join_timeout_s``: the quorum
+formed without the last member to ask. That member then waited a whole step, and the next round
+left out whoever asked last. Each round one group sat out and the one it let in healed: a job
+of ``n`` groups kept about ``(n - 2) / n`` of its work (0.51 at 3 groups, 0.77 at 8, with a step
+1.5 times the join timeout). The join timeout now runs from the first member of the previous
+quorum to ask, and no ratio of :data:`RATIOS` leaves a group out. torchft's ``quorum_compute``
+has the old slow path (its default join timeout, 60 s, needs longer steps): its rows still show it.
 
 :func:`sweep` runs one fault in jobs of a few groups at step time / join timeout ratios around
 1 and reports for each ratio whether the job ever gets its full quorum back and how much of its

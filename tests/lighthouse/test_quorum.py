@@ -317,6 +317,28 @@ def test_moving_now_past_join_timeout_turns_wait_into_quorum() -> None:
     ]
 
 
+def test_the_join_timeout_runs_from_the_last_quorums_first_member_to_ask_not_an_earlier_waiter() -> None:
+    """c, restarted mid-step, has waited since 0; a and b (the last quorum) finish their long step
+    at 5 and just after. The timeout ran from c's arrival, so the quorum formed as a asked,
+    without b, and b, left to wait a whole step, was the early waiter of the next round: one
+    group out of every quorum (benchmarks/scale/left_out.py). It runs from a's ask now."""
+    rules = QuorumRules(1, 2.0)
+    v = view("abc", {"c": 0.0, "a": 5.0}, previous="ab")
+    assert [decide_quorum(v, now, rules).participants for now in (5.0, 6.9, 7.0)] == [None, None, ("a", "c")]
+    assert "waiting for ['b'] to join (0.00s of join_timeout 2s)" in decide_quorum(v, 5.0, rules).reason
+    assert decide_quorum(view("abc", {"c": 0.0, "a": 5.0, "b": 5.1}, previous="ab"), 5.1, rules).participants == (
+        "a",
+        "b",
+        "c",
+    )
+    # Nobody of the last quorum asking: the first waiter starts the clock, as before.
+    assert decide_quorum(view("abcde", {"c": 0.0, "d": 1.0, "e": 1.5}, previous="ab"), 2.0, rules).participants == (
+        "c",
+        "d",
+        "e",
+    )
+
+
 # -- scenarios through Membership with a fake clock -------------------------------------------
 
 
