@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from replicaft.wrappers.ddp import DistributedDataParallel as DistributedDataParallel
     from replicaft.wrappers.fsdp import FaultTolerantFSDP as FaultTolerantFSDP
     from replicaft.wrappers.fsdp import shard_optimizer_state as shard_optimizer_state
+    from replicaft.wrappers.managed_group import ManagedProcessGroup as ManagedProcessGroup
     from replicaft.wrappers.optim import Optimizer as Optimizer
 
 _NEEDS_TORCH = {
@@ -41,6 +42,7 @@ _NEEDS_TORCH = {
     "ExactlyOnceSampler": "replicaft.data",
     "FaultTolerantFSDP": "replicaft.wrappers.fsdp",
     "LocalSGD": "replicaft.local_sgd",
+    "ManagedProcessGroup": "replicaft.wrappers.managed_group",
     "ManagedWork": "replicaft.column.process_group",
     "Manager": "replicaft.manager",
     "Optimizer": "replicaft.wrappers.optim",
@@ -88,6 +90,7 @@ __all__ = [
     "GroupError",
     "HealError",
     "LocalSGD",
+    "ManagedProcessGroup",
     "ManagedWork",
     "Manager",
     "ManagerOptions",

@@ -217,6 +217,10 @@ class Manager:
         """The optimizer (and scheduler) a healer's replay steps; their state travels with a heal."""
         self._registry.register_optimizer(optimizer, lr_scheduler)
 
+    def optimizer_parameters(self) -> list[torch.Tensor]:
+        """The parameters of the optimizers registered so far (what a healer's replay steps)."""
+        return self._registry.optimizer_parameters()
+
     def annotate_commit(self, **fields: Any) -> None:
         """Add fields to this step's "commit" event (e.g. the data sampler's sample range)."""
         self._driver.current.fields.update(fields)

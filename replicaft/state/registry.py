@@ -132,6 +132,10 @@ class StateRegistry:
             self.register_state("lr_scheduler", lr_scheduler.state_dict, lr_scheduler.load_state_dict)
         self._steppers.append(_Stepper(optimizer, lr_scheduler))
 
+    def optimizer_parameters(self) -> list[torch.Tensor]:
+        """The parameters of every registered optimizer, in registration order: what a replay steps."""
+        return [p for s in self._steppers for group in s.optimizer.param_groups for p in group["params"]]
+
     def fetch_beside_collectives(self, max_step: int) -> bool:
         """Whether a heal to ``max_step`` fetches beside the step's collectives: unless a hook
         asks otherwise, and always at step 0 (see ``StepHooks.fetch_beside_collectives``).

@@ -21,6 +21,7 @@ REPLICAFT_API = {
     "GroupError",
     "HealError",
     "LocalSGD",
+    "ManagedProcessGroup",
     "ManagedWork",
     "Manager",
     "ManagerOptions",

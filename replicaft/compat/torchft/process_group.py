@@ -13,11 +13,14 @@ all-reduces (DDP, DiLoCo) do not see it (compat manager.py, ``_StepWatch``).
 from __future__ import annotations
 
 import datetime
+from typing import Any
 
 from replicaft.errors import OptionsError
+from replicaft.wrappers.managed_group import ManagedProcessGroup as NativeManagedProcessGroup
 
 __all__ = [
     "FakeProcessGroupWrapper",
+    "ManagedProcessGroup",
     "ProcessGroup",
     "ProcessGroupBabyGloo",
     "ProcessGroupBabyNCCL",
@@ -83,3 +86,11 @@ class FakeProcessGroupWrapper(ProcessGroup):
     def take_error(self) -> Exception | None:
         error, self._error = self._error, None
         return error
+
+
+class ManagedProcessGroup(NativeManagedProcessGroup):
+    """torchft's ``ManagedProcessGroup(manager)``: replicaft's c10d group whose all-reduce is the
+    manager's (replicaft/wrappers/managed_group.py), over the compat manager's replicaft one."""
+
+    def __init__(self, manager: Any) -> None:
+        super().__init__(getattr(manager, "inner", manager))

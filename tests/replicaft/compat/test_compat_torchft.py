@@ -326,3 +326,16 @@ def test_should_commit_after_should_commit_commits_the_next_step_on_its_own_quor
         return [manager.should_commit(), manager.should_commit(), manager.current_step()]
 
     assert _run_replicas(steps) == [[True, True, 2], [True, True, 2]]
+
+
+def test_torchft_managed_process_group_is_replicaft_s_c10d_group(tmp_path) -> None:
+    import torch.distributed as dist
+
+    import replicaft
+    from replicaft.compat.torchft.process_group import ManagedProcessGroup
+
+    manager = replicaft.Manager(
+        replicaft.ManagerOptions(lighthouse="127.0.0.1:1", replica_id="u", events_dir=str(tmp_path))
+    )
+    pg = ManagedProcessGroup(manager)
+    assert isinstance(pg, dist.ProcessGroup) and isinstance(pg, replicaft.ManagedProcessGroup)
