@@ -22,12 +22,8 @@ from replicaft.column.process_group import FaultTolerantProcessGroup, ManagedWor
 from replicaft.config.options import ManagerOptions, check_option_number
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
-from replicaft.persistence.cadence import STATE_NAME as CADENCE_STATE
-from replicaft.persistence.duties import STATE_NAME as CHECKPOINT_STATE
 from replicaft.persistence.duties import Persistence
-from replicaft.persistence.metric_reports import MetricReports
-from replicaft.persistence.resume_check import STATE_NAME as TRAJECTORY_STATE
-from replicaft.persistence.resume_check import ResumeCheck
+from replicaft.persistence.registration import register_checkpoint_state
 from replicaft.process.faults import parse_fault_points
 from replicaft.process.services import RankServices
 from replicaft.state.registry import LoadStateDictFn, StateDictFn, StateRegistry, StepHooks
@@ -64,8 +60,6 @@ class Manager:
         o = self.options = options
         self.init_sync = init_sync
         self._registry = StateRegistry()
-        self._resume_check: ResumeCheck | None = None
-        """With checkpoints: the loss trajectory and the verification of a resume (resume_check.py)."""
         faults = parse_fault_points(o.fault_points)
         self._metrics = ProcessMetrics(o.replica_id, o.group_rank) if o.metrics_port else None
         self._metrics_server = (
@@ -122,33 +116,14 @@ class Manager:
             faults=faults,
         )
         self._registry.register_state("replicaft", lambda: {"step": self._driver.step}, self._load_own_state)
-        self._registry.register_state(
-            CHECKPOINT_STATE, self._persistence.state_dict, self._persistence.load_state_dict, in_digest=False
+        self._metric_reports = register_checkpoint_state(
+            o,
+            self._registry,
+            self._persistence,
+            current_step=self.current_step,
+            healing=self.is_healing,
+            emit=self._emit,
         )
-        if self._persistence.enabled:
-            check = self._resume_check = ResumeCheck(
-                num_steps=o.resume_verify_steps,
-                tolerance=o.resume_verify_tolerance,
-                action=o.resume_verify_action,
-                current_step=self.current_step,
-                healing=self.is_healing,
-                labels=self._persistence.labels,
-                emit=self._emit,
-                context=f"{o.replica_id}/{o.group_rank}",
-            )
-            self._registry.register_state(TRAJECTORY_STATE, check.state_dict, check.load_state_dict, healed=False)
-            self._registry.register_hooks(check)
-            self._persistence.on_resumed = check.resumed
-        context = f"{o.replica_id}/{o.group_rank}"
-        self._metric_reports = MetricReports(self._persistence.labels, self._resume_check, self._emit, context)
-        if self._persistence.cadence is not None:
-            self._registry.register_state(
-                CADENCE_STATE,
-                self._persistence.cadence.state_dict,
-                self._persistence.cadence.load_state_dict,
-                in_digest=False,
-                optional=True,
-            )
         if init_sync if rng_state is None else rng_state:
             rng = RngState(
                 available_sources(deterministic=o.deterministic),
