@@ -4,7 +4,18 @@ The servers (``LighthouseServer``, ``ReplicatedLighthouse``, ``ReplicationOption
 first use: every training process imports this package for its client and errors, and the
 server side (its metrics registry, prometheus-client, the etcd client) cost a restarted group
 about a tenth of a second before its first step.
+
+Importing it also turns gRPC's fork support off for this process and its children, unless the
+environment says otherwise (``GRPC_ENABLE_FORK_SUPPORT``, read when gRPC loads, which the
+client below is the first to do): with it on, a fork beside gRPC's threads (a DataLoader
+worker, under torchrun as under any launcher) skips gRPC's fork handlers and left the child
+in a state that segfaulted (issue 43: one of three groups of torchft's ``train_ddp.py``). No
+process of a job uses gRPC in a forked child; a program that imported gRPC first keeps its own.
 """
+
+import os
+
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 
 from typing import TYPE_CHECKING, Any
 
