@@ -20,6 +20,8 @@ TOKEN_ENV = "REPLICAFT_TOKEN"
 TOKEN_METADATA_KEY = "x-replicaft-token"
 
 MAX_MEMBERS = 65536
+HUNG_MIN_S = 0.25
+"""The shortest silence a member is declared hung on, by default."""
 
 
 def token_problem(metadata: Sequence[tuple[str, str | bytes]] | None, token: str | None) -> str | None:
@@ -48,8 +50,10 @@ class MembershipOptions:
     hung_factor: float = 3.0
     """A member silent for its longest recent gap between messages plus ``hung_factor - 1``
     of its heartbeat intervals (at least ``hung_factor`` intervals) is hung (liveness.py)."""
-    hung_min_s: float = 0.25
-    """No member is declared hung on a silence shorter than this."""
+    hung_min_s: float | None = None
+    """No member is declared hung on a silence shorter than this. Default: ``HUNG_MIN_S``, or
+    ``heartbeat_timeout_s`` where that is shorter (torchft's own tests run its lighthouse with
+    a 100 ms heartbeat timeout, which a fixed 0.25 s floor refused); always a number once built."""
     max_commit_lease_s: float = 0.1
     """The longest commit lease a member is granted with a quorum (commit_lease.py); 0: none."""
 
@@ -71,7 +75,9 @@ class MembershipOptions:
             100.0,
             fix="how many times its longest gap a member may stay silent, e.g. 3",
         )
-        check_seconds("hung_min_s", self.hung_min_s, 0.05)
+        if self.hung_min_s is None:
+            object.__setattr__(self, "hung_min_s", min(HUNG_MIN_S, self.heartbeat_timeout_s))
+        check_seconds("hung_min_s", self.hung_min_s, min(0.05, self.heartbeat_timeout_s))
         if self.hung_min_s > self.heartbeat_timeout_s:
             raise OptionsError(
                 f"hung_min_s={self.hung_min_s} is above heartbeat_timeout_s={self.heartbeat_timeout_s}: "
@@ -94,6 +100,7 @@ class MembershipOptions:
 
     @property
     def liveness(self) -> LivenessRules:
+        assert self.hung_min_s is not None, "set in __post_init__"
         return LivenessRules(self.heartbeat_timeout_s, self.hung_factor, self.hung_min_s)
 
 

@@ -99,7 +99,10 @@ def test_invalid_options_rejected_naming_the_value(fields: dict[str, Any], messa
             {"heartbeat_timeout_s": 5.0, "progress_timeout_s": 5.0},
             "progress_timeout_s=5.0 is not above heartbeat_timeout_s=5.0",
         ),
-        ({"heartbeat_timeout_s": 0.2, "progress_timeout_s": 5.0}, "hung_min_s=0.25 is above heartbeat_timeout_s=0.2"),
+        (
+            {"heartbeat_timeout_s": 0.2, "progress_timeout_s": 5.0, "hung_min_s": 0.25},
+            "hung_min_s=0.25 is above heartbeat_timeout_s=0.2",
+        ),
         ({"join_timeout_s": 1e6}, "join_timeout_s=1000000.0 is outside [0.001, 86400]"),
     ],
 )
@@ -107,6 +110,15 @@ def test_inconsistent_membership_options_rejected(fields: dict[str, Any], messag
     with pytest.raises(OptionsError) as raised:
         MembershipOptions(**fields)
     assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize(("heartbeat_timeout_s", "hung_min_s"), [(2.0, 0.25), (0.25, 0.25), (0.1, 0.1), (0.02, 0.02)])
+def test_the_default_hung_floor_never_exceeds_the_heartbeat_timeout(
+    heartbeat_timeout_s: float, hung_min_s: float
+) -> None:
+    """torchft's own lighthouse test runs with ``heartbeat_timeout_ms=100``: a fixed 0.25 s floor refused it."""
+    options = MembershipOptions(heartbeat_timeout_s=heartbeat_timeout_s)
+    assert options.hung_min_s == hung_min_s and options.liveness.hung_min_s == hung_min_s
 
 
 def test_coarse_tick_allowed_with_long_timeouts() -> None:

@@ -207,6 +207,18 @@ def test_coordination_lighthouse_forms_a_quorum_for_two_replica_ids() -> None:
         server.shutdown()
 
 
+def test_torchfts_lighthouse_test_arguments_are_accepted_issue_43() -> None:
+    """torchft's own lighthouse test runs ``LighthouseServer(heartbeat_timeout_ms=100)``; the
+    0.25 s floor on a hung member's silence, above that timeout, refused it."""
+    from replicaft.compat.torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100, heartbeat_timeout_ms=100)
+    try:
+        assert server.address()
+    finally:
+        server.shutdown()
+
+
 def _unstarted_manager(monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> torchft.Manager:
     """A compat manager whose replicaft manager never starts (no lighthouse): for the facade's own rules."""
     monkeypatch.setattr("replicaft.Manager.start", lambda self: self)
