@@ -23,13 +23,7 @@ anything reads them). A truncated or altered object therefore fails its download
 
 Why CRC32 and not Content-MD5: parts.py.
 
-**Resuming.** A file larger than ``part_bytes`` goes up as a multipart upload of
-``part_bytes`` parts (larger when the file would need more than S3's 10 000), ``max_concurrency``
-at a time. An uploader that crashed leaves the upload open on the server; the next one finds it
-(ListMultipartUploads), keeps every part whose listed checksum (or, when the listing has none,
-ETag as an MD5) matches the local part (ListParts) and sends only the rest. An upload the server
-forgot (NoSuchUpload: it was aborted, or the server lost its state), or one an older uploader
-opened without a CRC32, starts over.
+**Resuming**: multipart.py.
 
 **Downloads** are ranged GETs of ``part_bytes``, ``max_concurrency`` at a time, each written
 at its offset; a short body is a transient failure (retried), not a short file.
@@ -45,7 +39,6 @@ import os
 import random
 import threading
 import time
-import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -53,15 +46,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from replicaft.checkpoint.durable import READ_BYTES
+from replicaft.checkpoint.multipart import MultipartUploads, UploadGone
 from replicaft.checkpoint.parts import (
-    ListedPart,
     Transient,
     check_etag,
-    check_part,
     composite_crc32,
-    crc32_b64,
-    listed_part_matches,
-    part_size,
     stored_composite_crc32,
 )
 from replicaft.checkpoint.retry import RetryPolicy, next_delay
@@ -76,7 +65,6 @@ PART_BYTES = 8 * 1024 * 1024
 faster than 16 MiB ones (the last, slowest parts finish sooner), and ten in flight hold at most
 80 MiB in memory. A file of more than 10 000 parts gets larger parts (:func:`part_size`)."""
 MAX_CONCURRENCY = 10
-PART_CHECKSUM = "CRC32"
 SHA256_META = "sha256"
 _FATAL_CODES = {
     "InvalidAccessKeyId": "the access key is not known to the store; check AWS_ACCESS_KEY_ID",
@@ -111,10 +99,6 @@ class StoreLocation:
         return "/".join(p for p in (self.prefix, *parts) if p)
 
 
-class _UploadGone(Exception):
-    """The server no longer knows the multipart upload: start the file over."""
-
-
 class ObjectStore:
     """One bucket and prefix of an S3-API store. Thread-safe; no I/O until the first call."""
 
@@ -140,6 +124,7 @@ class ObjectStore:
         self._client_lock = threading.Lock()
         self._client_obj: Any = None
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="replicaft-s3")
+        self._uploads = MultipartUploads(self, self._pool, self._where())
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r}, endpoint_url={self.endpoint_url!r})"
@@ -183,7 +168,7 @@ class ObjectStore:
                 code = e.response.get("Error", {}).get("Code", "?")
                 status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
                 if code == "NoSuchUpload":
-                    raise _UploadGone(what) from e
+                    raise UploadGone(what) from e
                 if code in _FATAL_CODES or (400 <= status < 500 and code not in _TRANSIENT_4XX):
                     fix = _FATAL_CODES.get(code, _FATAL_CODES["Forbidden"] if status == 403 else "")
                     raise ObjectStoreRefused(
@@ -306,12 +291,12 @@ class ObjectStore:
             self.put_bytes(key, path.read_bytes(), sha256)
         else:
             try:
-                part_crcs = self._multipart(path, key, num_bytes, sha256, resume=True)
-            except _UploadGone:
+                part_crcs = self._uploads.upload(path, key, num_bytes, {SHA256_META: sha256}, resume=True)
+            except UploadGone:
                 logger.warning(
                     "%s: the server forgot the multipart upload of %s; uploading it again", self._where(), key
                 )
-                part_crcs = self._multipart(path, key, num_bytes, sha256, resume=False)
+                part_crcs = self._uploads.upload(path, key, num_bytes, {SHA256_META: sha256}, resume=False)
         found = self._head(key)
         if found is None:
             raise ObjectStoreError(f"{self._where()}: {key} is missing right after its upload")
@@ -331,101 +316,6 @@ class ObjectStore:
                 f"{len(part_crcs)} parts as read from {path} give {composite_crc32(part_crcs)} "
                 "(the store holds other bytes); deleted, to be uploaded again by the next attempt"
             )
-
-    def _multipart(self, path: Path, key: str, num_bytes: int, sha256: str, *, resume: bool) -> list[int]:
-        """Upload ``path`` in parts; the parts' CRC32s, in order (for the composite check)."""
-        bucket, client = self.location.bucket, self.client
-        size = part_size(num_bytes, self.part_bytes)
-        parts = [(n + 1, off, min(size, num_bytes - off)) for n, off in enumerate(range(0, num_bytes, size))]
-        upload_id, done = self._open_upload(key) if resume else (None, {})
-        if upload_id is None:
-            upload_id = self.call(
-                f"start multipart {key}",
-                lambda: client().create_multipart_upload(
-                    Bucket=bucket, Key=key, Metadata={SHA256_META: sha256}, ChecksumAlgorithm=PART_CHECKSUM
-                )["UploadId"],
-            )
-        else:
-            logger.info(
-                "%s: resuming the upload of %s: %d of %d parts already there", self._where(), key, len(done), len(parts)
-            )
-        with open(path, "rb") as f:
-            fd = f.fileno()
-
-            def send(part: tuple[int, int, int]) -> tuple[int, dict[str, Any]]:
-                number, offset, length = part
-                data = os.pread(fd, length, offset)
-                crc = zlib.crc32(data)
-                sent = {"PartNumber": number, "ChecksumCRC32": crc32_b64(crc)}
-                if number in done and listed_part_matches(done[number], data, crc):
-                    return crc, {**sent, "ETag": done[number].etag}
-
-                def put() -> dict[str, Any]:
-                    r = client().upload_part(
-                        Bucket=bucket,
-                        Key=key,
-                        UploadId=upload_id,
-                        PartNumber=number,
-                        Body=data,
-                        ChecksumAlgorithm=PART_CHECKSUM,
-                        ChecksumCRC32=sent["ChecksumCRC32"],
-                    )
-                    check_part(r, data, sent["ChecksumCRC32"], f"{key} part {number}")
-                    return {**sent, "ETag": r["ETag"]}
-
-                return crc, self.call(f"PUT {key} part {number}/{len(parts)}", put)
-
-            try:
-                results = list(self._pool.map(send, parts))
-            except ObjectStoreError:
-                # Some stores answer a part of an upload they no longer know with a 500 rather
-                # than NoSuchUpload (moto does, after a restart): ask before giving up.
-                if not self._upload_exists(key, upload_id):
-                    raise _UploadGone(key) from None
-                raise
-        self.call(
-            f"complete multipart {key}",
-            lambda: client().complete_multipart_upload(
-                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": [p for _, p in results]}
-            ),
-        )
-        return [crc for crc, _ in results]
-
-    def _open_upload(self, key: str) -> tuple[str | None, dict[int, ListedPart]]:
-        """The newest unfinished multipart upload of ``key`` with CRC32 part checksums, and its
-        parts; every other one (older, or opened without CRC32 by an older uploader, whose parts
-        the store would refuse to mix with ours) is aborted."""
-        bucket, client = self.location.bucket, self.client
-        r = self.call(f"LIST uploads {key}", lambda: client().list_multipart_uploads(Bucket=bucket, Prefix=key))
-        uploads = sorted(
-            (u for u in r.get("Uploads", []) if u["Key"] == key), key=lambda u: u["Initiated"], reverse=True
-        )
-        usable = [u for u in uploads[:1] if u.get("ChecksumAlgorithm") == PART_CHECKSUM]
-        for stale in uploads[len(usable) :]:
-            self.call(
-                f"abort {key}",
-                lambda u=stale: client().abort_multipart_upload(Bucket=bucket, Key=key, UploadId=u["UploadId"]),
-            )
-        if not usable:
-            return None, {}
-        upload_id = usable[0]["UploadId"]
-        done: dict[int, ListedPart] = {}
-        marker = 0
-        while True:
-            page = self.call(
-                f"LIST parts {key}",
-                lambda m=marker: client().list_parts(Bucket=bucket, Key=key, UploadId=upload_id, PartNumberMarker=m),
-            )
-            done.update({p["PartNumber"]: ListedPart(p["ETag"], p.get("ChecksumCRC32")) for p in page.get("Parts", [])})
-            if not page.get("IsTruncated"):
-                return upload_id, done
-            marker = page["NextPartNumberMarker"]
-
-    def _upload_exists(self, key: str, upload_id: str) -> bool:
-        r = self.call(
-            f"LIST uploads {key}", lambda: self.client().list_multipart_uploads(Bucket=self.location.bucket, Prefix=key)
-        )
-        return any(u["UploadId"] == upload_id for u in r.get("Uploads", []))
 
     def download_file(self, key: str, dest: Path, *, num_bytes: int, sha256: str) -> None:
         """Download ``key`` into ``dest`` with parallel ranged GETs; verify size and SHA-256.

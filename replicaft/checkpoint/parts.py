@@ -21,6 +21,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+PART_CHECKSUM = "CRC32"
+"""The checksum every part of an upload carries (S3's flexible checksums)."""
 MAX_PARTS = 10_000
 """S3's limit on the parts of one upload."""
 

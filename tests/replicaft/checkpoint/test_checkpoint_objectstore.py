@@ -170,8 +170,8 @@ def wait_for_parts(server: S3Server, at_least: float, timeout_s: float = WAIT_S)
 @pytest.mark.xfail(
     strict=True,
     reason="SeaweedFS 4.48 lists neither an upload's ChecksumAlgorithm nor its parts' ChecksumCRC32, so "
-    "ObjectStore._open_upload takes the upload for one opened without CRC32, aborts it and sends every part "
-    "again: the upload completes, the resume does not happen (issue 40; AWS and moto list both)",
+    "MultipartUploads._open (multipart.py) takes the upload for one opened without CRC32, aborts it and sends "
+    "every part again: the upload completes, the resume does not happen (issue 40; AWS and moto list both)",
 )
 @pytest.mark.usefixtures("credentials")
 def test_uploader_killed_mid_upload_resumes_with_the_parts_already_sent(
