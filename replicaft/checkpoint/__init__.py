@@ -32,7 +32,7 @@ asynchronously from a host snapshot, and it must never be the reason a run loses
   ``replicaft-ckpt catalog|find|show|tag``;
 * **tiers** — an optional verified tier-2 directory copy (``tier2.py``) and an S3-API object
   store, uploaded in the background and restored from on a new machine (``objectstore.py``,
-  ``objecttier.py``); ``export.py`` writes and reads safetensors.
+  its resumable uploads ``multipart.py``, ``objecttier.py``); ``export.py`` writes and reads safetensors.
 
 DCP (``torch.distributed.checkpoint``) plans what each of W ranks writes and reshards on
 load, so any group size loads any checkpoint; the bytes are ours (storage.py says why); plain
