@@ -13,7 +13,8 @@ binds loopback, replicaft's default (pass a concrete address to serve other host
 store address travels in the member's ``data`` (replicaft's quorum has no such column);
 ``checkpoint_metadata`` is not used (replicaft's heal finds donors through the plan). A manager
 server is always authenticated (torchft's is not): with the job's token (``REPLICAFT_TOKEN``)
-where there is one, which a client in another process then needs too, else with a secret made
+where there is one (set but empty is refused, as by the manager), which a client in another
+process then needs too, else with a secret made
 once per process, which a client in the same process uses.
 """
 
@@ -29,6 +30,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from lighthouse import errors as lighthouse_errors
 from lighthouse.client.blocking_client import LighthouseClient as _BlockingLighthouseClient
 from lighthouse.config.options import LighthouseOptions, MembershipOptions
 from lighthouse.rules.plan import plan_step
@@ -50,8 +52,15 @@ _PROCESS_SECRET = secrets.token_urlsafe(24)
 
 
 def _server_token() -> str:
-    """The token manager servers and clients of this process use (module docstring)."""
-    return os.environ.get("REPLICAFT_TOKEN") or _PROCESS_SECRET
+    """The token manager servers and clients of this process use (module docstring). An empty
+    ``REPLICAFT_TOKEN`` is refused with the manager's own error (ManagerOptions.from_env): it
+    used to fall back to the per-process secret, so a job that meant to share a token ran
+    its manager servers with one no other process had."""
+    try:
+        token = LighthouseOptions.token_from_env(os.environ)
+    except lighthouse_errors.OptionsError as e:
+        raise OptionsError(str(e)) from None
+    return token or _PROCESS_SECRET
 
 
 def _host_port(bind: str) -> tuple[str, int]:
