@@ -14,8 +14,8 @@ store address travels in the member's ``data`` (replicaft's quorum has no such c
 ``checkpoint_metadata`` is not used (replicaft's heal finds donors through the plan). A manager
 server is always authenticated (torchft's is not): with the job's token (``REPLICAFT_TOKEN``)
 where there is one (set but empty is refused, as by the manager), which a client in another
-process then needs too, else with a secret made
-once per process, which a client in the same process uses.
+process then needs too, else with a secret made once per process, which a client in the same
+process uses.
 """
 
 from __future__ import annotations
