@@ -17,8 +17,9 @@ certificate and its key (the job's identity; it must name the addresses peers di
 The files come from one options surface, :class:`TlsFiles`: flags ``--tls-cert``,
 ``--tls-key``, ``--tls-ca``, variables ``REPLICAFT_TLS_CERT`` / ``_KEY`` / ``_CA``, or the
 ``tls_cert`` / ``tls_key`` / ``tls_ca`` fields of the manager's options. All three or none;
-each is read and parsed when the options are built, so a missing, unreadable or malformed file
-is an error at start naming the option and the path, not a failed handshake later.
+each is read and parsed when the options are built, so a missing, unreadable or malformed file,
+an expired certificate or a CA file that holds no CA's certificate (certificates.py) is an error
+at start naming the option and the path, not a failed handshake later.
 
 Tokens (``REPLICAFT_TOKEN``, the job secret) still authenticate calls: TLS keeps them and the
 state's bytes from being read or altered on the way, the token says the caller belongs to the
@@ -28,6 +29,7 @@ by ``replicaft.throwaway_ca``.
 
 from __future__ import annotations
 
+import datetime
 import os
 import ssl
 from collections.abc import Mapping
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 import grpc
 
 from lighthouse.errors import OptionsError, TlsRefused
+from lighthouse.tls.certificates import ca_problem, certificate_problem
 
 CERT_ENV = "REPLICAFT_TLS_CERT"
 KEY_ENV = "REPLICAFT_TLS_KEY"
@@ -91,6 +94,13 @@ class TlsFiles:
                 f"{_SPELLINGS['cert']} = {self.cert!r} and {_SPELLINGS['key']} = {self.key!r} are not a "
                 f"certificate and its matching private key ({e}); give the pair the CA signed"
             ) from e
+        now = datetime.datetime.now(datetime.timezone.utc)
+        for field, problem in (
+            ("ca", ca_problem(_read(self.ca), now)),
+            ("cert", certificate_problem(_read(self.cert), now)),
+        ):
+            if problem is not None:
+                raise OptionsError(f"{_SPELLINGS[field]} = {getattr(self, field)!r} {problem}")
 
     @classmethod
     def from_values(cls, cert: str | None, key: str | None, ca: str | None) -> TlsFiles | None:

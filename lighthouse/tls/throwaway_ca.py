@@ -43,10 +43,17 @@ def _subject_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
 
 
 def make_throwaway_ca(
-    directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = (), days: int = 30, name: str = "replicaft job"
+    directory: str | os.PathLike[str],
+    *,
+    hosts: tuple[str, ...] = (),
+    days: int = 30,
+    name: str = "replicaft job",
+    cert_valid_until: datetime.datetime | None = None,
 ) -> TlsFiles:
     """Write ``ca.pem``, ``cert.pem`` and ``key.pem`` (mode 0600) into ``directory`` (made if
-    missing) and return them as checked :class:`TlsFiles`."""
+    missing) and return them as checked :class:`TlsFiles`. ``cert_valid_until`` ends the job
+    certificate's validity sooner than the CA's (tests of a certificate that expires: one in
+    the past is refused by the check, after the files are written)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.timezone.utc)
@@ -86,8 +93,8 @@ def make_throwaway_ca(
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
+        .not_valid_before(min(start, cert_valid_until or end))
+        .not_valid_after(cert_valid_until or end)
         .add_extension(x509.SubjectAlternativeName(_subject_names(hosts)), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
