@@ -42,72 +42,89 @@ def _subject_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:
     return names
 
 
+class ThrowawayCa:
+    """A CA held in memory only: it signs job certificates (:meth:`issue`) while this object
+    lives, and its key is never written."""
+
+    def __init__(self, *, days: int = 30, name: str = "replicaft job") -> None:
+        now = datetime.datetime.now(datetime.timezone.utc)
+        self.name = name
+        self.start, self.end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=days)
+        self._key = ec.generate_private_key(ec.SECP256R1())
+        self._subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} throw-away CA")])
+        self.certificate = (
+            x509.CertificateBuilder()
+            .subject_name(self._subject)
+            .issuer_name(self._subject)
+            .public_key(self._key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(self.start)
+            .not_valid_after(self.end)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=False,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(self._key.public_key()), critical=False)
+            .sign(self._key, hashes.SHA256())
+        )
+
+    def issue(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        hosts: tuple[str, ...] = (),
+        valid_until: datetime.datetime | None = None,
+    ) -> TlsFiles:
+        """Write ``ca.pem``, a new ``cert.pem`` and its ``key.pem`` (mode 0600) into ``directory``
+        (made if missing) and return them as checked :class:`TlsFiles`. ``valid_until`` ends the
+        certificate's validity before the CA's (tests of a certificate that expires: one already
+        past is refused by the check, after the files are written)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        end = valid_until or self.end
+        key = ec.generate_private_key(ec.SECP256R1())
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, self.name)]))
+            .issuer_name(self._subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(min(self.start, end))
+            .not_valid_after(end)
+            .add_extension(x509.SubjectAlternativeName(_subject_names(hosts)), critical=False)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
+                critical=False,
+            )
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(self._key.public_key()), critical=False)
+            .sign(self._key, hashes.SHA256())
+        )
+        pem = serialization.Encoding.PEM
+        _write(out / "ca.pem", self.certificate.public_bytes(pem))
+        _write(out / "cert.pem", cert.public_bytes(pem))
+        _write(out / "key.pem", key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+        return TlsFiles(cert=str(out / "cert.pem"), key=str(out / "key.pem"), ca=str(out / "ca.pem"))
+
+
 def make_throwaway_ca(
-    directory: str | os.PathLike[str],
-    *,
-    hosts: tuple[str, ...] = (),
-    days: int = 30,
-    name: str = "replicaft job",
-    cert_valid_until: datetime.datetime | None = None,
+    directory: str | os.PathLike[str], *, hosts: tuple[str, ...] = (), days: int = 30, name: str = "replicaft job"
 ) -> TlsFiles:
-    """Write ``ca.pem``, ``cert.pem`` and ``key.pem`` (mode 0600) into ``directory`` (made if
-    missing) and return them as checked :class:`TlsFiles`. ``cert_valid_until`` ends the job
-    certificate's validity sooner than the CA's (tests of a certificate that expires: one in
-    the past is refused by the check, after the files are written)."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
-    start, end = now - datetime.timedelta(hours=1), now + datetime.timedelta(days=days)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} throw-away CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(start)
-        .not_valid_after(end)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(min(start, cert_valid_until or end))
-        .not_valid_after(cert_valid_until or end)
-        .add_extension(x509.SubjectAlternativeName(_subject_names(hosts)), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
-        )
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    pem = serialization.Encoding.PEM
-    _write(out / "ca.pem", ca.public_bytes(pem))
-    _write(out / "cert.pem", cert.public_bytes(pem))
-    _write(out / "key.pem", key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    return TlsFiles(cert=str(out / "cert.pem"), key=str(out / "key.pem"), ca=str(out / "ca.pem"))
+    """A new throw-away CA's ``ca.pem`` and one job certificate it signs (``cert.pem``,
+    ``key.pem``, mode 0600), written into ``directory`` (made if missing), as checked
+    :class:`TlsFiles`; the CA's key is forgotten."""
+    return ThrowawayCa(days=days, name=name).issue(directory, hosts=hosts)
 
 
 def _write(path: Path, data: bytes) -> None:

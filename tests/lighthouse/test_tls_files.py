@@ -13,7 +13,7 @@ import pytest
 from lighthouse.__main__ import main
 from lighthouse.errors import OptionsError
 from lighthouse.tls.files import TlsFiles
-from lighthouse.tls.throwaway_ca import make_throwaway_ca
+from lighthouse.tls.throwaway_ca import ThrowawayCa, make_throwaway_ca
 from replicaft.config.options import ManagerOptions
 from replicaft.errors import OptionsError as ReplicaftOptionsError
 
@@ -35,7 +35,7 @@ def expired(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
     directory = tmp_path_factory.mktemp("expired")
     yesterday = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(days=1)
     with pytest.raises(OptionsError, match=EXPIRED):
-        make_throwaway_ca(directory, cert_valid_until=yesterday)
+        ThrowawayCa().issue(directory, valid_until=yesterday)
     return str(directory / "cert.pem"), str(directory / "key.pem"), str(directory / "ca.pem")
 
 
