@@ -27,6 +27,7 @@ import grpc
 
 from lighthouse.client.asks import SessionAsks
 from lighthouse.client.channels import CHANNEL_OPTIONS, Reconnect, Targets, parse_addresses, translate
+from lighthouse.client.handshake_refusal import diagnose, unregistered
 from lighthouse.client.last_quorum import LastQuorum
 from lighthouse.client.leader_watch import LeaderWatch
 from lighthouse.client.stream_writer import StreamWriter
@@ -150,10 +151,7 @@ class AsyncLighthouseClient:
         try:
             await asyncio.wait_for(self._registered.wait(), timeout_s)
         except asyncio.TimeoutError:  # not the builtin before 3.11, which pyproject allows
-            raise LighthouseUnavailable(
-                f"no session with the lighthouse at {self.address} within {timeout_s:g}s; is it "
-                "running, and is the address right?"
-            ) from None
+            raise await unregistered(self.address, self._tls, timeout_s) from None
         if self._fatal is not None:
             raise self._fatal
 
@@ -285,7 +283,7 @@ class AsyncLighthouseClient:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
-                error = translate(e, self.address)
+                error = await diagnose(e, self.address, self._tls, self._registered.is_set())
                 if (after := reconnect.after_error(error, time.monotonic(), self._registered.is_set())) is None:
                     self._refuse(error)
                     return
@@ -315,7 +313,7 @@ class AsyncLighthouseClient:
         """One session with ``targets.current``; True if it registered before it ended."""
         channel = self._channel_to(self.targets.current)
         call = channel.stream_stream(protocol.SESSION_METHOD)(
-            metadata=self._metadata, wait_for_ready=self._wait_for_ready
+            metadata=self._metadata, wait_for_ready=self._wait_for_ready and not self.targets.first_attempt
         )
         self._asks.new_session()
         self._call = call

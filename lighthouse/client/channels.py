@@ -121,6 +121,13 @@ class Targets:
     def replicated(self) -> bool:
         return len(self.addresses) > 1
 
+    @property
+    def first_attempt(self) -> bool:
+        """No session has failed or ended yet. The client's first one does not wait for a ready
+        channel: a lighthouse that closes it (TLS there, plaintext here) is then heard of at once
+        and looked into (handshake_refusal.py), where a waiting call would hear nothing at all."""
+        return self._failures == 0
+
     def after_session(self) -> float:
         """A session was registered (and has now ended): start afresh from here."""
         self._failures, self._backoff = 0, RECONNECT_INITIAL_S

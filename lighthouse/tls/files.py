@@ -51,6 +51,9 @@ _SPELLINGS = {
 }
 _WHAT = {"cert": "the job's certificate", "key": "the certificate's private key", "ca": "the CA certificate"}
 
+LOCAL_HOSTS = ("127.0.0.1", "::1", "localhost")
+"""The loopback names, which a throw-away certificate always names (throwaway_ca.py)."""
+
 HANDSHAKE_TIMEOUT_S = 10.0
 """How long a state server waits for a connection's TLS handshake (a thread per connection)."""
 
@@ -94,13 +97,20 @@ class TlsFiles:
                 f"{_SPELLINGS['cert']} = {self.cert!r} and {_SPELLINGS['key']} = {self.key!r} are not a "
                 f"certificate and its matching private key ({e}); give the pair the CA signed"
             ) from e
-        now = datetime.datetime.now(datetime.timezone.utc)
+        if (problem := self.validity_problem(datetime.datetime.now(datetime.timezone.utc))) is not None:
+            raise OptionsError(problem)
+
+    def validity_problem(self, now: datetime.datetime) -> str | None:
+        """Why the CA or the certificate cannot serve at ``now`` (expired, not valid yet, not a
+        CA's), naming the option and the file; None when both can. Checked at start, and asked
+        again by a client whose handshakes fail, since a certificate can expire while in use."""
         for field, problem in (
             ("ca", ca_problem(_read(self.ca), now)),
             ("cert", certificate_problem(_read(self.cert), now)),
         ):
             if problem is not None:
-                raise OptionsError(f"{_SPELLINGS[field]} = {getattr(self, field)!r} {problem}")
+                return f"{_SPELLINGS[field]} = {getattr(self, field)!r} {problem}"
+        return None
 
     @classmethod
     def from_values(cls, cert: str | None, key: str | None, ca: str | None) -> TlsFiles | None:
@@ -174,8 +184,16 @@ def _read(path: str) -> bytes:
 def tls_refusal(details: str, address: str) -> TlsRefused | None:
     """A TlsRefused when gRPC's failure text ``details`` (of a call to ``address``) is a failed
     TLS handshake, else None. gRPC reports it only as UNAVAILABLE ("Tls handshake failed ...
-    CERTIFICATE_VERIFY_FAILED"), which would otherwise be retried like a restarting server."""
+    CERTIFICATE_VERIFY_FAILED", "Hostname Verification Check failed"), which would otherwise be
+    retried like a restarting server until the caller's deadline."""
     lowered = details.lower()
+    if "hostname verification" in lowered:
+        host = address.rpartition(":")[0].strip("[]") or address
+        return TlsRefused(
+            f"TLS handshake with {address} failed: its certificate does not name {host!r}, the host dialled. "
+            f"Dial a name or address the certificate names (the throw-away CA's name {', '.join(LOCAL_HOSTS)}), or "
+            f"give the peer a certificate that names {host!r} (python -m lighthouse.tls.throwaway_ca --host {host} DIR)"
+        )
     if "handshake failed" not in lowered and "certificate_verify_failed" not in lowered:
         return None
     return TlsRefused(

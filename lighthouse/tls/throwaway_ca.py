@@ -26,9 +26,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from lighthouse.tls.files import TlsFiles
-
-LOCAL_HOSTS = ("127.0.0.1", "::1", "localhost")
+from lighthouse.tls.files import LOCAL_HOSTS, TlsFiles
 
 
 def _subject_names(hosts: tuple[str, ...]) -> list[x509.GeneralName]:

@@ -109,6 +109,11 @@ def test_throwaway_certificate_names_loopback_and_the_hosts_given(tmp_path: Path
             "routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED",
             True,
         ),
+        (
+            "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.2:1: Custom verification check "
+            "failed with error: UNAUTHENTICATED: Hostname Verification Check failed.",
+            True,
+        ),
         ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Connection refused", False),
         ("Socket closed", False),
     ],
