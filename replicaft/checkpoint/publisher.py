@@ -30,7 +30,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from replicaft.checkpoint.agreement import Prepared
-from replicaft.checkpoint.catalog import code_version, installed_version
+from replicaft.checkpoint.catalog_entry import code_version, installed_version
 from replicaft.checkpoint.chain import decide_chain
 from replicaft.checkpoint.chainfiles import find_parent, known_chunks
 from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
@@ -239,7 +239,7 @@ class Publisher:
             manifest.num_bytes,
             seconds,
         )
-        tier2_path, tier2_error, deleted = self.housekeeper.after_publish(final, manifest)
+        tier2_path, tier2_error, deleted, catalog_error = self.housekeeper.after_publish(final, manifest)
         return SaveResult(
             step,
             "published",
@@ -251,6 +251,7 @@ class Publisher:
             tier2_error,
             deleted,
             manifest.kind,
+            catalog_error,
         )
 
     def fail(self, request: SaveRequest, tmp: Path, error: BaseException, estimated: int, started: float) -> SaveResult:
