@@ -7,6 +7,7 @@ asynchronously from a host snapshot, and it must never be the reason a run loses
 * **atomic publish** — written under ``step-N-<lineage>.tmp-<token>``, every file checksummed
   (SHA-256) and fsynced, ``manifest.json`` last, then renamed; a crash at any point leaves the
   previous checkpoint intact (``writer.py``, ``publisher.py``, ``durable.py``, ``layout.py``);
+  a writer removes only temporaries whose owner died or that are hours old (``leftovers.py``);
 * **lineages** — a checkpoint names the history it belongs to, so two runs in one directory
   never mix, and a resume picks the most recent history, whole (``lineage.py``);
 * **incremental** — tensors are stored as content-addressed chunks (``chunks.py``,
@@ -27,7 +28,8 @@ asynchronously from a host snapshot, and it must never be the reason a run loses
   (``policy.py``, pure); **cadence** — the interval from the measured save cost and failure
   rate (``cadence.py``, ``checkpoint_interval="auto"``);
 * **catalog** — every published checkpoint with its tags, metrics and retention roles in
-  ``DIR/catalog.sqlite`` (:class:`Catalog`, ``catalog.py``; tags and metrics from
+  ``DIR/catalog.sqlite`` (:class:`Catalog`, ``catalog.py``; its rows ``catalog_entry.py``, its
+  files opened without following a link ``catalog_files.py``; tags and metrics from
   ``labels.py``), a cache rebuilt from the manifests when missing or damaged, queried with
   ``replicaft-ckpt catalog|find|show|tag``;
 * **tiers** — an optional verified tier-2 directory copy (``tier2.py``) and an S3-API object

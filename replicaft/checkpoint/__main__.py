@@ -137,7 +137,7 @@ def _list(directory: Path, verify_files: bool) -> int:
         print(f"{path.name}: {why}")
     partial = sorted(e.path.name for e in scan(directory) if e.is_dir and is_tmp_dirname(e.path.name))
     if partial:
-        print(f"{len(partial)} unpublished (ignored; the next writer removes them): {', '.join(partial)}")
+        print(f"{len(partial)} unpublished (ignored; the next writer removes those abandoned): {', '.join(partial)}")
     return EXIT_OK
 
 

@@ -12,8 +12,12 @@ object tier and tags added by ``replicaft-ckpt tag`` comes from a checkpoint's
 ``manifest.json`` (labels.py); those added tags are also appended to ``DIR/catalog-tags.jsonl``
 (one fsynced JSON line each), so :meth:`Catalog.rebuild` restores everything except the roles
 (the writer sets them again at its next publish) and the object tier. A catalog that is
-missing or cannot be read is rebuilt, with a warning, never an error: nothing in training or
-a resume reads it, and a failure to write it is logged and otherwise ignored.
+missing or cannot be read is rebuilt, with a warning: nothing in training or a resume reads
+it, and a failure to write it is logged and reported beside a published save, never as its
+failure. A catalog that is locked past ``BUSY_TIMEOUT_S`` or is not a regular file (a
+directory, a link out of the checkpoint directory) is a clear error (catalog_files.py), never
+rebuilt over: it may be another process's, or not this code's to delete. The row itself is
+catalog_entry.py.
 
 **Crashes.** WAL journal mode, one transaction per change (a checkpoint's row, tags and
 metrics together): a process killed mid-write loses at most the change it was making, and
@@ -30,34 +34,33 @@ checkpoint directory, slow on a network filesystem with thousands of them).
 from __future__ import annotations
 
 import contextlib
-import functools
-import importlib.metadata
 import json
 import logging
 import os
 import sqlite3
-import subprocess
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from replicaft.checkpoint.labels import EPOCH_TAG, EXPERIMENT_TAG, TagValue, check_tag, labels_of
+from replicaft.checkpoint.catalog_entry import CatalogEntry, Tier, entry_of, tag_text
+from replicaft.checkpoint.catalog_files import (
+    CATALOG_FILE,
+    USER_TAGS_FILE,
+    CatalogError,
+    CatalogLocked,
+    check_regular,
+    discard_catalog,
+    user_tags,
+)
+from replicaft.checkpoint.labels import EPOCH_TAG, EXPERIMENT_TAG, check_tag
 from replicaft.errors import CheckpointCorrupt
-
-if TYPE_CHECKING:
-    from replicaft.checkpoint.manifest import CheckpointManifest
 
 logger = logging.getLogger(__name__)
 
-CATALOG_FILE = "catalog.sqlite"
-USER_TAGS_FILE = "catalog-tags.jsonl"
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 10.0
 """How long a change waits for another process's transaction (a rebuild of thousands of rows
-takes well under a second)."""
-GIT_TIMEOUT_S = 5.0
-Tier = Literal["local", "tier2", "object"]
+takes well under a second): the bound on a locked catalog's wait."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -85,90 +88,6 @@ _COLUMNS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class CatalogEntry:
-    name: str
-    lineage: str
-    step: int
-    epoch: int | None
-    experiment: str | None
-    config_hash: str | None
-    code_version: str | None
-    roles: tuple[str, ...]
-    tiers: tuple[str, ...]
-    num_bytes: int
-    """This checkpoint's own files (an increment's chain is not counted)."""
-    format_version: int
-    save_kind: str
-    """"base" or "increment" (chain.py)."""
-    created_unix_s: float
-    tags: dict[str, str] = field(default_factory=dict)
-    """Tag values as text (str as is, others as JSON: 3, true, 0.5)."""
-    metrics: dict[str, float] = field(default_factory=dict)
-
-
-def tag_text(value: TagValue) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def entry_of(
-    name: str, manifest: CheckpointManifest, *, tiers: Iterable[Tier] = ("local",), roles: Iterable[str] = ()
-) -> CatalogEntry:
-    """The catalog row of checkpoint ``name`` (a directory name), from its manifest. Pure."""
-    labels = labels_of(manifest.metadata)
-    all_roles = set(roles) | ({"emergency"} if manifest.metadata.get("reason") == "preemption" else set())
-    return CatalogEntry(
-        name,
-        manifest.lineage,
-        manifest.step,
-        labels.epoch,
-        labels.experiment,
-        labels.config_hash,
-        labels.code_version,
-        tuple(sorted(all_roles)),
-        tuple(sorted(set(tiers))),
-        manifest.num_bytes,
-        manifest.version,
-        manifest.kind,
-        manifest.created_unix_s,
-        {k: tag_text(v) for k, v in labels.tags.items()},
-        dict(labels.metrics),
-    )
-
-
-@functools.cache
-def code_version() -> str:
-    """``git describe --always --dirty --tags`` of the working directory, else the installed
-    replicaft's version: what a checkpoint's code was. Computed once per process."""
-    try:
-        done = subprocess.run(
-            ["git", "describe", "--always", "--dirty", "--tags"],
-            capture_output=True,
-            text=True,
-            timeout=GIT_TIMEOUT_S,
-            check=False,
-        )
-        if done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        pass
-    version = installed_version()
-    return f"replicaft {version}" if version != "unknown" else version
-
-
-@functools.cache
-def installed_version() -> str:
-    """The installed replicaft's version, or "unknown"; looked up once (a few ms a save)."""
-    try:
-        return importlib.metadata.version("replicaft")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-class CatalogError(Exception):
-    """The catalog cannot be read or written (internal to this module and its callers)."""
-
-
 class Catalog:
     """The catalog of checkpoint directory ``directory``. Build anywhere (no I/O); any thread."""
 
@@ -183,7 +102,9 @@ class Catalog:
     def ensure(self) -> str | None:
         """Make the catalog usable: None when it was, else what was wrong (missing while
         checkpoints exist, unreadable, another schema), after rebuilding it. Raises
-        CatalogError only when even a rebuild fails (an unwritable directory)."""
+        CatalogError when even a rebuild fails (an unwritable directory) or the catalog is not
+        a regular file (a directory, a link: not deleted), CatalogLocked when another process
+        holds it past ``BUSY_TIMEOUT_S`` (a live catalog is never rebuilt under its user)."""
         from replicaft.checkpoint.reader import scan_checkpoints
 
         if not self.directory.is_dir():
@@ -203,6 +124,8 @@ class Catalog:
                 elif check[0] != "ok":
                     problem = f"{self.path} failed its integrity check: {check[0]}"
             except sqlite3.DatabaseError as e:
+                if _is_locked(e):
+                    raise self._locked(e) from e
                 problem = f"{self.path} cannot be read ({e})"
             if problem is None:
                 return None
@@ -225,23 +148,27 @@ class Catalog:
             entries.append(
                 entry_of(path.name, manifest, tiers=("local", "tier2") if path.name in tier2 else ("local",))
             )
-        self._discard_file()
-        with self._transaction() as db:
-            for entry in entries:
-                _insert(db, entry)
-            for name, tags in self._user_tags():
-                _set_tags(db, name, tags)
+        tags = list(user_tags(self.directory))
+        discard_catalog(self.path)
+        try:
+            with self._transaction() as db:
+                for entry in entries:
+                    _insert(db, entry)
+                for name, tagged in tags:
+                    _set_tags(db, name, tagged)
+        except sqlite3.Error as e:
+            raise self._locked(e) if _is_locked(e) else CatalogError(f"cannot rebuild {self.path}: {e}") from e
         return len(entries)
 
     # -- the writer's changes (each one transaction; never raises) ---------------------------
 
     def record(
         self, entry: CatalogEntry, *, roles: Mapping[str, Iterable[str]] | None = None, removed: Iterable[str] = ()
-    ) -> None:
+    ) -> str | None:
         """Add or replace the row of a just-published checkpoint, with retention's verdicts of
         the same save: the roles of the checkpoints it keeps (an emergency save stays one) and
         the rows of those it deleted dropped. One transaction a save: each costs a connection
-        and a commit, a few milliseconds of every save."""
+        and a commit, a few milliseconds of every save. Returns what failed (logged), else None."""
 
         def change(db: sqlite3.Connection) -> None:
             _insert(db, entry)
@@ -254,10 +181,11 @@ class Catalog:
                 for table in ("checkpoints", "tags", "metrics"):
                     db.execute(f"DELETE FROM {table} WHERE name = ?", (name,))
 
-        self._safely("record " + entry.name, change)
+        return self._safely("record " + entry.name, change)
 
-    def set_tier(self, names: Iterable[str], tier: Tier, present: bool) -> None:
-        """Note that the named checkpoints are (``present``) or are no longer in ``tier``."""
+    def set_tier(self, names: Iterable[str], tier: Tier, present: bool) -> str | None:
+        """Note that the named checkpoints are (``present``) or are no longer in ``tier``;
+        what failed (logged), else None."""
 
         def change(db: sqlite3.Connection) -> None:
             for name in names:
@@ -266,7 +194,7 @@ class Catalog:
                     tiers = set(_split(row[0])) | {tier} if present else set(_split(row[0])) - {tier}
                     db.execute("UPDATE checkpoints SET tiers = ? WHERE name = ?", (_join(tiers), name))
 
-        self._safely(f"update tier {tier}", change)
+        return self._safely(f"update tier {tier}", change)
 
     # -- an operator's changes and queries (raise CatalogError) ------------------------------
 
@@ -287,13 +215,19 @@ class Catalog:
             )
         line = json.dumps({"name": name, "tags": checked}, sort_keys=True) + "\n"
         tags_file = self.directory / USER_TAGS_FILE
+        check_regular(tags_file, suffixes=("",))
         with open(tags_file, "a", encoding="utf-8") as f:
             f.write(line)
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(self.directory)
-        with self._transaction() as db:
-            _set_tags(db, name, checked)
+        try:
+            with self._transaction() as db:
+                _set_tags(db, name, checked)
+        except sqlite3.Error as e:
+            raise (
+                self._locked(e) if _is_locked(e) else CatalogError(f"cannot write the catalog {self.path}: {e}")
+            ) from e
 
     def get(self, name: str) -> CatalogEntry | None:
         rows = self.find(name=name)
@@ -342,6 +276,8 @@ class Catalog:
             with self._connect() as db:
                 return [self._entry(db, row) for row in db.execute(sql, args).fetchall()]
         except sqlite3.Error as e:
+            if _is_locked(e):
+                raise self._locked(e) from e
             raise CatalogError(
                 f"cannot read the catalog {self.path}: {e}; rebuild it with "
                 f"`replicaft-ckpt catalog --rebuild {self.directory}`"
@@ -356,57 +292,44 @@ class Catalog:
         values["roles"], values["tiers"] = _split(values["roles"]), _split(values["tiers"])
         return CatalogEntry(**values, tags=tags, metrics=metrics)
 
-    def _user_tags(self) -> Iterator[tuple[str, dict[str, str]]]:
-        """The tags file's records, oldest first; a torn last line (a crash mid-append) is skipped."""
-        try:
-            lines = (self.directory / USER_TAGS_FILE).read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            return
-        for number, line in enumerate(lines, 1):
-            try:
-                record = json.loads(line)
-                name, tags = record["name"], {str(k): str(v) for k, v in record["tags"].items()}
-            except (ValueError, KeyError, TypeError, AttributeError):
-                logger.warning("%s line %d is not a tag record; skipped", self.directory / USER_TAGS_FILE, number)
-                continue
-            yield name, tags
-
-    def _safely(self, what: str, change: Callable[[sqlite3.Connection], None]) -> None:
+    def _safely(self, what: str, change: Callable[[sqlite3.Connection], None]) -> str | None:
         """Run ``change(db)`` in one transaction; on an unreadable catalog, rebuild it once and
-        retry; any other failure is logged (the catalog is a cache: never stop a save for it)."""
+        retry. Any failure is logged and returned (the catalog is a cache: never stop a save for it)."""
         for attempt in (1, 2):
             try:
                 with self._transaction() as db:
                     change(db)
-                return
+                return None
             except sqlite3.DatabaseError as e:
-                if attempt == 2 or isinstance(e, sqlite3.OperationalError) and "locked" in str(e):
-                    logger.warning(
-                        "catalog %s: could not %s: %s; the checkpoints are unaffected (rebuild it with "
-                        "`replicaft-ckpt catalog --rebuild %s`)",
-                        self.path,
-                        what,
-                        e,
-                        self.directory,
-                    )
-                    return
+                if attempt == 2 or _is_locked(e):
+                    return self._gave_up(what, e)
                 logger.warning("catalog %s cannot be read (%s); rebuilding it from the manifests", self.path, e)
                 try:
                     self.rebuild()
                 except (CatalogError, sqlite3.Error, OSError) as rebuild_error:
-                    logger.warning("catalog %s: rebuild failed: %s", self.path, rebuild_error)
-                    return
+                    return self._gave_up(what, rebuild_error)
             except (CatalogError, sqlite3.Error, OSError) as e:
-                logger.warning("catalog %s: could not %s: %s; the checkpoints are unaffected", self.path, what, e)
-                return
+                return self._gave_up(what, e)
+        return None
 
-    def _discard_file(self) -> None:
-        for suffix in ("", "-wal", "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f"{self.path}{suffix}")
+    def _gave_up(self, what: str, error: BaseException) -> str:
+        problem = f"catalog {self.path}: could not {what}: {error}"
+        logger.warning(
+            "%s; the checkpoints are unaffected (rebuild it with `replicaft-ckpt catalog --rebuild %s`)",
+            problem,
+            self.directory,
+        )
+        return problem
+
+    def _locked(self, error: sqlite3.Error) -> CatalogLocked:
+        return CatalogLocked(
+            f"the catalog {self.path} is locked: another process held it for more than {BUSY_TIMEOUT_S:g}s "
+            f"({error}); try again once that process (a writer, another replicaft-ckpt) is done"
+        )
 
     @contextlib.contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
+        check_regular(self.path)
         db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
@@ -450,6 +373,10 @@ def _set_tags(db: sqlite3.Connection, name: str, tags: Mapping[str, str]) -> Non
         db.execute("UPDATE checkpoints SET experiment = ? WHERE name = ?", (tags[EXPERIMENT_TAG], name))
     if tags.get(EPOCH_TAG, "").isdigit():
         db.execute("UPDATE checkpoints SET epoch = ? WHERE name = ?", (int(tags[EPOCH_TAG]), name))
+
+
+def _is_locked(error: BaseException) -> bool:
+    return isinstance(error, sqlite3.OperationalError) and ("locked" in str(error) or "busy" in str(error))
 
 
 def _split(text: str) -> tuple[str, ...]:

@@ -12,11 +12,13 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 import uuid
 from pathlib import Path
 
 from replicaft.checkpoint.entries import scan
 from replicaft.checkpoint.layout import is_tmp_dirname, tmp_dirname
+from replicaft.checkpoint.leftovers import host_digest, is_abandoned, owner_of, owner_token
 from replicaft.checkpoint.manifest import FileEntry
 
 logger = logging.getLogger(__name__)
@@ -25,8 +27,9 @@ READ_BYTES = 4 * 1024 * 1024
 
 
 def new_token() -> str:
-    """A fresh suffix for a temporary directory name, unique across writers and crashes."""
-    return uuid.uuid4().hex
+    """A fresh suffix for a temporary directory name, unique across writers and crashes, that
+    names its owner (this host and process: leftovers.py)."""
+    return owner_token(os.getpid(), uuid.uuid4().hex)
 
 
 def file_entry(path: Path) -> FileEntry:
@@ -83,15 +86,38 @@ def remove_partial(path: Path) -> None:
         logger.error("could not remove the partial checkpoint %s; the next writer will retry", path)
 
 
-def remove_leftovers(directory: Path) -> list[str]:
-    """Remove temporary directories left in ``directory`` by interrupted saves and deletes.
-
-    Call only where no other writer is mid-save in the same directory (the writer does it
-    once, before its first save). Returns the names removed.
-    """
+def remove_leftovers(directory: Path, *, now: float | None = None) -> list[str]:
+    """Remove the temporary directories in ``directory`` that are provably abandoned (their
+    owner died, or they are older than leftovers.ABANDONED_AFTER_S); another writer's save in
+    flight is left alone. The writer calls it once, before its first save. Returns the names removed."""
     removed = []
+    now = time.time() if now is None else now
+    this_host = host_digest()
     for entry in scan(directory):
-        if entry.is_dir and is_tmp_dirname(entry.path.name):  # a link named like one is left alone
+        if not (entry.is_dir and is_tmp_dirname(entry.path.name)):  # a link named like one is left alone
+            continue
+        token = entry.path.name.split(".tmp-", 1)[1]
+        try:
+            age_s = now - os.lstat(entry.path).st_mtime
+        except FileNotFoundError:
+            continue  # its owner published or removed it meanwhile
+        owner = owner_of(token)
+        alive = _pid_alive(owner[1]) if owner is not None and owner[0] == this_host else None
+        if is_abandoned(token, age_s, this_host=this_host, pid_alive=alive):
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path.name)
+        else:
+            logger.info("left %s alone: another writer's save or delete may be in flight", entry.path)
     return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True

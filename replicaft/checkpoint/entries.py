@@ -95,30 +95,34 @@ def scan(directory: Path) -> list[Entry]:
     return [judge(directory / name) for name in names]
 
 
-def open_regular(path: Path, where: str) -> BinaryIO:
-    """Open ``path`` for reading only if it is a regular file; never follows a link, never blocks.
+CHECKPOINT_RULE = "a checkpoint holds only regular files"
+
+
+def open_regular(path: Path, where: str, *, follow_links: bool = False, rule: str = CHECKPOINT_RULE) -> BinaryIO:
+    """Open ``path`` for reading only if it is a regular file; never blocks, and never follows
+    a link unless ``follow_links`` (an operator's own file: a mounted secret is a link).
 
     Raises CheckpointCorrupt naming ``where`` for a missing file, a link, a FIFO, a device
-    or a directory (what it found instead, and that a checkpoint holds only regular files).
+    or a directory (what it found instead, and ``rule``: why only a regular file will do).
     The caller closes the file (use it in a ``with``).
     """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise CheckpointCorrupt(f"{where} is missing") from None
     except OSError as e:
-        found = judge(path).kind
+        try:
+            found = kind_of((os.stat if follow_links else os.lstat)(path).st_mode)
+        except OSError:
+            found = "file"  # cannot even be looked at: the open's own error says why
         if found != "file":
-            raise CheckpointCorrupt(
-                f"{where} is a {found}, not a regular file; a checkpoint holds only regular files"
-            ) from e
+            raise CheckpointCorrupt(f"{where} is a {found}, not a regular file; {rule}") from e
         raise CheckpointCorrupt(f"{where} cannot be opened ({e})") from e
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            raise CheckpointCorrupt(
-                f"{where} is a {kind_of(mode)}, not a regular file; a checkpoint holds only regular files"
-            )
+            raise CheckpointCorrupt(f"{where} is a {kind_of(mode)}, not a regular file; {rule}")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -126,9 +130,17 @@ def open_regular(path: Path, where: str) -> BinaryIO:
         raise
 
 
-def read_small(path: Path, where: str, max_bytes: int = MAX_SMALL_FILE_BYTES) -> bytes:
-    """The whole of regular file ``path`` if it holds at most ``max_bytes``; else CheckpointCorrupt."""
-    with open_regular(path, where) as f:
+def read_small(
+    path: Path,
+    where: str,
+    max_bytes: int = MAX_SMALL_FILE_BYTES,
+    *,
+    follow_links: bool = False,
+    rule: str = CHECKPOINT_RULE,
+) -> bytes:
+    """The whole of regular file ``path`` if it holds at most ``max_bytes``; else CheckpointCorrupt
+    (``follow_links`` and ``rule`` as for :func:`open_regular`)."""
+    with open_regular(path, where, follow_links=follow_links, rule=rule) as f:
         size = os.fstat(f.fileno()).st_size
         if size > max_bytes:
             raise CheckpointCorrupt(f"{where} is {size} bytes, more than the {max_bytes} such a file can hold")

@@ -34,6 +34,7 @@ import safetensors
 import safetensors.torch
 import torch
 
+from replicaft.checkpoint.entries import open_regular
 from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.reader import LoadedCheckpoint
 from replicaft.errors import CheckpointCorrupt, StateError
@@ -46,6 +47,7 @@ NAMES_KEY = "replicaft.names"
 ENTRY_KEY = "replicaft.entry"
 STEP_KEY = "replicaft.step.driver"
 IMPORTED = "imported"
+IMPORT_RULE = "import reads .safetensors files"
 """Manifest metadata key marking a checkpoint made by :func:`import_safetensors`."""
 
 
@@ -95,6 +97,12 @@ def read_safetensors(path: Path) -> tuple[str, Any]:
     Raises CheckpointCorrupt for a file that is not valid safetensors, or whose replicaft
     skeleton does not match its tensors.
     """
+    # Checked (and held open) first: safetensors' own open of a FIFO blocks forever.
+    with open_regular(path, str(path), follow_links=True, rule=IMPORT_RULE):
+        return _read_safetensors(path)
+
+
+def _read_safetensors(path: Path) -> tuple[str, Any]:
     try:
         tensors = safetensors.torch.load_file(str(path))
         with safetensors.safe_open(str(path), framework="pt") as f:

@@ -15,10 +15,12 @@ only the publishing history's checkpoints: another lineage's are not this writer
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from replicaft.checkpoint.catalog import Catalog, entry_of
+from replicaft.checkpoint.catalog import Catalog
+from replicaft.checkpoint.catalog_entry import entry_of
 from replicaft.checkpoint.chainfiles import retention_facts
 from replicaft.checkpoint.durable import discard, remove_leftovers
 from replicaft.checkpoint.layout import checkpoint_dirname
@@ -57,27 +59,47 @@ class Housekeeper:
         self.catalog = catalog
         self.writer_id = writer_id
         self._cleaned: set[Path] = set()
+        self._catalog_problems: list[str] = []
+        """What failed in the catalog during the current :meth:`after_publish`."""
 
     def after_publish(
         self, final: Path, manifest: CheckpointManifest
-    ) -> tuple[Path | None, str | None, tuple[int, ...]]:
+    ) -> tuple[Path | None, str | None, tuple[int, ...], str | None]:
         """Copy, upload, catalog and retain after ``final`` was published.
 
         Returns the tier-2 copy (None without tier 2 or when the copy failed), the tier-2
-        error (None unless it failed) and the steps retention deleted from tier 1. Never
-        raises for a tier-2 failure (it is logged and returned).
+        error (None unless it failed), the steps retention deleted from tier 1 and what
+        failed in the catalog (None unless something did). Never raises for a tier-2 or a
+        catalog failure (each is logged and returned): the checkpoint is published.
         """
+        self._catalog_problems: list[str] = []
         tier2_path, tier2_error = self._copy_to_tier2(final, manifest)
         if self.uploader is not None:
             self.uploader.submit(final)
         decision, deleted = self._apply_retention(self.directory, manifest.step, manifest.lineage)
         if self.catalog is not None:
-            self.catalog.record(
-                entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)),
-                roles={checkpoint_dirname(v.step, manifest.lineage): v.kept_as for v in decision.verdicts if v.keep},
-                removed=[checkpoint_dirname(old, manifest.lineage) for old in deleted],
+            catalog = self.catalog
+            self._note_in_catalog(
+                lambda: catalog.record(
+                    entry_of(final.name, manifest, tiers=("local", "tier2") if tier2_path else ("local",)),
+                    roles={
+                        checkpoint_dirname(v.step, manifest.lineage): v.kept_as for v in decision.verdicts if v.keep
+                    },
+                    removed=[checkpoint_dirname(old, manifest.lineage) for old in deleted],
+                )
             )
-        return tier2_path, tier2_error, deleted
+        return tier2_path, tier2_error, deleted, "; ".join(self._catalog_problems) or None
+
+    def _note_in_catalog(self, change: Callable[[], str | None]) -> None:
+        """Run one catalog change; what failed (the catalog logs it) is kept for the save's result.
+        Whatever it raises is caught too: the catalog is a cache, and the checkpoint is published."""
+        try:
+            problem = change()
+        except Exception as e:
+            problem = f"catalog update failed: {type(e).__name__}: {e}"
+            logger.warning("[%s] %s; the checkpoint is published and unaffected", self.writer_id, problem)
+        if problem is not None:
+            self._catalog_problems.append(problem)
 
     def remove_leftovers_once(self, directory: Path) -> None:
         """Remove ``*.tmp-*`` left by crashed saves, before this writer's first save there;
@@ -108,9 +130,9 @@ class Housekeeper:
             return None, error
         _, deleted = self._apply_retention(self.tier2_directory, manifest.step, manifest.lineage)
         if self.catalog is not None:
-            self.catalog.set_tier(
-                [checkpoint_dirname(old, manifest.lineage) for old in deleted], "tier2", present=False
-            )
+            catalog = self.catalog
+            names = [checkpoint_dirname(old, manifest.lineage) for old in deleted]
+            self._note_in_catalog(lambda: catalog.set_tier(names, "tier2", present=False))
         return copy, None
 
     def _apply_retention(self, directory: Path, step: int, lineage: str) -> tuple[RetentionDecision, tuple[int, ...]]:

@@ -29,11 +29,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from replicaft.errors import OptionsError
+from replicaft.checkpoint.entries import read_small
+from replicaft.errors import CheckpointCorrupt, OptionsError
 
 KEY_BYTES = 32
 KEY_ENV = "REPLICAFT_CHECKPOINT_KEY"
 KEY_FILE_ENV = "REPLICAFT_CHECKPOINT_KEY_FILE"
+MAX_KEY_FILE_BYTES = 4096
+"""A key is 64 hex digits or 44 base64 characters; a bigger file is not a key."""
+KEY_FILE_RULE = "give a file that holds the key (64 hex digits or base64)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,9 +103,12 @@ def load_key(
                 "who can read the checkpoints could read the key. Keep it elsewhere (a mounted secret)"
             )
     try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise OptionsError(f"cannot read the checkpoint key file {key_file} ({e})") from e
+        # Never a plain read: a FIFO or a device given as the key file would block the start forever.
+        data = read_small(
+            path, f"the checkpoint key file {key_file}", MAX_KEY_FILE_BYTES, follow_links=True, rule=KEY_FILE_RULE
+        )
+    except CheckpointCorrupt as e:
+        raise OptionsError(str(e)) from e
     return parse_key(data, f"the checkpoint key file {key_file}")
 
 

@@ -18,7 +18,8 @@ talking: there the writer waits for the previous save (``CheckpointWriter(wait_w
 **Free space** is checked before a save starts, against an estimate from the snapshot plus a
 margin, so a full disk is refused up front with a clear message instead of failing halfway
 through a multi-gigabyte write. Old checkpoints are deleted only after the new one is
-published, so the new one must fit next to them.
+published, so the new one must fit next to them. An increment is sized by the chunks its
+parent's chain lacks (saveplan.increment_bytes), not as the full state it refers to.
 """
 
 from __future__ import annotations

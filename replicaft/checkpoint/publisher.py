@@ -30,7 +30,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from replicaft.checkpoint.agreement import Prepared
-from replicaft.checkpoint.catalog import code_version, installed_version
+from replicaft.checkpoint.catalog_entry import code_version, installed_version
 from replicaft.checkpoint.chain import decide_chain
 from replicaft.checkpoint.chainfiles import find_parent, known_chunks
 from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
@@ -133,8 +133,12 @@ class Publisher:
                     return self._last_chunks[2]
         return known_chunks(self.directory, parent, sealed=self.codec.key is not None)
 
-    def prepare(self, request: SaveRequest, estimated: int) -> Prepared:
-        """Clean leftovers once, check free space, create the temporary directory.
+    def prepare(
+        self, request: SaveRequest, estimated: int, increment_bytes: Callable[[str], int] | None = None
+    ) -> Prepared:
+        """Clean leftovers once, decide base or increment, check free space, create the
+        temporary directory. ``increment_bytes(parent)``: what an increment on ``parent``
+        writes (saveplan.py), checked instead of the full ``estimated`` for an increment.
 
         Never raises: with W > 1 the other ranks wait for an answer, so any error becomes a
         "failed" refusal and a full disk a "refused" one.
@@ -143,6 +147,11 @@ class Publisher:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.housekeeper.remove_leftovers_once(self.directory)
+            chain = decide_chain(
+                find_parent(self.directory, request.lineage), chain_length=self.chain_length, key_id=self.codec.key_id
+            )
+            if chain.parent is not None and increment_bytes is not None:
+                estimated = min(estimated, increment_bytes(chain.parent))
             free = self.free_bytes(self.directory)
             space = enough_space(free, estimated, self.free_space_margin)
             if not space.ok:
@@ -153,9 +162,6 @@ class Publisher:
                 )
                 self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
                 return Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
-            chain = decide_chain(
-                find_parent(self.directory, request.lineage), chain_length=self.chain_length, key_id=self.codec.key_id
-            )
             self._log(logging.DEBUG, step, "checkpoint is a %s: %s", chain.kind, chain.reason)
             tmp = self.directory / tmp_dirname(checkpoint_dirname(step, request.lineage), new_token())
             tmp.mkdir()
@@ -239,7 +245,7 @@ class Publisher:
             manifest.num_bytes,
             seconds,
         )
-        tier2_path, tier2_error, deleted = self.housekeeper.after_publish(final, manifest)
+        tier2_path, tier2_error, deleted, catalog_error = self.housekeeper.after_publish(final, manifest)
         return SaveResult(
             step,
             "published",
@@ -251,6 +257,7 @@ class Publisher:
             tier2_error,
             deleted,
             manifest.kind,
+            catalog_error,
         )
 
     def fail(self, request: SaveRequest, tmp: Path, error: BaseException, estimated: int, started: float) -> SaveResult:

@@ -32,6 +32,8 @@ class SaveResult:
     """Steps retention removed from ``directory`` after this publish."""
     kind: str = "base"
     """"base" or "increment" (chain.py); ``num_bytes`` is what this save wrote."""
+    catalog_error: str | None = None
+    """What failed in the catalog after the publish (the checkpoint is published all the same)."""
 
     @property
     def ok(self) -> bool:
@@ -50,6 +52,7 @@ class SaveResult:
             "tier2_error": self.tier2_error,
             "deleted_steps": list(self.deleted_steps),
             "kind": self.kind,
+            "catalog_error": self.catalog_error,
         }
 
     @classmethod
@@ -65,6 +68,7 @@ class SaveResult:
             d["tier2_error"],
             tuple(d["deleted_steps"]),
             d["kind"],
+            d.get("catalog_error"),
         )
 
 

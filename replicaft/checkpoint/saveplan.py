@@ -11,10 +11,13 @@ manifest: no collective, no file.
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from replicaft.checkpoint.manifest import SavedTensor, StateLayout
 from replicaft.checkpoint.policy import estimate_checkpoint_bytes
+from replicaft.checkpoint.reuse import ReuseKey, reuse_key
+from replicaft.state.content import CHUNK_BYTES
 from replicaft.state.flat import Sharding
 from replicaft.transfer.snapshot import Snapshot
 
@@ -50,3 +53,40 @@ def plan_save(snapshot: Snapshot, group_world_size: int) -> SavePlan:
         num_skeleton_bytes=len(layout.encode()),
     )
     return SavePlan(layout, shardings, estimated)
+
+
+CHUNK_OVERHEAD_BYTES = 256
+"""Above a chunk's raw bytes when stored: zstd's worst-case growth of 4 MiB of incompressible
+bytes is about 100 (a few bytes per 128 KiB block)."""
+
+
+def increment_bytes(
+    plan: SavePlan,
+    snapshot: Snapshot,
+    hashes: Sequence[Sequence[bytes]],
+    known: Collection[ReuseKey],
+    *,
+    group_world_size: int,
+    sealed: bool,
+) -> int:
+    """What an increment on a parent whose chain holds ``known`` chunks will take on disk: its
+    new chunks only, where the free-space check once counted the whole state and refused
+    increments that fit (issue 37). ``hashes``: each tensor's chunk ids (state/content.py).
+    The full estimate where this rank cannot know the new chunks cheaply: a sharded group's
+    ranks chunk their own shards, and a sealed chunk's id is keyed (computed as it is written,
+    a second pass over the state to know it here). A lookup that misses only ever counts a
+    chunk as new: an over-estimate, never an under-estimate."""
+    if sealed or (snapshot.shardings is not None and group_world_size > 1):
+        return plan.estimated_bytes
+    seen: set[ReuseKey] = set()
+    new_bytes = 0
+    for spec, tensor, ids in zip(plan.layout.tensors, snapshot.manifest.tensors, hashes, strict=True):
+        shard = (0,) * len(spec.shape)
+        for n, start in enumerate(range(0, tensor.num_bytes, CHUNK_BYTES)):
+            key = reuse_key(ids[n], spec.name, shard, start, sealed=sealed)
+            if key not in known and key not in seen:
+                seen.add(key)
+                new_bytes += min(CHUNK_BYTES, tensor.num_bytes - start) + CHUNK_OVERHEAD_BYTES
+    return estimate_checkpoint_bytes(
+        num_tensor_bytes=new_bytes, num_tensors=len(plan.layout.tensors), num_skeleton_bytes=len(plan.layout.encode())
+    )

@@ -45,6 +45,7 @@ half-written checkpoint under the name readers look for.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import json
 import logging
 import queue
@@ -70,7 +71,7 @@ from replicaft.checkpoint.options import BestMode, CheckpointOptions
 from replicaft.checkpoint.policy import SaveDecision, should_save
 from replicaft.checkpoint.publisher import Publisher, SaveRequest, disk_free_bytes
 from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
-from replicaft.checkpoint.saveplan import plan_save
+from replicaft.checkpoint.saveplan import increment_bytes, plan_save
 from replicaft.checkpoint.storage import ChunkStorageWriter
 from replicaft.errors import OptionsError
 from replicaft.process.threads import lower_thread_priority
@@ -412,17 +413,29 @@ class CheckpointWriter:
         started = time.monotonic()
         leader = self._rank == 0
         plan = plan_save(request.snapshot, self._world_size)
-        prepared = agree_prepared(self._pg, self._publisher.prepare(request, plan.estimated_bytes) if leader else None)
+        content_hashes = functools.cache(  # once: for an increment's free-space check, then the write
+            lambda: buffer_hashes(
+                request.snapshot.buffer.numpy().data,
+                [(t.offset, t.num_bytes) for t in request.snapshot.manifest.tensors],
+                request.snapshot.content,
+            )
+        )
+
+        def written_by_increment(parent: str) -> int:
+            known, sealed = self._publisher.known_chunks(parent), self._codec.key is not None
+            return increment_bytes(
+                plan, request.snapshot, content_hashes(), known, group_world_size=self._world_size, sealed=sealed
+            )
+
+        prepared = agree_prepared(
+            self._pg, self._publisher.prepare(request, plan.estimated_bytes, written_by_increment) if leader else None
+        )
         if prepared.refusal is not None:
             return prepared.refusal
         assert prepared.tmp is not None
         tensors = tensors_from_buffer(request.snapshot.buffer, request.snapshot.manifest)
         try:
-            hashes = buffer_hashes(
-                request.snapshot.buffer.numpy().data,
-                [(t.offset, t.num_bytes) for t in request.snapshot.manifest.tensors],
-                request.snapshot.content,
-            )  # ids and digest: one pass
+            hashes = content_hashes()  # ids and digest: one pass
             storage = ChunkStorageWriter(
                 prepared.tmp,
                 rank=self._rank,

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from replicaft.errors import OptionsError
+from replicaft.checkpoint.entries import open_regular
+from replicaft.errors import CheckpointCorrupt, OptionsError
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ SHORTCUTS = {"gce": GCE_URL, "aws": AWS_URL}
 AWS_TOKEN_TTL_S = 21600
 """IMDSv2 session tokens live at most six hours; ours is renewed at half of that."""
 MAX_BODY_BYTES = 4096
+NOTICE_FILE_RULE = "a notice file is a regular file that its writer creates or fills"
 MIN_REQUEST_TIMEOUT_S = 0.5
 """Even with a short poll: on a loaded 2-core test host a loopback answer took over 5 ms."""
 MAX_REQUEST_TIMEOUT_S = 2.0
@@ -250,11 +252,17 @@ class PreemptionWatcher:
 
     def _fetch(self) -> tuple[int, str]:
         if self.source.kind == "file":
-            try:
-                with open(Path(self.source.location), "rb") as f:
-                    return 200, f.read(MAX_BODY_BYTES).decode("utf-8", errors="replace")
-            except FileNotFoundError:
+            path = Path(self.source.location)
+            if not path.exists():
                 return 404, ""
+            # Never a plain open: a FIFO there would block this thread (and its stop) forever.
+            try:
+                with open_regular(
+                    path, f"the preemption notice file {path}", follow_links=True, rule=NOTICE_FILE_RULE
+                ) as f:
+                    return 200, f.read(MAX_BODY_BYTES).decode("utf-8", errors="replace")
+            except CheckpointCorrupt as e:  # the helper's word for "not a regular file": not a checkpoint here
+                raise OSError(str(e)) from None
         headers = {"Metadata-Flavor": "Google"} if self.source.kind == "gce" else {}
         if self.source.kind == "aws" and (token := self._token()) is not None:
             headers["X-aws-ec2-metadata-token"] = token

@@ -46,6 +46,8 @@ def report_save(
         kind=r.kind,
         **figures,
     )
+    if r.catalog_error is not None:
+        emit("catalog_update_failed", checkpoint_step=r.step, error=r.catalog_error)
     for a in anomalies:
         logger.warning("[%s] checkpoint anomaly (%s): %s", replica_id, a.kind, a.reason)
         emit(

@@ -56,6 +56,9 @@ event              fields
                    (the failure counts), ``reason``
 ``catalog_rebuilt`` the checkpoint catalog (``DIR/catalog.sqlite``) was missing or unreadable at
                    start and was rebuilt from the manifests (checkpoint/catalog.py): ``reason``
+``catalog_update_failed`` a published save's catalog row could not be written
+                   (checkpoint/catalog.py; the save is published all the same):
+                   ``checkpoint_step``, ``error``
 ``preemption_notice`` a preemption notice was read (preemption.py); the rank leaves at the next
                    step boundary, as after SIGTERM: ``source``, ``kind``, ``reason``
 ``preemption_source_error`` the notice source cannot be read (once, until it can again):

@@ -18,7 +18,8 @@ from support.training_events import EXAMPLE, read_events
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter
 from replicaft.checkpoint.__main__ import main
-from replicaft.checkpoint.catalog import CATALOG_FILE, USER_TAGS_FILE, Catalog, code_version
+from replicaft.checkpoint.catalog import CATALOG_FILE, USER_TAGS_FILE, Catalog
+from replicaft.checkpoint.catalog_entry import code_version
 from replicaft.checkpoint.labels import CheckpointLabels
 from replicaft.checkpoint.layout import checkpoint_dirname
 from replicaft.checkpoint.manifest import FORMAT_VERSION

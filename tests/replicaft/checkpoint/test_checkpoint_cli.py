@@ -50,7 +50,7 @@ def test_list_shows_step_size_age_and_validity(tmp_path: Path, capsys: pytest.Ca
     assert lines[0].split()[:4] == ["200", LINEAGE, "1.3", "KiB"]
     assert f"ago  INVALID: {name(200)}/pack-0.bin checksum mismatch (expected " in lines[0]
     assert lines[1].split()[:4] == ["100", LINEAGE, "1.3", "KiB"] and lines[1].endswith("ago  valid")
-    assert lines[2] == "1 unpublished (ignored; the next writer removes them): step-000000300.tmp-abc123"
+    assert lines[2] == "1 unpublished (ignored; the next writer removes those abandoned): step-000000300.tmp-abc123"
 
 
 def test_list_without_verify_does_not_judge(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

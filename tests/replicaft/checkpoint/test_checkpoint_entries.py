@@ -11,7 +11,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import subprocess
+import sys
 import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,9 @@ import torch
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter
 from replicaft.checkpoint.__main__ import main
+from replicaft.checkpoint.keys import load_key
 from replicaft.checkpoint.layout import MANIFEST_FILE, checkpoint_dirname
+from replicaft.errors import OptionsError
 from replicaft.state.flat import flatten
 from replicaft.transfer.snapshot import Snapshot
 
@@ -145,3 +150,55 @@ def test_retention_keeps_to_its_own_history(tmp_path: Path) -> None:
             assert writer.save_async(snap, step).wait(60).ok
     steps = {(i.lineage, i.step) for i in CheckpointReader(tmp_path).list(verify_files=False)}
     assert steps == {(OLD, 10), (OLD, 20), (OLD, 30), (NEW, 50)} and all(p.is_dir() for p in old)
+
+
+# -- an operator's own small files: the key file and the files an import reads (issue 37) --------
+
+
+def error_of(fn: Callable[[], object]) -> Exception | None:
+    try:
+        fn()
+    except Exception as e:
+        return e
+    return None
+
+
+@pytest.fixture
+def fifo(tmp_path: Path) -> Iterator[Path]:
+    """A FIFO with no writer; afterwards a writer end is opened once, so that a reader the code
+    under test left blocked in ``open`` (the bug) is released rather than kept forever."""
+    path = tmp_path / "fifo"
+    os.mkfifo(path)
+    yield path
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
+    except OSError:
+        pass  # no reader was left blocked
+
+
+def test_a_fifo_or_a_directory_as_the_key_file_is_refused_at_once_naming_it(tmp_path: Path, fifo: Path) -> None:
+    for path, kind in ((fifo, "fifo"), (tmp_path, "dir")):
+        error = finishes(lambda path=path: error_of(lambda: load_key(key_file=path)))
+        assert isinstance(error, OptionsError), error
+        assert f"the checkpoint key file {path} is a {kind}, not a regular file" in str(error)
+    link = tmp_path / "mounted-secret"
+    (tmp_path / "real").write_text(bytes(range(32)).hex())
+    link.symlink_to(tmp_path / "real")  # an orchestrator's mounted secret is a link: followed
+    assert load_key(key_file=link) is not None
+
+
+def test_import_of_a_fifo_is_refused_at_once_naming_it(tmp_path: Path, fifo: Path) -> None:
+    # A process of its own: safetensors blocked in open() holding the GIL, which no thread's
+    # deadline in this process could have ended.
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "replicaft.checkpoint", "import", str(fifo), "--into", str(tmp_path / "warm")],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("replicaft-ckpt import of a FIFO blocked for more than 60 s")
+    assert done.returncode == 1, done
+    assert f"{fifo} is a fifo, not a regular file" in done.stdout + done.stderr

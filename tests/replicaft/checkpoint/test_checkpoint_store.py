@@ -317,6 +317,21 @@ def test_disk_filling_during_write_fails_cleanly_and_last_good_intact(small_disk
     assert [(i.step, i.valid) for i in CheckpointReader(small_disk).list()] == [(1, True)]
 
 
+def test_increment_that_fits_is_sized_by_its_new_chunks_not_refused_as_a_full_save(small_disk: Path) -> None:
+    # 1.2 MB unchanged beside a small tensor that changes: the increment writes a few KB, the
+    # full state would not fit in what the base leaves of 2 MiB (issue 37: it was refused).
+    big = torch.arange(300_000, dtype=torch.float32)
+    with CheckpointWriter(small_disk, chain_length=10, keep_last=2) as writer:
+        assert save(writer, {"replicaft": {"step": 1}, "big": big, "small": torch.zeros(1000)}, 1).ok
+        result = save(writer, {"replicaft": {"step": 2}, "big": big, "small": torch.ones(1000)}, 2)
+        assert result.status == "published" and result.kind == "increment", result.reason
+        assert result.num_bytes < 100_000
+        refused = save(writer, {"replicaft": {"step": 3}, "big": big + 1, "small": torch.ones(1000)}, 3)
+    assert refused.status == "refused", "a save that writes the whole state again still does not fit"
+    loaded = CheckpointReader(small_disk).load_latest_valid()
+    assert loaded is not None and loaded.step == 2 and loaded.state["small"].equal(torch.ones(1000))
+
+
 # -- retention, tier 2, skipping -------------------------------------------------------------
 
 

@@ -311,6 +311,29 @@ def test_file_notice_counts_once_the_file_exists_and_does_not_say_false(tmp_path
     assert recorder.reasons == [f"notice from file {notice}: the notice file exists ('TRUE')"]
 
 
+def test_a_fifo_as_the_notice_file_is_refused_at_once_naming_it(tmp_path: Path) -> None:
+    notice = tmp_path / "preempted"
+    os.mkfifo(notice)
+    recorder = Recorder()
+    watcher = watch(parse_notice_source(f"file:{notice}"), recorder)
+    try:
+        deadline = time.monotonic() + 10
+        while not recorder.named("preemption_source_error") and time.monotonic() < deadline:
+            recorder.noticed.wait(0.01)
+        errors = recorder.named("preemption_source_error")
+        assert errors and f"the preemption notice file {notice} is a fifo, not a regular file" in errors[0]["error"]
+        started = time.monotonic()
+        watcher.stop(timeout_s=5)
+        assert time.monotonic() - started < 1.0, "the watcher was blocked opening the FIFO"
+    finally:
+        watcher.stop()
+        try:  # release a watcher left blocked in open (the bug) rather than keep it forever
+            os.close(os.open(notice, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    assert not recorder.noticed.is_set()
+
+
 def test_stop_ends_the_watcher_thread_promptly(metadata: MetadataServer) -> None:
     recorder = Recorder()
     watcher = watch(NoticeSource("http", metadata.url + "/quiet"), recorder, poll_s=60)
