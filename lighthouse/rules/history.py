@@ -21,9 +21,12 @@ So a quorum that would start below the step of a member outside it waits for tha
   frozen group that resumes re-registers with its step and joins. After that its later
   steps are given up for lost (as they are when its process died), and a warning says so.
 
-A member that left on purpose took nothing others could miss; one whose stream closed is taken
-for dead (SIGKILL, its host gone), its steps with it, so survivors never wait for it; and a
-restarted one reports its own step when it registers again. Pure: the callers pass the time.
+A member that left on purpose is not waited for; one whose stream closed is taken for dead
+(SIGKILL, its host gone), its steps with it, so survivors never wait for it; and a restarted
+one reports its own step when it registers again. But a quorum that forms behind the step a
+member left at (the others finished their run while this one was frozen, say) starts a second
+history of steps already committed, and that is said: a warning names the member and both
+steps, once. Pure: the callers pass the time.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ class LostSteps:
 
     def __init__(self) -> None:
         self._lost: dict[str, LostAt] = {}
+        self._left: dict[str, int] = {}
+        """Members that left on purpose, and the step each left at."""
+
+    def left(self, replica_id: str, step: int) -> None:
+        self._left[replica_id] = step
 
     def lost(self, replica_id: str, step: int, now: float) -> None:
         self._lost[replica_id] = LostAt(step, now)
@@ -55,6 +63,7 @@ class LostSteps:
     def back(self, replica_id: str) -> None:
         """The member registered again: its new session reports the step it holds."""
         self._lost.pop(replica_id, None)
+        self._left.pop(replica_id, None)
 
     def holdout(
         self,
@@ -94,5 +103,18 @@ class LostSteps:
         return None
 
     def passed(self, reach: int) -> None:
-        """A quorum formed at ``reach``: lost members not ahead of it can no longer fork it."""
+        """A quorum formed at ``reach``: lost members not ahead of it can no longer fork it, and
+        one that left ahead of it is named (once) for the second history this quorum starts."""
         self._lost = {rid: lost for rid, lost in self._lost.items() if lost.step > reach}
+        for rid, step in sorted(self._left.items()):
+            if step > reach:
+                logger.warning(
+                    "a quorum formed at step %d, behind step %d that replica %s left at: steps %d to %d are "
+                    "trained a second time, apart from the history it committed",
+                    reach,
+                    step,
+                    rid,
+                    reach + 1,
+                    step,
+                )
+        self._left.clear()

@@ -363,6 +363,8 @@ class Membership:
 
     def _remove(self, m: MemberState, reason: str, *, graceful: bool = False) -> list[Lost]:
         del self.members[m.replica_id]
+        if graceful:
+            self._lost_steps.left(m.replica_id, m.step)
         self._standing.through = None  # the survivors' aborted step asks again anyway
         self._entry_bytes -= m.entry_bytes
         self._survivors = None

@@ -669,3 +669,23 @@ class TestHistory:
         assert m.join(request("a", 30), 4.1)
         quorum = m.decide(4.1)
         assert quorum is not None and quorum.replica_ids == ("a", "b", "c") and max(quorum.steps) == 30
+
+    def test_a_quorum_behind_a_member_that_left_is_formed_at_once_and_the_second_history_named(
+        self, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """a finished its run at step 20 and left; b, frozen meanwhile, comes back at step 10:
+        nobody will return with a's steps, so b is not held, but what it trains is said."""
+        m = new_membership()
+        sessions = {rid: register(m, rid, now=0.0) for rid in "ab"}
+        form(m, "ab", 0.0, step=10)
+        m.heartbeat("a", sessions["a"], Heartbeat(20, 1), 0.5)
+        m.close_session("a", sessions["a"], "left", graceful=True)
+        assert m.join(request("b", 10), 0.6)
+        with caplog.at_level("WARNING", logger="lighthouse.rules.history"):
+            quorum = m.decide(0.6)
+        assert quorum is not None and quorum.replica_ids == ("b",)
+        assert "behind step 20 that replica a left at: steps 11 to 20 are trained a second time" in caplog.text
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="lighthouse.rules.history"):
+            form(m, "b", 0.7, step=11)
+        assert "second time" not in caplog.text  # said once
