@@ -10,14 +10,19 @@ and one that renders the metrics. So this module imports the state machine but n
 server, and the server imports it: no import circle, and tests build a snapshot from a bare
 :class:`Membership`.
 
-What a client can hold is bounded (issue 19): at most ``MAX_CONNECTIONS`` at once (past it a
-503 at once, without reading the request), each with ``READ_TIMEOUT_S`` for its TLS
-handshake and for its whole request head (not per read), a head of at most
+What a client can hold is bounded (issue 19): at most ``MAX_CONNECTIONS`` at once, each with
+``READ_TIMEOUT_S`` for its TLS handshake and for its whole request head (not per read), a head of at most
 ``MAX_REQUEST_BYTES`` buffered, and ``WRITE_TIMEOUT_S`` for its reply to be taken. A client
 that asked and never read used to keep its connection, and the rendered page, for ever.
 Every connection costs a file descriptor the lighthouse's gRPC sessions draw on too. Over
 TLS a connection counts once its handshake is done (asyncio does it before the handler);
 until then only the handshake timeout bounds it.
+
+At the cap, a new connection takes the place of the oldest one still reading its request head
+(issue 37: 32 connections that trickled a request, or sent nothing, made ``/metrics`` answer
+503 to every scraper for as long as they kept reconnecting); a request that has arrived is
+answered in a moment, so a client that asks is served whoever else holds connections. Only
+when every connection is being answered is the newcomer told 503, without its request read.
 """
 
 from __future__ import annotations
@@ -166,7 +171,11 @@ class StatusServer:
         self.num_connections = 0
         """Connections being served now (read on the server's loop, or as a plain int elsewhere)."""
         self.num_refused = 0
-        """Connections answered 503 because ``max_connections`` were being served."""
+        """Connections answered 503 because ``max_connections`` were being answered."""
+        self.num_evicted = 0
+        """Connections closed, still reading their request head, to make room for a newer one."""
+        self._reading: dict[asyncio.StreamWriter, None] = {}
+        """Connections still reading their request head, oldest first."""
 
     async def start(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> str:
         """Serve on ``host:port`` (HTTPS with ``tls``); the page's URL."""
@@ -194,7 +203,12 @@ class StatusServer:
             await self._server.wait_closed()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.num_connections >= self._max_connections:
+        if self.num_connections >= self._max_connections and self._reading:
+            oldest = next(iter(self._reading))
+            del self._reading[oldest]
+            oldest.transport.abort()  # its handler ends at once: its read fails
+            self.num_evicted += 1
+        elif self.num_connections >= self._max_connections:
             self.num_refused += 1
             if self.num_refused == 1 or self.num_refused % 1000 == 0:
                 logger.warning(
@@ -212,14 +226,22 @@ class StatusServer:
             self.num_connections -= 1
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reading[writer] = None
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._read_timeout_s)
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self._read_timeout_s)
+            finally:
+                self._reading.pop(writer, None)
+            if writer.transport.is_closing():
+                return  # evicted for a newer connection
             if len(head) > MAX_REQUEST_BYTES:
                 raise ValueError("request head too large")
             parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
             method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
             status, ctype, body = self._route(method, path.split("?", 1)[0])
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError, ValueError, UnicodeError):
+            if writer.transport.is_closing():
+                return  # evicted for a newer connection, or gone
             status, ctype, body = "400 Bad Request", "text/plain", "bad request\n"
         except Exception:
             logger.exception("status page failed")
