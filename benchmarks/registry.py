@@ -16,6 +16,7 @@ BENCHMARKS: dict[str, str] = {
     "gpu": "benchmarks.gpu",
     "heal": "benchmarks.heal",
     "lighthouse": "benchmarks.lighthouse",
+    "lightning_step": "benchmarks.lightning_step",
     "lighthouse_ha": "benchmarks.lighthouse_ha",
     "ray_restart": "benchmarks.ray_restart",
     "recovery": "benchmarks.recovery",

@@ -174,13 +174,24 @@ class Manager:
     # -- registration --------------------------------------------------------------------------
 
     def register_state(
-        self, name: str, state_dict: StateDictFn, load_state_dict: LoadStateDictFn, *, healed: bool = True
+        self,
+        name: str,
+        state_dict: StateDictFn,
+        load_state_dict: LoadStateDictFn,
+        *,
+        healed: bool = True,
+        in_digest: bool = True,
     ) -> None:
         """Add training state that a heal transfers and a checkpoint saves (registry.py):
         ``state_dict()`` returns tensors and plain values only; it runs on the training thread.
         ``healed=False``: state each group legitimately holds its own of (DiLoCo's inner
-        optimizer): checkpoints carry it, heals do not, and a healer keeps its own."""
-        self._registry.register_state(name, state_dict, load_state_dict, healed=healed)
+        optimizer): checkpoints carry it, heals do not, and a healer keeps its own.
+        ``in_digest=False``: state a healer takes from its donor but that groups may hold
+        differently without being out of step (a Lightning callback's wall-clock timer), so
+        the digest that says two groups agree leaves it out; a checkpoint may lack it."""
+        self._registry.register_state(
+            name, state_dict, load_state_dict, healed=healed, in_digest=in_digest, optional=not in_digest
+        )
 
     def register_hooks(self, hooks: StepHooks) -> None:
         """Add a wrapper's step-boundary callbacks (registry.py, ``StepHooks``)."""

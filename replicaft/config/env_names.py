@@ -32,9 +32,16 @@ from replicaft.errors import OptionsError
 
 ENV_PREFIX = "REPLICAFT_"
 
-READ_ELSEWHERE = frozenset({TOKEN_ENV, CERT_ENV, KEY_ENV, CA_ENV, CHECKPOINT_KEY_ENV, CHECKPOINT_KEY_FILE_ENV})
-"""Read by the lighthouse (token, TLS files) and the checkpoint tools (the key) under their own
-constants; today each is also a ``ManagerOptions`` field, and stays known if one is renamed."""
+NUM_GROUPS_ENV = "REPLICAFT_NUM_GROUPS"
+"""The number of groups ``replicaft-launch`` started the job with, in every group's
+environment: what ``replicaft.lightning`` sizes the global batch by."""
+
+READ_ELSEWHERE = frozenset(
+    {TOKEN_ENV, CERT_ENV, KEY_ENV, CA_ENV, CHECKPOINT_KEY_ENV, CHECKPOINT_KEY_FILE_ENV, NUM_GROUPS_ENV}
+)
+"""Read by the lighthouse (token, TLS files), the checkpoint tools (the key) and the Lightning
+strategy (the group count) under their own constants; the first six are also ``ManagerOptions``
+fields, and stay known if one is renamed."""
 
 READ_OUTSIDE_THE_LIBRARY: Mapping[str, str] = {
     "REPLICAFT_REPO": "deploy/slurm/*.sbatch: the checkout the jobs run in (submit.sh exports it to every job)",

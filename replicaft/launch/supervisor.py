@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from replicaft.compat import TORCHFT_ALIAS_DIR
+from replicaft.config.env_names import NUM_GROUPS_ENV
 from replicaft.errors import OptionsError
 from replicaft.launch.children import Child, free_port
 from replicaft.launch.console import (
@@ -133,6 +134,8 @@ class Launcher:
             "REPLICAFT_LIGHTHOUSE": self._lighthouse_address(),
             "REPLICAFT_REPLICA_ID": group.replica_id,
             "REPLICAFT_EVENTS_DIR": str(self._events_dir),
+            # The job's size, for a script that sizes a global batch by it (replicaft.lightning).
+            NUM_GROUPS_ENV: str(self.options.num_groups),
         }
         if self.options.min_replicas is not None:
             variables["REPLICAFT_MIN_REPLICAS"] = str(self.options.min_replicas)

@@ -1,0 +1,122 @@
+"""The training data of a Lightning run, read in replicaft's exactly-once order.
+
+Lightning fetches a batch before the step that trains on it, and one batch ahead besides, but
+which samples a step trains on is known only once its quorum is (they depend on the data
+cursor and on which groups contribute). So the strategy hands Lightning a placeholder per
+step (:class:`StepBatch`) and replaces it with the step's real batch in ``training_step``,
+after the quorum: the group's share of the step's global batch, loaded by
+``replicaft.data.StepDataLoader`` through the user's dataset, collate function and worker
+count. The data position is the sampler's cursor, which heals and checkpoints carry.
+
+A Lightning epoch is ``len(dataset) // global_batch`` steps; the global order runs on across
+epochs (a step may span two passes over the data), so no sample is dropped or repeated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from replicaft.data import ExactlyOnceSampler, StepDataLoader, sample_ids
+from replicaft.errors import OptionsError
+from replicaft.manager import Manager
+
+
+class StepBatch:
+    """Stands in for a step's batch until the step's quorum says which samples it holds."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "StepBatch(resolved in training_step)"
+
+
+_STEP_BATCH = StepBatch()
+
+
+class StepBatches:
+    """What Lightning iterates as the train dataloader: a placeholder per step, without end;
+    its length is the epoch's, so Lightning ends the epoch after ``len()`` batches."""
+
+    def __init__(self, steps_per_epoch: int) -> None:
+        self.steps_per_epoch = steps_per_epoch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self) -> Iterator[StepBatch]:
+        while True:
+            yield _STEP_BATCH
+
+
+class StepData:
+    """This group's share of each step, from the user's train ``DataLoader``'s dataset."""
+
+    def __init__(
+        self, manager: Manager, dataloader: Any, *, global_batch_size: int | None, groups: int, seed: int
+    ) -> None:
+        """``global_batch_size`` None: the DataLoader's ``batch_size`` times ``groups``, so each
+        of the job's groups trains on ``batch_size`` samples a step while all are up (and more
+        while some are down: the global batch, which the optimizer's settings assume, holds)."""
+        dataset, batch_size = _check_dataloader(dataloader)
+        self.global_batch_size = batch_size * groups if global_batch_size is None else global_batch_size
+        if self.global_batch_size < 1:
+            raise OptionsError(f"global_batch_size={global_batch_size}; use at least 1")
+        self.steps_per_epoch = len(dataset) // self.global_batch_size
+        if self.steps_per_epoch < 1:
+            raise OptionsError(
+                f"the train dataset holds {len(dataset)} samples, fewer than one global batch of "
+                f"{self.global_batch_size}; lower global_batch_size or the DataLoader's batch_size"
+            )
+        self.sampler = ExactlyOnceSampler(manager, len(dataset), self.global_batch_size, policy="global", seed=seed)
+        self.loader = StepDataLoader(
+            self.sampler, dataset, num_workers=dataloader.num_workers, collate_fn=dataloader.collate_fn
+        )
+        self._dataset = dataset
+        self._collate = dataloader.collate_fn
+
+    def batch(self) -> tuple[Any, float]:
+        """This step's batch and the loss weight that makes the average over the contributing
+        groups the mean over the step's global batch (blocks for the quorum). A healer, whose
+        gradient does not count, gets the first contributor's samples, so its forward and
+        backward run like the others' and its collectives line up with theirs."""
+        batches = self.loader.micro_batches()
+        if batches:
+            return batches[0]
+        share = self.sampler.share()
+        plan = self.sampler.manager.wait_quorum()
+        size = -(-self.global_batch_size // max(1, plan.num_contributors if plan is not None else 1))
+        ids = sample_ids(share.step_start, share.step_start + size, self.sampler.dataset_len, self.sampler.seed)
+        return self._collate([self._dataset[i] for i in ids]), 1.0
+
+    def close(self) -> None:
+        self.loader.close()
+
+
+def _check_dataloader(dataloader: Any) -> tuple[torch.utils.data.Dataset, int]:
+    """The dataset and batch size of a train DataLoader the exactly-once order can read."""
+    if not isinstance(dataloader, torch.utils.data.DataLoader):
+        raise OptionsError(
+            f"the train dataloader is a {type(dataloader).__name__}; FaultTolerantStrategy reads a "
+            "torch.utils.data.DataLoader's dataset in replicaft's exactly-once order"
+        )
+    dataset = dataloader.dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        raise OptionsError(
+            f"the train dataset is an IterableDataset ({type(dataset).__name__}): exactly-once needs to read "
+            "any sample by position; use a map-style dataset (len and __getitem__)"
+        )
+    if dataloader.batch_size is None:
+        raise OptionsError(
+            "the train DataLoader has a batch_sampler: replicaft decides each step's samples; give it "
+            "batch_size= (the samples per group per step) instead"
+        )
+    sampler = dataloader.sampler
+    if not isinstance(sampler, torch.utils.data.RandomSampler | torch.utils.data.SequentialSampler):
+        raise OptionsError(
+            f"the train DataLoader has a {type(sampler).__name__}: replicaft reads the dataset in its own "
+            "seeded exactly-once order, which would silently replace it; drop the sampler"
+        )
+    return dataset, int(dataloader.batch_size)
