@@ -162,3 +162,43 @@ def test_what_the_strategy_cannot_do_is_refused_at_fit(module: type, kwargs: dic
     with pytest.raises(OptionsError, match=message):
         trainer.fit(module())
     assert trainer.strategy.manager is None, "the manager was shut down"
+
+
+class RecordSteps(pl.Callback):
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        self.steps.append(trainer.global_step)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_new_job_resumes_from_replicaft_checkpoints_with_lightning_counters(tmp_path: Any) -> None:
+    """Every group gone: a fresh Trainer and module resume from the last persistent checkpoint,
+    with its weights, its LR and a global_step that goes on from the checkpoint's step."""
+    lighthouse = start_lighthouse("--min-replicas", "1", status=False)
+    checkpoints = {"checkpoint_dir": str(tmp_path / "ckpt"), "checkpoint_interval_steps": 5}
+
+    def fit(max_steps: int) -> tuple[pl.Trainer, Linear, RecordSteps]:
+        options = ManagerOptions(
+            lighthouse=lighthouse.grpc_address, replica_id="g0", events_dir=str(tmp_path / "ev"), **checkpoints
+        )
+        record, module = RecordSteps(), Linear()
+        trainer = pl.Trainer(
+            strategy=FaultTolerantStrategy(options), accelerator="cpu", devices=1, max_steps=max_steps,
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+            callbacks=[record],
+        )  # fmt: skip
+        trainer.fit(module)
+        return trainer, module, record
+
+    first, first_module, _ = fit(10)
+    weights = {k: v.clone() for k, v in first_module.state_dict().items()}
+    second, second_module, record = fit(14)
+    # The last checkpoint published is step 5's (step 10's would have been written during step
+    # 11): the new job's first batch loads it and does not commit, then steps 6 to 14 train.
+    assert record.steps == list(range(5, 15)), record.steps
+    assert second.global_step == 14
+    assert second.lr_scheduler_configs[0].scheduler.get_last_lr()[0] == pytest.approx(0.1 * 0.9**14)
+    assert not all(torch.equal(weights[k], v) for k, v in second_module.state_dict().items()), "it trained on"
