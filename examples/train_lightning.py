@@ -17,6 +17,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 
 import pytorch_lightning as pl
 import torch
@@ -67,6 +68,16 @@ class RegressionData(pl.LightningDataModule):
         )
 
 
+class StepDelay(pl.Callback):
+    """Extra seconds per step, to spread a chaos scenario's faults over the run."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args: object) -> None:
+        time.sleep(self.seconds)
+
+
 class PrintSteps(pl.Callback):
     """One line per committed step, as the other examples print (the launcher labels it)."""
 
@@ -90,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset-size", type=int, default=1000)
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--print-every", type=int, default=10)
+    p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per step (demo pacing)")
     p.add_argument("--log-dir", default="lightning_logs", help="each group's CSV log goes to LOG_DIR/<replica id>")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -110,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
-        callbacks=[PrintSteps(args.print_every)],
+        callbacks=[PrintSteps(args.print_every), *([StepDelay(args.step_delay)] if args.step_delay else [])],
     )
     trainer.fit(Regression(args.width), RegressionData(args.dataset_size, args.batch_size, args.num_workers))
     return 0
