@@ -32,7 +32,9 @@ workers' dataset states differ by design and two donors would never agree on one
 believes only the state a majority of donors serves); a healer keeps its own loader (a
 restarted group, a fresh one). What exactly-once needs across a heal, the data position, is
 the cursor, which is replicated and healed. A resume from a checkpoint gives every group the
-writing group's loader state (checked to have the same ``num_workers``).
+writing group's loader state; one saved with another ``num_workers`` is refused for a
+``Stateful`` dataset (StatefulDataLoader restores worker states one for one) and otherwise
+dropped with a warning (it then holds only seeds and counters).
 
 The workers' seeds come from ``generator`` (a private one seeded with the sampler's seed when
 the loader has none), so that starting them draws nothing from torch's global generator,
@@ -42,6 +44,7 @@ which the manager carries as training state and which must advance alike in ever
 from __future__ import annotations
 
 import copy
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +61,8 @@ from replicaft.errors import OptionsError
 from replicaft.manager import Manager
 from replicaft.process.process_tree import die_with_parent
 from replicaft.state.registry import StepHooks
+
+logger = logging.getLogger(__name__)
 
 WHERE = "StepDataLoader.from_loader"
 
@@ -256,6 +261,15 @@ class LoaderState(StepHooks):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["num_workers"] != self.settings.num_workers:
+            if not self.rolls_back:
+                logger.warning(
+                    "data loader state from a run with num_workers=%d; this run has num_workers=%d, and its "
+                    "dataset keeps no state (not torchdata-Stateful): the loader starts afresh (the data "
+                    "position is the cursor's, loaded)",
+                    state["num_workers"],
+                    self.settings.num_workers,
+                )
+                return
             raise OptionsError(
                 f"data loader state from a run with num_workers={state['num_workers']}; this run has "
                 f"num_workers={self.settings.num_workers}, and StatefulDataLoader restores its workers' "

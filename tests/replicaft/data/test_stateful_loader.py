@@ -135,10 +135,13 @@ def test_stateful_dataset_state_is_that_of_committed_steps_only_and_a_checkpoint
     again.close()
 
 
-def test_loader_state_from_another_worker_count_is_refused() -> None:
-    manager, loader = make(CountingDataset(N))
+def test_loader_state_from_another_worker_count_is_refused_for_a_stateful_dataset_only() -> None:
+    manager, _ = make(CountingDataset(N))
     with pytest.raises(OptionsError, match="num_workers=2; this run has num_workers=0"):
-        manager.states["data_loader"][1]({"num_workers": 2, "loader": {}})
+        manager.states["data_loader"][1]({"num_workers": 2, "loader": {"_snapshot": {}}})
+    manager, _ = make(hf_dataset())  # its loader state is seeds and counters: dropped, not refused
+    manager.states["data_loader"][1]({"num_workers": 2, "loader": {"_snapshot": {}}})
+    assert manager.states["data_loader"][0]() == {"num_workers": 0, "loader": {}}
 
 
 def test_without_workers_the_dataset_state_lives_here_and_is_rolled_back() -> None:
@@ -202,3 +205,14 @@ def test_spawn_context_is_kept_and_an_unset_one_is_forkserver() -> None:
     assert spawn.options["multiprocessing_context"].get_start_method() == "spawn"
     unset = loader_settings(sampler, StatefulDataLoader(CountingDataset(N), num_workers=1))
     assert unset.options["multiprocessing_context"] is multiprocessing.get_context("forkserver")
+
+
+def test_deterministic_mode_needs_the_loader_batch_to_be_one_virtual_shard() -> None:
+    manager = StandInManager()
+    manager.options.deterministic, manager.options.virtual_shards = True, 2
+    sampler = ExactlyOnceSampler(manager, N, 12, policy="global")  # type: ignore[arg-type]
+    with pytest.raises(OptionsError, match="batch_size=4 with deterministic=True.*make the loader with batch_size=6"):
+        StepDataLoader.from_loader(sampler, StatefulDataLoader(CountingDataset(N), batch_size=4))
+    assert (
+        StepDataLoader.from_loader(sampler, StatefulDataLoader(CountingDataset(N), batch_size=6)).micro_batch_size == 6
+    )
