@@ -41,7 +41,8 @@ class StepDataLoader:
     dry the sampler hands out an empty placeholder instead of blocking (a DataLoader asks its
     sampler for more from the training thread, so blocking there would deadlock).
 
-    With ``num_workers=0`` the share is loaded directly, in the training thread. Workers are
+    With ``num_workers=0`` the share is loaded directly, in the training thread (through
+    :meth:`from_loader`, by the StatefulDataLoader, in this thread too, nothing ahead). Workers are
     started with the ``forkserver`` method: this process runs gRPC threads, which make a plain
     ``fork()`` unsafe; the dataset must therefore be picklable.
 
