@@ -6,7 +6,8 @@
 
 Shipped scenarios (chaos/scenarios/): smoke, demo, every_fault, every_fault_w2, catastrophe,
 partition, soak, gpt (examples/train_gpt.py), standby (restarts in warm standbys, as
-replicaft-launch does them). The fault kinds are documented in chaos/scenario.py.
+replicaft-launch does them), stateful_data (a torchdata StatefulDataLoader with workers over a
+Hugging Face dataset). The fault kinds are documented in chaos/scenario.py.
 
 Exit code: 0 when every checked invariant held, 1 when there are violations, 2 when the
 scenario is invalid or the run could not start. Logging is configured here and nowhere else.

@@ -14,6 +14,9 @@ travels with heals, so across any failures every sample trains in exactly one co
 With ``REPLICAFT_DETERMINISTIC=1`` the batch policy is ``global`` (``--batch-size`` is then the
 step's global batch, cut into ``REPLICAFT_VIRTUAL_SHARDS`` shards) and the run ends bit for bit
 where the same run with any other membership, or any failures, ends (replicaft/deterministic/rules.py).
+``--data hf`` holds the same samples in a Hugging Face ``datasets.Dataset``; ``--stateful-loader``
+loads them through the user's own torchdata ``StatefulDataLoader`` (``StepDataLoader.from_loader``),
+its state carried by checkpoints (replicaft/data/stateful.py).
 """
 
 from __future__ import annotations
@@ -56,6 +59,30 @@ def build_model(width: int, dropout: float = 0.0) -> nn.Module:
     )
 
 
+def build_loader(
+    args: argparse.Namespace,
+    options: replicaft.ManagerOptions,
+    sampler: ExactlyOnceSampler,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+) -> StepDataLoader:
+    """The step loader over the samples as ``--data`` holds them, through ``--stateful-loader``'s loader or not."""
+    if args.data == "hf":
+        import datasets  # optional: only this flag needs it
+
+        columns = {"id": list(range(len(inputs))), "x": inputs.numpy(), "y": labels.numpy()}
+        dataset: torch.utils.data.Dataset = datasets.Dataset.from_dict(columns).with_format("torch")
+    else:
+        dataset = torch.utils.data.TensorDataset(inputs, labels)
+    if not args.stateful_loader:
+        return StepDataLoader(sampler, dataset, micro_batch_size=args.micro_batch, num_workers=args.num_workers)
+    from torchdata.stateful_dataloader import StatefulDataLoader  # optional: only this flag needs it
+
+    shard = args.batch_size // options.virtual_shards if options.deterministic else args.batch_size
+    user_loader = StatefulDataLoader(dataset, batch_size=args.micro_batch or shard, num_workers=args.num_workers)
+    return StepDataLoader.from_loader(sampler, user_loader)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--lighthouse", help="host:port of the lighthouse (default: $REPLICAFT_LIGHTHOUSE)")
@@ -66,6 +93,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset-size", type=int, default=1000)
     p.add_argument("--micro-batch", type=int, default=None, help="accumulate gradients over micro-batches of this size")
     p.add_argument("--num-workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument(
+        "--data",
+        choices=("tensors", "hf"),
+        default="tensors",
+        help="the samples as a TensorDataset, or as a Hugging Face datasets.Dataset (with an id column)",
+    )
+    p.add_argument(
+        "--stateful-loader",
+        action="store_true",
+        help="load through a torchdata StatefulDataLoader handed to StepDataLoader.from_loader",
+    )
+    p.add_argument(
+        "--annotate-ids",
+        action="store_true",
+        help="with --data hf: annotate each commit with the dataset ids this group trained on "
+        "(a test's check that the loader delivered the sampler's share)",
+    )
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--device", default="cpu", help="where the model trains: cpu, cuda or cuda:N")
     p.add_argument(
@@ -88,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per step (demo pacing)")
     args = p.parse_args(argv)
+    if args.annotate_ids and args.data != "hf":
+        p.error("--annotate-ids reads the id column of --data hf")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     try:
@@ -115,20 +161,19 @@ def main(argv: list[str] | None = None) -> int:
             GradScalerState(manager, scaler, optimizer)
         policy = "global" if options.deterministic else "per_group"
         sampler = ExactlyOnceSampler(manager, args.dataset_size, args.batch_size, policy=policy)
-        loader = StepDataLoader(
-            sampler,
-            torch.utils.data.TensorDataset(inputs, labels),
-            micro_batch_size=args.micro_batch,
-            num_workers=args.num_workers,
-        )
+        loader = build_loader(args, options, sampler, inputs, labels)
         started = time.monotonic()
         while manager.current_step() < args.steps:
             optimizer.zero_grad()
             # A healer's gradient is replaced by zeros, but it still runs the step (any batch)
             # so that its collectives line up with the donors'.
-            batches = loader.micro_batches() or [((inputs[: args.batch_size], labels[: args.batch_size]), 1.0)]
+            loaded = loader.micro_batches()
+            if args.annotate_ids:
+                manager.annotate_commit(trained_ids=[i for batch, _ in loaded for i in batch["id"].tolist()])
+            batches = loaded or [((inputs[: args.batch_size], labels[: args.batch_size]), 1.0)]
             loss = torch.zeros((), device=device)
-            for i, ((x, y), weight) in enumerate(batches):
+            for i, (batch, weight) in enumerate(batches):
+                x, y = (batch["x"], batch["y"]) if isinstance(batch, dict) else batch
                 last = i == len(batches) - 1
                 with contextlib.nullcontext() if last else ddp.no_sync():
                     micro_loss = nn.functional.mse_loss(ddp(x.to(device)), y.to(device)) * (weight * args.loss_scale)
