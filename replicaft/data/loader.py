@@ -10,7 +10,6 @@ trains and discarding any batch a changed membership or an aborted step made sta
 from __future__ import annotations
 
 import collections
-import functools
 import multiprocessing
 import multiprocessing.context
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from replicaft.data.sampler import ExactlyOnceSampler, epoch_permutation, sample_ids
+from replicaft.data.sampler import ExactlyOnceSampler, cached_epoch_permutation, sample_ids
 from replicaft.deterministic.rules import check_shards
 from replicaft.errors import OptionsError
 from replicaft.process.process_tree import die_with_parent
@@ -231,7 +230,7 @@ class _PositionDataset(torch.utils.data.Dataset):
 
     def _index(self, position: int) -> int:
         epoch, offset = divmod(position, self.dataset_len)
-        return int(_cached_permutation(epoch, self.dataset_len, self.seed)[offset])
+        return int(cached_epoch_permutation(epoch, self.dataset_len, self.seed)[offset])
 
     def __getitem__(self, position: int) -> tuple[int, Any]:
         if position == _PLACEHOLDER:
@@ -284,8 +283,3 @@ def _die_with_parent(worker_id: int) -> None:
     """Workers are children of the forkserver, which dies with this process (even by SIGKILL,
     see replicaft/process/_forkserver.py); without this they would outlive a killed group."""
     die_with_parent(exit_if_orphaned=True)
-
-
-@functools.lru_cache(maxsize=4)
-def _cached_permutation(epoch: int, dataset_len: int, seed: int) -> torch.Tensor:
-    return epoch_permutation(epoch, dataset_len, seed)
