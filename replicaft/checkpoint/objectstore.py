@@ -124,7 +124,7 @@ class ObjectStore:
         self._client_lock = threading.Lock()
         self._client_obj: Any = None
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="replicaft-s3")
-        self._uploads = MultipartUploads(self, self._pool, self._where())
+        self._uploads = MultipartUploads(self, self._pool, self.where)
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r}, endpoint_url={self.endpoint_url!r})"
@@ -172,12 +172,12 @@ class ObjectStore:
                 if code in _FATAL_CODES or (400 <= status < 500 and code not in _TRANSIENT_4XX):
                     fix = _FATAL_CODES.get(code, _FATAL_CODES["Forbidden"] if status == 403 else "")
                     raise ObjectStoreRefused(
-                        f"{self._where()}: {what} was refused: {code} (HTTP {status}){'; ' + fix if fix else ''}"
+                        f"{self.where}: {what} was refused: {code} (HTTP {status}){'; ' + fix if fix else ''}"
                     ) from e
                 error: Exception = e
             except bex.NoCredentialsError as e:
                 raise ObjectStoreRefused(
-                    f"{self._where()}: no credentials for {what}; set AWS_ACCESS_KEY_ID and "
+                    f"{self.where}: no credentials for {what}; set AWS_ACCESS_KEY_ID and "
                     "AWS_SECRET_ACCESS_KEY (or a profile or role boto3 finds)"
                 ) from e
             except (
@@ -191,12 +191,12 @@ class ObjectStore:
             delay = next_delay(self.retry, attempt=attempt, started=started, now=time.monotonic(), draw=random.random())
             if delay is None:
                 raise ObjectStoreError(
-                    f"{self._where()}: {what} failed {attempt} times in {time.monotonic() - started:.1f}s; "
+                    f"{self.where}: {what} failed {attempt} times in {time.monotonic() - started:.1f}s; "
                     f"last: {type(error).__name__}: {error}"
                 ) from error
             logger.warning(
                 "%s: %s failed (%s: %s); retry %d in %.2fs",
-                self._where(),
+                self.where,
                 what,
                 type(error).__name__,
                 error,
@@ -205,7 +205,9 @@ class ObjectStore:
             )
             time.sleep(delay)
 
-    def _where(self) -> str:
+    @property
+    def where(self) -> str:
+        """The store as messages name it: its URL, and the endpoint if not the default."""
         return f"object store {self.url}" + (f" at {self.endpoint_url}" if self.endpoint_url else "")
 
     # -- objects -----------------------------------------------------------------------
@@ -294,16 +296,16 @@ class ObjectStore:
                 part_crcs = self._uploads.upload(path, key, num_bytes, {SHA256_META: sha256}, resume=True)
             except UploadGone:
                 logger.warning(
-                    "%s: the server forgot the multipart upload of %s; uploading it again", self._where(), key
+                    "%s: the server forgot the multipart upload of %s; uploading it again", self.where, key
                 )
                 part_crcs = self._uploads.upload(path, key, num_bytes, {SHA256_META: sha256}, resume=False)
         found = self._head(key)
         if found is None:
-            raise ObjectStoreError(f"{self._where()}: {key} is missing right after its upload")
+            raise ObjectStoreError(f"{self.where}: {key} is missing right after its upload")
         size, meta = int(found["ContentLength"]), found.get("Metadata", {})
         if size != num_bytes or meta.get(SHA256_META) != sha256:
             raise ObjectStoreError(
-                f"{self._where()}: {key} reads back as {size} bytes with sha256 "
+                f"{self.where}: {key} reads back as {size} bytes with sha256 "
                 f"{meta.get(SHA256_META)!r} after its upload, not {num_bytes} bytes with sha256 {sha256[:8]}…"
             )
         stored = stored_composite_crc32(found)
@@ -312,7 +314,7 @@ class ObjectStore:
             # (objecttier.py skips a file whose size and SHA-256 metadata match).
             self.delete_keys([key])
             raise ObjectStoreError(
-                f"{self._where()}: {key} was stored with composite CRC32 {stored}, but its "
+                f"{self.where}: {key} was stored with composite CRC32 {stored}, but its "
                 f"{len(part_crcs)} parts as read from {path} give {composite_crc32(part_crcs)} "
                 "(the store holds other bytes); deleted, to be uploaded again by the next attempt"
             )
@@ -325,10 +327,10 @@ class ObjectStore:
         """
         found = self.head(key)
         if found is None:
-            raise CheckpointCorrupt(f"{self._where()}: {key} is missing")
+            raise CheckpointCorrupt(f"{self.where}: {key} is missing")
         if found[0] != num_bytes:
             raise CheckpointCorrupt(
-                f"{self._where()}: {key} is {found[0]} bytes, the manifest says {num_bytes} (truncated?)"
+                f"{self.where}: {key} is {found[0]} bytes, the manifest says {num_bytes} (truncated?)"
             )
         ranges = [(off, min(self.part_bytes, num_bytes - off)) for off in range(0, num_bytes, self.part_bytes)]
         with open(dest, "wb") as f:
@@ -358,6 +360,6 @@ class ObjectStore:
                 h.update(chunk)
         if h.hexdigest() != sha256:
             raise CheckpointCorrupt(
-                f"{self._where()}: {key} downloaded with sha256 {h.hexdigest()[:8]}…, the manifest "
+                f"{self.where}: {key} downloaded with sha256 {h.hexdigest()[:8]}…, the manifest "
                 f"says {sha256[:8]}… (the object is damaged)"
             )

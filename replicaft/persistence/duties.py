@@ -182,7 +182,7 @@ class Persistence:
             store = self._reader.object_store
             self._question = ResumeQuestion(
                 self._reader.survey,
-                where=f"object store {store.url}" if store is not None else "the checkpoint directories",
+                where=store.where if store is not None else "the checkpoint directories",
                 wait_s=self.options.checkpoint_store_wait_s,
                 per_quorum_s=self.options.collective_timeout_s / 2,
                 emit=self._emit,

@@ -8,14 +8,17 @@ trained from step 0 under a new lineage and uploaded that second history beside 
 
 from __future__ import annotations
 
+import signal
+import time
 import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ManagedProcess, start_lighthouse
+from conftest import ManagedProcess, spawn_python, start_lighthouse
 from support.training_events import read_events, start_checkpointing_group, wait_for_event
 
 from chaos.s3_server import S3Server
+from replicaft.launch.children import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -75,5 +78,41 @@ def test_a_fresh_machine_waits_for_a_store_that_is_down_and_never_trains_from_sc
         c_events = read_events(tmp_path / "c" / "events")
         c_commits = [e["step"] for e in c_events if e["event"] == "commit" and e["committed"]]
         assert c_commits and min(c_commits) == stored_step + 1, c_commits[:5]
+    finally:
+        server.close()
+
+
+@pytest.mark.timeout(180)
+def test_a_fresh_machine_behind_a_black_holed_store_stops_within_its_wait(tmp_path: Path) -> None:
+    """Issue 37: a store that accepts connections and never answers (a partition, no reset)
+    held the first step for about 300 s of boto3 timeouts and retries. The survey runs on its
+    own thread and each quorum waits for it a bounded time, so the group stops after
+    ``checkpoint_store_wait_s``, naming the store, untrained, the request still hung."""
+    server = S3Server(buckets=[BUCKET]).start()
+    try:
+        host_port = server.endpoint.removeprefix("http://")
+        listen = str(free_port())
+        relay = spawn_python("-m", "chaos.blackhole", listen, host_port, name="blackhole")
+        relay.wait_for_line(lambda t: t == "ready", 30, what="ready")
+        relay.send_signal(signal.SIGUSR1)  # from now on: connections accepted, nothing answered
+        lh = start_lighthouse(status=False)
+        started = time.monotonic()
+        group = start_checkpointing_group(
+            lh.grpc_address, "g0", tmp_path, "--steps", "30",
+            REPLICAFT_CHECKPOINT_OBJECT_STORE=f"s3://{BUCKET}/{uuid.uuid4().hex}",
+            REPLICAFT_CHECKPOINT_OBJECT_STORE_ENDPOINT=f"http://127.0.0.1:{listen}",
+            REPLICAFT_CHECKPOINT_STORE_WAIT_S="5",
+            AWS_ACCESS_KEY_ID="replicaft", AWS_SECRET_ACCESS_KEY="replicaft", AWS_DEFAULT_REGION="us-east-1",
+        )  # fmt: skip
+        assert group.wait_exit(120) == 1, group.output_tail()
+        took_s = time.monotonic() - started
+        said = group.output_tail(50)
+        assert "has not answered for" in said and "Not training from step 0" in said and "Traceback" not in said, said
+        assert f"127.0.0.1:{listen}" in said, said
+        events = read_events(tmp_path / "events")
+        assert not [e for e in events if e["event"] == "commit" and e["committed"]], "it trained from scratch"
+        # Start-up (~5 s of imports) + the 5 s wait + one quorum's bounded wait: far below boto3's
+        # own 10 s connect + 60 s read timeouts per request, retried.
+        assert took_s < 60, took_s
     finally:
         server.close()
