@@ -14,16 +14,6 @@ from conftest import REPO_ROOT
 PACKAGES = ("replicaft", "lighthouse")
 MAX_MODULE_LINES = 400
 MAX_CLASS_LINES = 300
-# Issue 38, part 2: the modules and classes that formatting at 120 columns took over the limits
-# (their code had been compressed to fit). Each is being split where its concept ends; the list
-# only shrinks, and nothing not on it may cross a limit.
-BEING_SPLIT = {
-    "replicaft.checkpoint.writer",
-    "replicaft.checkpoint.writer.CheckpointWriter",
-    "lighthouse.client.async_client.AsyncLighthouseClient",
-    "lighthouse.server.grpc_server",
-    "lighthouse.server.grpc_server.LighthouseServer",
-}
 
 
 def modules() -> dict[str, Path]:
@@ -51,27 +41,14 @@ def test_no_module_over_400_lines_and_no_class_over_300() -> None:
     too_long = []
     for name, path in modules().items():
         source = path.read_text()
-        if (lines := source.count("\n")) > MAX_MODULE_LINES and name not in BEING_SPLIT:
+        if (lines := source.count("\n")) > MAX_MODULE_LINES:
             too_long.append(f"{name}: {lines} lines")
         for node in ast.walk(ast.parse(source)):
-            if not isinstance(node, ast.ClassDef) or f"{name}.{node.name}" in BEING_SPLIT:
+            if not isinstance(node, ast.ClassDef):
                 continue
             if (span := node.end_lineno - node.lineno + 1) > MAX_CLASS_LINES:
                 too_long.append(f"{name}.{node.name}: {span} lines")
     assert not too_long, f"over {MAX_MODULE_LINES} lines a module or {MAX_CLASS_LINES} a class: {too_long}"
-
-
-def test_being_split_lists_only_what_is_still_over_a_limit() -> None:
-    """The list of issue 38's pending splits shrinks as each lands: an entry that now fits is removed."""
-    spans = {}
-    for name, path in modules().items():
-        source = path.read_text()
-        spans[name] = (source.count("\n"), MAX_MODULE_LINES)
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.ClassDef):
-                spans[f"{name}.{node.name}"] = (node.end_lineno - node.lineno + 1, MAX_CLASS_LINES)
-    fits = sorted(entry for entry in BEING_SPLIT if entry not in spans or spans[entry][0] <= spans[entry][1])
-    assert not fits, f"within the limits now, remove from BEING_SPLIT: {fits}"
 
 
 def find_circles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -3,7 +3,7 @@
 Nothing here decides anything. Each call builds the message a manager would send (``Register``,
 ``Heartbeat``, ``QuorumRequest``, ``FenceRequest``), hands it to the real state machine of
 lighthouse/rules/membership.py with the virtual time, and reports what it answered, as the
-gRPC server (lighthouse/server/grpc_server.py) does: a join that completes the round decides at
+gRPC server (lighthouse/server/grpc_server.py, its rounds in rounds.py) does: a join that completes the round decides at
 once (``may_form_now``), the periodic tick expires silent and stuck members and decides on
 deadlines, a closed session is a loss at once. The members' side of the commit lease is the
 real ``MemberLease`` too (lighthouse/rules/commit_lease.py), and the step plan the real

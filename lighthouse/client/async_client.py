@@ -26,19 +26,19 @@ from typing import Any
 import grpc
 
 from lighthouse.client.asks import SessionAsks
-from lighthouse.client.channels import CHANNEL_OPTIONS, Reconnect, Targets, parse_addresses, translate
+from lighthouse.client.channels import Reconnect, Targets, parse_addresses, translate
+from lighthouse.client.connections import Connections
 from lighthouse.client.handshake_refusal import diagnose, unregistered
 from lighthouse.client.last_quorum import LastQuorum
 from lighthouse.client.leader_watch import LeaderWatch
 from lighthouse.client.stream_writer import StreamWriter
-from lighthouse.config.options import TOKEN_METADATA_KEY
 from lighthouse.errors import (
     LighthouseUnavailable,
     ProtocolError,
     QuorumTimeout,
 )
 from lighthouse.rules.commit_lease import WITHIN_LEASE, MemberLease
-from lighthouse.tls.files import TlsFiles, grpc_aio_channel
+from lighthouse.tls.files import TlsFiles
 from lighthouse.wire import envelope, protocol
 from lighthouse.wire.progress import Progress
 from lighthouse.wire.protocol import (
@@ -97,18 +97,12 @@ class AsyncLighthouseClient:
         """The commit lease of the last quorum answered (commit_lease.py)."""
         self.instance = secrets.token_hex(8)
         """Names this client object to the lighthouse: a reconnect keeps it, another process has another."""
-        self._metadata = ((TOKEN_METADATA_KEY, token),) if token else ()
         self.progress = progress if progress is not None else Progress()
         """What heartbeats report; the owner of a training loop passes its own and records into it."""
-        self._tls = tls
-        self._wait_for_ready = not self.targets.replicated and tls is None
-        """One plaintext lighthouse: a call waits for it through a restart. A replicated set:
-        fail fast, the session moves on to the leader. TLS: fail fast too, since a call that
-        waits for a channel ready never hears of a failed handshake (a wrong CA), only of
-        its deadline; a restart is then bridged by the session's reconnect pauses."""
+        self._connections = Connections(self.targets, token=token, tls=tls)
+        """The channel to each lighthouse and the calls on them (connections.py)."""
         self._registered = asyncio.Event()
         self._fatal: Exception | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}
         self._session_task: asyncio.Task[None] | None = None
         self._call: grpc.aio.StreamStreamCall | None = None
         self._writer = StreamWriter()
@@ -118,7 +112,7 @@ class AsyncLighthouseClient:
         self._closing = False
 
     async def start(self) -> None:
-        self._channel_to(self.targets.current)
+        self._connections.open()
         self._session_task = asyncio.create_task(self._run_session(), name=f"lighthouse-session-{self.replica_id}")
 
     async def close(self) -> None:
@@ -139,9 +133,7 @@ class AsyncLighthouseClient:
                 await self._session_task
             except asyncio.CancelledError:
                 pass
-        for channel in self._channels.values():
-            await channel.close()
-        self._channels.clear()
+        await self._connections.close()
 
     async def wait_registered(self, timeout_s: float) -> None:
         if self._fatal is not None:
@@ -151,7 +143,7 @@ class AsyncLighthouseClient:
         try:
             await asyncio.wait_for(self._registered.wait(), timeout_s)
         except asyncio.TimeoutError:  # not the builtin before 3.11, which pyproject allows
-            raise await unregistered(self.address, self._tls, timeout_s) from None
+            raise await unregistered(self.address, self._connections.tls, timeout_s) from None
         if self._fatal is not None:
             raise self._fatal
 
@@ -250,7 +242,7 @@ class AsyncLighthouseClient:
         if self.commit_lease.covers(quorum_id, step):
             return FenceResponse(True, WITHIN_LEASE)
         try:
-            raw = await self._unary(
+            raw = await self._connections.unary(
                 protocol.FENCE_METHOD,
                 envelope.encode(FenceRequest(self.replica_id, quorum_id, step)),
                 timeout_s,
@@ -264,17 +256,6 @@ class AsyncLighthouseClient:
         """The lighthouse the session is (or will next be) with."""
         return self.targets.current
 
-    def _channel_to(self, address: str) -> grpc.aio.Channel:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc_aio_channel(address, self._tls, CHANNEL_OPTIONS)
-        return channel
-
-    async def _unary(self, method: str, body: bytes, timeout_s: float) -> bytes:
-        assert self._channels, "start() the client first"
-        call = self._channel_to(self.targets.current).unary_unary(method)
-        return await call(body, timeout=timeout_s, metadata=self._metadata, wait_for_ready=self._wait_for_ready)
-
     async def _run_session(self) -> None:
         reconnect = Reconnect(self.targets, self.replica_id, self.duplicate_patience_s)
         while not self._closing:
@@ -283,7 +264,7 @@ class AsyncLighthouseClient:
             except asyncio.CancelledError:
                 raise
             except grpc.aio.AioRpcError as e:
-                error = await diagnose(e, self.address, self._tls, self._registered.is_set())
+                error = await diagnose(e, self.address, self._connections.tls, self._registered.is_set())
                 if (after := reconnect.after_error(error, time.monotonic(), self._registered.is_set())) is None:
                     self._refuse(error)
                     return
@@ -311,10 +292,7 @@ class AsyncLighthouseClient:
 
     async def _one_session(self) -> bool:
         """One session with ``targets.current``; True if it registered before it ended."""
-        channel = self._channel_to(self.targets.current)
-        call = channel.stream_stream(protocol.SESSION_METHOD)(
-            metadata=self._metadata, wait_for_ready=self._wait_for_ready and not self.targets.first_attempt
-        )
+        call = self._connections.session()
         self._asks.new_session()
         self._call = call
         if self.targets.replicated:

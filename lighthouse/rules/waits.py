@@ -1,7 +1,7 @@
 """The members waiting for a quorum, one wait each, and when the current round began.
 
-The server (lighthouse/server/grpc_server.py) adds a wait when a member asks, hands the waits of a formed quorum
-their answer, and fails the rest: superseded by a newer request, past their deadline, their
+The server's rounds (lighthouse/server/rounds.py) add a wait when a member asks, hand the
+waits of a formed quorum their answer, and fail the rest: superseded by a newer request, past their deadline, their
 member lost, the lighthouse no longer leading. Event-loop only, like all the server's state.
 """
 

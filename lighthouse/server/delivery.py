@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 class Delivery:
-    """Owned by the server; ``sessions`` is the server's live map of open sessions."""
+    """Owned by the server's rounds (rounds.py); ``sessions`` is their live map of open sessions."""
 
     def __init__(self, sessions: dict[str, Session], metrics: Metrics) -> None:
         self._sessions = sessions

@@ -1,8 +1,9 @@
 """The lighthouse gRPC server: a thin asyncio shell around :class:`Membership`.
 
 Each handler decodes and validates, makes one synchronous call into the state machine and
-encodes the answer; the rules live in membership.py and quorum.py. All state is touched only
-on this server's event loop, between awaits, so there are no locks.
+encodes the answer; the rules live in membership.py and quorum.py, and the rounds they decide
+(joins, quorums delivered, waits failed, leadership taken and given up) in rounds.py. All
+state is touched only on this server's event loop, between awaits, so there are no locks.
 
 RPCs (generic handlers, msgpack bodies; see protocol.py):
 
@@ -28,16 +29,14 @@ from dataclasses import dataclass
 import grpc
 
 from lighthouse.config.options import LighthouseOptions
-from lighthouse.errors import DuplicateReplica, ProtocolError, QuorumTooLarge
+from lighthouse.errors import DuplicateReplica, ProtocolError
 from lighthouse.replicated.leadership import Leadership, takeover_notices
 from lighthouse.rules.liveness import LoopLag
-from lighthouse.rules.members import Lost
 from lighthouse.rules.membership import Membership
-from lighthouse.rules.waits import Waits
 from lighthouse.server.binding import bind_grpc
-from lighthouse.server.delivery import Delivery
 from lighthouse.server.guards import reject, require_leader, require_token
 from lighthouse.server.metrics import Metrics
+from lighthouse.server.rounds import Rounds
 from lighthouse.server.session import (
     FAILURE_STATUS,
     REGISTER_TIMEOUT_S,
@@ -51,7 +50,6 @@ from lighthouse.wire import envelope, protocol
 from lighthouse.wire.protocol import (
     FenceRequest,
     Notice,
-    Quorum,
     QuorumRequest,
     Register,
 )
@@ -72,20 +70,31 @@ class LighthouseServer:
         self, options: LighthouseOptions, *, incarnation: int | None = None, leadership: Leadership | None = None
     ) -> None:
         self.options = options
-        self.incarnation = incarnation if incarnation is not None else time.time_ns() // 1000
+        incarnation = incarnation if incarnation is not None else time.time_ns() // 1000
         self.leadership = leadership
         """None: the single lighthouse, always serving. Otherwise one of a replicated set,
         serving only while ``leadership.serving()`` (lighthouse/replicated/server.py)."""
-        self.membership = Membership(options.membership, self.incarnation)
         self.metrics = Metrics()
-        self._sessions: dict[str, Session] = {}
-        self._waits = Waits()
-        self._taken_over: tuple[int, frozenset[str]] | None = None
-        """The previous leader's last quorum (id, members), until this leader's first quorum."""
-        self._delivery = Delivery(self._sessions, self.metrics)
+        self._rounds = Rounds(
+            Membership(options.membership, incarnation),
+            metrics=self.metrics,
+            leadership=leadership,
+            incarnation=incarnation,
+        )
+        """The membership, sessions and waits, and the moves of each round (rounds.py)."""
         self._server: grpc.aio.Server | None = None
         self._status: StatusServer | None = None
         self._ticker: asyncio.Task[None] | None = None
+
+    @property
+    def incarnation(self) -> int:
+        """The history this lighthouse serves; a new leader of a replicated set starts a new one."""
+        return self._rounds.incarnation
+
+    @property
+    def membership(self) -> Membership:
+        """The state machine (lighthouse/rules/membership.py); replaced when leadership changes."""
+        return self._rounds.membership
 
     async def start(self) -> ServingAddresses:
         o = self.options
@@ -124,7 +133,7 @@ class LighthouseServer:
     async def stop(self, grace_s: float = 1.0) -> None:
         if self._ticker is not None:
             self._ticker.cancel()
-        for s in self._sessions.values():
+        for s in self._rounds.sessions.values():
             s.close()
         if self._status is not None:
             await self._status.stop()
@@ -160,11 +169,11 @@ class LighthouseServer:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
         # Before the new session takes the replica id's slot, so the superseded session is
         # the one told it is fenced.
-        self._handle_lost(lost)
+        self._rounds.handle_lost(lost)
         o = self.options
         session = Session(reg.replica_id, serial, o.outbox_max_messages, o.outbox_max_bytes)
         session.task = asyncio.current_task()
-        self._sessions[reg.replica_id] = session
+        self._rounds.sessions[reg.replica_id] = session
         self.metrics.sessions_open += 1
         logger.info("session %d opened by %s (%s) at step %d", serial, reg.replica_id, reg.address or "-", reg.step)
         reader = asyncio.create_task(self._read_session(session, context))
@@ -182,21 +191,21 @@ class LighthouseServer:
                 )
             )
             if self.membership.current is None:  # a new leader, before its first quorum
-                for notice in takeover_notices(self._taken_over, reg.replica_id, self.incarnation):
+                for notice in takeover_notices(self._rounds.taken_over, reg.replica_id, self.incarnation):
                     await context.write(envelope.encode(notice))
             while (message := await session.next_message()) is not None:
                 await context.write(message)
         finally:
             reader.cancel()
             self.metrics.sessions_open -= 1
-            if self._sessions.get(reg.replica_id) is session:
-                del self._sessions[reg.replica_id]
+            if self._rounds.sessions.get(reg.replica_id) is session:
+                del self._rounds.sessions[reg.replica_id]
             if session.ended is not None:
                 self.metrics.sessions_ended_not_reading += 1
-            self._handle_lost(
+            self._rounds.handle_lost(
                 self.membership.close_session(reg.replica_id, serial, session.ended or "session stream closed")
             )
-            self._decide()
+            self._rounds.decide()
         if reader.done() and not reader.cancelled() and reader.exception() is None and (rejected := reader.result()):
             await reject(context, self._refused, rejected)
         await require_leader(context, self.leadership)  # ended by a step-down: say where to go
@@ -218,12 +227,12 @@ class LighthouseServer:
                 if not self._join_on_session(session, message):
                     return None
             elif message.leaving:
-                self._handle_lost(
+                self._rounds.handle_lost(
                     self.membership.close_session(
                         session.replica_id, session.serial, "left cleanly after its last step", graceful=True
                     )
                 )
-                self._decide()
+                self._rounds.decide()
                 return None
             elif not self.membership.heartbeat(session.replica_id, session.serial, message, time.monotonic()):
                 return None
@@ -232,7 +241,7 @@ class LighthouseServer:
         """A quorum request on a session stream; False when the session was superseded."""
         if not self.membership.is_session_live(session.replica_id, session.serial):
             return False
-        return self._join(req, Waiter.on_session(session, req))
+        return self._rounds.join(req, Waiter.on_session(session, req))
 
     async def _quorum(self, raw: bytes, context: grpc.aio.ServicerContext) -> bytes:
         await self._authenticate(context)
@@ -243,7 +252,7 @@ class LighthouseServer:
             await reject(context, self._refused, e)
         result: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         waiter = Waiter.on_future(req, result)
-        if not self._join(req, waiter):
+        if not self._rounds.join(req, waiter):
             await context.abort(
                 grpc.StatusCode.NOT_FOUND,
                 f"replica {req.replica_id!r} has no open session; open a Session before asking for a quorum",
@@ -253,7 +262,7 @@ class LighthouseServer:
         except WaitFailed as e:
             await context.abort(FAILURE_STATUS[e.code], e.reason)
         finally:
-            if self._waits.discard(waiter):  # the caller went away first
+            if self._rounds.waits.discard(waiter):  # the caller went away first
                 self.membership.leave(req.replica_id, time.monotonic())
         raise AssertionError("unreachable")
 
@@ -266,83 +275,6 @@ class LighthouseServer:
             await reject(context, self._refused, e)
         self.metrics.fences_answered += 1
         return envelope.encode(self.membership.fence(req))
-
-    # -- state-machine plumbing -------------------------------------------------------------
-
-    def _join(self, req: QuorumRequest, waiter: Waiter) -> bool:
-        """Make ``waiter`` the replica's one wait for a quorum, until ``req.timeout_s``;
-        False when the replica has no live session."""
-        now = time.monotonic()
-        if (stood := self.membership.end_standing(req)) is not None:
-            self._delivery.send_standing_ended(stood, req, self.incarnation)
-        try:
-            if not self.membership.join(req, now):
-                return False
-        except QuorumTooLarge as e:
-            self.metrics.rejected_requests += 1
-            logger.error("refused a quorum request of %s: %s", req.replica_id, e)
-            waiter.fail("refused", str(e))
-            return True
-        self._waits.add(waiter, now)
-        if self.membership.may_form_now():
-            self._decide()
-        return True
-
-    def _last_reason(self) -> str:
-        return self.membership.last_decision.reason if self.membership.last_decision else ""
-
-    def _expire_waits(self, now: float) -> None:
-        for waiter in self._waits.expired(now):
-            self.membership.leave(waiter.replica_id, now)
-            waiter.fail(
-                "timeout",
-                f"no quorum with {waiter.replica_id!r} formed within {waiter.timeout_s:g}s: {self._last_reason()}",
-            )
-
-    def _decide(self) -> None:
-        if not self.serving():
-            return
-        now = time.monotonic()
-        previous_id = self.membership.current.quorum_id if self.membership.current else None
-        quorum = self.membership.decide(now)
-        if quorum is None:
-            return
-        self.metrics.quorums_formed += 1
-        self.metrics.quorums_standing += quorum.standing_steps > 0
-        waiters, took = self._waits.take(quorum.replica_ids, now)
-        if took is not None:
-            self.metrics.quorum_latency_s.observe(took)
-        encoded = self._delivery.encode(quorum)
-        new_id = quorum.quorum_id != previous_id
-        if new_id and self.leadership is not None:
-            # A new quorum id reaches members only once etcd holds it (lighthouse/replicated/server.py).
-            asyncio.create_task(self._publish_then_send(quorum, encoded, waiters))
-        else:
-            self._delivery.send(
-                quorum,
-                encoded,
-                waiters,
-                new_id=new_id,
-                reason=self._last_reason(),
-                heartbeat_floor_s=self.membership.heartbeat_floor_s,
-            )
-
-    async def _publish_then_send(self, quorum: Quorum, encoded: bytes, waiters: list[Waiter]) -> None:
-        assert self.leadership is not None
-        published = await self.leadership.publish(quorum, self.membership.next_quorum_id)
-        if published and self.serving() and self.membership.current is quorum:
-            self._delivery.send(
-                quorum,
-                encoded,
-                waiters,
-                new_id=True,
-                reason=self._last_reason(),
-                heartbeat_floor_s=self.membership.heartbeat_floor_s,
-            )
-            return
-        why = "this lighthouse lost the lead" if not published else "a newer quorum replaced it"
-        for w in waiters:
-            w.fail("aborted", f"quorum {quorum.quorum_id} was not published: {why}")
 
     # -- guards (guards.py) -----------------------------------------------------------------
 
@@ -361,7 +293,7 @@ class LighthouseServer:
     # -- leadership (a replicated lighthouse) -----------------------------------------------
 
     def serving(self) -> bool:
-        return self.leadership is None or self.leadership.serving()
+        return self._rounds.serving()
 
     def take_leadership(
         self, incarnation: int, last_quorum: tuple[str, ...] | None, last_quorum_id: int, next_quorum_id: int
@@ -369,11 +301,7 @@ class LighthouseServer:
         """Start serving as the leader, from the previous leader's state (read from etcd);
         ``last_quorum`` None when etcd records none. Until the first quorum forms, members of
         the last one are told as they register to abandon its step (leadership.takeover_notices)."""
-        self.incarnation = incarnation
-        self.membership = self.membership.successor(incarnation)
-        self.membership.restore(last_quorum, next_quorum_id, time.monotonic())
-        self._taken_over = (last_quorum_id, frozenset(last_quorum)) if last_quorum else None
-        self._waits.round_started = None
+        self._rounds.take_leadership(incarnation, last_quorum, last_quorum_id, next_quorum_id)
         logger.warning(
             "lighthouse leads (incarnation %d): quorum ids from %d; waiting for %s",
             incarnation,
@@ -383,23 +311,12 @@ class LighthouseServer:
 
     def announce_lease(self, lease_s: float) -> None:
         """Tell every session the leader's lease holds ``lease_s`` longer (Notice.lease_s)."""
-        self._delivery.send_to_all(envelope.encode(Notice("lease", incarnation=self.incarnation, lease_s=lease_s)))
+        self._rounds.announce_lease(lease_s)
 
     def step_down(self, reason: str) -> None:
         """Stop serving: every session ends (told where the leader is) and every wait fails.
         Idempotent; the membership is dropped, a later lead restores it from etcd."""
-        if not self._sessions and not self._waits.by_replica and not self.membership.members:
-            return
-        logger.warning("lighthouse stops serving: %s", reason)
-        self._waits.fail_all(f"the lighthouse stopped leading: {reason}")
-        for session in self._sessions.values():
-            session.close()
-        self.membership = self.membership.successor(self.incarnation)
-
-    def _handle_lost(self, lost: list[Lost]) -> None:
-        for m in lost:
-            self._waits.fail(m.replica_id, f"replica {m.replica_id!r} was declared lost: {m.reason}")
-            self._delivery.send_lost(m, self.incarnation)
+        self._rounds.step_down(reason)
 
     async def _tick_forever(self) -> None:
         lag = LoopLag()
@@ -411,8 +328,8 @@ class LighthouseServer:
                 if not self.serving():
                     self.step_down("its leadership ended")
                     continue
-                self._handle_lost(self.membership.expire(time.monotonic(), lag.allowance_s()))
-                self._decide()
-                self._expire_waits(time.monotonic())
+                self._rounds.handle_lost(self.membership.expire(time.monotonic(), lag.allowance_s()))
+                self._rounds.decide()
+                self._rounds.expire_waits(time.monotonic())
             except Exception:
                 logger.exception("lighthouse tick failed; continuing")

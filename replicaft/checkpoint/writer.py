@@ -13,8 +13,10 @@ Everything else runs on the writer's one background thread, in this order::
        every chain a kept checkpoint needs, and what the object tier has yet to upload), its
        verdicts noted in the catalog                                            (housekeeping.py)
 
-This module keeps the training thread's side (when a save is due, the queue, the counters,
-:meth:`CheckpointWriter.close`) and the one background thread that runs the stages in order.
+This module keeps the training thread's side (when a save is due, what is saved,
+:meth:`CheckpointWriter.close`) and builds the parts: the one background thread, with the
+queue and the counters, is save_thread.py; the stages of one save, run on it in order on
+every rank of the group, are collective_save.py.
 
 Invariants: a published directory is complete and never modified; until the rename, nothing
 a reader looks at has changed, so a crash or SIGKILL at any point leaves the previous
@@ -44,71 +46,36 @@ half-written checkpoint under the name readers look for.
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
 import json
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
-from replicaft.checkpoint.agreement import agree_prepared, agree_result
 from replicaft.checkpoint.catalog import Catalog
 from replicaft.checkpoint.chunks import ChunkCodec
+from replicaft.checkpoint.collective_save import CollectiveSave
 from replicaft.checkpoint.housekeeping import Housekeeper
 from replicaft.checkpoint.keys import EncryptionKey
-from replicaft.checkpoint.layout import dcp_key, is_lineage, new_lineage
+from replicaft.checkpoint.layout import is_lineage, new_lineage
 from replicaft.checkpoint.objectstore import ObjectStore
 from replicaft.checkpoint.objecttier import Uploader
 from replicaft.checkpoint.options import BestMode, CheckpointOptions
 from replicaft.checkpoint.policy import SaveDecision, should_save
 from replicaft.checkpoint.publisher import Publisher, SaveRequest, disk_free_bytes
 from replicaft.checkpoint.results import SaveHandle, SaveResult, WriterStatistics
-from replicaft.checkpoint.saveplan import increment_bytes, plan_save
-from replicaft.checkpoint.storage import ChunkStorageWriter
+from replicaft.checkpoint.save_thread import SaveThread
 from replicaft.errors import OptionsError
-from replicaft.process.threads import lower_thread_priority
-from replicaft.state.content import buffer_hashes
-from replicaft.transfer.snapshot import Snapshot, tensors_from_buffer
+from replicaft.transfer.snapshot import Snapshot
 
 DEFAULT_CHAIN_LENGTH = 10
 """A full base every 10 saves: an increment costs what changed, a chain's damage reaches at
 most 10 checkpoints, and a restore reads at most 10 directories (chain.py)."""
-WRITER_NICENESS = 19
-"""The writer thread's CPU niceness (Linux; the lowest priority). Training threads outrank it,
-so serialising, checksumming and copying to tier 2 take the CPU time training leaves idle
-instead of slowing its steps: measured on 2 cores at 1 GB, the step a save starts at was
-~400 ms slower with the writer at the training's priority and ~100 ms slower at 19, and the
-save took about 1.5x as long. A preemption save runs after training has stopped, so it
-loses nothing by it."""
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Job:
-    request: SaveRequest
-    future: concurrent.futures.Future[SaveResult]
-
-
-def _counted(stats: WriterStatistics, result: SaveResult) -> WriterStatistics:
-    """The writer's counters once the save of ``result`` has finished."""
-    return replace(
-        stats,
-        num_pending=stats.num_pending - 1,
-        num_published=stats.num_published + (result.status == "published"),
-        num_refused=stats.num_refused + (result.status == "refused"),
-        num_failed=stats.num_failed + (result.status == "failed"),
-        num_tier2_failed=stats.num_tier2_failed + (result.tier2_error is not None),
-        last_published_step=result.step if result.ok else stats.last_published_step,
-    )
 
 
 class CheckpointWriter:
@@ -175,15 +142,14 @@ class CheckpointWriter:
         """Which checkpoints to keep after each publish (retention.py), in every tier."""
         self.interval_steps = interval_steps
         self.interval_s = interval_s
-        self._codec = ChunkCodec(compression_level=compression_level, key=encryption_key)
+        codec = ChunkCodec(compression_level=compression_level, key=encryption_key)
         self.writer_id = writer_id
         if lineage is not None and not is_lineage(lineage):
             raise OptionsError(f"lineage={lineage!r} is not a lineage id; leave it None for a new history")
         self.lineage = lineage if lineage is not None else new_lineage()
         """The history saves belong to unless ``save_async`` names another (layout.py)."""
-        self._pg = process_group
         self._rank = dist.get_rank(process_group) if process_group is not None else 0
-        self._world_size = dist.get_world_size(process_group) if process_group is not None else 1
+        world_size = dist.get_world_size(process_group) if process_group is not None else 1
         self.uploader = (
             Uploader(object_store, self.directory, retention=self.retention, writer_id=writer_id)
             if object_store is not None and self._rank == 0
@@ -194,11 +160,11 @@ class CheckpointWriter:
         """Group rank 0 registers each publish and retention's verdicts there (catalog.py)."""
         self._publisher = Publisher(
             self.directory,
-            codec=self._codec,
+            codec=codec,
             chain_length=chain_length,
             free_space_margin=free_space_margin,
             free_bytes=free_bytes,
-            group_world_size=self._world_size,
+            group_world_size=world_size,
             writer_id=writer_id,
             housekeeper=Housekeeper(
                 self.directory,
@@ -210,14 +176,16 @@ class CheckpointWriter:
             ),
         )
         """Group rank 0's stages of each save (publisher.py); the others only ask it for a parent's chunks."""
+        self._saves = SaveThread(
+            CollectiveSave(
+                self._publisher, codec=codec, process_group=process_group, rank=self._rank, world_size=world_size
+            ).run,
+            writer_id=writer_id,
+        )
+        """The background thread every save runs on, in call order (save_thread.py)."""
         self.wait_when_busy_s = wait_when_busy_s
         self._last_handle: SaveHandle | None = None
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._lock = threading.Lock()
-        self._finished: list[SaveResult] = []
         self._baseline: tuple[int, float] | None = None
-        self._stats = WriterStatistics(0, 0, 0, 0, 0, 0, None)
         self._closed = False
 
     @property
@@ -294,9 +262,7 @@ class CheckpointWriter:
             return decision
         self._baseline = (step, now)
         if decision.action == "skip":
-            with self._lock:
-                self._stats = replace(self._stats, num_skipped=self._stats.num_skipped + 1)
-                skipped = self._stats.num_skipped
+            skipped = self._saves.count_skip()
             self._log(
                 logging.WARNING,
                 step,
@@ -334,25 +300,15 @@ class CheckpointWriter:
             json.dumps(extra)
         except (TypeError, ValueError) as e:
             raise ValueError(f"checkpoint metadata for step {step} must hold JSON values only: {e}") from e
-        future: concurrent.futures.Future[SaveResult] = concurrent.futures.Future()
-        with self._lock:
-            self._stats = replace(self._stats, num_pending=self._stats.num_pending + 1)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="replicaft-checkpoint", daemon=True)
-            self._thread.start()
-        self._jobs.put(_Job(SaveRequest(snapshot, step, extra, lineage), future))
-        self._last_handle = SaveHandle(step, future)
+        self._last_handle = self._saves.submit(SaveRequest(snapshot, step, extra, lineage))
         return self._last_handle
 
     def pop_finished(self) -> list[SaveResult]:
         """Results of saves finished since the last call, oldest first (for events and logs)."""
-        with self._lock:
-            finished, self._finished = self._finished, []
-        return finished
+        return self._saves.pop_finished()
 
     def statistics(self) -> WriterStatistics:
-        with self._lock:
-            return self._stats
+        return self._saves.statistics()
 
     def close(self, timeout_s: float = 60.0) -> bool:
         """Let queued saves and uploads finish, for at most ``timeout_s``; True if they all did.
@@ -363,21 +319,15 @@ class CheckpointWriter:
         """
         self._closed = True
         deadline = time.monotonic() + timeout_s
-        saved = True
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread.join(timeout_s)
-            saved = not self._thread.is_alive()
-            if saved:
-                self._thread = None
-            else:
-                logger.warning(
-                    "[%s] checkpoint writer for %s still busy after %gs; abandoning its save (the previous "
-                    "checkpoint is intact)",
-                    self.writer_id,
-                    self.directory,
-                    timeout_s,
-                )
+        saved = self._saves.close(timeout_s)
+        if not saved:
+            logger.warning(
+                "[%s] checkpoint writer for %s still busy after %gs; abandoning its save (the previous "
+                "checkpoint is intact)",
+                self.writer_id,
+                self.directory,
+                timeout_s,
+            )
         uploaded = self.uploader.close(max(0.0, deadline - time.monotonic())) if self.uploader is not None else True
         if not uploaded:
             logger.warning(
@@ -393,74 +343,6 @@ class CheckpointWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    # -- writer thread ---------------------------------------------------------------------
-
-    def _work(self) -> None:
-        lower_thread_priority(WRITER_NICENESS, "the checkpoint writer")
-        while (job := self._jobs.get()) is not None:
-            try:
-                result = self._save(job.request)
-            except Exception as e:  # a bug here must not kill the thread and stall every later save
-                logger.exception("[%s step=%d] checkpoint writer error", self.writer_id, job.request.step)
-                result = SaveResult(job.request.step, "failed", f"internal error: {type(e).__name__}: {e}")
-            with self._lock:
-                self._stats = _counted(self._stats, result)
-                self._finished.append(result)
-            job.future.set_result(result)
-
-    def _save(self, request: SaveRequest) -> SaveResult:
-        started = time.monotonic()
-        leader = self._rank == 0
-        plan = plan_save(request.snapshot, self._world_size)
-        content_hashes = functools.cache(  # once: for an increment's free-space check, then the write
-            lambda: buffer_hashes(
-                request.snapshot.buffer.numpy().data,
-                [(t.offset, t.num_bytes) for t in request.snapshot.manifest.tensors],
-                request.snapshot.content,
-            )
-        )
-
-        def written_by_increment(parent: str) -> int:
-            known, sealed = self._publisher.known_chunks(parent), self._codec.key is not None
-            return increment_bytes(
-                plan, request.snapshot, content_hashes(), known, group_world_size=self._world_size, sealed=sealed
-            )
-
-        prepared = agree_prepared(
-            self._pg, self._publisher.prepare(request, plan.estimated_bytes, written_by_increment) if leader else None
-        )
-        if prepared.refusal is not None:
-            return prepared.refusal
-        assert prepared.tmp is not None
-        tensors = tensors_from_buffer(request.snapshot.buffer, request.snapshot.manifest)
-        try:
-            hashes = content_hashes()  # ids and digest: one pass
-            storage = ChunkStorageWriter(
-                prepared.tmp,
-                rank=self._rank,
-                location=prepared.name,
-                codec=self._codec,
-                known=self._publisher.known_chunks(prepared.parent),
-                content=zip(tensors, hashes, strict=True),
-            )
-            dcp.save(
-                {
-                    dcp_key(spec.name, self._rank if spec.own else None): sh.wrap(t) if sh is not None else t
-                    for spec, t, sh in zip(plan.layout.tensors, tensors, plan.shardings, strict=True)
-                },
-                storage_writer=storage,
-                process_group=self._pg,
-                no_dist=self._pg is None,
-            )
-            result = (
-                self._publisher.publish(request, plan.layout, tensors, hashes, prepared, started) if leader else None
-            )
-        # DCP's CheckpointException derives from BaseException, so name it; the rest are
-        # OSError (ENOSPC, EIO), CheckpointCorrupt, and torch's RuntimeErrors from torch.save.
-        except (Exception, dcp.CheckpointException) as e:
-            result = self._publisher.fail(request, prepared.tmp, e, plan.estimated_bytes, started) if leader else None
-        return agree_result(self._pg, result)
 
     def _log(self, level: int, step: int, msg: str, *args: Any) -> None:
         logger.log(level, "[%s step=%d] " + msg, self.writer_id, step, *args)
