@@ -31,6 +31,8 @@ import time
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from train_gpt import (
     GPT,
     HOLDOUT_FRACTION,
@@ -42,9 +44,11 @@ from train_gpt import (
     load_stdlib_corpus,
     param_groups,
 )
+from train_hsdp import init_group_process_group
 
 import replicaft
 from replicaft.local_sgd import WIRES, DiLoCo, LocalSGD
+from replicaft.wrappers.fsdp import shard_optimizer_state
 
 OUTER_LR = 0.5
 OUTER_MOMENTUM = 0.7
@@ -105,6 +109,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eval-every", type=int, default=0, help="held-out loss in the sync line every N syncs (0: never)")
     p.add_argument("--corpus-bytes", type=int, default=0, help="use only the first N bytes of the corpus (0: all)")
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard the model with FSDP2 over the group's ranks (one here): its parameters become DTensors, "
+        "as torchtitan's always are",
+    )
     p.add_argument("--step-delay", type=float, default=0.0, help="seconds of extra work per inner step (test pacing)")
     args = p.parse_args(argv)
     if args.syncs < 1 or args.batch_size < 1 or args.warmup_steps < 1:
@@ -130,7 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     train, held_out = Windows(corpus.tokens[:split], args.context), Windows(corpus.tokens[split:], args.context)
     torch.manual_seed(0)
     model = GPT(GPTConfig(args.layers, args.heads, args.d_model, args.context))
+    if args.fsdp:
+        init_group_process_group(options)
+        mesh = init_device_mesh("cpu", (options.group_world_size,))
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
     inner = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.95))
+    if args.fsdp:
+        shard_optimizer_state(inner)  # a checkpoint's plain moments become DTensors again
     data = {"dataset_len": train.count, "batch_size": args.batch_size}
     # No heal at step 0: DiLoCo's join sync hands every group the first one's weights itself,
     # so no group spends the first round waiting for a heal (replicaft/local_sgd/diloco.py).

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from lighthouse.rules.plan import StepPlan
 from lighthouse.wire.progress import Progress
@@ -259,7 +260,14 @@ class Manager:
 
     def allreduce(self, tensor: torch.Tensor, *, reduce: Reduce = "sum", average: bool = True) -> ManagedWork:
         """Average ``tensor`` in place across the groups that contribute this step (with
-        ``average=False``, only SUM or MAX it: the deterministic mode's exact sum)."""
+        ``average=False``, only SUM or MAX it: the deterministic mode's exact sum). A DTensor
+        is refused: it has no storage of its own for Gloo or NCCL to read (each group rank
+        averages its local shard, ``replicaft.state.shards.local_shard``)."""
+        if isinstance(tensor, DTensor):
+            raise TypeError(
+                "Manager.allreduce got a DTensor; pass its local shard (tensor.to_local(), or "
+                "replicaft.state.shards.local_shard): group rank r of every group holds the same shard"
+            )
         return self._driver.allreduce(tensor, reduce=reduce, average=average)
 
     def record_progress(self) -> None:

@@ -295,9 +295,7 @@ class ObjectStore:
             try:
                 part_crcs = self._uploads.upload(path, key, num_bytes, {SHA256_META: sha256}, resume=True)
             except UploadGone:
-                logger.warning(
-                    "%s: the server forgot the multipart upload of %s; uploading it again", self.where, key
-                )
+                logger.warning("%s: the server forgot the multipart upload of %s; uploading it again", self.where, key)
                 part_crcs = self._uploads.upload(path, key, num_bytes, {SHA256_META: sha256}, resume=False)
         found = self._head(key)
         if found is None:

@@ -46,6 +46,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from lighthouse.rules.plan import StepPlan
 from replicaft.data.sampler import sample_ids
@@ -59,6 +60,7 @@ from replicaft.local_sgd.wire import Wire, check_wire
 from replicaft.manager import Manager
 from replicaft.state.flat import digest, flatten
 from replicaft.state.registry import StepHooks
+from replicaft.wrappers.fsdp import shard_optimizer_state
 
 logger = logging.getLogger(__name__)
 
@@ -143,6 +145,10 @@ class DiLoCo(StepHooks):
         self.syncs_retried = 0
         self._losses: list[float] = []
         self._outers = list({id(o): o for o in outers}.values())
+        for outer in self._outers:
+            # A heal or a checkpoint hands a DTensor parameter's momentum over as its local shard.
+            if any(isinstance(p, DTensor) for group in outer.param_groups for p in group["params"]):
+                shard_optimizer_state(outer)
         self._pending: _Sync | None = None
         self._current: _Record | None = None
         self._joined = False

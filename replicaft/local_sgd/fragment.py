@@ -7,6 +7,11 @@ parameters (torchft's convention), so an outer step borrows the parameters as sc
 the synced copy into them, set the averaged pseudo-gradient as their gradient, step, and copy
 the result back as the new synced copy. The copy, not the parameters, is the state that a
 heal transfers and that the sync digest covers.
+
+Sharded parameters (FSDP2's DTensors, as torchtitan always has, even on one rank): the synced
+copy is a DTensor like its parameter, so checkpoints keep its sharding; the pseudo-gradient,
+the flat synced copy and what a heal loads are local shards (replicaft/state/shards.py), since
+group rank r of every group holds the same shard; the outer optimizer gets DTensor gradients.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from torch import nn
 
 from replicaft.errors import OptionsError
+from replicaft.state.shards import like_param, local_shard
 
 
 class Fragment:
@@ -35,7 +41,7 @@ class Fragment:
                 "over the model's parameters (e.g. SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True))"
             )
         self.outer = outer_optimizer
-        self.numel = sum(p.numel() for _, p in self.named)
+        self.numel = sum(local_shard(p).numel() for _, p in self.named)
         with torch.no_grad():
             self.synced = {name: p.detach().clone() for name, p in self.named}
 
@@ -45,21 +51,23 @@ class Fragment:
         offset = 0
         with torch.no_grad():
             for name, p in self.named:
-                n = p.numel()
-                torch.sub(self.synced[name].reshape(-1), p.detach().reshape(-1), out=out[offset : offset + n])
+                local = local_shard(p)
+                n = local.numel()
+                torch.sub(local_shard(self.synced[name]).reshape(-1), local.reshape(-1), out=out[offset : offset + n])
                 offset += n
         return out
 
     def synced_flat(self) -> torch.Tensor:
         """The synced copy as one flat float32 tensor (a new one)."""
-        return torch.cat([self.synced[name].reshape(-1).float() for name, _ in self.named])
+        return torch.cat([local_shard(self.synced[name]).reshape(-1).float() for name, _ in self.named])
 
     def load_synced_flat(self, flat: torch.Tensor) -> None:
         offset = 0
         with torch.no_grad():
-            for name, p in self.named:
-                n = p.numel()
-                self.synced[name].copy_(flat[offset : offset + n].view_as(p))
+            for name, _ in self.named:
+                synced = local_shard(self.synced[name])
+                n = synced.numel()
+                synced.copy_(flat[offset : offset + n].view_as(synced))
                 offset += n
 
     def outer_step(self, average: torch.Tensor) -> None:
@@ -72,9 +80,10 @@ class Fragment:
         with torch.no_grad(), self._only_own_gradients():
             offset = 0
             for name, p in self.named:
-                n = p.numel()
+                local = local_shard(p)
+                n = local.numel()
                 p.copy_(self.synced[name])
-                p.grad = average[offset : offset + n].view_as(p).to(p.dtype)
+                p.grad = like_param(average[offset : offset + n].view_as(local).to(p.dtype), p)
                 offset += n
             self.outer.step()
             for name, p in self.named:
@@ -104,7 +113,7 @@ class Fragment:
             )
         with torch.no_grad():
             for name, t in state.items():
-                self.synced[name].copy_(t)
+                local_shard(self.synced[name]).copy_(local_shard(t))
 
     @contextlib.contextmanager
     def _only_own_gradients(self) -> Iterator[None]:

@@ -71,6 +71,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from replicaft.errors import GroupError, OptionsError, StateError
 from replicaft.manager import Manager
 from replicaft.state.registry import StepHooks
+from replicaft.state.shards import like_param, local_shard
 from replicaft.wrappers.buckets import (
     DEFAULT_BUCKET_CAP_MB,
     SECOND_BACKWARD,
@@ -176,7 +177,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
     def _allocate_buckets(self) -> None:
         """Flat buffers over the local gradient shards, in the order FSDP reduces them."""
         self._generation = self._manager.abandon_generation
-        self._buckets = cut_buckets(self._params, self._bucket_cap_bytes, _local)
+        self._buckets = cut_buckets(self._params, self._bucket_cap_bytes, local_shard)
         self._bucket_of = {}
         for bucket in self._buckets:
             for p, offset in zip(bucket.params, bucket.offsets, strict=True):
@@ -184,7 +185,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
 
     def _slots(self, bucket: Bucket) -> Iterator[tuple[nn.Parameter, torch.Tensor]]:
         for p, offset in zip(bucket.params, bucket.offsets, strict=True):
-            local = _local(p)
+            local = local_shard(p)
             yield p, bucket.buffer[offset : offset + local.numel()].view(local.shape)
 
     def _on_grad_ready(self, p: torch.Tensor) -> None:
@@ -314,7 +315,7 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
         buffers = dict(self.module.named_buffers())
         with torch.no_grad():
             for name, p in self._named_params:
-                _copy_checked(_local(p), state[name], name)
+                _copy_checked(local_shard(p), state[name], name)
             for name in self._persistent_buffers:
                 _copy_checked(buffers[name], state[name], name)
         if self._in_step:
@@ -342,29 +343,21 @@ def _wrap_loaded_state(optimizer: torch.optim.Optimizer) -> None:
         for p in group["params"]:
             if not isinstance(p, DTensor) or p not in optimizer.state:
                 continue
-            local_shape = _local(p).shape
+            local_shape = local_shard(p).shape
             state = optimizer.state[p]
             for key, value in state.items():
                 if not isinstance(value, torch.Tensor) or isinstance(value, DTensor) or key == "step":
                     continue
                 if value.shape == local_shape:
-                    state[key] = DTensor.from_local(
-                        value, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
-                    )
+                    state[key] = like_param(value, p)
                 elif value.shape == p.shape:
                     state[key] = distribute_tensor(value, p.device_mesh, p.placements, src_data_rank=None)
-
-
-def _local(p: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor parameter: the stored tensor (no autograd node, no copy)."""
-    with torch.no_grad():
-        return p.to_local() if isinstance(p, DTensor) else p
 
 
 def _local_grad(p: torch.Tensor) -> torch.Tensor:
     grad = p.grad
     assert grad is not None
-    return _local(grad)
+    return local_shard(grad)
 
 
 def _copy_checked(target: torch.Tensor, value: Any, name: str) -> None:

@@ -171,7 +171,8 @@ TINY = [
 ]
 
 
-def start_group(lighthouse: str, replica_id: str, events: Path, *args: str) -> ManagedProcess:
+def start_group(lighthouse: str, replica_id: str, events: Path, *args: str, **variables: str) -> ManagedProcess:
+    """``variables``: more of the group's environment (``REPLICAFT_CHECKPOINT_DIR=...``)."""
     env = dict(
         os.environ,
         REPLICAFT_LIGHTHOUSE=lighthouse,
@@ -179,6 +180,7 @@ def start_group(lighthouse: str, replica_id: str, events: Path, *args: str) -> M
         REPLICAFT_EVENTS_DIR=str(events),
         REPLICAFT_DIGEST_EVERY_STEPS="0",
         PYTHONPATH=f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+        **variables,
     )
     return spawn_python(SCRIPT, *TINY, *args, name=replica_id, env=env)
 
@@ -217,3 +219,48 @@ def test_streaming_diloco_survives_a_sigkill_mid_round_healing_from_two_donors_i
     assert sorted(starts[-1]["donors"]) == ["g0", "g2"], starts
     heals = [e for e in events if e["event"] == "heal_end" and e["replica_id"] == "g1"]
     assert heals and heals[-1]["ok"], heals
+
+
+# -- sharded (FSDP2) parameters ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    "mode",
+    [["--fragments", "2", "--delay", "1"], ["--local-sgd"]],
+    ids=["streaming_diloco", "local_sgd"],
+)
+def test_fsdp2_parameters_sync_heal_and_resume_as_local_shards(tmp_path: Path, mode: list[str]) -> None:
+    """Issue 43: with FSDP2, parameters are DTensors even on one rank (torchtitan always shards),
+    and the first sync crashed (``aten.sub.out got mixed torch.Tensor and DTensor``; then Gloo,
+    handed a DTensor, aborted the process). Two groups sync their local shards; one is SIGKILLed
+    mid-run and heals from the other; then both are gone and a new pair resumes from the
+    persistent checkpoint, whose synced copy and outer momentum are DTensors again."""
+    lh = start_lighthouse("--min-replicas", "2", status=False)
+    checkpoints = {"REPLICAFT_CHECKPOINT_DIR": str(tmp_path / "ckpt"), "REPLICAFT_CHECKPOINT_INTERVAL_STEPS": "4"}
+    args = ["--syncs", "12", "--sync-every", "4", "--fsdp", *mode]
+
+    def group(name: str, syncs: list[str] = args) -> ManagedProcess:
+        return start_group(lh.grpc_address, name, tmp_path / "events", *syncs, **checkpoints)
+
+    g0, g1 = group("g0"), group("g1")
+    g1.wait_for_json(lambda o: o.get("event") == "sync" and o["step"] >= 4, 120, what="g1 past sync 4")
+    g1.kill()
+    g1 = group("g1")
+    finals = [g.wait_for_json(lambda o: o.get("event") == "final", 180, what="final")[1] for g in (g0, g1)]
+    assert g0.wait_exit(30) == 0 and g1.wait_exit(30) == 0, (g0.output_tail(), g1.output_tail())
+    assert len({f["digest"] for f in finals}) == 1, finals
+    first = next(o for o in g1.json_lines() if o.get("event") == "sync")
+    assert first["step"] > 4, "the restarted group healed at its first sync, not from scratch"
+    heals = [e for e in read_events_dir(tmp_path / "events") if e["event"] == "heal_end" and e["replica_id"] == "g1"]
+    assert heals and heals[-1]["ok"], heals
+
+    more = ["--syncs", "16", *args[2:]]
+    r0, r1 = group("g0", more), group("g1", more)
+    resumed = [g.wait_for_json(lambda o: o.get("event") == "final", 180, what="final")[1] for g in (r0, r1)]
+    assert r0.wait_exit(30) == 0 and r1.wait_exit(30) == 0, (r0.output_tail(), r1.output_tail())
+    assert len({f["digest"] for f in resumed}) == 1 and resumed[0]["step"] == 16, resumed
+    resumes = [e for e in read_events_dir(tmp_path / "events") if e["event"] == "resume"]
+    assert resumes and {e["checkpoint_step"] for e in resumes} == {resumes[0]["checkpoint_step"]}, resumes
+    assert resumes[0]["checkpoint_step"] >= 8, resumes
