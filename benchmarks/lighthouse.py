@@ -26,24 +26,20 @@ barrier members go further: they are not gRPC clients at all but HTTP/2 frames w
 read on a socket per member (benchmarks/raw_streams.py): a round is one ``send()`` per member
 of a request encoded before it, and one reader callback per answer that decodes the small
 reply envelope (wire) or compares the bytes (barrier). grpc.aio clients cost tens of
-microseconds of Python per message each way, and 512 of them in a process took a core the
-server needed: with them, the 1,024-member wire and barrier p50s were 95 and 73 ms, with raw
-members 77 and 59 ms (same code and machine otherwise). What the member processes spend is
-recorded in params as ``member_cpu_ms_per_round`` (~30 µs per barrier member per round at
-1,024, heartbeats of the client-mode sessions they also hold included). The figures to
-read are the ratio ``quorum_wire / grpc_barrier`` and the lighthouse's CPU per round against
-the barrier server's: what the lighthouse adds to gRPC's own fan-in/fan-out, and how it grows
+microseconds of Python per message each way: with them, the 1,024-member wire and barrier
+p50s were 95 and 73 ms, with raw members 77 and 59 ms. What the member processes spend is
+``params.member_cpu_ms_per_round``. The figures to read: ``quorum / torchft_quorum`` and the
+lighthouse's CPU per round against torchft's (the same members' rounds against torchft 0.2.0's
+Rust lighthouse, benchmarks/lighthouse_torchft.py says what differs), ``quorum_wire /
+grpc_barrier`` (what the lighthouse adds to gRPC's own fan-in/fan-out), and how they grow
 from 256 to 1,024 members (linearly if the CPU per round grows 4x).
 
 What a quorum figure brackets. The benchmark releases all client processes at once; each
 member takes ``time.monotonic()`` just before it asks and just after it has its answer
-(one system-wide clock, see lighthouse_workers.py). A round's latency is
-
-    latest "has its answer"  -  latest "asked"
-
-that is, from the moment the last member asks (the one every other member waits for) until
-every member holds the answer. Four ways of asking are measured, interleaved round by round
-with the same members and processes:
+(one system-wide clock, see lighthouse_workers.py). A round's latency is latest "has its
+answer" - latest "asked": from the moment the last member asks (the one every other member
+waits for) until every member holds the answer. Five ways of asking are measured, interleaved
+round by round, the first four with the same members and processes:
 
 * ``quorum_ms_*``: ``AsyncLighthouseClient.quorum()``, the call the managers make: the
   request and its answer travel on the member's session stream, and the answer is decoded
@@ -52,9 +48,9 @@ with the same members and processes:
   does once per step). That costs ~80 µs per 256-member answer, so in this simulation
   the N answers arriving at one process still cost O(N²), serialised on one core (~10 ms
   per process per round at 256); on a real cluster each group decodes one answer, on its
-  own machine. Compared with one gRPC round trip (``grpc_echo_ms_*``: a trivial grpc.aio
-  echo server, generic handler, 100-byte payload, sequential unary calls), so the ratio
-  reads "this many RPC round trips".
+  own machine. Its ratio is to torchft's (below); one gRPC round trip (``grpc_echo_ms_*``:
+  a trivial grpc.aio echo server, generic handler, 100-byte payload, sequential unary
+  calls) is recorded beside it, to read it as "this many RPC round trips".
 * ``quorum_wire_ms_*``: the same request, encoded before the round, written on a raw
   session stream per member (HTTP/2 frames on a connection of its own, raw_streams.py), to
   a second lighthouse process of its own (a raw session registers a member, so it cannot
@@ -67,6 +63,8 @@ with the same members and processes:
 * ``grpc_unary_barrier_ms_*`` (baseline, no ratio): the same barrier as one unary call per
   member, the way quorums travelled before protocol version 2. It shows why they moved onto
   the session stream: grpc.aio costs far more per new call than per stream message.
+* ``torchft_quorum_ms_*`` (baseline of ``quorum_ms_*``): N torchft LighthouseClients, in
+  the same number of processes, calling torchft's lighthouse (benchmarks/lighthouse_torchft.py).
 
 ``lighthouse_cpu_ms_per_round_N`` is the CPU of the lighthouse a mode talks to during its
 rounds divided by their number (heartbeat handling included), against the barrier server's
@@ -87,18 +85,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from benchmarks.lighthouse_torchft import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, start_torchft
 from benchmarks.processes import Child, ChildFailed, ChildProcesses
 from benchmarks.results import BenchmarkResult
 
-RoundMode = Literal["client", "wire", "barrier", "unary_barrier"]
+RoundMode = Literal["client", "wire", "barrier", "unary_barrier", "torchft"]
 """How a member asks: ``client``, through ``AsyncLighthouseClient.quorum`` (which decodes and
 validates the answer); ``wire``, the same QuorumRequest, pre-encoded, on a raw session
 stream, the quorum in the reply not decoded; ``barrier``, a message on a raw stream to the
 echo server's ``Barrier`` instead of the lighthouse; ``unary_barrier``, one unary call per
-member to the same barrier. ``wire`` and ``barrier`` differ only in the server."""
+member to the same barrier; ``torchft``, torchft 0.2.0's LighthouseClient.quorum to its own
+lighthouse (benchmarks/lighthouse_torchft.py). ``wire`` and ``barrier`` differ only in the server."""
 
 QUORUM_SIZES = (2, 8, 64, 256, 1024)
-MODES: tuple[RoundMode, ...] = ("client", "wire", "barrier", "unary_barrier")
+MODES: tuple[RoundMode, ...] = ("client", "wire", "barrier", "unary_barrier", "torchft")
 MAX_CLIENT_PROCESSES = 2
 LIGHTHOUSE_FLAGS = (
     "--port",
@@ -204,7 +204,8 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
     for n, samples in quorum.items():
         for q in (50, 90):
             figures[f"quorum_ms_p{q}_{n}"] = percentile(samples.latency_ms["client"], q)
-            compared_to[f"quorum_ms_p{q}_{n}"] = f"grpc_echo_ms_p{q}"
+            baselines[f"torchft_quorum_ms_p{q}_{n}"] = percentile(samples.latency_ms["torchft"], q)
+            compared_to[f"quorum_ms_p{q}_{n}"] = f"torchft_quorum_ms_p{q}_{n}"
         for q in (50, 90):
             figures[f"quorum_wire_ms_p{q}_{n}"] = percentile(samples.latency_ms["wire"], q)
             baselines[f"grpc_barrier_ms_p{q}_{n}"] = percentile(samples.latency_ms["barrier"], q)
@@ -213,8 +214,9 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
     for n, samples in quorum.items():
         figures[f"lighthouse_cpu_ms_per_round_{n}"] = samples.cpu_ms_per_round("client", "wire")
         baselines[f"grpc_barrier_cpu_ms_per_round_{n}"] = samples.cpu_ms_per_round("barrier")
-        if baselines[f"grpc_barrier_cpu_ms_per_round_{n}"] > 0:  # CPU is counted in 10 ms ticks
-            compared_to[f"lighthouse_cpu_ms_per_round_{n}"] = f"grpc_barrier_cpu_ms_per_round_{n}"
+        baselines[f"torchft_lighthouse_cpu_ms_per_round_{n}"] = samples.cpu_ms_per_round("torchft")
+        if baselines[f"torchft_lighthouse_cpu_ms_per_round_{n}"] > 0:  # CPU is counted in 10 ms ticks
+            compared_to[f"lighthouse_cpu_ms_per_round_{n}"] = f"torchft_lighthouse_cpu_ms_per_round_{n}"
     figures["notice_ms_p50"] = percentile(notice_ms, 50)
     figures["notice_ms_max"] = max(notice_ms)
 
@@ -230,7 +232,12 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "last member asks -> every member holds the decoded, validated answer, asked and answered on its "
             "session stream as managers do (a whole quorum decoded when its roster changed, else a QuorumUpdate "
             "applied to the last one; members' opaque data maps, empty here, are decoded when a member is built, by "
-            "plan_step), against one sequential gRPC echo round trip. quorum_wire_ms: the same request on raw "
+            "plan_step), against torchft_quorum_ms: torchft 0.2.0's Rust LighthouseServer in its own process "
+            "(min_replicas N, join timeout 60 s and heartbeat timeout 30 s as ours, RUST_LOG=warn), asked by N "
+            "LighthouseClients (a connection and a thread each, the blocking unary Quorum call a torchft manager "
+            "makes, whole quorum decoded in Rust) in the same number of processes, rounds interleaved with ours; "
+            "its members send no separate heartbeats (a manager sends 10 a second), so its CPU is a lower bound. "
+            "grpc_echo_ms: one sequential gRPC echo round trip. quorum_wire_ms: the same request on raw "
             "session streams to a second lighthouse, one connection per member, quorum in the reply not decoded, "
             "against grpc_barrier_ms: the same raw streams to a trivial grpc.aio server answering all N when the "
             "N-th message arrives (gRPC's floor for this fan-in/fan-out). Raw streams are not gRPC clients but "
@@ -238,7 +245,8 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "before the round and one reader callback per answer (params.member_cpu_ms_per_round: what the member "
             "processes spent per round, their client-mode sessions' heartbeats included), so the cores measure the "
             "server. lighthouse_cpu_ms_per_round: the lighthouse's CPU (client and wire rounds) per round, against "
-            "the barrier server's. grpc_unary_barrier_ms: that barrier as one grpc.aio unary call per member (how "
+            "torchft's lighthouse's CPU per torchft round (grpc_barrier_cpu: the barrier server's). "
+            "grpc_unary_barrier_ms: that barrier as one grpc.aio unary call per member (how "
             "quorums travelled before protocol 2). notice_ms: SIGKILL of one member (own process) -> member_lost in "
             "each survivor's on_notice (own processes)."
             + (
@@ -260,6 +268,7 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "notice_survivors": plan.notice_survivors,
             "notice_repeats": plan.notice_repeats,
             "lighthouse_flags": " ".join(LIGHTHOUSE_FLAGS),
+            "torchft_lighthouse": {"join_timeout_ms": JOIN_TIMEOUT_MS, "heartbeat_timeout_ms": HEARTBEAT_TIMEOUT_MS},
             "targets_ms": TARGETS_MS,
             "targets_met": met,
             "sizes_not_measured": failed,
@@ -320,6 +329,7 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
         deadline = time.monotonic() + STARTUP_S
         for m in members:
             await m.expect_event("ready", deadline)
+        torchft, torchft_members = await start_torchft(children, replica_ids, num_processes, deadline)
 
         samples = QuorumSamples({m: [] for m in MODES}, dict.fromkeys(MODES, 0.0), dict.fromkeys(MODES, 0.0))
         step = 0
@@ -327,15 +337,16 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
         async def one_round(mode: RoundMode, record: bool) -> None:
             nonlocal step
             step += 1
-            server = {"client": lighthouse, "wire": wire_lighthouse}.get(mode, barrier)
+            server = {"client": lighthouse, "wire": wire_lighthouse, "torchft": torchft}.get(mode, barrier)
+            askers = torchft_members if mode == "torchft" else members
             cpu_start = server.cpu_seconds()
-            member_cpu_start = sum(m.cpu_seconds() for m in members)
-            for m in members:
+            member_cpu_start = sum(m.cpu_seconds() for m in askers)
+            for m in askers:
                 m.send_line(f"go {step} {mode} {num_members}")
             deadline = time.monotonic() + ROUND_S
-            reports = [await m.expect_event("round", deadline, step=step) for m in members]
+            reports = [await m.expect_event("round", deadline, step=step) for m in askers]
             cpu_s = server.cpu_seconds() - cpu_start
-            member_cpu_s = sum(m.cpu_seconds() for m in members) - member_cpu_start
+            member_cpu_s = sum(m.cpu_seconds() for m in askers) - member_cpu_start
             for r in reports:
                 if r["size"] != num_members:
                     raise RuntimeError(

@@ -1,16 +1,19 @@
 """The lighthouse benchmark's simulated members (benchmarks/raw_streams.py): gRPC streams in
 hand-built HTTP/2 frames must meet a real grpc.aio server exactly as grpc.aio clients do, or
 the 1,024-member figures would measure a different protocol. Servers run in this process on
-loopback (grpc.aio's own server, and the real LighthouseServer), one event loop, no sleeps.
+loopback (grpc.aio's own server, and the real LighthouseServer), one event loop, no sleeps;
+torchft's lighthouse and its members run as the benchmark runs them, in processes of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 
+from benchmarks.lighthouse_torchft import start_torchft
 from benchmarks.lighthouse_workers import (
     BARRIER_METHOD,
     answer_to,
@@ -19,6 +22,7 @@ from benchmarks.lighthouse_workers import (
     same_as,
     start_echo_server,
 )
+from benchmarks.processes import ChildProcesses
 from benchmarks.raw_streams import RawStream, StreamFailed
 from lighthouse.config.options import LighthouseOptions, MembershipOptions
 from lighthouse.server.grpc_server import LighthouseServer
@@ -114,5 +118,26 @@ def test_raw_sessions_register_and_get_whole_quorum_then_updates_from_the_lighth
             for s in sessions:
                 s.close()
             await server.stop(0)
+
+    asyncio.run(main())
+
+
+def test_torchft_members_get_whole_quorums_from_torchfts_lighthouse_round_after_round() -> None:
+    """The torchft rows: its Rust lighthouse in a process of its own, members in two others;
+    every round must answer all of them (the first by the slow path, the next by the fast)."""
+    pytest.importorskip("torchft._torchft")
+    ids = ["m0", "m1", "m2"]
+
+    async def main() -> None:
+        async with ChildProcesses() as children:
+            deadline = time.monotonic() + 25
+            server, members = await start_torchft(children, ids, 2, deadline)
+            for step in (1, 2, 3):
+                for m in members:
+                    m.send_line(f"go {step} torchft {len(ids)}")
+                reports = [await m.expect_event("round", deadline, step=step) for m in members]
+                assert [r["size"] for r in reports] == [3, 3]
+                assert all(r["first_send"] <= r["last_send"] <= r["last_recv"] for r in reports)
+            assert server.cpu_seconds() > 0  # its CPU is read from /proc, as ours is
 
     asyncio.run(main())
