@@ -21,6 +21,7 @@ from lighthouse.wire.progress import Progress
 from lighthouse.wire.protocol import Notice
 from replicaft.column.process_group import FaultTolerantProcessGroup, ManagedWork, Reduce
 from replicaft.config.options import ManagerOptions, check_option_number
+from replicaft.errors import StateError
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
 from replicaft.persistence.duties import Persistence
@@ -241,6 +242,19 @@ class Manager:
         self._notices.deliver(notice)
         if self._persistence.cadence is not None:
             self._persistence.cadence.notice(notice)
+
+    def restore_step(self, step: int) -> None:
+        """Continue from ``step`` committed steps, as restored from a checkpoint of the script's
+        own (torchft's ``Manager.load_state_dict``). Only before the first step: every group's
+        first quorum request carries it, and a later change would fork the history."""
+        if self._driver.current.quorum is not None or self._driver.step != 0:
+            raise StateError(
+                f"restore_step({step}) after the job started (at step {self._driver.step}); restore the step "
+                "before the first start_quorum(), as a resume does"
+            )
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StateError(f"restore_step({step!r}): the step is a count of committed steps, an int >= 0")
+        self._driver.step = step
 
     def _load_own_state(self, state: dict[str, Any]) -> None:
         self._driver.step = int(state["step"])

@@ -226,6 +226,20 @@ class Manager:
         self._user_fns[key] = (load_state_dict, state_dict)
         self._manager.register_state(key, lambda: self._served_user_state(key), lambda s: self._load_user_state(key, s))
 
+    def set_state_dict_fns(self, load_state_dict: Callable[[Any], None], state_dict: Callable[[], Any]) -> None:
+        """torchft's deprecated form of ``register_state_dict_fn`` (torchtitan calls it), under
+        the key torchft uses for it."""
+        logger.warning("`set_state_dict_fns` is deprecated, please use `register_state_dict_fn` instead")
+        self.register_state_dict_fn("set_state_dict_fns", load_state_dict, state_dict)
+
+    def state_dict(self) -> dict[str, int]:
+        """The manager's own counters, for a checkpoint the script writes itself (torchft's)."""
+        return {"step": self.current_step(), "batches_committed": self.batches_committed()}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        """Continue from a checkpoint the script wrote itself (before the first step)."""
+        self._manager.restore_step(int(state_dict["step"]))
+
     def keep_user_state_per_group(self) -> None:
         """From now on heals neither serve nor load the states registered through
         ``register_state_dict_fn``: under DiLoCo and LocalSGD they hold the group's local

@@ -340,6 +340,30 @@ def test_should_commit_after_should_commit_commits_the_next_step_on_its_own_quor
     assert _run_replicas(steps) == [[True, True, 2], [True, True, 2]]
 
 
+@pytest.mark.timeout(90)
+def test_state_dict_fns_and_the_managers_own_counters_as_torchtitan_uses_them_issue_43() -> None:
+    """torchtitan hands its state over with the deprecated ``set_state_dict_fns`` and saves and
+    restores the manager's counters in its own checkpoint (``state_dict``/``load_state_dict``):
+    a job restored at step 5 commits step 6 next, in both groups; a restore once the job has
+    started is refused, naming the step."""
+    import torch
+
+    from replicaft.errors import StateError
+
+    def steps(i: int, manager: torchft.Manager) -> list[object]:
+        manager.set_state_dict_fns(lambda s: None, lambda: {"w": torch.full((2,), 3.0)})
+        manager.load_state_dict({"step": 5, "batches_committed": 5})
+        manager.start_quorum()
+        committed = manager.should_commit()
+        with pytest.raises(StateError, match=r"restore_step\(2\) after the job started \(at step 6\)"):
+            manager.load_state_dict({"step": 2, "batches_committed": 2})
+        user = manager._manager_state_dict()["user"]
+        return [committed, manager.state_dict(), sorted(user), float(user["set_state_dict_fns"]["w"].sum())]
+
+    expected = [True, {"step": 6, "batches_committed": 6}, ["default", "set_state_dict_fns"], 6.0]
+    assert _run_replicas(steps) == [expected, expected]
+
+
 def test_torchft_managed_process_group_is_replicaft_s_c10d_group(tmp_path) -> None:
     import torch.distributed as dist
 
