@@ -191,10 +191,6 @@ def tensor_bytes(t: torch.Tensor) -> torch.Tensor:
 DIGEST_SCHEME = "blake2b-128/sha256-4mib"
 """How :func:`digest` is computed, recorded beside a digest that is stored (a checkpoint's
 manifest): digests of two schemes cannot be compared."""
-STEP_DIGEST_SCHEME = "blake2b-128/xxh3-128-4mib"
-"""How :func:`step_digest` is computed: the digest of the ``committed`` and ``resume`` events
-and of DiLoCo's sync points, compared only with digests of the same scheme (other events of
-the same job or of its reference run), never with a manifest's."""
 HASH_BATCH_BYTES = 256 * 1024 * 1024
 """Bytes of host copies (of device tensors) a content pass holds at once."""
 
@@ -225,10 +221,13 @@ def digest(flat: Flat, hashes: Sequence[Sequence[bytes]] | None = None) -> str:
 
 
 def step_digest(flat: Flat) -> str:
-    """The state digest of a step boundary (:data:`STEP_DIGEST_SCHEME`): :func:`digest` with
-    each piece hashed by XXH3-128 instead of SHA-256, ~7x cheaper, as it runs after every
-    committed step. Equal digests still mean bitwise-equal state; the bytes are read here, on
-    the calling thread, so the digest is of the state as it is when this returns."""
+    """The state digest of a step boundary (scheme ``blake2b-128/xxh3-128-4mib``): :func:`digest`
+    with each piece hashed by XXH3-128 instead of SHA-256, ~7x cheaper, as it runs after every
+    committed step. Equal digests still mean bitwise-equal state. It is the digest of the
+    ``committed`` and ``resume`` events and of DiLoCo's sync points, compared only with others
+    of its scheme (events of the same job or of its reference run), never with a manifest's.
+    The bytes are read here, on the calling thread: the digest is of the state as it is when
+    this returns."""
     return _combine(flat, content_hashes(flat.tensors, xxh3_piece))
 
 

@@ -42,8 +42,8 @@ def test_digest_from_given_hashes_equals_the_digest_that_reads_the_state() -> No
 
 
 def test_the_step_digest_is_blake2b_over_the_skeleton_and_each_pieces_xxh3_128() -> None:
-    """The scheme STEP_DIGEST_SCHEME names, from its definition: every group and the reference
-    run must compute the same bytes from the same state."""
+    """The scheme step_digest names, from its definition: every group and the reference run
+    must compute the same bytes from the same state."""
     w = torch.arange(CHUNK_BYTES // 4 + 9, dtype=torch.float32)
     flat = flatten({"w": w, "n": 7})
     data = memoryview(w.numpy()).cast("B")
