@@ -115,9 +115,9 @@ class ManagerOptions:
     events_dir: str | None = None
     """Directory for the structured event log (``REPLICAFT_EVENTS_DIR``); None = no events."""
     digest_every_steps: int = 1
-    """Emit a digest of the whole state every N committed steps (0 = never). Hashing costs about
-    a memory pass over the state, so it is skipped when there is no event log to write it to;
-    benchmarks of large models set 0."""
+    """Emit a digest of the whole state every N committed steps (0 = never). It hashes the state
+    on the training thread at the step boundary (XXH3-128 per 4 MiB piece, ~13 GB/s a core:
+    ~0.8 ms for 10 MB), so it is skipped when there is no event log to write it to."""
     seed: int = 0
     """Base of the per-step RNG seed (see ``Manager.step_seed``)."""
     checkpoint_dir: str | None = None

@@ -58,7 +58,7 @@ from replicaft.local_sgd.reduce import PendingReduce, finish_reduce, start_reduc
 from replicaft.local_sgd.schedule import SyncSchedule
 from replicaft.local_sgd.wire import Wire, check_wire
 from replicaft.manager import Manager
-from replicaft.state.flat import digest, flatten
+from replicaft.state.flat import flatten, step_digest
 from replicaft.state.registry import StepHooks
 from replicaft.wrappers.fsdp import shard_optimizer_state
 
@@ -334,7 +334,7 @@ class DiLoCo(StepHooks):
     def state_digest(self) -> str:
         """Digest of the replicated state (synced copies, outer optimizers, leases): equal
         across the groups after every committed sync."""
-        return digest(flatten(self._state_dict()))
+        return step_digest(flatten(self._state_dict()))
 
     # -- state ------------------------------------------------------------------------------------
 

@@ -11,6 +11,13 @@ fine-tuning increment).
 Why SHA-256 per piece on several threads: OpenSSL's SHA-256 runs at ~1.8 GB/s on this
 project's reference host (2-core AMD EPYC, SHA extensions) against ~1.3 GB/s for BLAKE2b,
 and hashlib releases the GIL over buffers this large, so two threads hash ~3 GB/s.
+
+The per-step state digest (``flat.step_digest``: the ``committed`` and ``resume`` events)
+cuts the state into the same pieces but hashes each with XXH3-128 (:func:`xxh3_piece`,
+~13 GB/s on one core here, the GIL released too): it runs after every committed step, on the
+training thread, where SHA-256 cost 1.45x the step of a 10 MB model (issue 42). It need not
+resist a forger (the groups comparing it are the job's own), only tell states apart; chunk
+ids stay SHA-256, because a checkpoint store is addressed by them.
 """
 
 from __future__ import annotations
@@ -18,9 +25,10 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+import xxhash
 
 CHUNK_BYTES = 4 * 1024 * 1024
 """The piece a content hash covers: a tensor's bytes are cut at multiples of this from its start."""
@@ -35,8 +43,23 @@ def hash_threads() -> int:
     return max(1, min(MAX_THREADS, len(os.sched_getaffinity(0))))
 
 
-def chunk_hashes(buffers: Sequence[memoryview]) -> list[tuple[bytes, ...]]:
-    """The SHA-256 of each ``CHUNK_BYTES`` piece of each buffer (flat bytes), buffer by buffer.
+PieceHash = Callable[[memoryview], bytes]
+"""The hash of one piece of a buffer (at most ``CHUNK_BYTES``)."""
+
+
+def sha256_piece(piece: memoryview) -> bytes:
+    """A piece's chunk id: its SHA-256 (``HASH_BYTES``)."""
+    return hashlib.sha256(piece).digest()
+
+
+def xxh3_piece(piece: memoryview) -> bytes:
+    """A piece's hash in the per-step digest: its XXH3-128 (16 bytes), ~7x faster than SHA-256."""
+    return xxhash.xxh3_128_digest(piece)
+
+
+def chunk_hashes(buffers: Sequence[memoryview], piece_hash: PieceHash = sha256_piece) -> list[tuple[bytes, ...]]:
+    """The ``piece_hash`` (SHA-256 unless told) of each ``CHUNK_BYTES`` piece of each buffer
+    (flat bytes), buffer by buffer.
 
     The pieces are shared out among :func:`hash_threads` threads in contiguous runs of about
     equal bytes; the calling thread takes the first run. Threads are started per call (a save
@@ -56,7 +79,7 @@ def chunk_hashes(buffers: Sequence[memoryview]) -> list[tuple[bytes, ...]]:
         try:
             for k in range(first, stop):
                 b, start = pieces[k]
-                out[k] = hashlib.sha256(buffers[b][start : start + CHUNK_BYTES]).digest()
+                out[k] = piece_hash(buffers[b][start : start + CHUNK_BYTES])
         except BaseException as e:  # re-raised on the calling thread below
             errors.append(e)
 

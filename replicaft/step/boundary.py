@@ -25,7 +25,7 @@ from replicaft.checkpoint.telemetry import load_fields
 from replicaft.errors import GroupError
 from replicaft.persistence.duties import PREEMPTED_EXIT_CODE, Persistence
 from replicaft.process import reserve
-from replicaft.state.flat import digest
+from replicaft.state.flat import step_digest
 from replicaft.state.registry import StateRegistry
 from replicaft.telemetry.events import EventLog
 
@@ -59,7 +59,7 @@ class StepBoundary:
             return
         if self._events.path is not None:
             if self._digest_every_steps and step % self._digest_every_steps == 0:
-                self._emit("committed", digest=digest(self._registry.flat(in_digest_only=True)))
+                self._emit("committed", digest=step_digest(self._registry.flat(in_digest_only=True)))
             if not self._state_size_reported:
                 self._state_size_reported = True
                 self._report_state_size()
@@ -99,7 +99,7 @@ class StepBoundary:
             "resume",
             checkpoint_step=loaded.step,
             path=str(loaded.path),
-            digest=digest(self._registry.flat(in_digest_only=True)),
+            digest=step_digest(self._registry.flat(in_digest_only=True)),
             **load_fields(loaded.state, loaded.path, self._persistence.options.checkpoint_tier2_dir, load_s),
         )
         report_error(GroupError(f"resumed from checkpoint step {loaded.step} ({loaded.path}); this step only loaded"))

@@ -14,7 +14,8 @@ event              fields
                    ``step_time_s``, plus what the step annotated (``Manager.annotate_commit``):
                    ``samples`` ([start, stop) of the global order, from the data sampler),
                    ``loss`` (from the training script)
-``committed``      the state after committed step ``step``: ``digest``
+``committed``      the state after committed step ``step``: ``digest`` (``state.flat.step_digest``,
+                   comparable only with other events' digests, not a checkpoint manifest's)
 ``heal_start``     ``donors``, ``max_step``, ``hold`` (this attempt holds the donors, catchup.py)
 ``heal_end``       ``ok``, ``num_bytes``, ``in_place_bytes`` (received straight into this
                    rank's own tensors), ``seconds``, ``bytes_by_donor``, ``refetched_stripes``

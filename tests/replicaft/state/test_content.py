@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
+import msgpack
 import pytest
 import torch
+import xxhash
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter
 from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.layout import MANIFEST_FILE, TENSORS_FILE
 from replicaft.state.content import CHUNK_BYTES, buffer_hashes, chunk_hashes, copy_changed
-from replicaft.state.flat import Flat, content_hashes, digest, flatten
+from replicaft.state.flat import Flat, content_hashes, digest, flatten, step_digest
 from replicaft.transfer.capture import BackgroundCapture
 from replicaft.transfer.snapshot import Snapshot
 from replicaft.transfer.spare import SpareBuffer
@@ -38,20 +41,34 @@ def test_digest_from_given_hashes_equals_the_digest_that_reads_the_state() -> No
     assert digest(flat, content_hashes(flat.tensors)) == digest(flat)
 
 
-def test_digest_tells_apart_a_byte_a_dtype_a_shape_and_a_value() -> None:
+def test_the_step_digest_is_blake2b_over_the_skeleton_and_each_pieces_xxh3_128() -> None:
+    """The scheme step_digest names, from its definition: every group and the reference run
+    must compute the same bytes from the same state."""
+    w = torch.arange(CHUNK_BYTES // 4 + 9, dtype=torch.float32)
+    flat = flatten({"w": w, "n": 7})
+    data = memoryview(w.numpy()).cast("B")
+    h = hashlib.blake2b(digest_size=16)
+    h.update(msgpack.packb(flat.skeleton, use_bin_type=True))
+    h.update(f"{w.dtype}{tuple(w.shape)}".encode())
+    h.update(b"".join(xxhash.xxh3_128_digest(data[s : s + CHUNK_BYTES]) for s in range(0, len(data), CHUNK_BYTES)))
+    assert step_digest(flat) == h.hexdigest() != digest(flat)
+
+
+@pytest.mark.parametrize("state_digest", [digest, step_digest], ids=["digest", "step_digest"])
+def test_digest_tells_apart_a_byte_a_dtype_a_shape_and_a_value(state_digest: Callable[[Flat], str]) -> None:
     w = torch.arange(2 * CHUNK_BYTES // 4 + 5, dtype=torch.float32)
-    base = digest(flatten({"w": w, "n": 1}))
+    base = state_digest(flatten({"w": w, "n": 1}))
     flipped = w.clone()
     flipped[-1] += 1  # in the last, partial piece
-    assert digest(flatten({"w": w.clone(), "n": 1})) == base
+    assert state_digest(flatten({"w": w.clone(), "n": 1})) == base
     assert (
         len(
             {
                 base,
-                digest(flatten({"w": flipped, "n": 1})),
-                digest(flatten({"w": w.view(torch.int32), "n": 1})),
-                digest(flatten({"w": w[:-1], "n": 1})),
-                digest(flatten({"w": w, "n": 2})),
+                state_digest(flatten({"w": flipped, "n": 1})),
+                state_digest(flatten({"w": w.view(torch.int32), "n": 1})),
+                state_digest(flatten({"w": w[:-1], "n": 1})),
+                state_digest(flatten({"w": w, "n": 2})),
             }
         )
         == 5
