@@ -14,14 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from lighthouse.rules.plan import StepPlan
 from lighthouse.wire.progress import Progress
 from lighthouse.wire.protocol import Notice
 from replicaft.column.process_group import FaultTolerantProcessGroup, ManagedWork, Reduce
 from replicaft.config.options import ManagerOptions, check_option_number
-from replicaft.errors import StateError
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
 from replicaft.persistence.duties import Persistence
@@ -245,16 +243,8 @@ class Manager:
 
     def restore_step(self, step: int) -> None:
         """Continue from ``step`` committed steps, as restored from a checkpoint of the script's
-        own (torchft's ``Manager.load_state_dict``). Only before the first step: every group's
-        first quorum request carries it, and a later change would fork the history."""
-        if self._driver.current.quorum is not None or self._driver.step != 0:
-            raise StateError(
-                f"restore_step({step}) after the job started (at step {self._driver.step}); restore the step "
-                "before the first start_quorum(), as a resume does"
-            )
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise StateError(f"restore_step({step!r}): the step is a count of committed steps, an int >= 0")
-        self._driver.step = step
+        own (torchft's ``Manager.load_state_dict``); only before the first step."""
+        self._driver.restore_step(step)
 
     def _load_own_state(self, state: dict[str, Any]) -> None:
         self._driver.step = int(state["step"])
@@ -277,11 +267,6 @@ class Manager:
         ``average=False``, only SUM or MAX it: the deterministic mode's exact sum). A DTensor
         is refused: it has no storage of its own for Gloo or NCCL to read (each group rank
         averages its local shard, ``replicaft.state.shards.local_shard``)."""
-        if isinstance(tensor, DTensor):
-            raise TypeError(
-                "Manager.allreduce got a DTensor; pass its local shard (tensor.to_local(), or "
-                "replicaft.state.shards.local_shard): group rank r of every group holds the same shard"
-            )
         return self._driver.allreduce(tensor, reduce=reduce, average=average)
 
     def record_progress(self) -> None:

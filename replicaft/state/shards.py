@@ -29,3 +29,13 @@ def like_param(local: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return DTensor.from_local(
         local, param.device_mesh, param.placements, run_check=False, shape=param.shape, stride=param.stride()
     )
+
+
+def check_not_sharded(tensor: torch.Tensor, what: str) -> None:
+    """Refuse a DTensor where a collective needs storage to read (see above) with TypeError,
+    which Gloo would otherwise meet with an abort of the process."""
+    if isinstance(tensor, DTensor):
+        raise TypeError(
+            f"{what} got a DTensor; pass its local shard (tensor.to_local(), or replicaft.state.shards."
+            "local_shard): group rank r of every group holds the same shard"
+        )

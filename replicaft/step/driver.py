@@ -53,7 +53,7 @@ from replicaft.column.process_group import (
     Reduce,
 )
 from replicaft.config.options import ManagerOptions
-from replicaft.errors import CheckpointStoreUnavailable, GroupBroken, GroupError
+from replicaft.errors import CheckpointStoreUnavailable, GroupBroken, GroupError, StateError
 from replicaft.group.client import QuorumAnswer
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
@@ -61,6 +61,7 @@ from replicaft.persistence.duties import Persistence
 from replicaft.process.faults import reached
 from replicaft.process.services import RankServices
 from replicaft.state.registry import StateRegistry
+from replicaft.state.shards import check_not_sharded
 from replicaft.step.agreement import StepAgreement
 from replicaft.step.boundary import StepBoundary
 from replicaft.step.commit import RankInputs, rank_verdict, rank_vote, step_outcome
@@ -124,6 +125,18 @@ class StepDriver:
         """The last step's own time, published with the quorum request (heal/__init__.py)."""
         self.last_phases: dict[str, float] = {}
         """Where the last finished step's time went (``Manager.step_phases``)."""
+
+    def restore_step(self, step: int) -> None:
+        """Set the committed steps before the first step: every group's first quorum request
+        carries it, and a change once the job has started would fork the history."""
+        if self.current.quorum is not None or self.step != 0:
+            raise StateError(
+                f"restore_step({step}) after the job started (at step {self.step}); restore the step "
+                "before the first start_quorum(), as a resume does"
+            )
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise StateError(f"restore_step({step!r}): the step is a count of committed steps, an int >= 0")
+        self.step = step
 
     # -- 1. start ------------------------------------------------------------------------------
 
@@ -208,6 +221,7 @@ class StepDriver:
     def allreduce(self, tensor: torch.Tensor, *, reduce: Reduce = "sum", average: bool = True) -> ManagedWork:
         """Average ``tensor`` in place across the groups that contribute this step; with
         ``average=False`` only reduce it (SUM or MAX, replicaft/deterministic/rules.py: a healer's zeros count)."""
+        check_not_sharded(tensor, "allreduce")
         s = self.current
         plan = self.wait_quorum()
         if plan is None:
