@@ -154,7 +154,7 @@ class Manager:
 
     def shutdown(self) -> None:
         """Stop every thread and server this manager started. Safe to call twice."""
-        self._boundary.close(self._driver.current.plan)
+        self._driver.close()
         self._persistence.close()
         self._notices.abort.set()
         self._healer.close()

@@ -100,6 +100,8 @@ class Lost:
     quorum_id: int
     graceful: bool = False
     """It left cleanly (announced in its last heartbeat) rather than failed."""
+    step: int = -1
+    """Graceful: the steps it had committed when it left."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,10 +197,15 @@ class Membership:
         m.heard_heartbeat(hb.step, hb.progress, hb.healing, now)
         return True
 
-    def close_session(self, replica_id: str, session: int, reason: str, *, graceful: bool = False) -> list[Lost]:
+    def close_session(
+        self, replica_id: str, session: int, reason: str, *, graceful: bool = False, step: int = -1
+    ) -> list[Lost]:
+        """End a session; ``step``: what a member leaving cleanly said it had committed (its
+        last heartbeat may be older)."""
         m = self.members.get(replica_id)
         if m is None or m.session != session:
             return []
+        m.step = max(m.step, step)
         return self._remove(m, reason, graceful=graceful)
 
     def is_session_live(self, replica_id: str, session: int) -> bool:
@@ -369,4 +374,4 @@ class Membership:
         self._entry_bytes -= m.entry_bytes
         self._survivors = None
         self._joins.pop(m.replica_id, None)
-        return [Lost(m.replica_id, m.session, reason, m.quorum_id, graceful)]
+        return [Lost(m.replica_id, m.session, reason, m.quorum_id, graceful, m.step if graceful else -1)]

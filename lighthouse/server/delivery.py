@@ -101,7 +101,7 @@ class Delivery:
             own.send(envelope.encode(Notice("fenced", m.quorum_id, m.replica_id, m.reason, incarnation)))
             own.close()
         kind = "member_left" if m.graceful else "member_lost"
-        notice = envelope.encode(Notice(kind, m.quorum_id, m.replica_id, m.reason, incarnation))
+        notice = envelope.encode(Notice(kind, m.quorum_id, m.replica_id, m.reason, incarnation, step=m.step))
         for rid, session in self._sessions.items():
             if rid != m.replica_id:
                 session.send(notice)

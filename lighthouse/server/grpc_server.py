@@ -229,7 +229,11 @@ class LighthouseServer:
             elif message.leaving:
                 self._rounds.handle_lost(
                     self.membership.close_session(
-                        session.replica_id, session.serial, "left cleanly after its last step", graceful=True
+                        session.replica_id,
+                        session.serial,
+                        "left cleanly after its last step",
+                        graceful=True,
+                        step=message.step,
                     )
                 )
                 self._rounds.decide()

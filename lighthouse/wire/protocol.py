@@ -173,6 +173,9 @@ class Notice:
     """``registered`` and ``lease``, from the leader of a replicated set: its lease holds at least
     this long after it sent the notice; a member that hears no newer one by then leaves it. 0:
     no lease (a single lighthouse)."""
+    step: int = -1
+    """``member_left``: the steps the member had committed when it left (-1: not known); a
+    healer whose donors all left can finish its heal at their last step."""
 
     @classmethod
     def decode(cls, raw: bytes) -> Notice:
@@ -191,6 +194,7 @@ class Notice:
                 m, "heartbeat_interval_s", o.get("heartbeat_interval_s", 0.0), 0.0, MAX_TIMEOUT_S
             ),
             lease_s=check_float(m, "lease_s", o.get("lease_s", 0.0), 0.0, MAX_TIMEOUT_S),
+            step=check_int(m, "step", o.get("step", -1), -1),
         )
 
 

@@ -64,6 +64,8 @@ class CatchUp:
     """Beyond ``max_records`` steps, more are recorded while all records together stay within
     this many bytes: a count alone made a heal of small state that outlasts 16 fast steps
     restart forever."""
+    donors: tuple[str, ...] = ()
+    """The donors of the plan the fetch started in (departure.py: whether they all left)."""
     hold: bool = False
     """The donors are held (every step vetoed) until the fetch has arrived: nothing is recorded."""
     progress: FetchProgress = field(default_factory=FetchProgress)

@@ -19,11 +19,13 @@ through the sink it is given; never calls back into the manager.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import torch
 
 from lighthouse.rules.plan import StepPlan
+from lighthouse.wire.progress import Progress
 from replicaft.heal import HEAL_WAIT_FRACTION
 from replicaft.process.faults import reached, write_served_due
 from replicaft.state.flat import Flat
@@ -33,6 +35,8 @@ from replicaft.transfer.server import StateServer
 from replicaft.transfer.spare import SpareBuffer
 
 Emit = Callable[..., None]
+DRAIN_REPORTED_S = 0.05
+"""A drain at stop that waited at least this long is reported (a ``drain`` event)."""
 
 
 class DonorSide:
@@ -132,6 +136,23 @@ class DonorSide:
         self._withdrawn = served.step
         self._server.retain(self._server.published_steps - {served.step})
         return f"snapshot of step {served.step} withdrawn from healers: {why}"
+
+    def drain(self, timeout_s: float, gone: Callable[[], frozenset[str]], progress: Progress) -> None:
+        """Before the rank stops: keep serving, up to ``timeout_s``, until every healer still
+        expected has been sent its state or is ``gone()`` (its session ended); see
+        ``StateServer.drain``. A healer abandoned here fails its heal, as if this donor died.
+        Each look records ``progress``: the heartbeats must say the rank progresses meanwhile,
+        or the progress deadline fences it (it did, serving a slow healer for 10 s)."""
+
+        def polled() -> frozenset[str]:
+            progress.record(progress.step)
+            return gone()
+
+        started = time.monotonic()
+        abandoned = self._server.drain(started + timeout_s, polled)
+        waited_s = time.monotonic() - started
+        if abandoned or waited_s >= DRAIN_REPORTED_S:
+            self._emit("drain", waited_s=round(waited_s, 3), abandoned=sorted(abandoned))
 
 
 def _write_largest_optimizer_tensor(flat: Flat) -> None:

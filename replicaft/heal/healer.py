@@ -24,7 +24,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from replicaft.config.options import ManagerOptions
 from replicaft.errors import GroupBroken, HealError
 from replicaft.heal import HEAL_WAIT_FRACTION
 from replicaft.heal.catchup import CatchUp
+from replicaft.heal.departure import departed_at
 from replicaft.state.flat import SMALL_TENSOR_BYTES, unflatten
 from replicaft.state.registry import StateRegistry
 from replicaft.transfer.client import HealResult, fetch_state
@@ -133,6 +134,7 @@ class Healer:
             future,
             targets=targets,
             versions={n: t._version for n, t in targets.items()},
+            donors=plan.donors,
             hold=self._hold_next,
             max_records=self._options.heal_replay_steps,
             max_record_bytes=self._options.heal_replay_bytes,
@@ -208,6 +210,19 @@ class Healer:
             self._drop(f"base {cu.base_step} + {len(cu.records)} recorded steps != {plan.max_step}")
             return False
         return True
+
+    def finish_if_donors_left(self, left: Mapping[str, int]) -> int | None:
+        """Training thread, while no quorum comes: if every donor of the catch-up left cleanly
+        at the step its fetch and records reach, apply it and return that step (departure.py);
+        else None. A fetch that failed or was written over is left for ``ready`` to report."""
+        cu = self._catchup
+        if cu is None or not cu.fetched:
+            return None
+        step = departed_at(cu.donors, left, cu.base_step + len(cu.records))
+        if step is None or cu.future.exception() is not None or cu.written_meanwhile(cu.future.result().in_place):
+            return None
+        self.apply()
+        return step
 
     def record(self, plan: StepPlan, captured: list[Any]) -> None:
         """The group did not commit this step while the fetch runs: keep what it did, to replay."""

@@ -253,7 +253,18 @@ class DiLoCo(StepHooks):
         return flat
 
     def _until_committed(self, sync: _Sync) -> None:
+        started = self.manager.current_step()
         while not self._finish(sync):
+            if self.manager.current_step() != started:
+                # A heal finished while no quorum came (its donors all left: heal/departure.py):
+                # the group holds their state after their last sync, so this one is moot.
+                logger.info("healed to step %d instead of syncing: no retry", self.manager.current_step())
+                for f in self.fragments:
+                    f.load_params()
+                self.local_step = 0
+                self._losses = []
+                return
+            logger.info("sync at step %d did not commit; retrying at once", started)
             self.syncs_retried += 1
             sync = self._begin()
 
@@ -270,7 +281,6 @@ class DiLoCo(StepHooks):
         committed = m.should_commit()
         record, self._current = self._current, None
         if not committed:
-            logger.info("sync at step %d did not commit; retrying at once", m.current_step())
             return False
         assert plan is not None and record is not None and average is not None
         self._apply(record)

@@ -34,7 +34,6 @@ the end of a step whose group cannot go on.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import time
 from collections.abc import Callable
@@ -53,8 +52,7 @@ from replicaft.column.process_group import (
     Reduce,
 )
 from replicaft.config.options import ManagerOptions
-from replicaft.errors import CheckpointStoreUnavailable, GroupBroken, GroupError, StateError
-from replicaft.group.client import QuorumAnswer
+from replicaft.errors import CheckpointStoreUnavailable, GroupBroken, GroupError
 from replicaft.heal.donor import DonorSide
 from replicaft.heal.healer import Healer
 from replicaft.persistence.duties import Persistence
@@ -67,12 +65,11 @@ from replicaft.step.boundary import StepBoundary
 from replicaft.step.commit import RankInputs, rank_verdict, rank_vote, step_outcome
 from replicaft.step.notices import StepNotices
 from replicaft.step.plan_applier import PlanApplier
-from replicaft.step.record import StepRecord
+from replicaft.step.quorum_wait import wait_for_answer
+from replicaft.step.record import StepRecord, check_restore_step
 
 logger = logging.getLogger(__name__)
 
-POLL_S = 0.02
-"""How often a wait for the quorum records progress and checks for preemption."""
 QUORUM_WAIT_GRACE_S = 5.0
 
 Emit = Callable[..., None]
@@ -129,14 +126,14 @@ class StepDriver:
     def restore_step(self, step: int) -> None:
         """Set the committed steps before the first step: every group's first quorum request
         carries it, and a change once the job has started would fork the history."""
-        if self.current.quorum is not None or self.step != 0:
-            raise StateError(
-                f"restore_step({step}) after the job started (at step {self.step}); restore the step "
-                "before the first start_quorum(), as a resume does"
-            )
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise StateError(f"restore_step({step!r}): the step is a count of committed steps, an int >= 0")
+        check_restore_step(step, self.step, started=self.current.quorum is not None or self.step != 0)
         self.step = step
+
+    def close(self) -> None:
+        """Before the rank stops: close the last committed step's boundary, then serve the
+        healers still fetching from this rank (DonorSide.drain, heal/departure.py)."""
+        self._boundary.close(self.current.plan)
+        self._donor.drain(self.options.heal_timeout_s, self._notices.gone, self._progress)
 
     # -- 1. start ------------------------------------------------------------------------------
 
@@ -181,7 +178,7 @@ class StepDriver:
         try:
             o = self.options
             with s.timed("quorum"):
-                answer = _wait_for_answer(
+                answer = wait_for_answer(
                     s.quorum, s.quorum_timeout_s + o.connect_timeout_s + QUORUM_WAIT_GRACE_S, self._still_waiting
                 )
             if isinstance(answer, str):
@@ -211,10 +208,17 @@ class StepDriver:
         return s.plan
 
     def _still_waiting(self) -> str | None:
-        """While the quorum forms: record progress; why to stop waiting, if SIGTERM arrived
-        (``start_quorum`` leaves at the boundary)."""
+        """While the quorum forms: record progress; why to stop waiting: SIGTERM (``start_quorum``
+        leaves at the boundary), or a heal finished as its donors all left (heal/departure.py)."""
         self._progress.record(self.step)
-        return "preempted (SIGTERM) while waiting for the quorum" if self._persistence.preempted.is_set() else None
+        if self._persistence.preempted.is_set():
+            return "preempted (SIGTERM) while waiting for the quorum"
+        healed = self._healer.finish_if_donors_left(self._notices.left()) if self._healer.healing else None
+        if healed is None:
+            return None
+        self.step = healed
+        self._boundary.committed(healed)
+        return f"every donor of this group's heal left at step {healed}: healed to it, no group left to step with"
 
     # -- 3. all-reduce -------------------------------------------------------------------------
 
@@ -371,24 +375,6 @@ class StepDriver:
             plan.quorum_id if plan is not None else "-",
             *args,
         )
-
-
-def _wait_for_answer(
-    future: concurrent.futures.Future[QuorumAnswer], timeout_s: float, still_waiting: Callable[[], str | None]
-) -> QuorumAnswer | str:
-    """The quorum's answer (raising what forming it raised), or why the wait stopped: a reason
-    ``still_waiting`` gave (it runs every ``POLL_S``), or no answer within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return future.result(POLL_S)
-        except concurrent.futures.TimeoutError:
-            pass
-        why = still_waiting()
-        if why is not None:
-            return why
-        if time.monotonic() > deadline:
-            return "the group's coordinator did not answer the quorum in time"
 
 
 def _divide(tensor: torch.Tensor, divisor: int) -> bool:

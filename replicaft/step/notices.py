@@ -38,6 +38,11 @@ class StepNotices:
         self._lock = threading.Lock()
         self._plan: StepPlan | None = None
         self._early: list[Notice] = []
+        self._left: dict[str, int] = {}
+        """Members that left cleanly since their last quorum with this group, and the steps
+        they had committed then."""
+        self._lost: set[str] = set()
+        """Members lost (failed) since their last quorum with this group."""
 
     def new_step(self) -> None:
         """Training thread, as a step starts: forget the last step's plan and notices."""
@@ -51,13 +56,33 @@ class StepNotices:
         with self._lock:
             self._plan = plan
             early, self._early = self._early, []
+            for p in plan.participants:
+                self._left.pop(p.replica_id, None)
+                self._lost.discard(p.replica_id)
         if any(plan.lost_participant(n) for n in early):
             self.abort.set()
+
+    def left(self) -> dict[str, int]:
+        """Any thread: the members that left cleanly since they were last in a quorum with this
+        group, each with the steps it had committed (a healer whose donors all left finishes
+        its heal there: heal/departure.py)."""
+        with self._lock:
+            return dict(self._left)
+
+    def gone(self) -> frozenset[str]:
+        """Any thread: the members lost or left since they were last in a quorum with this
+        group (a donor stopping waits for no healer among them: DonorSide.drain)."""
+        with self._lock:
+            return frozenset(self._lost | self._left.keys())
 
     def deliver(self, notice: Notice) -> None:
         """Any thread: a notice from the lighthouse."""
         if notice.kind in ABANDONING:
             with self._lock:
+                if notice.kind == "member_left":
+                    self._left[notice.replica_id] = notice.step
+                elif notice.kind == "member_lost":
+                    self._lost.add(notice.replica_id)
                 plan = self._plan
                 if plan is None:
                     self._early.append(notice)

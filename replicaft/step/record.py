@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lighthouse.rules.plan import StepPlan
+from replicaft.errors import StateError
 from replicaft.group.client import QuorumAnswer
 
 
@@ -70,3 +71,14 @@ class _Timed:
         self._step.phases[self._phase] = self._step.phases.get(self._phase, 0.0) + took
         if self._blocked:
             self._step.blocked_s += took
+
+
+def check_restore_step(step: object, current: int, *, started: bool) -> None:
+    """Raise StateError unless ``step`` may be restored now (``StepDriver.restore_step``)."""
+    if started:
+        raise StateError(
+            f"restore_step({step}) after the job started (at step {current}); restore the step "
+            "before the first start_quorum(), as a resume does"
+        )
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise StateError(f"restore_step({step!r}): the step is a count of committed steps, an int >= 0")

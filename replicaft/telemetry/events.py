@@ -26,6 +26,9 @@ event              fields
                    rest), ``kept_bytes`` (copied for them), ``reused_buffer`` (copied into
                    the spare host buffer a checkpoint also uses), ``shut``, ``ok``, ``error``
                    (withdrawn)
+``drain``          at stop, a donor kept serving healers still fetching from it (heal/donor.py):
+                   ``waited_s``, ``abandoned`` (healers not sent everything by
+                   ``heal_timeout_s``; each fails its heal)
 ``checkpoint_start`` ``checkpoint_step``, ``background_copy_bytes`` (copied behind the next
                    step; 0: the whole snapshot was copied at the step boundary), ``host_bytes``
 ``checkpoint``     ``checkpoint_step``, ``ok``, ``status`` (published/refused/failed),

@@ -135,6 +135,9 @@ class LiveSnapshot:
                         self._begin_kept_read()
                         reading_kept = True
                     conn.sendall(self._kept_bytes(a, b))
+                    with self._cond:
+                        self._mark_sent(a, b, reader)
+                        self._cond.notify_all()
                     continue
                 sent = False
                 try:
@@ -160,6 +163,9 @@ class LiveSnapshot:
                 out[: stop - start].copy_(torch.frombuffer(self._kept_bytes(start, stop), dtype=torch.uint8))
             finally:
                 self._kept_read_done()
+            with self._cond:
+                self._mark_sent(start, stop, reader)
+                self._cond.notify_all()
             return memoryview(out[: stop - start].numpy())
         read = False
         try:
@@ -174,14 +180,19 @@ class LiveSnapshot:
         was sent the chunks ``[start, stop)`` covers whole."""
         with self._cond:
             self._senders.discard(sender)
-            if reader is not None:
-                for k in range(-(-start // self.manifest.chunk_bytes), self._chunk_end(stop)):
-                    sent = self._sent_to[k]
-                    if reader not in sent:
-                        sent.add(reader)
-                        if reader in self.readers and self.readers <= sent:
-                            self._undelivered -= 1
+            self._mark_sent(start, stop, reader)
             self._cond.notify_all()
+
+    def _mark_sent(self, start: int, stop: int, reader: str | None) -> None:
+        """Under the lock: ``reader`` (if any) was sent the chunks ``[start, stop)`` covers whole."""
+        if reader is None:
+            return
+        for k in range(-(-start // self.manifest.chunk_bytes), self._chunk_end(stop)):
+            sent = self._sent_to[k]
+            if reader not in sent:
+                sent.add(reader)
+                if reader in self.readers and self.readers <= sent:
+                    self._undelivered -= 1
 
     def _chunk_end(self, stop: int) -> int:
         """One past the last chunk that ends at or before ``stop`` (the last chunk may be short)."""
@@ -198,6 +209,15 @@ class LiveSnapshot:
                     if reader in self.readers and self.readers <= sent:
                         self._undelivered -= 1
             self._cond.notify_all()
+
+    def awaiting(self, timeout_s: float) -> frozenset[str]:
+        """The expected healers not yet sent every chunk (nor said to have it all), after
+        waiting up to ``timeout_s`` for there to be none; a retired snapshot awaits nobody."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._undelivered == 0 or self._retired, max(timeout_s, 0.0))
+            if self._retired:
+                return frozenset()
+            return frozenset(r for r in self.readers if any(r not in sent for sent in self._sent_to))
 
     def check(self, start: int, stop: int) -> None:
         """Raise NotServed if bytes ``[start, stop)`` are no longer served (sealed, not kept)."""
@@ -242,6 +262,7 @@ class LiveSnapshot:
         with self._cond:
             self._retired = True
             self._give_back_if_unread()
+            self._cond.notify_all()
 
     def _give_back_if_unread(self) -> None:
         if self._retired and self._copied and not self._kept_reads and self._spare is not None:

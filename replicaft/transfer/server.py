@@ -48,6 +48,8 @@ ERROR_SEND_TIMEOUT_S = 1.0
 
 NOT_SERVED = "not_served"
 """Error code of a request for a step this server holds no snapshot of (yet)."""
+DRAIN_POLL_S = 0.1
+"""How often :meth:`StateServer.drain` looks again at which awaited healers are gone."""
 BUSY = "busy"
 """Error code of a connection refused or closed because the server holds as many as it may."""
 
@@ -61,6 +63,7 @@ class Served(Protocol):
     def check(self, start: int, stop: int) -> None: ...
     def retire(self) -> None: ...
     def release(self, reader: str) -> None: ...
+    def awaiting(self, timeout_s: float) -> frozenset[str]: ...
     def send(self, conn: socket.socket, start: int, stop: int, reader: str | None) -> None: ...
     def read(self, start: int, stop: int, reader: str | None, out: torch.Tensor) -> memoryview: ...
 
@@ -97,6 +100,10 @@ class StateServer:
         self._limits = limits if limits is not None else ServerLimits()
         self._snapshots: dict[int, Served] = {}
         self._lock = threading.Lock()
+        self._answered = threading.Condition(self._lock)
+        """Notified when an answer ends (``_answering`` falls)."""
+        self._answering = 0
+        """Requests being answered right now (a range may still be on its way out)."""
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._closed = threading.Event()
@@ -148,6 +155,28 @@ class StateServer:
         for snapshot in dropped:
             snapshot.retire()
 
+    def drain(self, deadline: float, gone: Callable[[], frozenset[str]]) -> frozenset[str]:
+        """Wait, until the monotonic ``deadline``, for every healer a served snapshot expects
+        to have been sent all of it, except those ``gone()`` names; returns the healers still
+        awaited then (none: drained).
+
+        For a rank about to stop while healers read from it (its loop ended): stopping at once
+        failed a heal just begun, and with every donor gone the healer could not finish it
+        (heal/departure.py)."""
+        while True:
+            with self._lock:
+                snapshots = list(self._snapshots.values())
+            awaited: frozenset[str] = frozenset()
+            for snapshot in snapshots:
+                awaited |= snapshot.awaiting(min(DRAIN_POLL_S, deadline - time.monotonic())) - gone()
+            if not awaited:
+                # A healer's last range may be counted as sent before it has left the socket.
+                with self._answered:
+                    self._answered.wait_for(lambda: not self._answering, max(0.0, deadline - time.monotonic()))
+                return awaited
+            if time.monotonic() >= deadline:
+                return awaited
+
     @property
     def published_steps(self) -> set[int]:
         with self._lock:
@@ -166,7 +195,7 @@ class StateServer:
                 self._table.log_bound(
                     "refused", "state server: refused a connection from %s: %s", peer, admission.reason
                 )
-                self._refuse(conn, admission.reason)
+                _refuse(conn, admission.reason, tls=self._tls is not None)
                 continue
             if evicted is not None:
                 self._table.log_bound(
@@ -179,20 +208,6 @@ class StateServer:
                 logger.warning("state server: no thread for the connection from %s (%s); closed it", peer, e)
                 self._table.forget(record)
                 conn.close()
-
-    def _refuse(self, conn: socket.socket, reason: str) -> None:
-        """Tell a connection it is refused and close it, without blocking the accept loop: the
-        error frame fits an empty socket buffer. Over TLS it is only closed (an error frame
-        would need the handshake first, on this thread)."""
-        try:
-            if self._tls is None:
-                conn.setblocking(False)
-                send_frame(conn, {"ok": False, "error": reason, "code": BUSY})
-                conn.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
-        finally:
-            conn.close()
 
     def _serve(self, record: Connection) -> None:
         limits = self._limits
@@ -218,7 +233,14 @@ class StateServer:
                 if not record.authenticated:
                     self._table.authenticated(record)
                 conn.settimeout(limits.idle_timeout_s)  # each sendall of the reply, in total (Python >= 3.5)
-                self._answer(conn, request)
+                with self._lock:
+                    self._answering += 1
+                try:
+                    self._answer(conn, request)
+                finally:
+                    with self._lock:
+                        self._answering -= 1
+                        self._answered.notify_all()
         except FrameTimeout as e:
             self._timed_out(conn, record, e)
         except ConnectionError as e:
@@ -350,3 +372,18 @@ class StateServer:
         send_frame(conn, {"ok": True, "num_bytes": stop - start})
         for i in range(0, len(data), SEND_PIECE_BYTES):
             conn.sendall(data[i : i + SEND_PIECE_BYTES])
+
+
+def _refuse(conn: socket.socket, reason: str, *, tls: bool) -> None:
+    """Tell a connection it is refused and close it, without blocking the accept loop: the
+    error frame fits an empty socket buffer. Over TLS it is only closed (an error frame
+    would need the handshake first, on this thread)."""
+    try:
+        if not tls:
+            conn.setblocking(False)
+            send_frame(conn, {"ok": False, "error": reason, "code": BUSY})
+            conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    finally:
+        conn.close()

@@ -92,6 +92,10 @@ class Snapshot:
     def release(self, reader: str) -> None:
         """``reader`` has the whole state (a snapshot keeps its buffer regardless)."""
 
+    def awaiting(self, timeout_s: float) -> frozenset[str]:
+        """A snapshot does not know its readers: it awaits nobody."""
+        return frozenset()
+
 
 class CopyPlan:
     """Where each tensor of ``flat`` goes in one uint8 buffer, and the copies into it.

@@ -265,6 +265,10 @@ class DistributedDataParallel(nn.Module, StepHooks):
 
     def end_replay(self) -> None:
         self._point_grads([b.buffer for b in self._buckets])
+        if self._in_step:
+            # The replayed buffers are the step's start now: a step that then does not commit
+            # (its donors all left, heal/departure.py) must not restore the pre-heal ones.
+            self._buffer_sync.refresh_backup()
 
     def _point_grads(self, flats: list[torch.Tensor]) -> None:
         """Make every gradient a view of its slot in ``flats`` (one flat tensor per bucket)."""

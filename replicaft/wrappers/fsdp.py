@@ -289,6 +289,8 @@ class FaultTolerantFSDP(nn.Module, StepHooks):
             self._buffer_sync.write(record[1])
 
     def end_replay(self) -> None:
+        if self._in_step:
+            self._buffer_sync.refresh_backup()  # as DistributedDataParallel.end_replay
         saved, self._replay_saved = self._replay_saved, None
         if saved is None:
             return

@@ -572,16 +572,18 @@ class TestTorchFree:
 class TestCleanLeave:
     def test_member_closing_cleanly_is_reported_as_left_not_lost(self) -> None:
         """A group that finished its step and shuts down must not make its peers abandon the
-        collectives they are completing with it (that forked a step's history at job end)."""
+        collectives they are completing with it (that forked a step's history at job end). The
+        notice carries the steps it committed, said as it left (a healer of its finishes there:
+        replicaft/heal/departure.py), not those of its last periodic heartbeat."""
         lighthouse = start_lighthouse(status=False)
 
-        async def scenario() -> list[str]:
-            kinds: list[str] = []
+        async def scenario() -> list[tuple[str, int]]:
+            kinds: list[tuple[str, int]] = []
             got = asyncio.Event()
 
             def on_notice(notice: Notice) -> None:
                 if notice.replica_id == "leaver":
-                    kinds.append(notice.kind)
+                    kinds.append((notice.kind, notice.step))
                     got.set()
 
             stayer = AsyncLighthouseClient(lighthouse.grpc_address, "stayer", on_notice=on_notice)
@@ -591,12 +593,13 @@ class TestCleanLeave:
             await stayer.wait_registered(10)
             await leaver.wait_registered(10)
             await asyncio.gather(stayer.quorum(0, 10), leaver.quorum(0, 10))
+            leaver.progress.record(7)
             await leaver.close()
             await asyncio.wait_for(got.wait(), 10)
             await stayer.close()
             return kinds
 
-        assert asyncio.run(scenario()) == ["member_left"]
+        assert asyncio.run(scenario()) == [("member_left", 7)]
 
 
 async def open_raw_session(

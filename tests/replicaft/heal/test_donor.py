@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -9,6 +11,7 @@ import pytest
 import torch
 
 from lighthouse.rules.plan import StepPlan, plan_step
+from lighthouse.wire.progress import Progress
 from lighthouse.wire.protocol import Member, Quorum
 from replicaft.heal.donor import DonorSide
 from replicaft.state.registry import StateRegistry
@@ -82,3 +85,29 @@ def test_a_healer_continuing_its_fetch_keeps_the_published_snapshot(donor: Any) 
     side.serve(plan(6, {"g1": {"heal_base": STEP}}), STEP + 1)
     assert side.seal(0.0) is None and len(events) == 1  # nothing served afresh
     assert torch.equal(fetch_as("g1", address), weight)
+
+
+def test_a_donor_stopping_waits_for_its_healer_fetching_from_its_kept_copy(donor: Any) -> None:
+    """The donor's loop ended (its last step sealed the snapshot, keeping what g1 had not been
+    sent): it serves g1 to the last byte before it stops, and no longer once g1 has it."""
+    side, address, weight, events = donor
+    side.serve(plan(5, {"g1": {}}), STEP)
+    assert side.seal(0.0) is None
+    fetched: list[torch.Tensor] = []
+    reader = threading.Thread(target=lambda: fetched.append(fetch_as("g1", address)))
+    reader.start()
+    side.drain(DEADLINE_S, frozenset, Progress())
+    reader.join(DEADLINE_S)
+    assert fetched and torch.equal(fetched[0], weight)
+    assert not any(e.get("abandoned") for e in events)
+
+
+def test_a_donor_stopping_waits_for_no_healer_that_is_gone_and_bounds_its_wait(donor: Any) -> None:
+    side, _, _, events = donor
+    side.serve(plan(5, {"g1": {}, "g2": {}}), STEP)
+    assert side.seal(0.0) is None
+    started = time.monotonic()
+    side.drain(DEADLINE_S, lambda: frozenset({"g1", "g2"}), Progress())  # both lost: nothing to wait for
+    assert time.monotonic() - started < DEADLINE_S / 2
+    side.drain(0.3, lambda: frozenset({"g1"}), Progress())  # g2 alive but never fetching: abandoned at the bound
+    assert events[-1]["abandoned"] == ["g2"] and events[-1]["waited_s"] >= 0.3

@@ -130,3 +130,20 @@ def test_a_loss_racing_the_plans_binding_still_aborts_the_step_issue_20() -> Non
     kept.bound.set()
     thread.join(5.0)
     assert notices.abort.is_set()
+
+
+def left(replica_id: str, step: int) -> Notice:
+    return Notice("member_left", quorum_id=5, replica_id=replica_id, step=step)
+
+
+def test_members_that_left_are_kept_with_their_steps_until_they_are_in_a_quorum_again() -> None:
+    notices, _ = make()
+    notices.new_step()
+    notices.bind(plan(members=("g0", "g1")))
+    notices.deliver(left("g1", 20))
+    notices.deliver(lost("g2"))
+    notices.new_step()  # a new step does not forget them: the healer's quorum wait spans steps
+    assert notices.left() == {"g1": 20}
+    assert notices.gone() == {"g1", "g2"}
+    notices.bind(plan(quorum_id=6, members=("g0", "g1", "g2")))  # both back, restarted
+    assert notices.left() == {} and notices.gone() == frozenset()
