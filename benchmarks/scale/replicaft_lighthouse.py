@@ -20,7 +20,8 @@ from lighthouse.config.options import MembershipOptions
 from lighthouse.rules.commit_lease import MemberLease
 from lighthouse.rules.membership import Membership
 from lighthouse.rules.plan import plan_step
-from lighthouse.wire.protocol import FenceRequest, Heartbeat, Quorum, QuorumRequest, Register
+from lighthouse.wire.fence import FenceRequest
+from lighthouse.wire.protocol import Heartbeat, Quorum, QuorumRequest, Register
 
 CLIENT_HEARTBEAT_S = 0.1
 """replicaft's ``heartbeat_interval_s`` default (replicaft/config/options.py)."""

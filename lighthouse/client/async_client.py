@@ -40,10 +40,9 @@ from lighthouse.errors import (
 from lighthouse.rules.commit_lease import WITHIN_LEASE, MemberLease
 from lighthouse.tls.files import TlsFiles
 from lighthouse.wire import envelope, protocol
+from lighthouse.wire.fence import FenceRequest, FenceResponse
 from lighthouse.wire.progress import Progress
 from lighthouse.wire.protocol import (
-    FenceRequest,
-    FenceResponse,
     Heartbeat,
     Notice,
     Quorum,

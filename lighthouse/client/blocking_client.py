@@ -14,7 +14,8 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from lighthouse.client.async_client import DEADLINE_GRACE_S, AsyncLighthouseClient
-from lighthouse.wire.protocol import FenceResponse, Quorum
+from lighthouse.wire.fence import FenceResponse
+from lighthouse.wire.protocol import Quorum
 
 logger = logging.getLogger(__name__)
 

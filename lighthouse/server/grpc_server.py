@@ -47,8 +47,8 @@ from lighthouse.server.session import (
 )
 from lighthouse.server.status import StatusServer, status_snapshot
 from lighthouse.wire import envelope, protocol
+from lighthouse.wire.fence import FenceRequest
 from lighthouse.wire.protocol import (
-    FenceRequest,
     Notice,
     QuorumRequest,
     Register,

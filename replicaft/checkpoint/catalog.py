@@ -17,7 +17,8 @@ it, and a failure to write it is logged and reported beside a published save, ne
 failure. A catalog that is locked past ``BUSY_TIMEOUT_S`` or is not a regular file (a
 directory, a link out of the checkpoint directory) is a clear error (catalog_files.py), never
 rebuilt over: it may be another process's, or not this code's to delete. The row itself is
-catalog_entry.py.
+catalog_entry.py, and the tables that hold it (the schema, an entry as rows, ``find``'s query)
+catalog_tables.py.
 
 **Crashes.** WAL journal mode, one transaction per change (a checkpoint's row, tags and
 metrics together): a process killed mid-write loses at most the change it was making, and
@@ -25,10 +26,10 @@ readers never see half of one. ``synchronous=NORMAL``: a power loss may also los
 few changes, which a rebuild restores. Each call opens its own short-lived connection, so
 the writer thread, the training thread and a shell can use one catalog at once (sqlite's
 locks, ``BUSY_TIMEOUT_S``). Importing this module does not import torch (the manifests are
-read through reader.py, imported when a rebuild needs it). Rejected: a JSON index file rewritten per publish (a torn
-write
-loses every row; two writers race) and querying the manifests on every ``find`` (reads every
-checkpoint directory, slow on a network filesystem with thousands of them).
+read through reader.py, imported when a rebuild needs it). Rejected: a JSON index file
+rewritten per publish (a torn write loses every row; two writers race) and querying the
+manifests on every ``find`` (reads every checkpoint directory, slow on a network filesystem
+with thousands of them).
 """
 
 from __future__ import annotations
@@ -52,40 +53,25 @@ from replicaft.checkpoint.catalog_files import (
     discard_catalog,
     user_tags,
 )
-from replicaft.checkpoint.labels import EPOCH_TAG, EXPERIMENT_TAG, check_tag
+from replicaft.checkpoint.catalog_tables import (
+    SCHEMA_VERSION,
+    create_tables,
+    find_query,
+    insert_entry,
+    join_set,
+    read_entry,
+    schema_version,
+    set_tags,
+    split_set,
+)
+from replicaft.checkpoint.labels import EPOCH_TAG, check_tag
 from replicaft.errors import CheckpointCorrupt
 
 logger = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 10.0
 """How long a change waits for another process's transaction (a rebuild of thousands of rows
 takes well under a second): the bound on a locked catalog's wait."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS checkpoints(
-    name TEXT PRIMARY KEY, lineage TEXT NOT NULL, step INTEGER NOT NULL, epoch INTEGER, experiment TEXT,
-    config_hash TEXT, code_version TEXT, roles TEXT NOT NULL, tiers TEXT NOT NULL, num_bytes INTEGER NOT NULL,
-    format_version INTEGER NOT NULL, save_kind TEXT NOT NULL, created_unix_s REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS tags(name TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY(name, key));
-CREATE TABLE IF NOT EXISTS metrics(name TEXT NOT NULL, key TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY(name, key));
-"""
-_COLUMNS = (
-    "name",
-    "lineage",
-    "step",
-    "epoch",
-    "experiment",
-    "config_hash",
-    "code_version",
-    "roles",
-    "tiers",
-    "num_bytes",
-    "format_version",
-    "save_kind",
-    "created_unix_s",
-)
 
 
 class Catalog:
@@ -116,11 +102,11 @@ class Catalog:
         else:
             try:
                 with self._connect() as db:
-                    version = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                    version = schema_version(db)
                     check = db.execute("PRAGMA quick_check").fetchone()
                 problem = None
-                if version is None or version[0] != str(SCHEMA_VERSION):
-                    problem = f"{self.path} has schema {version[0] if version else 'none'}, expected {SCHEMA_VERSION}"
+                if version != str(SCHEMA_VERSION):
+                    problem = f"{self.path} has schema {version or 'none'}, expected {SCHEMA_VERSION}"
                 elif check[0] != "ok":
                     problem = f"{self.path} failed its integrity check: {check[0]}"
             except sqlite3.DatabaseError as e:
@@ -153,9 +139,9 @@ class Catalog:
         try:
             with self._transaction() as db:
                 for entry in entries:
-                    _insert(db, entry)
+                    insert_entry(db, entry)
                 for name, tagged in tags:
-                    _set_tags(db, name, tagged)
+                    set_tags(db, name, tagged)
         except sqlite3.Error as e:
             raise self._locked(e) if _is_locked(e) else CatalogError(f"cannot rebuild {self.path}: {e}") from e
         return len(entries)
@@ -171,12 +157,12 @@ class Catalog:
         and a commit, a few milliseconds of every save. Returns what failed (logged), else None."""
 
         def change(db: sqlite3.Connection) -> None:
-            _insert(db, entry)
+            insert_entry(db, entry)
             for name, new in (roles or {}).items():
                 row = db.execute("SELECT roles FROM checkpoints WHERE name = ?", (name,)).fetchone()
                 if row is not None:
-                    kept = {"emergency"} & set(_split(row[0]))
-                    db.execute("UPDATE checkpoints SET roles = ? WHERE name = ?", (_join(set(new) | kept), name))
+                    kept = {"emergency"} & set(split_set(row[0]))
+                    db.execute("UPDATE checkpoints SET roles = ? WHERE name = ?", (join_set(set(new) | kept), name))
             for name in removed:
                 for table in ("checkpoints", "tags", "metrics"):
                     db.execute(f"DELETE FROM {table} WHERE name = ?", (name,))
@@ -191,8 +177,8 @@ class Catalog:
             for name in names:
                 row = db.execute("SELECT tiers FROM checkpoints WHERE name = ?", (name,)).fetchone()
                 if row is not None:
-                    tiers = set(_split(row[0])) | {tier} if present else set(_split(row[0])) - {tier}
-                    db.execute("UPDATE checkpoints SET tiers = ? WHERE name = ?", (_join(tiers), name))
+                    tiers = set(split_set(row[0])) | {tier} if present else set(split_set(row[0])) - {tier}
+                    db.execute("UPDATE checkpoints SET tiers = ? WHERE name = ?", (join_set(tiers), name))
 
         return self._safely(f"update tier {tier}", change)
 
@@ -223,7 +209,7 @@ class Catalog:
         fsync_dir(self.directory)
         try:
             with self._transaction() as db:
-                _set_tags(db, name, checked)
+                set_tags(db, name, checked)
         except sqlite3.Error as e:
             raise (
                 self._locked(e) if _is_locked(e) else CatalogError(f"cannot write the catalog {self.path}: {e}")
@@ -248,33 +234,20 @@ class Catalog:
     ) -> list[CatalogEntry]:
         """Rows matching every filter given, newest first; with ``best``, only rows that have
         that metric, best first (ties: the newer first, as keep-best retention breaks them)."""
-        where, args = [], []
-        for column, value in (("c.name", name), ("c.experiment", experiment), ("c.lineage", lineage)):
-            if value is not None:
-                where.append(f"{column} = ?")
-                args.append(value)
-        if min_step is not None:
-            where.append("c.step >= ?")
-            args.append(min_step)
-        if max_step is not None:
-            where.append("c.step <= ?")
-            args.append(max_step)
-        for key, value in (tags or {}).items():
-            where.append("EXISTS (SELECT 1 FROM tags t WHERE t.name = c.name AND t.key = ? AND t.value = ?)")
-            args += [key, value]
-        join, order = "", "c.step DESC, c.name"
-        if best is not None:
-            join = "JOIN metrics m ON m.name = c.name AND m.key = ?"
-            args.insert(0, best)
-            order = f"m.value {'ASC' if mode == 'min' else 'DESC'}, c.step DESC"
-        sql = (
-            f"SELECT {', '.join('c.' + c for c in _COLUMNS)} FROM checkpoints c {join} "
-            f"{'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY {order}"
-            f"{f' LIMIT {int(limit)}' if limit is not None else ''}"
+        sql, args = find_query(
+            name=name,
+            experiment=experiment,
+            lineage=lineage,
+            tags=tags,
+            min_step=min_step,
+            max_step=max_step,
+            best=best,
+            mode=mode,
+            limit=limit,
         )
         try:
             with self._connect() as db:
-                return [self._entry(db, row) for row in db.execute(sql, args).fetchall()]
+                return [read_entry(db, row) for row in db.execute(sql, args).fetchall()]
         except sqlite3.Error as e:
             if _is_locked(e):
                 raise self._locked(e) from e
@@ -284,13 +257,6 @@ class Catalog:
             ) from e
 
     # -- plumbing ----------------------------------------------------------------------------
-
-    def _entry(self, db: sqlite3.Connection, row: tuple) -> CatalogEntry:
-        values = dict(zip(_COLUMNS, row, strict=True))
-        tags = dict(db.execute("SELECT key, value FROM tags WHERE name = ? ORDER BY key", (values["name"],)).fetchall())
-        metrics = dict(db.execute("SELECT key, value FROM metrics WHERE name = ? ORDER BY key", (values["name"],)))
-        values["roles"], values["tiers"] = _split(values["roles"]), _split(values["tiers"])
-        return CatalogEntry(**values, tags=tags, metrics=metrics)
 
     def _safely(self, what: str, change: Callable[[sqlite3.Connection], None]) -> str | None:
         """Run ``change(db)`` in one transaction; on an unreadable catalog, rebuild it once and
@@ -345,10 +311,7 @@ class Catalog:
         with self._connect() as db:
             db.execute("BEGIN IMMEDIATE")
             try:
-                # One statement at a time: executescript would commit the transaction first.
-                for statement in filter(str.strip, _SCHEMA.split(";")):
-                    db.execute(statement)
-                db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                create_tables(db)
                 yield db
             except BaseException:
                 db.execute("ROLLBACK")
@@ -356,32 +319,5 @@ class Catalog:
             db.execute("COMMIT")
 
 
-def _insert(db: sqlite3.Connection, entry: CatalogEntry) -> None:
-    values = [getattr(entry, c) for c in _COLUMNS]
-    values[_COLUMNS.index("roles")], values[_COLUMNS.index("tiers")] = _join(entry.roles), _join(entry.tiers)
-    db.execute(f"INSERT OR REPLACE INTO checkpoints VALUES ({', '.join('?' * len(_COLUMNS))})", values)
-    db.execute("DELETE FROM tags WHERE name = ?", (entry.name,))
-    db.execute("DELETE FROM metrics WHERE name = ?", (entry.name,))
-    _set_tags(db, entry.name, entry.tags)
-    db.executemany("INSERT INTO metrics VALUES (?, ?, ?)", [(entry.name, k, v) for k, v in entry.metrics.items()])
-
-
-def _set_tags(db: sqlite3.Connection, name: str, tags: Mapping[str, str]) -> None:
-    """Set tags of ``name``; ``experiment`` and ``epoch`` also fill their columns."""
-    db.executemany("INSERT OR REPLACE INTO tags VALUES (?, ?, ?)", [(name, k, v) for k, v in tags.items()])
-    if EXPERIMENT_TAG in tags:
-        db.execute("UPDATE checkpoints SET experiment = ? WHERE name = ?", (tags[EXPERIMENT_TAG], name))
-    if tags.get(EPOCH_TAG, "").isdigit():
-        db.execute("UPDATE checkpoints SET epoch = ? WHERE name = ?", (int(tags[EPOCH_TAG]), name))
-
-
 def _is_locked(error: BaseException) -> bool:
     return isinstance(error, sqlite3.OperationalError) and ("locked" in str(error) or "busy" in str(error))
-
-
-def _split(text: str) -> tuple[str, ...]:
-    return tuple(t for t in text.split(",") if t)
-
-
-def _join(values: Iterable[str]) -> str:
-    return ",".join(sorted(set(values)))

@@ -24,8 +24,9 @@ lighthouse's rule (``lighthouse/wire/replica_id.py``), and the checkpoint part t
 (``checkpoint/options.py``).
 
 Explicit arguments always win over the environment; ``from_env`` is called by entry points,
-never by library code, and library code never writes ``os.environ``. A ``REPLICAFT_*``
-variable that nothing reads is an error (env_names.py keeps the registry).
+never by library code, and library code never writes ``os.environ``. What the environment
+sets is read by environment.py; a ``REPLICAFT_*`` variable that nothing reads is an error
+(env_names.py keeps the registry).
 """
 
 from __future__ import annotations
@@ -37,12 +38,12 @@ from typing import Any, Literal
 
 from lighthouse import errors as lighthouse_errors
 from lighthouse.config.option_checks import check_number
-from lighthouse.config.options import LighthouseOptions
 from lighthouse.tls.files import TlsFiles
 from lighthouse.wire.replica_id import check_replica_id
 from replicaft.checkpoint.cadence import check_cadence_options
 from replicaft.checkpoint.options import check_checkpoint_options
-from replicaft.config.env_names import ENV_PREFIX, check_variable_names, known_variable_names
+from replicaft.config.env_names import ENV_PREFIX, known_variable_names
+from replicaft.config.environment import check_environment, environment_values
 from replicaft.config.option_ranges import NUMBER_RANGES
 from replicaft.errors import OptionsError
 from replicaft.persistence.preemption import check_notice_options
@@ -329,26 +330,11 @@ class ManagerOptions:
         Raises OptionsError naming the variable or argument, its value and the fix.
         """
         env = os.environ if environ is None else environ
-        check_variable_names(env, KNOWN_VARIABLES)
-        try:
-            LighthouseOptions.token_from_env(env)
-        except lighthouse_errors.OptionsError as e:
-            raise OptionsError(str(e)) from None
+        check_environment(env, KNOWN_VARIABLES)
         unknown = sorted(set(explicit) - {f.name for f in fields(cls)})
         if unknown:
             raise OptionsError(f"ManagerOptions has no option {unknown[0]!r}; the options are its fields")
-        values: dict[str, Any] = {}
-        sources: dict[str, str] = {}
-        for f in fields(cls):
-            env_name = ENV_PREFIX + f.name.upper()
-            raw = env.get(env_name)
-            if raw:
-                values[f.name], sources[f.name] = _parse(env_name, str(f.type), raw), env_name
-        for name, env_name in (("group_rank", "RANK"), ("group_world_size", "WORLD_SIZE")):
-            if env_name in env and name not in values:
-                values[name], sources[name] = _parse(env_name, "int", env[env_name]), env_name
-        if "MASTER_ADDR" in env and "MASTER_PORT" in env and "group_store" not in values:
-            values["group_store"] = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        values, sources = environment_values(env, {f.name: str(f.type) for f in fields(cls)})
         given = {k: v for k, v in explicit.items() if v is not None}
         for name, env_name in sources.items():
             if name in NUMBER_RANGES and name not in given:
@@ -379,19 +365,3 @@ def check_option_number(name: str, value: Any, label: str) -> None:
 def _is_host_port(address: str) -> bool:
     host, _, port = address.rpartition(":")
     return bool(host) and port.isascii() and port.isdigit() and int(port) <= 65535
-
-
-def _parse(env_name: str, type_name: str, raw: str) -> Any:
-    if type_name.startswith("bool"):
-        if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
-            raise OptionsError(f"{env_name}={raw!r} is not a boolean; set it to 1 or 0 (true/false) or unset it")
-        return raw.lower() in ("1", "true", "yes")
-    try:
-        if type_name.startswith("int"):
-            return int(raw)
-        if type_name.startswith("float"):
-            return float(raw)
-    except ValueError:
-        kind = "an integer" if type_name.startswith("int") else "a number"
-        raise OptionsError(f"{env_name}={raw!r} is not {kind}; set it to {kind} or unset it") from None
-    return raw

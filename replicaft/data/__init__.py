@@ -2,7 +2,8 @@
 
 ``sampler.py`` holds the rule (the cursor, each step's share by contributor rank, the global
 order's permutations) and ``ExactlyOnceSampler``, the cursor as training state; ``loader.py``
-holds ``StepDataLoader``, which loads a rank's share through DataLoader workers.
+holds ``StepDataLoader``, which loads a rank's share through DataLoader workers;
+``map_style.py`` the check that a user's DataLoader can be read by position at all.
 """
 
 from replicaft.data.loader import StepDataLoader as StepDataLoader

@@ -7,11 +7,10 @@ with those settings whose batch sampler is replicaft's plan: the positions still
 the exactly-once cursor (sampler.py), never from a sampler of the loader. ``batch_size`` is
 the micro-batch: a rank's share of a step larger than it is split for gradient accumulation.
 
-What is refused, and why (an ``OptionsError`` at ``from_loader``): an iterable-style dataset
-(a ``datasets.IterableDataset``, an ``IterDataPipe``, any ``torch.utils.data.IterableDataset``)
-yields samples in its own order, so no step can be given its positions nor an aborted step's
-be loaded again; a ``sampler`` or ``batch_sampler`` of the user's (``shuffle`` is accepted:
-the order is the cursor's seeded per-epoch permutation either way); ``drop_last=True``
+What is refused, and why (an ``OptionsError`` at ``from_loader``): what exactly-once cannot
+read by position (map_style.py: an iterable-style dataset, such as a ``datasets.IterableDataset``
+or an ``IterDataPipe``; a ``sampler`` or ``batch_sampler`` of the user's; ``shuffle`` is
+accepted: the order is the cursor's seeded per-epoch permutation either way); ``drop_last=True``
 (exactly-once drops nothing; batches span epochs); ``in_order=False`` and
 ``snapshot_every_n_steps`` other than 1 (the loader's state would not be that of the
 batches received); a ``fork`` multiprocessing context (this process runs gRPC threads).
@@ -50,11 +49,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, RandomSampler
 from torchdata.stateful_dataloader import Stateful, StatefulDataLoader
 from torchdata.stateful_dataloader import sampler as stateful_sampler
 
 from replicaft.data.loader import forkserver_context
+from replicaft.data.map_style import check_map_style, type_name
 from replicaft.data.sampler import ExactlyOnceSampler
 from replicaft.deterministic.rules import check_shards
 from replicaft.errors import OptionsError
@@ -86,23 +86,27 @@ def loader_settings(sampler: ExactlyOnceSampler, loader: Any) -> LoaderSettings:
     """The settings of ``loader`` that replicaft keeps; ``OptionsError`` naming what cannot be kept and why."""
     if not isinstance(loader, StatefulDataLoader):
         raise OptionsError(
-            f"{WHERE}: loader is a {_name(loader)}; pass a torchdata.stateful_dataloader.StatefulDataLoader, "
+            f"{WHERE}: loader is a {type_name(loader)}; pass a torchdata.stateful_dataloader.StatefulDataLoader, "
             "or hand a plain dataset to StepDataLoader(sampler, dataset, ...)"
         )
+    check_map_style(
+        loader,
+        where=WHERE,
+        loader_name="the loader",
+        random_samplers=(RandomSampler, stateful_sampler.RandomSampler),
+        batch_samplers=(BatchSampler, stateful_sampler.BatchSampler),
+    )
     dataset = loader.dataset
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        raise OptionsError(
-            f"{WHERE}: the loader's dataset is an iterable-style {_name(dataset)}: it yields samples in its own "
-            "order, so replicaft can neither give each step the positions the exactly-once cursor assigns nor "
-            "load an aborted step's samples again; use a map-style dataset (a torch Dataset with __getitem__ "
-            "and __len__, or a datasets.Dataset: load_dataset(...) without streaming=True)"
-        )
     if len(dataset) != sampler.dataset_len:
         raise OptionsError(
             f"{WHERE}: the loader's dataset holds {len(dataset)} samples but the ExactlyOnceSampler was made "
             f"with dataset_len={sampler.dataset_len}; make it with len(dataset)"
         )
-    _check_order(loader)
+    if loader.drop_last:
+        raise OptionsError(
+            f"{WHERE}: drop_last=True: exactly-once trains every sample, and batches span epoch boundaries, "
+            "so there is no short last batch to drop; leave drop_last=False"
+        )
     if loader.batch_size is None:
         raise OptionsError(
             f"{WHERE}: the loader has batch_size=None (no batching); set batch_size: it is the micro-batch "
@@ -138,35 +142,6 @@ def loader_settings(sampler: ExactlyOnceSampler, loader: Any) -> LoaderSettings:
     )
 
 
-def _check_order(loader: StatefulDataLoader) -> None:
-    """The loader's sampler must be one of the two it makes itself (``shuffle`` False or True)."""
-    s = loader.sampler
-    plain = isinstance(s, SequentialSampler) or (
-        isinstance(s, (RandomSampler, stateful_sampler.RandomSampler))
-        and not s.replacement
-        and s.num_samples == len(loader.dataset)
-    )
-    if not plain:
-        raise OptionsError(
-            f"{WHERE}: the loader has sampler={_name(s)}: under replicaft the exactly-once cursor decides "
-            "which samples each step trains on (it splits a step among the groups that contribute and loads "
-            "an aborted step's samples again), so a sampler of its own cannot be honoured; make the loader "
-            "without one (shuffle=True or False: the order is the ExactlyOnceSampler's seeded permutation)"
-        )
-    b = loader.batch_sampler
-    if b is not None and (type(b) not in (BatchSampler, stateful_sampler.BatchSampler) or b.sampler is not s):
-        raise OptionsError(
-            f"{WHERE}: the loader has batch_sampler={_name(b)}: under replicaft each step's batches are the "
-            "exactly-once cursor's positions, so a batch sampler of its own cannot be honoured; make the "
-            "loader with batch_size instead"
-        )
-    if loader.drop_last:
-        raise OptionsError(
-            f"{WHERE}: drop_last=True: exactly-once trains every sample, and batches span epoch boundaries, "
-            "so there is no short last batch to drop; leave drop_last=False"
-        )
-
-
 def _options(loader: StatefulDataLoader) -> dict[str, Any]:
     pinning = {"pin_memory": loader.pin_memory, "pin_memory_device": loader.pin_memory_device}
     if not loader.num_workers:
@@ -186,10 +161,6 @@ def _options(loader: StatefulDataLoader) -> dict[str, Any]:
         "worker_init_fn": _WorkerInit(loader.worker_init_fn),
         "multiprocessing_context": forkserver_context() if method == "forkserver" else ctx,
     }
-
-
-def _name(obj: object) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 class _WorkerInit:

@@ -30,7 +30,7 @@ from lighthouse.config.options import TOKEN_METADATA_KEY
 from lighthouse.rules.commit_lease import WITHIN_LEASE
 from lighthouse.tls.files import TlsFiles, grpc_channel
 from lighthouse.wire import envelope, protocol
-from lighthouse.wire.protocol import FenceRequest, FenceResponse
+from lighthouse.wire.fence import FenceRequest, FenceResponse
 
 
 class BlockingFence:

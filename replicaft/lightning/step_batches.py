@@ -20,8 +20,11 @@ from typing import Any
 import torch
 
 from replicaft.data import ExactlyOnceSampler, StepDataLoader, sample_ids
+from replicaft.data.map_style import check_map_style
 from replicaft.errors import OptionsError
 from replicaft.manager import Manager
+
+WHERE = "FaultTolerantStrategy"
 
 
 class StepBatch:
@@ -102,21 +105,10 @@ def _check_dataloader(dataloader: Any) -> tuple[torch.utils.data.Dataset, int]:
             f"the train dataloader is a {type(dataloader).__name__}; FaultTolerantStrategy reads a "
             "torch.utils.data.DataLoader's dataset in replicaft's exactly-once order"
         )
-    dataset = dataloader.dataset
-    if isinstance(dataset, torch.utils.data.IterableDataset):
-        raise OptionsError(
-            f"the train dataset is an IterableDataset ({type(dataset).__name__}): exactly-once needs to read "
-            "any sample by position; use a map-style dataset (len and __getitem__)"
-        )
+    check_map_style(dataloader, where=WHERE, loader_name="the train DataLoader")
     if dataloader.batch_size is None:
         raise OptionsError(
-            "the train DataLoader has a batch_sampler: replicaft decides each step's samples; give it "
-            "batch_size= (the samples per group per step) instead"
+            f"{WHERE}: the train DataLoader has batch_size=None (no batching); set batch_size= (the samples "
+            "per group per step)"
         )
-    sampler = dataloader.sampler
-    if not isinstance(sampler, torch.utils.data.RandomSampler | torch.utils.data.SequentialSampler):
-        raise OptionsError(
-            f"the train DataLoader has a {type(sampler).__name__}: replicaft reads the dataset in its own "
-            "seeded exactly-once order, which would silently replace it; drop the sampler"
-        )
-    return dataset, int(dataloader.batch_size)
+    return dataloader.dataset, int(dataloader.batch_size)

@@ -1,5 +1,5 @@
 """Hostile bytes against every control-plane decoder: the lighthouse's messages
-(lighthouse/wire/protocol.py, lighthouse/wire/replies.py on lighthouse/wire/envelope.py) and the group
+(lighthouse/wire/protocol.py, fence.py and replies.py on lighthouse/wire/envelope.py) and the group
 manager's (replicaft/group/protocol.py). Issue 19.
 
 The decoders are found, not listed: every class of those modules with a ``decode`` (or a
@@ -30,6 +30,7 @@ from support.fuzz_support import (
     nested,
 )
 
+import lighthouse.wire.fence
 import lighthouse.wire.protocol
 import lighthouse.wire.replies
 import replicaft.group.protocol
@@ -38,7 +39,12 @@ from lighthouse.wire.envelope import PROTOCOL_VERSION, encode
 from lighthouse.wire.protocol import Member, Notice, Quorum, decode_session_request, decode_tagged
 from lighthouse.wire.replies import QuorumAnswer, QuorumUpdate, decode_session_reply
 
-MODULES: tuple[ModuleType, ...] = (lighthouse.wire.protocol, lighthouse.wire.replies, replicaft.group.protocol)
+MODULES: tuple[ModuleType, ...] = (
+    lighthouse.wire.protocol,
+    lighthouse.wire.fence,
+    lighthouse.wire.replies,
+    replicaft.group.protocol,
+)
 
 
 def _message_types() -> dict[str, type]:
@@ -67,8 +73,8 @@ EXAMPLES: dict[type, Any] = {
         "g0", 3, "a:1", 1, 5.0, False, 0, {"store": "h:2", "ranks": [1, 2]}, 4
     ),
     lighthouse.wire.protocol.Quorum: ROSTER,
-    lighthouse.wire.protocol.FenceRequest: lighthouse.wire.protocol.FenceRequest("g0", 1, 3),
-    lighthouse.wire.protocol.FenceResponse: lighthouse.wire.protocol.FenceResponse(False, "fenced"),
+    lighthouse.wire.fence.FenceRequest: lighthouse.wire.fence.FenceRequest("g0", 1, 3),
+    lighthouse.wire.fence.FenceResponse: lighthouse.wire.fence.FenceResponse(False, "fenced"),
     lighthouse.wire.replies.QuorumAnswer: QuorumAnswer(4, encode(ROSTER)),
     lighthouse.wire.replies.QuorumFailed: lighthouse.wire.replies.QuorumFailed(4, "timeout", "1 of 2 members"),
     lighthouse.wire.replies.QuorumUpdate: QuorumUpdate(4, 8, 1, 1_700_000_001.0, QuorumUpdate.encode_steps((4, 3))),

@@ -17,7 +17,8 @@ from lighthouse.errors import DuplicateReplica, OptionsError, QuorumTooLarge
 from lighthouse.rules.membership import QUORUM_BUDGET_BYTES, Membership
 from lighthouse.rules.quorum import decide_quorum
 from lighthouse.wire.envelope import MAX_DATA_BYTES, MAX_MESSAGE_BYTES, encode
-from lighthouse.wire.protocol import FenceRequest, Heartbeat, QuorumRequest, Register
+from lighthouse.wire.fence import FenceRequest
+from lighthouse.wire.protocol import Heartbeat, QuorumRequest, Register
 
 OPTIONS = MembershipOptions(min_replicas=1, join_timeout_s=2.0, heartbeat_timeout_s=1.0, progress_timeout_s=5.0)
 

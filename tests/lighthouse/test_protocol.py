@@ -1,4 +1,4 @@
-"""The wire protocol (lighthouse/wire/protocol.py): round trips, and rejection that names the field.
+"""The wire protocol (lighthouse/wire/protocol.py, fence.py): round trips, and rejection that names the field.
 
 Hostile bytes are built with msgpack directly, as a peer that does not use our encoder
 would send them.
@@ -17,9 +17,8 @@ from hypothesis import strategies as st
 
 from lighthouse.errors import ProtocolError, VersionMismatch
 from lighthouse.wire.envelope import MAX_DATA_BYTES, MAX_MESSAGE_BYTES, PROTOCOL_VERSION, encode
+from lighthouse.wire.fence import FenceRequest, FenceResponse
 from lighthouse.wire.protocol import (
-    FenceRequest,
-    FenceResponse,
     Heartbeat,
     Member,
     Notice,

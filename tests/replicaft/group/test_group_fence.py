@@ -18,7 +18,7 @@ from conftest import LighthouseProcess, start_lighthouse
 
 from lighthouse.client.async_client import AsyncLighthouseClient
 from lighthouse.rules.commit_lease import WITHIN_LEASE
-from lighthouse.wire.protocol import FenceResponse
+from lighthouse.wire.fence import FenceResponse
 from replicaft.group.fence import BlockingFence
 from replicaft.process.threads import LoopThread
 

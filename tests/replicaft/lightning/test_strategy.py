@@ -63,22 +63,34 @@ DATA = torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     ("dataloader", "message"),
     [
         ([1, 2], "the train dataloader is a list"),
-        (torch.utils.data.DataLoader(_Squares(), batch_size=2), "IterableDataset"),
+        (torch.utils.data.DataLoader(_Squares(), batch_size=2), "dataset is an iterable-style .*_Squares"),
         (
             torch.utils.data.DataLoader(DATA, batch_sampler=torch.utils.data.BatchSampler(range(64), 4, False)),
-            "has a batch_sampler",
+            "the train DataLoader has batch_sampler=torch.utils.data.sampler.BatchSampler",
         ),
         (
             torch.utils.data.DataLoader(
                 DATA, batch_size=4, sampler=torch.utils.data.WeightedRandomSampler([1.0] * 64, 64)
             ),
-            "WeightedRandomSampler",
+            "has sampler=torch.utils.data.sampler.WeightedRandomSampler",
         ),
+        (
+            torch.utils.data.DataLoader(
+                DATA, batch_size=4, sampler=torch.utils.data.RandomSampler(DATA, replacement=True)
+            ),
+            "has sampler=torch.utils.data.sampler.RandomSampler",
+        ),
+        (torch.utils.data.DataLoader(DATA, batch_size=None), "batch_size=None"),
     ],
 )
 def test_train_data_the_exactly_once_order_cannot_read_is_refused(dataloader: Any, message: str) -> None:
     with pytest.raises(OptionsError, match=message):
         _check_dataloader(dataloader)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_train_data_with_the_dataloaders_own_order_is_read(shuffle: bool) -> None:
+    assert _check_dataloader(torch.utils.data.DataLoader(DATA, batch_size=4, shuffle=shuffle)) == (DATA, 4)
 
 
 class Linear(pl.LightningModule):
