@@ -20,7 +20,6 @@ and ``tc`` (network namespaces); nothing leaves the namespaces this benchmark cr
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import re
@@ -45,6 +44,7 @@ from benchmarks.results import (
     write_result,
 )
 from chaos.network import NetworkLab
+from replicaft.process.process_tree import dying_with_parent
 from replicaft.telemetry.events import read_events_dir
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,20 +99,15 @@ class Proc:
         )
 
 
-def _die_with_parent() -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-
-
 def start(lab: NetworkLab, name: str, args: list[str], env: dict[str, str], log_dir: Path) -> Proc:
     stderr = (log_dir / f"{name}.stderr").open("ab")
     popen = subprocess.Popen(
-        lab.wrap(name, args),
+        dying_with_parent(lab.wrap(name, args)),
         stdout=subprocess.PIPE,
         stderr=stderr,
         text=True,
         env=env,
         cwd=REPO,
-        preexec_fn=_die_with_parent,
     )
     proc = Proc(name, popen)
     threading.Thread(target=proc.read, daemon=True).start()

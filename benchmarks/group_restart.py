@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from replicaft.process.process_tree import die_with_parent
+from replicaft.process.process_tree import dying_with_parent
 from replicaft.telemetry.events import EventTail
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -149,14 +149,13 @@ def spawn(args: Sequence[str], env: Mapping[str, str], log: Path, cwd: Path = RE
     """A child in a session of its own (so its whole tree can be signalled), dying with us."""
     with open(log, "ab") as out:
         return subprocess.Popen(
-            list(args),
+            dying_with_parent(args),
             env=dict(env),
             cwd=cwd,
             stdout=out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent,
         )
 
 

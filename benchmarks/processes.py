@@ -16,10 +16,8 @@ Each child's stderr goes to a file that is quoted in the error when the child mi
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -28,18 +26,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from replicaft.process.process_tree import dying_with_parent
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LINE_LIMIT_BYTES = 1 << 20
 """A worker may report a thousand samples on one line; asyncio's default limit is 64 KiB."""
 STDERR_TAIL_CHARS = 2000
 KILL_WAIT_S = 5.0
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: deliver SIGKILL when the parent dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class ChildFailed(RuntimeError):
@@ -163,14 +156,12 @@ class ChildProcesses:
         stderr_path = Path(self._logs.name) / f"{name}.stderr"
         with stderr_path.open("wb") as stderr:
             process = await asyncio.create_subprocess_exec(
-                sys.executable,
-                *args,
+                *dying_with_parent([sys.executable, *args]),
                 cwd=REPO_ROOT,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=stderr,
                 limit=LINE_LIMIT_BYTES,
-                preexec_fn=_die_with_parent,
                 env=dict(env) if env is not None else None,
             )
         child = Child(name, process, stderr_path)

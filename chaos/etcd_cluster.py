@@ -8,7 +8,8 @@ measured is the lighthouse, not this machine's disk). Raft timings are tightened
 loopback (25 ms heartbeat, 250 ms election timeout), which also lets etcd grant one-second
 leases (its floor is 1.5 election timeouts).
 
-Each member is started with ``PR_SET_PDEATHSIG``: no etcd outlives the process that started it.
+Each member is started with a death signal (``dying_with_parent``): no etcd outlives the process
+that started it.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from replicaft.process.process_tree import die_with_parent
+from replicaft.process.process_tree import dying_with_parent
 
 HEARTBEAT_MS = 25
 ELECTION_MS = 250
@@ -145,11 +146,10 @@ class EtcdCluster:
         m.data_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(m.log_path, "ab") as log:
             m.process = subprocess.Popen(
-                self._args(m, state),
+                dying_with_parent(self._args(m, state)),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent,
             )
 
     def start(self) -> EtcdCluster:

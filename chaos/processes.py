@@ -9,11 +9,9 @@ The lighthouse's output goes straight to a file: nothing has to drain a pipe, an
 stays in the run directory for the report's reader.
 
 No child may outlive the run. The runner stops every child in a ``finally``; on Linux each
-child additionally gets ``PR_SET_PDEATHSIG = SIGKILL``, so even a SIGKILLed runner takes its
-children with it. (It is set by ``preexec_fn``, Python run between fork and exec. With other
-threads in the runner (the groups' output readers, the S3 server) that could deadlock the
-child only if one held a C-level lock it needs at the moment of the fork, ``dlopen``'s for the
-``prctl`` call; none of them loads libraries. Accepted over children left behind.)
+child additionally gets a death signal (``PR_SET_PDEATHSIG = SIGKILL``, set by ``setpriv``
+before it execs the child: ``replicaft.process.process_tree.dying_with_parent``), so even a
+SIGKILLed runner takes its children with it.
 
 A signal reaches the child and every descendant. Each child leads its own session (process
 group), which keeps a terminal's Ctrl-C away from the children (the runner ends them
@@ -33,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from replicaft.process.process_tree import die_with_parent
+from replicaft.process.process_tree import dying_with_parent
 
 logger = logging.getLogger(__name__)
 
@@ -57,13 +55,12 @@ class Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                self.args,
+                dying_with_parent(self.args) if sys.platform == "linux" else self.args,
                 cwd=self._cwd,
                 env=self._env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                preexec_fn=die_with_parent if sys.platform == "linux" else None,
                 start_new_session=True,
             )
         logger.info("started %s (pid %d), log %s", self.name, self.popen.pid, self.log_path)

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from replicaft.launch.children import free_ports
-from replicaft.process.process_tree import die_with_parent
+from replicaft.process.process_tree import dying_with_parent
 
 START_TIMEOUT_S = 120.0
 """``ray start`` took 7-30 s on this 2-core machine, depending on its load."""
@@ -92,12 +92,11 @@ class RayCluster:
         }
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                args,
+                dying_with_parent(args),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                preexec_fn=die_with_parent,
             )
         deadline = time.monotonic() + START_TIMEOUT_S
         while READY_LINE not in self.log_path.read_text(errors="replace"):

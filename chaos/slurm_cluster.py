@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from replicaft.launch.children import free_ports
-from replicaft.process.process_tree import die_with_parent
+from replicaft.process.process_tree import dying_with_parent
 
 PACKAGES = ("slurm-wlm", "munge")
 START_TIMEOUT_S = 60.0
@@ -125,7 +125,7 @@ class SlurmCluster:
     def _spawn(self, name: str, args: list[str]) -> None:
         with open(self.root / f"{name}.out", "ab") as out:
             self.processes[name] = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent
+                dying_with_parent(args), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
 
     def start(self) -> SlurmCluster:

@@ -18,7 +18,7 @@ from lighthouse.rules.liveness import (
     beyond_limit,
     silence_limit,
 )
-from lighthouse.wire.protocol import FenceRequest, FenceResponse
+from lighthouse.wire.fence import FenceRequest, FenceResponse
 
 logger = logging.getLogger(__name__)
 

@@ -54,9 +54,8 @@ from lighthouse.rules.quorum import QuorumDecision, QuorumRules, QuorumView, Wai
 from lighthouse.rules.reconnects import ReconnectGrace
 from lighthouse.rules.standing import StandingTerm, standing_steps
 from lighthouse.wire.envelope import MAX_MESSAGE_BYTES
+from lighthouse.wire.fence import FenceRequest, FenceResponse
 from lighthouse.wire.protocol import (
-    FenceRequest,
-    FenceResponse,
     Heartbeat,
     Member,
     Quorum,

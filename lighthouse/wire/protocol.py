@@ -43,11 +43,6 @@ from lighthouse.wire.envelope import (
     unpack,
     unpack_data,
 )
-
-# The fence messages live in fence.py; lighthouse/rules/members.py and membership.py still import
-# them from here. Drop these two once they import from lighthouse.wire.fence.
-from lighthouse.wire.fence import FenceRequest as FenceRequest
-from lighthouse.wire.fence import FenceResponse as FenceResponse
 from lighthouse.wire.replica_id import check_replica_id, check_replica_id_column
 
 SERVICE = "replicaft.Lighthouse"

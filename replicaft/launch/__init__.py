@@ -34,8 +34,8 @@ And why it is built so:
   child subreaper (``PR_SET_CHILD_SUBREAPER``), so ranks orphaned by a killed torchrun are
   re-parented to it rather than to init, and are found and killed with their group.
   Rejected: recording descendants periodically (a rank started since the last scan escapes),
-  psutil (a dependency for a 20-line ``/proc`` walk), and ``PR_SET_PDEATHSIG`` through
-  ``preexec_fn`` (unsafe while output reader threads run). The cost: a launcher killed with
+  psutil (a dependency for a 20-line ``/proc`` walk), and ``PR_SET_PDEATHSIG`` alone (it reaches
+  the launcher's own children, torchrun, not the ranks torchrun starts). The cost: a launcher killed with
   SIGKILL cannot clean up after itself, and the launcher runs on Linux only.
 * The status line reads the structured event logs (STYLE §9), never the children's log text,
   so the launcher always sets ``REPLICAFT_EVENTS_DIR`` (a temporary directory by default).

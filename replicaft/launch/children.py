@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from replicaft.process.process_tree import die_with_parent
+from replicaft.process.process_tree import dying_with_parent
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -39,10 +39,9 @@ class SpawnSettings:
     cwd: Path | None = None
     """Working directory; None inherits the supervisor's."""
     die_with_parent: bool = False
-    """``PR_SET_PDEATHSIG = SIGKILL`` through ``preexec_fn``, so that even a SIGKILLed supervisor
-    takes its children along. The chaos runner asks for it (a harness must leave nothing
-    behind). The launcher does not: ``preexec_fn`` runs Python between fork and exec, which is
-    unsafe while other threads (the output readers) may hold a lock; it relies on being a
+    """``PR_SET_PDEATHSIG = SIGKILL`` (``dying_with_parent``: set by ``setpriv`` before it execs
+    the child), so that even a SIGKILLed supervisor takes its children along. The chaos runner
+    asks for it (a harness must leave nothing behind). The launcher relies on being a
     subreaper instead (see the package's docstring)."""
 
 
@@ -69,7 +68,7 @@ class Child:
     ) -> None:
         self.on_line = on_line
         self.popen = subprocess.Popen(
-            list(argv),
+            dying_with_parent(argv) if settings.die_with_parent else list(argv),
             env=dict(env),
             cwd=settings.cwd,
             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
@@ -79,7 +78,6 @@ class Child:
             errors="replace",
             bufsize=1,
             start_new_session=True,
-            preexec_fn=die_with_parent if settings.die_with_parent else None,
         )
         self._reader = threading.Thread(target=self._read, name=f"output-{self.pid}", daemon=True)
         self._reader.start()

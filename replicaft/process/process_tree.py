@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import signal
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 PR_SET_PDEATHSIG = 1
@@ -21,15 +22,35 @@ PR_SET_CHILD_SUBREAPER = 36
 def die_with_parent(*, exit_if_orphaned: bool = False) -> None:
     """Have the kernel SIGKILL this process when its parent dies, however the parent dies.
 
-    Called in a child before it does anything (a ``preexec_fn``, a DataLoader worker's init,
-    the forkserver's preload): without it a SIGKILLed group, runner or supervisor leaves its
+    Called in a Python child before it does anything (a DataLoader worker's init, the
+    forkserver's preload): without it a SIGKILLed group, runner or supervisor leaves its
     children running, holding pipes, ports and memory. ``exit_if_orphaned``: the parent may
     already have died before the call (then the kernel never sends the signal), and this
-    child was re-parented to init: exit now. Not for a child whose real parent is init.
+    child was re-parented to init: exit now. Not for a child whose real parent is init. For a
+    program started with ``subprocess``, :func:`dying_with_parent` instead.
     """
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if exit_if_orphaned and os.getppid() == 1:
         os._exit(1)
+
+
+def dying_with_parent(argv: Sequence[str]) -> list[str]:
+    """``argv`` started so that the kernel SIGKILLs it when the thread that started it dies.
+
+    util-linux's ``setpriv --pdeathsig KILL`` sets the death signal and then execs ``argv``
+    (the child's pid is the program's; the signal survives the exec). Not ``preexec_fn``
+    with :func:`die_with_parent`: that runs Python between fork and exec in a parent whose
+    other threads (output readers, gRPC, a test's members) may hold a lock at the fork. An etcd
+    member restarted that way under load once exited with SIGABRT; Go's runtime ends a crash
+    with status 2, not a signal, which points at the child's Python before the exec (issue 37).
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise RuntimeError(
+            "setpriv (util-linux) is not on PATH: it ties a child's life to its parent's "
+            "(setpriv --pdeathsig KILL); install util-linux"
+        )
+    return [setpriv, "--pdeathsig", "KILL", "--", *argv]
 
 
 def become_subreaper() -> bool:

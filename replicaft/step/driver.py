@@ -213,7 +213,7 @@ class StepDriver:
         self._progress.record(self.step)
         if self._persistence.preempted.is_set():
             return "preempted (SIGTERM) while waiting for the quorum"
-        healed = self._healer.finish_if_donors_left(self._notices.left()) if self._healer.healing else None
+        healed = self._healer.finish_if_donors_left(self._notices.left())
         if healed is None:
             return None
         self.step = healed
