@@ -239,3 +239,79 @@ def test_wrap_future_and_pure_ddp_in_two_group_processes(tmp_path: Path) -> None
     assert not g0["timeout"]["committed"] and not g1["timeout"]["committed"]
     for r in (g0, g1):
         assert r["pure_ddp"]["committed"] and r["pure_ddp"]["grad"] == [[0.5, 1.5]], r["pure_ddp"]
+
+
+WITHOUT_TORCHFT = """
+import importlib, importlib.abc, importlib.machinery, importlib.metadata, json, sys
+wheel = str(importlib.metadata.distribution("torchft").locate_file("torchft"))
+
+class NoWheel(importlib.abc.MetaPathFinder):
+    # As if torchft were not installed: whatever would be found in its folder is refused.
+    def find_spec(self, name, path, target=None):
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        places = [] if spec is None else [spec.origin or "", *(spec.submodule_search_locations or [])]
+        if any(str(p).startswith(wheel) for p in places):
+            raise ImportError(f"{name}: torchft's wheel is off limits")
+        return None
+
+sys.meta_path.insert(0, NoWheel())
+
+def has(module, dotted):
+    value = importlib.import_module(module)
+    for part in dotted.split("."):
+        if not hasattr(value, part):
+            return False
+        value = getattr(value, part)
+    return True
+
+wanted = json.loads(sys.argv[1])
+missing = [f"{m}.{n}" for m, names in wanted.items() for n in names if not has(m, n)]
+files = sorted({getattr(m, "__file__", None) or "" for n, m in sys.modules.items() if n.startswith("torchft")})
+print(json.dumps({"missing": missing, "from_wheel": [f for f in files if f.startswith(wheel)]}))
+"""
+
+TORCHFT_SURFACE = {
+    "torchft": ["Manager", "DistributedDataParallel", "DistributedSampler", "Optimizer", "ProcessGroupGloo"],
+    "torchft.manager": ["Manager.wrap_future", "Manager.set_state_dict_fns", "Manager.state_dict", "WorldSizeMode"],
+    "torchft.futures": ["future_timeout", "future_wait", "stream_timeout", "context_timeout", "WATCHDOG_TIMEOUT_SEC"],
+    "torchft.work": ["_DummyWork"],
+    "torchft.utils": ["get_stream_context", "record_event", "synchronize"],
+    "torchft.multiprocessing": ["_MonitoredPipe"],
+    "torchft.torchcomms": ["ProcessGroupTorchComms"],
+    "torchft.process_group": [
+        "ErrorSwallowingProcessGroupWrapper",
+        "FakeProcessGroupWrapper",
+        "ManagedProcessGroup",
+        "ProcessGroupBabyNCCL",
+    ],
+    "torchft.ddp": ["DistributedDataParallel", "PureDistributedDataParallel"],
+    "torchft.optim": ["OptimizerWrapper.add_param_group", "OptimizerWrapper.state", "OptimizerWrapper.param_groups"],
+    "torchft.local_sgd": ["LocalSGD", "DiLoCo"],
+    "torchft.data": ["DistributedSampler"],
+    "torchft.checkpointing": ["CheckpointTransport.send_checkpoint", "HTTPTransport", "PGTransport"],
+    "torchft.checkpointing.pg_transport": ["PGTransport.recv_checkpoint"],
+    "torchft.checkpointing.http_transport": ["HTTPTransport.recv_checkpoint"],
+    "torchft.coordination": ["LighthouseServer", "ManagerClient", "Quorum"],
+    "torchft._torchft": ["LighthouseServer"],
+}
+"""torchft-nightly's public API, the part the shim serves, as ``module: [name or Class.attribute]``."""
+
+
+@pytest.mark.timeout(120)
+def test_torchfts_modules_import_with_its_wheel_out_of_reach() -> None:
+    """``import torchft.<module>`` for every module of the surface above, with the alias folder
+    first on the path and torchft's own folder refused: all resolve to the shim, none is missing."""
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=f"{TORCHFT_ALIAS_DIR}{os.pathsep}{REPO_ROOT}")
+    out = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TORCHFT, json.dumps(TORCHFT_SURFACE)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"missing": [], "from_wheel": []}
