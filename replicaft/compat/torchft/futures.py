@@ -11,12 +11,14 @@ started on first use), as torchft's run on one asyncio loop of its own: a callba
 thread, so it must not block. torchft also starts a watchdog that exits the process when its
 loop stops turning (``TORCHFT_WATCHDOG_TIMEOUT_SEC``); here the loop runs nothing but these
 timers, so there is no watchdog, and the variable's name is kept only for code that reads it.
+A forked child (a DataLoader worker) starts a deadline thread of its own on first use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,6 +39,16 @@ WATCHDOG_TIMEOUT_SEC = "TORCHFT_WATCHDOG_TIMEOUT_SEC"
 
 _loop = LoopThread("torchft-compat-deadlines")
 _loop_lock = threading.Lock()
+
+
+def _forget_loop_in_child() -> None:
+    """A forked child (a DataLoader worker) has the loop object but not its thread: it starts its own."""
+    global _loop, _loop_lock
+    _loop = LoopThread("torchft-compat-deadlines")
+    _loop_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_loop_in_child)
 
 
 class _Deadline:

@@ -55,6 +55,27 @@ def test_future_timeout_fails_with_timeout_error_at_its_deadline_and_drops_a_lat
     assert timed.done()
 
 
+def _deadline_in_a_forked_child(result: object) -> None:
+    fired = threading.Event()
+    with context_timeout(fired.set, SHORT):
+        result.put(fired.wait(LONG_S))  # type: ignore[attr-defined]
+
+
+def test_deadlines_fire_in_a_forked_child_after_the_parent_used_them() -> None:
+    with context_timeout(lambda: None, SHORT):
+        pass  # the parent's deadline thread is running now; a fork does not copy it
+    ctx = multiprocessing.get_context("fork")
+    result = ctx.Queue()
+    child = ctx.Process(target=_deadline_in_a_forked_child, args=(result,))
+    child.start()
+    try:
+        assert result.get(timeout=LONG_S * 3) is True
+        child.join(LONG_S)
+    finally:
+        if child.is_alive():
+            child.kill()
+
+
 def test_future_wait_returns_raises_or_times_out() -> None:
     done: torch.futures.Future[str] = torch.futures.Future()
     done.set_result("x")
