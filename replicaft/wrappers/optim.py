@@ -49,7 +49,7 @@ class Optimizer:
         return self.optimizer.param_groups
 
     @property
-    def state(self) -> Any:
+    def state(self) -> dict[torch.Tensor, Any]:
         """The optimizer's per-parameter state (its moments), as ``torch.optim.Optimizer.state``."""
         return self.optimizer.state
 
