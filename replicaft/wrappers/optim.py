@@ -48,6 +48,17 @@ class Optimizer:
     def param_groups(self) -> list[dict[str, Any]]:
         return self.optimizer.param_groups
 
+    @property
+    def state(self) -> dict[torch.Tensor, Any]:
+        """The optimizer's per-parameter state (its moments), as ``torch.optim.Optimizer.state``."""
+        return self.optimizer.state
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Add parameters to the optimizer. A heal and a replay read the optimizer's groups when
+        they run, so the new ones are included from then on; every group must add the same
+        parameters at the same step, or their optimizer states no longer match."""
+        self.optimizer.add_param_group(param_group)
+
     def state_dict(self) -> dict[str, Any]:
         return self.optimizer.state_dict()
 

@@ -5,7 +5,9 @@ or with none at all under ``replicaft-launch --torchft`` (``import torchft`` res
 
 Modules, as in torchft: the top level, ``manager``, ``ddp``, ``optim``, ``data``,
 ``local_sgd``, ``checkpointing`` (and ``.transport``, ``.pg_transport``, ``.http_transport``),
-``process_group``, ``coordination`` (and ``_torchft``, the name of torchft's Rust module).
+``process_group``, ``coordination`` (and ``_torchft``, the name of torchft's Rust module),
+``futures``, ``work``, ``utils``, ``multiprocessing`` and ``torchcomms``: all present with
+replicaft installed without torchft.
 Each module's docstring says what differs and what fails at construction. Importing runs
 nothing but definitions (torchft's sets up OpenTelemetry loggers).
 """

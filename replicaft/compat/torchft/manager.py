@@ -7,8 +7,8 @@ Covered: the constructor arguments (``pg``, ``load_state_dict``, ``state_dict``,
 ``quorum_retries``, ``checkpoint_transport``; ``port`` and ``hostname`` are accepted and
 unused because replicaft binds its own ports) and the methods (``register_state_dict_fn``,
 ``start_quorum``, ``wait_quorum``, ``allreduce``, ``should_commit``, ``report_error``,
-``errored``, ``current_step``, ``batches_committed``, ``num_participants``,
-``participating_rank``, ``is_participating``, ``shutdown``); the environment variables
+``errored``, ``wrap_future`` (managed_future.py), ``current_step``, ``batches_committed``,
+``num_participants``, ``participating_rank``, ``is_participating``, ``shutdown``); the environment variables
 ``TORCHFT_LIGHTHOUSE`` (or replicaft's ``REPLICAFT_LIGHTHOUSE``), the replica id when none
 is passed (replicaft's ``REPLICAFT_REPLICA_ID``, which the launcher sets, else
 ``REPLICA_GROUP_ID``, which ``--torchft`` also sets, to the group's number), ``TORCHFT_TIMEOUT_SEC``,
@@ -118,6 +118,8 @@ class _StepWatch(StepHooks):
 
 class Manager:
     """torchft's ``Manager`` constructor and methods, backed by :class:`replicaft.Manager`."""
+
+    from replicaft.compat.torchft.managed_future import wrap_future
 
     def __init__(
         self,

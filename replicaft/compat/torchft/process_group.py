@@ -8,6 +8,9 @@ here, at construction: XCCL (Intel GPUs) has no replicaft backend. ``FakeProcess
 (torchft's tests inject a collective error with it) wraps a group and hands a reported error
 to the compat manager, whose own ``allreduce`` then fails the step with it; the wrappers'
 all-reduces (DDP, DiLoCo) do not see it (compat manager.py, ``_StepWatch``).
+``ErrorSwallowingProcessGroupWrapper`` keeps the error a script reports to it; the swallowing
+itself is what replicaft's manager does for every collective (a failure fails the step and
+never raises into the loop).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from replicaft.errors import OptionsError
 from replicaft.wrappers.managed_group import ManagedProcessGroup as NativeManagedProcessGroup
 
 __all__ = [
+    "ErrorSwallowingProcessGroupWrapper",
     "FakeProcessGroupWrapper",
     "ManagedProcessGroup",
     "ProcessGroup",
@@ -86,6 +90,35 @@ class FakeProcessGroupWrapper(ProcessGroup):
     def take_error(self) -> Exception | None:
         error, self._error = self._error, None
         return error
+
+
+class ErrorSwallowingProcessGroupWrapper(ProcessGroup):
+    """Wraps a group (its backend and timeout are the manager's); ``report_error(e)`` records
+    ``e`` for ``error()`` until ``configure`` (torchft's call on a new quorum) clears it.
+
+    torchft's wrapper turns a failed collective into a finished dummy one so that model code
+    needs no error handling; replicaft's manager already does that for every all-reduce it runs.
+    """
+
+    def __init__(self, pg: ProcessGroup) -> None:
+        if not isinstance(pg, ProcessGroup):
+            raise OptionsError(
+                f"ErrorSwallowingProcessGroupWrapper({pg!r}): wrap a process group from torchft.process_group"
+            )
+        super().__init__(pg.timeout)
+        self.backend = pg.backend
+        self._error: Exception | None = None
+
+    def configure(self, *args: object, **kwargs: object) -> None:
+        """torchft 0.2.0's per-quorum call: here it only clears the reported error, since
+        replicaft's manager builds the quorum's groups itself."""
+        self._error = None
+
+    def report_error(self, e: Exception) -> None:
+        self._error = e
+
+    def error(self) -> Exception | None:
+        return self._error
 
 
 class ManagedProcessGroup(NativeManagedProcessGroup):
