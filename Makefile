@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test lint bench docs clean
+.PHONY: venv venv-torchtitan demo test lint bench docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,24 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# torchtitan 0.3.0's torchft experiment on replicaft (tests/replicaft/compat/test_torchtitan.py)
+# needs torch.distributed.set_timeout, which torch 2.13 lacks: a second venv with torch 2.14.1,
+# pinned first (from this machine's local index) so pip resolves no other build, then torchtitan
+# and the packages it imports at pinned versions, and replicaft editable.
+TITAN_VENV := .venv-torchtitan
+TITAN_PY := $(TITAN_VENV)/bin/python
+TITAN_TORCH_VERSION ?= 2.14.1
+
+$(TITAN_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(TITAN_VENV)
+	$(TITAN_PY) -m pip install -q --disable-pip-version-check torch==$(TITAN_TORCH_VERSION)
+	$(TITAN_PY) -m pip install -q --disable-pip-version-check torch==$(TITAN_TORCH_VERSION) torchtitan==0.3.0 \
+		torchdata==0.11.0 datasets==4.7.0 tokenizers==0.22.1
+	$(TITAN_PY) -m pip install -q --disable-pip-version-check torch==$(TITAN_TORCH_VERSION) -e .
+	touch $@
+
+venv-torchtitan: $(TITAN_VENV)/.installed
 
 demo: venv
 	$(PY) -m chaos demo
@@ -39,4 +57,4 @@ docs: $(VENV)/.docs-installed
 	$(PY) docs/check_links.py docs/_build/html
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache docs/_build
+	rm -rf $(VENV) $(TITAN_VENV) .pytest_cache .ruff_cache docs/_build
