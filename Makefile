@@ -17,19 +17,20 @@ $(VENV)/.installed: pyproject.toml
 venv: $(VENV)/.installed
 
 # torchtitan 0.3.0's torchft experiment on replicaft (tests/replicaft/compat/test_torchtitan.py)
-# needs torch.distributed.set_timeout, which torch 2.13 lacks: a second venv with torch 2.14.1,
-# pinned first (from this machine's local index) so pip resolves no other build, then torchtitan
-# and the packages it imports at pinned versions, and replicaft editable.
+# needs torch.distributed.set_timeout, which torch 2.13 lacks: a second venv with torch 2.14.1
+# installed first, then torchtitan and what it imports, and replicaft editable, every package
+# pinned by tests/support/torchtitan_cpu/constraints.txt (~5.4 GB: torch 2.14.1's build here
+# carries the CUDA 13 runtime). pip's output goes to a log, shown only if the install fails.
 TITAN_VENV := .venv-torchtitan
-TITAN_PY := $(TITAN_VENV)/bin/python
-TITAN_TORCH_VERSION ?= 2.14.1
+TITAN_PIP := $(TITAN_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	-c tests/support/torchtitan_cpu/constraints.txt
+TITAN_LOG := $(TITAN_VENV)/install.log
 
-$(TITAN_VENV)/.installed: pyproject.toml
+$(TITAN_VENV)/.installed: pyproject.toml tests/support/torchtitan_cpu/constraints.txt
 	$(PYTHON) -m venv $(TITAN_VENV)
-	$(TITAN_PY) -m pip install -q --disable-pip-version-check torch==$(TITAN_TORCH_VERSION)
-	$(TITAN_PY) -m pip install -q --disable-pip-version-check torch==$(TITAN_TORCH_VERSION) torchtitan==0.3.0 \
-		torchdata==0.11.0 datasets==4.7.0 tokenizers==0.22.1
-	$(TITAN_PY) -m pip install -q --disable-pip-version-check torch==$(TITAN_TORCH_VERSION) -e .
+	@echo "installing torch 2.14.1, torchtitan 0.3.0 and replicaft into $(TITAN_VENV) (log: $(TITAN_LOG))"
+	@{ $(TITAN_PIP) torch==2.14.1 && $(TITAN_PIP) torchtitan==0.3.0 && $(TITAN_PIP) -e . ; } \
+		>$(TITAN_LOG) 2>&1 || { cat $(TITAN_LOG); exit 1; }
 	touch $@
 
 venv-torchtitan: $(TITAN_VENV)/.installed
