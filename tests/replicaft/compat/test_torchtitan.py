@@ -12,6 +12,8 @@ names another interpreter that has them; without either the tests skip, saying s
 the README's "Coming from torchft", say exactly what that changes). The overrides below only
 shrink the work to what two shared cores do in a minute: a 128-token sequence, a batch of 2,
 a sync every 4 steps, and a step count the test never reaches (it stops the launcher).
+DiLoCo and LocalSGD pass; per-step mode (HSDP through ``ManagedProcessGroup``) is an expected
+failure: it heals, then diverges at the healed step (docs/guide/torchft.md says what was seen).
 """
 
 from __future__ import annotations
@@ -28,8 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+import torch.distributed as dist
 from conftest import REPO_ROOT, ManagedProcess, spawn, start_lighthouse, stop_gracefully
 from support.training_events import assert_digests_agree, read_events, wait_for_event
+
+from replicaft.compat.torchft.aliasing import ALIASED, resolve_aliased, restore_dtensors, strip_aliased, tensor_keys
 
 PYTHON_ENV = "REPLICAFT_TORCHTITAN_PYTHON"
 VENV_PYTHON = REPO_ROOT / ".venv-torchtitan" / "bin" / "python"
@@ -141,7 +147,23 @@ def _kill_heal_and_compare(launcher: ManagedProcess, events: Path) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("method", ["diloco", "local_sgd"])
+@pytest.mark.parametrize(
+    "method",
+    [
+        "diloco",
+        "local_sgd",
+        pytest.param(
+            "None",  # per-step: HSDP, ManagedProcessGroup as the dp_replicate dimension
+            marks=pytest.mark.xfail(
+                strict=True,
+                raises=AssertionError,
+                reason="per-step mode heals, then the healer's parameters differ from the donor's after the "
+                "healed step's optimizer step (its optimizer state does not): cause not found (docs/guide/torchft.md)",
+            ),
+            id="per_step",
+        ),
+    ],
+)
 def test_torchtitan_torchft_debugmodel_heals_a_sigkilled_group_with_equal_state_every_sync(
     tmp_path: Path, method: str
 ) -> None:
@@ -153,3 +175,37 @@ def test_torchtitan_torchft_debugmodel_heals_a_sigkilled_group_with_equal_state_
         if launcher.popen.poll() is None:
             with contextlib.suppress(AssertionError):
                 stop_gracefully(launcher, 60)
+
+
+# -- the shim's DTensor handling torchtitan needs (FSDP2 even on one rank) -------------------
+
+
+@pytest.fixture
+def one_rank_mesh() -> Any:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    started = not dist.is_initialized()
+    if started:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        if started:
+            dist.destroy_process_group()
+
+
+def test_dtensors_are_aliased_by_their_local_shard_and_healed_ones_become_dtensors_again(one_rank_mesh: Any) -> None:
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    weight = distribute_tensor(torch.arange(4.0).reshape(2, 2), one_rank_mesh, [Shard(0)])
+    moment = distribute_tensor(torch.ones(2, 2), one_rank_mesh, [Shard(0)])
+    own = {"model": {"w": weight}, "optim": {"m": moment}, "step": torch.tensor(3.0)}
+    # a DTensor has no storage of its own: before, its identity raised ("invalid python storage")
+    served = strip_aliased(own, tensor_keys([{"m": moment}]))
+    assert served["optim"] == {"m": ALIASED} and served["model"]["w"] is weight
+    healed = {"model": {"w": torch.full((2, 2), 7.0)}, "optim": {"m": ALIASED}, "step": torch.tensor(4.0)}
+    loaded = resolve_aliased(healed, own)
+    assert isinstance(loaded["model"]["w"], DTensor) and loaded["model"]["w"].placements == weight.placements
+    assert torch.equal(loaded["model"]["w"].to_local(), torch.full((2, 2), 7.0))
+    assert loaded["optim"]["m"] is moment and not isinstance(loaded["step"], DTensor)
+    assert restore_dtensors([torch.zeros(2, 2)], [weight])[0].device_mesh == one_rank_mesh
