@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: venv demo test lint bench docs clean
+.PHONY: venv venv-torchtitan demo test lint bench docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,6 +15,25 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 venv: $(VENV)/.installed
+
+# torchtitan 0.3.0's torchft experiment on replicaft (tests/replicaft/compat/test_torchtitan.py)
+# needs torch.distributed.set_timeout, which torch 2.13 lacks: a second venv with torch 2.14.1
+# installed first, then torchtitan and what it imports, and replicaft editable, every package
+# pinned by tests/support/torchtitan_cpu/constraints.txt (~5.4 GB: torch 2.14.1's build here
+# carries the CUDA 13 runtime). pip's output goes to a log, shown only if the install fails.
+TITAN_VENV := .venv-torchtitan
+TITAN_PIP := $(TITAN_VENV)/bin/python -m pip install -q --disable-pip-version-check \
+	-c tests/support/torchtitan_cpu/constraints.txt
+TITAN_LOG := $(TITAN_VENV)/install.log
+
+$(TITAN_VENV)/.installed: pyproject.toml tests/support/torchtitan_cpu/constraints.txt
+	$(PYTHON) -m venv $(TITAN_VENV)
+	@echo "installing torch 2.14.1, torchtitan 0.3.0 and replicaft into $(TITAN_VENV) (log: $(TITAN_LOG))"
+	@{ $(TITAN_PIP) torch==2.14.1 && $(TITAN_PIP) torchtitan==0.3.0 && $(TITAN_PIP) -e . ; } \
+		>$(TITAN_LOG) 2>&1 || { cat $(TITAN_LOG); exit 1; }
+	touch $@
+
+venv-torchtitan: $(TITAN_VENV)/.installed
 
 demo: venv
 	$(PY) -m chaos demo
@@ -39,4 +58,4 @@ docs: $(VENV)/.docs-installed
 	$(PY) docs/check_links.py docs/_build/html
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache docs/_build
+	rm -rf $(VENV) $(TITAN_VENV) .pytest_cache .ruff_cache docs/_build

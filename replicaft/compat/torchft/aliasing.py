@@ -16,6 +16,13 @@ neither undoes nor repeats the registered one, in whichever order the two run. A
 no counterpart in the healer (a fresh optimizer has no moments yet) is dropped: the registered
 optimizer state brings them. Tensors inside lists or tuples are left as they are.
 
+Sharded (DTensor, FSDP2) tensors, as torchtitan's model and optimizer states hold: a DTensor
+has no storage of its own, so its identity is its local shard's. A heal gives every tensor back
+as a plain tensor (replicaft/state/flat.py moves local shards), so before a load each healed
+tensor whose place in the healer's own state holds a DTensor is made a DTensor like it again
+(:func:`restore_dtensors`, no communication): torchtitan's loads (``set_model_state_dict``,
+``set_optimizer_state_dict``) would otherwise put plain tensors beside DTensor parameters.
+
 Rejected: serving the script's state and not the registered ones (replicaft's replay and
 checkpoints use those), and comparing values instead of identity (a copy that happens to be
 equal now may not be later).
@@ -23,12 +30,13 @@ equal now may not be later).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["ALIASED", "TensorKey", "resolve_aliased", "strip_aliased", "tensor_keys"]
+__all__ = ["ALIASED", "TensorKey", "resolve_aliased", "restore_dtensors", "strip_aliased", "tensor_keys"]
 
 ALIASED = "replicaft.compat: the same tensor as a state replicaft registers"
 """Stands in a served state for a tensor the heal moves as part of a registered state."""
@@ -36,7 +44,17 @@ ALIASED = "replicaft.compat: the same tensor as a state replicaft registers"
 TensorKey = tuple[int, int, tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
+def _dtensor_type() -> type | None:
+    # Looked up, not imported (about a second): if nothing imported it, no DTensor exists.
+    module = sys.modules.get("torch.distributed.tensor")
+    return None if module is None else module.DTensor
+
+
 def _key(t: torch.Tensor) -> TensorKey:
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(t, dtensor):
+        with torch.no_grad():
+            t = t.to_local()
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
@@ -69,9 +87,10 @@ def strip_aliased(state: Any, keys: set[TensorKey]) -> Any:
 
 def resolve_aliased(state: Any, own: Any) -> Any:
     """``state`` with each :data:`ALIASED` replaced by the value at the same place in ``own``
-    (this process's own state), or dropped where ``own`` has none."""
+    (this process's own state), or dropped where ``own`` has none; and each tensor made a
+    DTensor where ``own`` holds one (:func:`restore_dtensors`)."""
     if not isinstance(state, Mapping):
-        return state
+        return restore_dtensors(state, own)
     out = {}
     for k, v in state.items():
         mine = own.get(k) if isinstance(own, Mapping) else None
@@ -81,3 +100,23 @@ def resolve_aliased(state: Any, own: Any) -> Any:
         else:
             out[k] = resolve_aliased(v, mine)
     return out
+
+
+def restore_dtensors(state: Any, own: Any) -> Any:
+    """``state`` (a healed state: plain tensors) with each tensor whose place in ``own`` holds a
+    DTensor made a DTensor with that one's mesh, placements and global shape; the rest as it is.
+    Mappings become dicts, lists and tuples stay what they are."""
+    dtensor = _dtensor_type()
+    if dtensor is None:
+        return state
+    if isinstance(state, torch.Tensor):
+        if isinstance(own, dtensor) and not isinstance(state, dtensor):
+            from replicaft.state.shards import like_param
+
+            return like_param(state, own)
+        return state
+    if isinstance(state, Mapping):
+        return {k: restore_dtensors(v, own.get(k) if isinstance(own, Mapping) else None) for k, v in state.items()}
+    if isinstance(state, (list, tuple)) and isinstance(own, (list, tuple)) and len(own) == len(state):
+        return type(state)(restore_dtensors(v, o) for v, o in zip(state, own, strict=True))
+    return state

@@ -268,7 +268,9 @@ class Manager:
         if self._user_state_per_group:
             return
         load, state_dict = self._user_fns[key]
-        load(resolve_aliased(state, state_dict()) if self._registered_states else state)
+        # Always resolved against the own state: a healed DTensor (torchtitan's FSDP2 model)
+        # arrives as a plain tensor and becomes a DTensor again there (aliasing.py).
+        load(resolve_aliased(state, state_dict()))
 
     def _manager_state_dict(self) -> dict[str, Any]:
         """torchft's private layout of the state a heal moves, which its own tests read:
