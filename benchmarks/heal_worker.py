@@ -11,8 +11,9 @@ seconds and the minor page faults it caused, all measured in the receiving proce
   sealed (the benchmark's heal fits in the donor's step).
 * ``healer``: ``{"donors": [[replica_id, address], ...], "step": S}`` -> ``fetch_state``
   timed from the call (manifests first) to the verified tensors, plus a breakdown of where
-  the healer's time went (seconds inside ``recv_exact_into`` and inside the chunk check,
-  summed over the donor threads; ``manifest_s``, from the call until every manifest was
+  the healer's time went (``recv_s``: seconds inside ``recv_hashed_into``, the receive with
+  the chunk digest fed as the bytes land; ``verify_s``: the part of it inside the digest's
+  ``update``; both summed over the donor threads; ``manifest_s``, from the call until every manifest was
   in). With ``"in_place": true, "bytes": N`` it receives into a state of its own of the
   donor's shape (allocated and written once, before the first such command, as a healer's
   model and optimizer are), as replicaft's manager does; without, into new memory.
@@ -182,6 +183,18 @@ class _Timer:
 
         return timed
 
+    def timed_hash(self, make: Callable[[], Any]) -> Callable[[], Any]:
+        """A factory of running digests like ``make``'s whose ``update`` calls count as ``verify_s``."""
+        timer = self
+
+        class Timed:
+            def __init__(self) -> None:
+                self._running = make()
+                self.update = timer.wrap("verify_s", self._running.update)
+                self.digest = self._running.digest
+
+        return Timed
+
 
 def healer(args: argparse.Namespace) -> None:
     import replicaft.transfer.client as client
@@ -189,9 +202,10 @@ def healer(args: argparse.Namespace) -> None:
 
     timer = _Timer()
     # The stripes module imported these by name; wrapping its references times the stripe
-    # receive and the chunk check without touching replicaft.
-    stripes.recv_exact_into = timer.wrap("recv_s", stripes.recv_exact_into)
-    stripes.chunk_ok = timer.wrap("verify_s", stripes.chunk_ok)
+    # receive (with the digest fed as the bytes land) and the digest alone, without touching
+    # replicaft.
+    stripes.recv_hashed_into = timer.wrap("recv_s", stripes.recv_hashed_into)
+    stripes.ChunkHash = timer.timed_hash(stripes.ChunkHash)
     placed_at: list[float] = []
     place = client.Placement
 

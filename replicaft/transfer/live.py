@@ -52,6 +52,7 @@ from replicaft.transfer.manifest import CHUNK_BYTES, Manifest
 from replicaft.transfer.server import NotServed
 from replicaft.transfer.snapshot import CopyPlan
 from replicaft.transfer.spare import SpareBuffer
+from replicaft.transfer.wire import send_bytes
 
 LIVE_SEND_GRACE_S = 2.0
 """How long :meth:`LiveSnapshot.seal` lets sends in progress end (one chunk each: 4 MiB take
@@ -134,7 +135,7 @@ class LiveSnapshot:
                     if not reading_kept:
                         self._begin_kept_read()
                         reading_kept = True
-                    conn.sendall(self._kept_bytes(a, b))
+                    send_bytes(conn, self._kept_bytes(a, b))
                     with self._cond:
                         self._mark_sent(a, b, reader)
                         self._cond.notify_all()
@@ -142,7 +143,7 @@ class LiveSnapshot:
                 sent = False
                 try:
                     for segment in self._plan.segments(self._live.__contains__, a, b):
-                        conn.sendall(memoryview(segment.numpy()))
+                        send_bytes(conn, memoryview(segment.numpy()))
                     sent = True
                 finally:
                     self._sent(conn, a, b, reader if sent else None)
