@@ -34,7 +34,7 @@ MAX_FRAME_BYTES = 64 * 1024
 """The largest frame a reader accepts. A request is under 200 bytes plus its token; a frame
 announcing more is refused from its 4-byte header, before anything is allocated for it."""
 SEND_PIECE_BYTES = 8 * 1024 * 1024
-"""The most one ``sendall`` of a range's bytes takes."""
+"""The most one ``send_bytes`` of a range's bytes takes (a copied snapshot's, a live one's: live.py)."""
 _LENGTH = struct.Struct(">I")
 _TIMEVAL = struct.Struct("@ll")
 """A ``struct timeval`` (seconds, microseconds) as ``SO_SNDTIMEO`` takes it."""
