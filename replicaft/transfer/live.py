@@ -10,12 +10,12 @@ like every small tensor). So:
 
 * at the quorum, the manifest and its chunk digests are taken from the live tensors (a
   read-only pass, ~20 GB/s) and the snapshot is served at once;
-* ranges are sent chunk by chunk straight from the live tensors (no copy: through a bounce
+* ranges are sent two chunks at a time straight from the live tensors (no copy: through a bounce
   buffer the donor's send cost a third more CPU, and one donor's heal ran at 1.1-1.4 GB/s
   instead of 1.8-2.0);
 * :meth:`LiveSnapshot.seal`, before the optimizer step, waits a bounded time for the healers
   to have been sent every chunk (or to have said they have it all, :meth:`LiveSnapshot.release`:
-  with several donors, each sends only part), then for sends in progress to end (a chunk each; past
+  with several donors, each sends only part), then for sends in progress to end (``LIVE_SEND_BYTES`` each; past
   ``LIVE_SEND_GRACE_S``, a stalled healer's connection is shut, which ends its send), and
   copies into the host buffer only the chunks some expected healer has not been sent yet;
   later requests are served from that copy. A chunk every healer has been sent is not kept:
@@ -52,10 +52,16 @@ from replicaft.transfer.manifest import CHUNK_BYTES, Manifest
 from replicaft.transfer.server import NotServed
 from replicaft.transfer.snapshot import CopyPlan
 from replicaft.transfer.spare import SpareBuffer
+from replicaft.transfer.wire import SEND_PIECE_BYTES, send_bytes
 
+LIVE_SEND_BYTES = SEND_PIECE_BYTES
+"""The most of the live tensors one send takes between two looks at the seal (whole chunks):
+8 MiB, two chunks, halved the per-chunk Python of a donor's send (segments, marking, the
+send's setup: ~10 % of its CPU at 4 MiB on the 2-core host), and a seal waits for at most
+that much of a send in progress."""
 LIVE_SEND_GRACE_S = 2.0
-"""How long :meth:`LiveSnapshot.seal` lets sends in progress end (one chunk each: 4 MiB take
-~35 ms at 1 Gbit/s) before it shuts their connections: only a stalled healer takes longer."""
+"""How long :meth:`LiveSnapshot.seal` lets sends in progress end (``LIVE_SEND_BYTES`` each:
+8 MiB take ~70 ms at 1 Gbit/s) before it shuts their connections: only a stalled healer takes longer."""
 LIVE_SEND_EXIT_S = 30.0
 """How long it then waits for those sends to return."""
 
@@ -122,10 +128,12 @@ class LiveSnapshot:
         """Send bytes ``[start, stop)`` on ``conn``: from the live tensors until sealed, then
         from the host copy (NotServed for bytes not kept)."""
         c = self.manifest.chunk_bytes
+        piece = max(c, LIVE_SEND_BYTES // c * c)
         reading_kept = False
         try:
-            for a in range(start, stop, c):
-                b = min(a - a % c + c, stop)
+            a = start
+            while a < stop:
+                b = min(a - a % piece + piece, stop)
                 with self._cond:
                     live = not self._sealed
                     if live:
@@ -134,18 +142,21 @@ class LiveSnapshot:
                     if not reading_kept:
                         self._begin_kept_read()
                         reading_kept = True
-                    conn.sendall(self._kept_bytes(a, b))
+                    b = min(a - a % c + c, stop)  # chunk by chunk: some may not be kept
+                    send_bytes(conn, self._kept_bytes(a, b))
                     with self._cond:
                         self._mark_sent(a, b, reader)
                         self._cond.notify_all()
+                    a = b
                     continue
                 sent = False
                 try:
                     for segment in self._plan.segments(self._live.__contains__, a, b):
-                        conn.sendall(memoryview(segment.numpy()))
+                        send_bytes(conn, memoryview(segment.numpy()))
                     sent = True
                 finally:
                     self._sent(conn, a, b, reader if sent else None)
+                a = b
         finally:
             if reading_kept:
                 self._kept_read_done()

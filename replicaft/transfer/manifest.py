@@ -30,8 +30,8 @@ from replicaft.state.skeleton import SkeletonError, check_skeleton
 from replicaft.transfer.checksum import ALGORITHM as CHECKSUM_ALGORITHM
 from replicaft.transfer.checksum import DIGEST_BYTES, digest
 
-MANIFEST_VERSION = 2
-"""2: 16-byte chunk digests of the algorithm the manifest names (checksum.py); 1 carried CRC-32s."""
+MANIFEST_VERSION = 3
+"""3: XXH3-128 chunk digests (checksum.py); 2 carried the ``rowsum64-512`` sums, 1 CRC-32s."""
 CHUNK_BYTES = 4 * 1024 * 1024
 MAX_CHUNK_BYTES = 256 * CHUNK_BYTES
 """The largest chunk a healer accepts (1 GiB): it stages and verifies chunk-sized buffers, so
@@ -196,11 +196,6 @@ def layout(sizes: Sequence[int]) -> tuple[list[int], int]:
 def chunk_checksums(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
     """The digest of every ``chunk_bytes`` of ``buffer`` (the last chunk may be shorter)."""
     return [digest([buffer[i : i + chunk_bytes]]) for i in range(0, len(buffer), chunk_bytes)]
-
-
-def chunk_ok(pieces: Sequence[memoryview], expected: bytes) -> bool:
-    """Whether the bytes of one chunk, spread over ``pieces`` in order, have digest ``expected``."""
-    return digest(pieces) == expected
 
 
 @dataclass(frozen=True, slots=True)

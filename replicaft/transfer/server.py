@@ -36,6 +36,7 @@ from replicaft.transfer.wire import (
     WIRE_VERSION,
     FrameTimeout,
     recv_frame,
+    send_bytes,
     send_frame,
 )
 
@@ -371,7 +372,7 @@ class StateServer:
         )
         send_frame(conn, {"ok": True, "num_bytes": stop - start})
         for i in range(0, len(data), SEND_PIECE_BYTES):
-            conn.sendall(data[i : i + SEND_PIECE_BYTES])
+            send_bytes(conn, data[i : i + SEND_PIECE_BYTES])
 
 
 def _refuse(conn: socket.socket, reason: str, *, tls: bool) -> None:

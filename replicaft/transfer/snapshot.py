@@ -25,7 +25,7 @@ from replicaft.state.flat import DTYPES, Flat, Sharding, tensor_bytes
 from replicaft.transfer.checksum import digest
 from replicaft.transfer.device import CopyEvent, CopyStream, device_of, raw_bytes, stream_for
 from replicaft.transfer.manifest import CHUNK_BYTES, Manifest, TensorSpec, chunk_checksums, layout
-from replicaft.transfer.wire import SEND_PIECE_BYTES
+from replicaft.transfer.wire import SEND_PIECE_BYTES, send_bytes
 
 COPY_TIMEOUT_S = 120.0
 """How long a copy of the state out of device memory may take before it is reported failed."""
@@ -76,7 +76,7 @@ class Snapshot:
         """Send bytes ``[start, stop)`` of the buffer on ``conn`` (for a state server)."""
         data = memoryview(self.buffer.numpy())[start:stop]
         for i in range(0, len(data), SEND_PIECE_BYTES):
-            conn.sendall(data[i : i + SEND_PIECE_BYTES])
+            send_bytes(conn, data[i : i + SEND_PIECE_BYTES])
 
     def read(self, start: int, stop: int, reader: str | None, out: torch.Tensor) -> memoryview:
         """Bytes ``[start, stop)`` of the buffer (``reader`` and ``out`` are for a

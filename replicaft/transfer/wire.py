@@ -19,6 +19,7 @@ reader for ever (issue 19).
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 import time
 from typing import Any
@@ -27,14 +28,52 @@ import msgpack
 
 from lighthouse.errors import ProtocolError
 
-WIRE_VERSION = 2
-"""2: manifests carry named 16-byte chunk digests (manifest.MANIFEST_VERSION 2); 1 carried CRC-32s."""
+WIRE_VERSION = 3
+"""3: manifests carry XXH3-128 chunk digests (manifest.MANIFEST_VERSION 3); 2 the row sums, 1 CRC-32s."""
 MAX_FRAME_BYTES = 64 * 1024
 """The largest frame a reader accepts. A request is under 200 bytes plus its token; a frame
 announcing more is refused from its 4-byte header, before anything is allocated for it."""
 SEND_PIECE_BYTES = 8 * 1024 * 1024
-"""The most one ``sendall`` of a range's bytes takes."""
+"""The most one ``send_bytes`` of a range's bytes takes (a copied snapshot's, a live one's: live.py)."""
 _LENGTH = struct.Struct(">I")
+_TIMEVAL = struct.Struct("@ll")
+"""A ``struct timeval`` (seconds, microseconds) as ``SO_SNDTIMEO`` takes it."""
+
+
+def send_bytes(sock: socket.socket, data: memoryview) -> None:
+    """``sock.sendall(data)``, bounded in total by the socket's timeout as ``sendall`` is, but
+    waiting for room in the kernel's send instead of in ``poll``.
+
+    With a timeout set, CPython makes the socket non-blocking and polls for room before each
+    ``send``, so the sender wakes and sends again each time the receiver frees part of the
+    buffer: a raw two-stream 1 GiB transfer on loopback (2 cores) took 0.74-0.78 s so against
+    0.35-0.40 s blocking. Here the socket blocks during the call, ``SO_SNDTIMEO`` bounds each
+    ``send``'s wait (the kernel counts it down across the waits of one call) and the loop the
+    total; TimeoutError when it is spent. A TLS socket, whose record layer needs Python's own
+    loop, and one without a timeout use ``sendall``.
+    """
+    timeout_s = sock.gettimeout()
+    if timeout_s is None or isinstance(sock, ssl.SSLSocket):
+        sock.sendall(data)
+        return
+    deadline = time.monotonic() + timeout_s
+    sock.settimeout(None)
+    try:
+        while data:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"send not done within {timeout_s:g}s")
+            seconds = int(remaining)
+            sock.setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDTIMEO, _TIMEVAL.pack(seconds, int((remaining - seconds) * 1e6) or 1)
+            )
+            try:
+                n = sock.send(data)
+            except BlockingIOError as e:  # SO_SNDTIMEO passed with nothing sent
+                raise TimeoutError(f"send not done within {timeout_s:g}s") from e
+            data = data[n:]
+    finally:
+        sock.settimeout(timeout_s)
 
 
 def send_frame(sock: socket.socket, body: dict[str, Any]) -> None:

@@ -1,28 +1,18 @@
-"""The chunk checksum (replicaft/transfer/checksum.py): its definition and what it detects."""
+"""The chunk checksum (replicaft/transfer/checksum.py) and the receive that feeds it
+(stripes.recv_hashed_into): its definition, what it detects, and that it is fed every byte."""
 
 from __future__ import annotations
 
-import struct
+import socket
+import threading
 
 import pytest
+import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from replicaft.transfer.checksum import ALGORITHM, DIGEST_BYTES, ROW_BYTES, digest
-
-MASK = 2**64 - 1
-
-
-def reference_digest(data: bytes) -> bytes:
-    """The module docstring's definition, in plain integers."""
-    padded = data.ljust(-(-len(data) // ROW_BYTES) * ROW_BYTES, b"\0")
-    rows = [
-        sum(int.from_bytes(padded[i + j : i + j + 8], "little") for j in range(0, ROW_BYTES, 8)) & MASK
-        for i in range(0, len(padded), ROW_BYTES)
-    ]
-    s1 = sum(rows) & MASK
-    s2 = sum((k + 1) * r for k, r in enumerate(rows)) & MASK
-    return struct.pack("<QQ", s1, s2)
+from replicaft.transfer.checksum import ALGORITHM, DIGEST_BYTES, RECV_PIECE_BYTES, ChunkHash, digest
+from replicaft.transfer.stripes import recv_hashed_into
 
 
 def of(data: bytes | bytearray) -> bytes:
@@ -30,24 +20,19 @@ def of(data: bytes | bytearray) -> bytes:
 
 
 def sample(length: int, seed: int = 1) -> bytes:
-    """Deterministic bytes with every bit position in use (so top-bit carries happen)."""
+    """Deterministic bytes with every bit position in use."""
     return bytes((i * 2654435761 + seed) >> 7 & 0xFF for i in range(length))
 
 
 def test_algorithm_is_named_and_digest_is_16_bytes() -> None:
-    assert ALGORITHM == "rowsum64-512"
+    assert ALGORITHM == "xxh3-128"
     assert DIGEST_BYTES == 16 and len(of(b"x")) == DIGEST_BYTES
 
 
 @pytest.mark.parametrize("length", [0, 1, 7, 8, 9, 511, 512, 513, 4096, 10_000])
-def test_digest_matches_the_documented_definition(length: int) -> None:
+def test_digest_is_the_xxh3_128_of_the_chunk(length: int) -> None:
     data = sample(length)
-    assert of(data) == reference_digest(data)
-
-
-def test_sums_wrap_modulo_2_to_the_64() -> None:
-    data = b"\xff" * (ROW_BYTES * 3)
-    assert of(data) == reference_digest(data)
+    assert of(data) == xxhash.xxh3_128_digest(data)
 
 
 @settings(deadline=None, max_examples=200)
@@ -87,24 +72,59 @@ def test_any_change_within_8_consecutive_bytes_is_detected(length: int, data: st
     assert of(corrupted) != of(original)
 
 
-def test_two_rows_swapped_are_detected() -> None:
-    original = sample(ROW_BYTES * 8)
-    corrupted = bytearray(original)
-    corrupted[ROW_BYTES * 2 : ROW_BYTES * 3], corrupted[ROW_BYTES * 5 : ROW_BYTES * 6] = (
-        original[ROW_BYTES * 5 : ROW_BYTES * 6],
-        original[ROW_BYTES * 2 : ROW_BYTES * 3],
-    )
-    assert of(corrupted) != of(original)
+def test_misplaced_data_is_detected() -> None:
+    original = sample(4096)
+    rows_swapped = bytearray(original)
+    rows_swapped[1024:1536], rows_swapped[2560:3072] = original[2560:3072], original[1024:1536]
+    assert of(rows_swapped) != of(original)
+    assert of(original[64:] + original[:64]) != of(original)  # shifted by one alignment step
 
 
-def test_data_shifted_by_one_alignment_step_is_detected() -> None:
-    original = sample(ROW_BYTES * 8)
-    assert of(original[64:] + original[:64]) != of(original)
+def test_changes_the_row_sums_missed_are_detected() -> None:
+    """Two words of one 512-byte row swapped, and +x / -x in two words of a row: the
+    ``rowsum64-512`` digest before XXH3 (manifest version 2) let both through."""
+    original = sample(512)
+    swapped = bytearray(original)
+    swapped[0:8], swapped[8:16] = original[8:16], original[0:8]
+    assert swapped != original and of(swapped) != of(original)
+    cancelling = bytearray(original)
+    a, b = int.from_bytes(original[0:8], "little"), int.from_bytes(original[16:24], "little")
+    cancelling[0:8] = ((a + 1) % 2**64).to_bytes(8, "little")
+    cancelling[16:24] = ((b - 1) % 2**64).to_bytes(8, "little")
+    assert of(cancelling) != of(original)
 
 
-def test_two_words_swapped_inside_one_row_are_not_detected_as_documented() -> None:
-    original = sample(ROW_BYTES)
-    corrupted = bytearray(original)
-    corrupted[0:8], corrupted[8:16] = original[8:16], original[0:8]
-    assert corrupted != original
-    assert of(corrupted) == of(original)
+def send_in_thread(sock: socket.socket, data: bytes, close: bool) -> threading.Thread:
+    def send() -> None:
+        sock.sendall(data)
+        if close:
+            sock.close()
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_recv_hashed_into_fills_the_view_and_feeds_the_digest_every_byte() -> None:
+    data = sample(3 * RECV_PIECE_BYTES + 12_345)
+    receiver, sender = socket.socketpair()
+    with receiver, sender:
+        receiver.settimeout(10.0)
+        thread = send_in_thread(sender, data, close=False)
+        out = bytearray(len(data))
+        running = ChunkHash()
+        view = memoryview(out)
+        recv_hashed_into(receiver, view[:1000], running)  # a chunk's first piece (one tensor) ...
+        recv_hashed_into(receiver, view[1000:], running)  # ... and the rest, in pieces
+        thread.join(10.0)
+    assert bytes(out) == data
+    assert running.digest() == of(data)
+
+
+def test_recv_hashed_into_raises_when_the_peer_closes_mid_piece() -> None:
+    receiver, sender = socket.socketpair()
+    with receiver:
+        receiver.settimeout(10.0)
+        send_in_thread(sender, b"x" * 100, close=True).join(10.0)
+        with pytest.raises(ConnectionError, match="peer closed the connection mid-transfer"):
+            recv_hashed_into(receiver, memoryview(bytearray(200)), ChunkHash())

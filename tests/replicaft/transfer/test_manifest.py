@@ -20,7 +20,6 @@ from replicaft.transfer.manifest import (
     Manifest,
     TensorSpec,
     chunk_checksums,
-    chunk_ok,
     chunk_stripes,
     layout,
 )
@@ -85,16 +84,16 @@ def test_chunk_checksums_one_digest_per_chunk_last_one_partial(length: int, chun
     assert len(digests) == num_chunks
 
 
-def test_chunk_ok_checks_a_chunk_spread_over_pieces_and_finds_one_flipped_bit() -> None:
+def test_a_chunk_spread_over_pieces_has_its_digest_and_one_flipped_bit_changes_it() -> None:
     data = bytes(i % 251 for i in range(1000))
     manifest = manifest_for(data, chunk_bytes=100)
     view = memoryview(data)
-    assert chunk_ok([view[200:300]], manifest.checksums[2])
-    assert chunk_ok([view[200:230], view[230:231], view[231:300]], manifest.checksums[2])  # split across tensors
+    assert digest([view[200:300]]) == manifest.checksums[2]
+    assert digest([view[200:230], view[230:231], view[231:300]]) == manifest.checksums[2]  # split across tensors
     corrupted = bytearray(data)
     corrupted[250] ^= 0x01
-    assert not chunk_ok([memoryview(corrupted)[200:250], memoryview(corrupted)[250:300]], manifest.checksums[2])
-    assert not chunk_ok([view[200:299]], manifest.checksums[2])  # one byte short
+    assert digest([memoryview(corrupted)[200:250], memoryview(corrupted)[250:300]]) != manifest.checksums[2]
+    assert digest([view[200:299]]) != manifest.checksums[2]  # one byte short
 
 
 def test_manifest_with_overlapping_or_unordered_tensors_is_rejected() -> None:
@@ -226,7 +225,7 @@ def with_tensor(index: int, entry: Any) -> bytes:
             with_change(v=1), f"Manifest.v is 1; this side reads version {MANIFEST_VERSION}", id="older_version"
         ),
         pytest.param(
-            with_change(v=3), f"Manifest.v is 3; this side reads version {MANIFEST_VERSION}", id="newer_version"
+            with_change(v=4), f"Manifest.v is 4; this side reads version {MANIFEST_VERSION}", id="newer_version"
         ),
         pytest.param(with_change(v="1"), "Manifest.v is '1'", id="version_as_string"),
         pytest.param(with_change(step=_DELETE), "Manifest.step is missing", id="no_step"),

@@ -160,6 +160,37 @@ def test_an_idle_authenticated_client_is_closed_quietly_after_the_idle_timeout()
         assert server.statistics().num_request_timeouts == 0
 
 
+def range_request(stop: int) -> bytes:
+    return frame({"v": WIRE_VERSION, "token": TOKEN, "op": "range", "step": STEP, "start": 0, "stop": stop})
+
+
+BIG = build_snapshot(64 * 1024 * 1024, STEP, "donor")
+"""Far more than the socket buffers hold, so that a reader that stops holds the sender."""
+
+
+@pytest.mark.parametrize("reads_every_s", [None, 0.05], ids=["stops_reading", "trickles"])
+def test_a_healer_that_stops_or_trickles_reading_a_range_is_cut_after_the_idle_timeout(
+    reads_every_s: float | None,
+) -> None:
+    """The donor sends a range blocking in the kernel (wire.send_bytes), each piece within
+    idle_timeout_s in total: a reader taking 64 KiB every 50 ms, under any per-send timeout,
+    is cut as one that reads nothing is."""
+    limits = ServerLimits(handshake_timeout_s=LONG, request_timeout_s=LONG, idle_timeout_s=0.5)
+    with serving(limits, BIG) as (server, address), authenticated(address) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        asked = time.monotonic()
+        sock.sendall(range_request(BIG.manifest.total_bytes))
+        received = 0
+        while server.statistics().num_open:
+            assert time.monotonic() < asked + WAIT_S, "the donor went on sending to a stalled healer"
+            time.sleep(reads_every_s or 0.01)  # the healer's pace (or none), not a synchronisation
+            readable, _, _ = select.select([sock], [], [], 0)
+            if reads_every_s is not None and readable:
+                received += len(sock.recv(64 * 1024))
+        assert 0.5 - 0.05 <= time.monotonic() - asked <= 0.5 + SLACK_S + 0.5  # one piece's bound, then the next
+        assert received < BIG.manifest.total_bytes // 4
+
+
 # -- connections --------------------------------------------------------------------------------
 
 

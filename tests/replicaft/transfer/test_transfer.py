@@ -319,7 +319,7 @@ def test_manifest_naming_an_unknown_checksum_algorithm_is_refused_by_name() -> N
     older = Snapshot(snapshot.buffer, dataclasses.replace(snapshot.manifest, checksum="crc32"))
     with donors(("older", older, None)) as ds:
         with pytest.raises(
-            ProtocolError, match="Manifest.checksum is 'crc32'; this side verifies chunks with 'rowsum64-512'"
+            ProtocolError, match="Manifest.checksum is 'crc32'; this side verifies chunks with 'xxh3-128'"
         ):
             fetch_manifest(ds[0], STEP, None, time.monotonic() + DEADLINE_S)
         with pytest.raises(HealError, match=r"no donor of \['older'\] served the manifest of step 5 \(.*'crc32'"):
@@ -730,10 +730,10 @@ def guarded_server() -> Iterator[tuple[str, int, Snapshot]]:
         pytest.param(frame({1: 2}), "state request frame is not valid msgpack", id="int_keys"),
         pytest.param(
             request(v=1),
-            "StateRequest speaks version 1; this server speaks 2. Run the same replicaft version on donors and healers",
+            "StateRequest speaks version 1; this server speaks 3. Run the same replicaft version on donors and healers",
             id="older_version",
         ),
-        pytest.param(request(v=3), "StateRequest speaks version 3; this server speaks 2", id="newer_version"),
+        pytest.param(request(v=4), "StateRequest speaks version 4; this server speaks 3", id="newer_version"),
         pytest.param(without("v"), "StateRequest speaks version None", id="missing_version"),
         pytest.param(request(token="guess"), "StateRequest: wrong token", id="wrong_token"),
         pytest.param(request(token=TOKEN + "x"), "StateRequest: wrong token", id="token_with_suffix"),
