@@ -97,10 +97,13 @@ def wait_for_event(
     ``process`` (the launcher that writes them, say) exits, and then shows its output."""
     deadline = time.monotonic() + timeout_s
     tail = EventTail(directory)
-    while time.monotonic() < deadline and (process is None or process.popen.poll() is None):
-        for e in tail.new_events():
+    while time.monotonic() < deadline:
+        exited = process is not None and process.popen.poll() is not None
+        for e in tail.new_events():  # once more after an exit: what it wrote last is in the logs
             if predicate(e):
                 return e
+        if exited:
+            break
         time.sleep(0.05)
     raise AssertionError(f"no event {what} within {timeout_s:g}s" + (f"\n{process.output_tail()}" if process else ""))
 

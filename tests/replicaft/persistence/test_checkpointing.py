@@ -120,22 +120,30 @@ def test_resume_into_a_changed_loss_is_reported_diverged_issue_23(tmp_path: Path
     # checkpoint verifies and loads, and only the loss trajectory shows the run is not the same.
     # A checkpoint of step 20 or later: the trajectory of the first ten steps holds the steep
     # initial descent, whose spread allows almost anything (resume_check.py is lenient by design).
+    # The resumed run goes on for a checkpoint interval past the newest checkpoint, whichever
+    # that is when the first run is killed (on a loaded host it may be past step 20): the verdict
+    # needs resume_verify_steps (5) new steps, and a run resumed at its end would judge none.
     lh = start_lighthouse(status=False)
-    args = ("--steps", "40", "--step-delay", "0.02")
-    group = start_checkpointing_group(lh.grpc_address, "g0", tmp_path, *args)
+    delay = ("--step-delay", "0.02")
+    group = start_checkpointing_group(lh.grpc_address, "g0", tmp_path, "--steps", "100000", *delay)
     events = tmp_path / "events"
     wait_for_event(
         events,
         lambda e: e["event"] == "checkpoint" and e["ok"] and e["checkpoint_step"] >= 2 * CHECKPOINT_INTERVAL_STEPS,
         120,
         "a checkpoint of step 20",
+        group,
     )
     group.kill()
+    newest = max(i.step for i in CheckpointReader(tmp_path / "ckpt").list())
+    steps = str(newest + CHECKPOINT_INTERVAL_STEPS)
     group = start_checkpointing_group(
-        lh.grpc_address, "g0", tmp_path, *args, "--loss-scale", "10", REPLICAFT_RESUME_VERIFY_ACTION=action
-    )
-    resume = wait_for_event(events, lambda e: e["event"] == "resume", 120, "the resume")
-    verdict = wait_for_event(events, lambda e: e["event"] == "resume_verdict", 120, "the resume's verdict")
+        lh.grpc_address, "g0", tmp_path, "--steps", steps, *delay, "--loss-scale", "10",
+        REPLICAFT_RESUME_VERIFY_ACTION=action,
+    )  # fmt: skip
+    resume = wait_for_event(events, lambda e: e["event"] == "resume", 120, "the resume", group)
+    assert resume["checkpoint_step"] == newest, resume
+    verdict = wait_for_event(events, lambda e: e["event"] == "resume_verdict", 120, "the resume's verdict", group)
     assert group.wait_exit(150) == (0 if action == "warn" else 1), group.output_tail()
     assert verdict["verdict"] == "diverged" and verdict["checkpoint_step"] == resume["checkpoint_step"], verdict
     assert verdict["new_mean"] > 3 * verdict["reference_mean"] and verdict["action"] == action, verdict
