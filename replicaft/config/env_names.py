@@ -46,6 +46,9 @@ fields, and stay known if one is renamed."""
 READ_OUTSIDE_THE_LIBRARY: Mapping[str, str] = {
     "REPLICAFT_REPO": "deploy/slurm/*.sbatch: the checkout the jobs run in (submit.sh exports it to every job)",
     "REPLICAFT_HEAL_BENCH_NETNS": "benchmarks/heal_worker.py: the network namespace a heal benchmark worker entered",
+    "REPLICAFT_TORCHTITAN_PYTHON": (
+        "tests/replicaft/compat/test_torchtitan.py: the Python with torchtitan (default: .venv-torchtitan's)"
+    ),
 }
 """Set by scripts around the library for themselves; they reach the training processes'
 environment (Slurm's ``--export=ALL``), so they must not read as misspellings."""
