@@ -54,6 +54,16 @@ _PORTS = (
 )
 
 
+PORT_TAKEN = "bind: address already in use"
+"""What weed logs when a port picked for it was taken before it bound it."""
+PORT_ATTEMPTS = 3
+"""Starts with freshly picked ports before a first start gives up on ports taken meanwhile."""
+
+
+class _PortTaken(RuntimeError):
+    """weed could not bind one of the ports picked for it: another process took it first."""
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -94,9 +104,9 @@ class S3Server:
     def start(self) -> S3Server:
         """Start (or restart, on the same ports and data) the server; raises RuntimeError if its S3 API
         does not answer within START_TIMEOUT_S."""
+        first = self._dir is None
         if self._dir is None:
             self._dir = Path(tempfile.mkdtemp(prefix="replicaft-seaweedfs-"))
-            self._ports = {name: _free_port() for name in _PORTS}
             keys = [*KEYS, *([self._extra_key] if self._extra_key else [])]
             identities = [
                 {
@@ -107,9 +117,26 @@ class S3Server:
                 for access, secret in keys
             ]
             (self._dir / "s3.json").write_text(json.dumps({"identities": identities}))
+        # weed takes its ten ports as numbers, so a port found free here may be taken by another
+        # process before weed binds it (seen in CI: "bind: address already in use"). At the first
+        # start the ports are still ours to choose: pick new ones and start again. A restart
+        # keeps its ports (the proxy and the clients know them).
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            if first:
+                self._ports = {name: _free_port() for name in _PORTS}
+            try:
+                self._launch_and_wait()
+                break
+            except _PortTaken:
+                if not first or attempt == PORT_ATTEMPTS:
+                    raise
         if self._proxy is None:
             self._proxy = FaultProxy(self._ports["s3.port"]).start(self.port)
             self.port = self._proxy.port
+        return self
+
+    def _launch_and_wait(self) -> None:
+        assert self._dir is not None
         args = [
             weed_binary(),
             "server",
@@ -123,19 +150,22 @@ class S3Server:
             "-volume.max=0",
             *(f"-{name}={port}" for name, port in self._ports.items()),
         ]
-        log = (self._dir / "weed.log").open("ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
-        self._wait_ready(args)
-        return self
+        log_path = self._dir / "weed.log"
+        log_start = log_path.stat().st_size if log_path.exists() else 0
+        with log_path.open("ab") as log:
+            self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._wait_ready(args, log_start)
 
-    def _wait_ready(self, args: list[str]) -> None:
+    def _wait_ready(self, args: list[str], log_start: int) -> None:
         client = self.client(endpoint=self.server_endpoint)
         deadline = time.monotonic() + START_TIMEOUT_S
         pending = list(self.buckets)
         last: Exception | None = None
+        log = ""
         while time.monotonic() < deadline:
-            if self.process is not None and self.process.poll() is not None:
+            exited = self.process is not None and self.process.poll() is not None
+            log = self._log_since(log_start)
+            if exited or PORT_TAKEN in log:
                 break
             try:
                 existing = {b["Name"] for b in client.list_buckets().get("Buckets", [])}
@@ -146,11 +176,18 @@ class S3Server:
                 last = e
             time.sleep(POLL_INTERVAL_S)
         self.kill()
-        log = (self._dir / "weed.log").read_text(errors="replace")[-2000:] if self._dir else ""
-        raise RuntimeError(
+        log = self._log_since(log_start)
+        failed = _PortTaken if PORT_TAKEN in log else RuntimeError
+        raise failed(
             f"SeaweedFS ({' '.join(args)}) did not answer S3 requests within {START_TIMEOUT_S:g}s "
-            f"(last error: {last}); its log ends:\n{log}"
+            f"(last error: {last}); its log ends:\n{log[-2000:]}"
         )
+
+    def _log_since(self, offset: int) -> str:
+        assert self._dir is not None
+        with (self._dir / "weed.log").open("rb") as f:
+            f.seek(offset)
+            return f.read().decode(errors="replace")
 
     def kill(self) -> None:
         """SIGKILL and reap the server (the "server killed" fault); the proxy stays, answering 503."""

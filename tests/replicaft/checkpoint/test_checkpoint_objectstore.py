@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import signal
+import socket
 import textwrap
 import time
 import uuid
@@ -24,6 +25,7 @@ import pytest
 import torch
 from conftest import spawn_python
 
+import chaos.s3_server as s3_server
 from chaos.s3_server import S3Server
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, SaveResult
 from replicaft.checkpoint.objectstore import ObjectStore
@@ -323,3 +325,33 @@ def test_part_size_fits_any_file_in_ten_thousand_parts(num_bytes: int, expected:
 )
 def test_only_a_composite_crc32_is_compared_after_an_upload(head: dict[str, str], stored: str | None) -> None:
     assert stored_composite_crc32(head) == stored
+
+
+def test_a_port_taken_before_the_server_binds_it_is_picked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """weed takes its ports as numbers: one found free may be taken before weed binds it (seen in
+    CI). Here another socket holds the first S3 gRPC port picked; the first start picks again."""
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    picks = iter([taken])
+    real = s3_server._free_port
+    grpc_index = s3_server._PORTS.index("s3.port.grpc")
+    calls = {"n": 0}
+
+    def free_port() -> int:
+        calls["n"] += 1
+        if calls["n"] == grpc_index + 1:  # the first start's s3.port.grpc
+            return next(picks)
+        return real()
+
+    monkeypatch.setattr(s3_server, "_free_port", free_port)
+    server = S3Server(buckets=[BUCKET])
+    try:
+        server.start()
+        assert server._ports["s3.port.grpc"] != taken
+        assert calls["n"] > len(s3_server._PORTS), "the ports were not picked again"
+        server.client().head_bucket(Bucket=BUCKET)
+    finally:
+        server.close()
+        squatter.close()
