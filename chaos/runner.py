@@ -123,10 +123,10 @@ class Runner:
         self, scenario: Scenario, out_dir: Path, *, on_progress: Callable[[Progress], None] | None = None
     ) -> None:
         self.scenario = scenario
-        self.out_dir = out_dir
-        self.events_dir = out_dir / "events"
-        self.logs_dir = out_dir / "logs"
-        self.checkpoint_dir = out_dir / "checkpoints" if scenario.checkpoint_interval_steps else None
+        self.out_dir = out_dir.resolve()
+        self.events_dir = self.out_dir / "events"
+        self.logs_dir = self.out_dir / "logs"
+        self.checkpoint_dir = self.out_dir / "checkpoints" if scenario.checkpoint_interval_steps else None
         self.job = JobView()
         self._on_progress = on_progress
         self._groups = {gid: _Group(gid) for gid in scenario.group_ids}
@@ -143,8 +143,10 @@ class Runner:
             scenario,
             self,
             checkpoint_dir=self.checkpoint_dir,
-            notices_dir=out_dir.resolve() / "notices" if scenario.needs_notices else None,
+            notices_dir=self.out_dir / "notices" if scenario.needs_notices else None,
         )
+        # Groups run in the run's directory, so whatever a script writes beside itself (Lightning's
+        # logs) stays with the run instead of landing in the repository.
         # No subreaper and other children of its own (the lighthouse): the reaper stops only
         # what is below the groups and standbys it is asked to stop.
         self._reaper = Reaper(lambda: self._supervisor.children(), lambda: False, leftovers=False)
@@ -152,7 +154,7 @@ class Runner:
             scenario.group_ids, self, reaper=self._reaper, base_env=lambda: python_env(REPO_ROOT, {}),
             standby_script=group_script(scenario), num_standbys=1 if scenario.warm_standby else 0,
             standby_reserve=True, write_line=self._write_standby_line,
-            settings=SpawnSettings(cwd=REPO_ROOT, die_with_parent=sys.platform == "linux"),
+            settings=SpawnSettings(cwd=self.out_dir, die_with_parent=sys.platform == "linux"),
         )  # fmt: skip
         self._exits: list[ProcessExit] = []
         self._finishing_since: float | None = None
