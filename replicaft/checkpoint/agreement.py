@@ -6,6 +6,11 @@ must report the same :class:`SaveResult`. So rank 0 broadcasts two messages per 
 go/no-go before ``dcp.save`` (:class:`Prepared`) and its result after. With ``process_group``
 None (W == 1) there is nobody to tell and the value is returned as it is.
 
+A sharded group sizes an increment together before the go/no-go: rank 0 broadcasts the
+parent it chose (:func:`agree_parent`), each rank counts the new chunks of its own shards
+against that parent, and one all-reduce (:func:`agree_total`) gives rank 0 their sum to check
+free space against. Like the broadcasts, it waits as long as the group's timeout allows.
+
 The messages travel as msgpack bytes in two broadcasts (the length, then the bytes).
 Rejected alternative: ``dist.broadcast_object_list``, which pickles, and nothing read by a
 checkpoint's writer or reader runs pickle.
@@ -67,6 +72,19 @@ def agree_result(process_group: dist.ProcessGroup | None, result: SaveResult | N
         assert result is not None
         return result
     return SaveResult.from_wire(_broadcast_from_rank0(process_group, result.to_wire() if result is not None else None))
+
+
+def agree_parent(process_group: dist.ProcessGroup, parent: str | None) -> str | None:
+    """Group rank 0's ``parent`` (chain.py; None for a base) on every rank; the others' is ignored. A collective."""
+    leader = dist.get_rank(process_group) == 0
+    return _broadcast_from_rank0(process_group, {"parent": parent} if leader else None)["parent"]
+
+
+def agree_total(process_group: dist.ProcessGroup, num_bytes: int) -> int:
+    """The sum of every rank's ``num_bytes`` in the group, on every rank: one int64 all-reduce."""
+    total = torch.tensor([num_bytes], dtype=torch.int64)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=process_group)
+    return int(total.item())
 
 
 def _broadcast_from_rank0(process_group: dist.ProcessGroup, value: dict[str, Any] | None) -> dict[str, Any]:

@@ -19,7 +19,8 @@ talking: there the writer waits for the previous save (``CheckpointWriter(wait_w
 margin, so a full disk is refused up front with a clear message instead of failing halfway
 through a multi-gigabyte write. Old checkpoints are deleted only after the new one is
 published, so the new one must fit next to them. An increment is sized by the chunks its
-parent's chain lacks (saveplan.increment_bytes), not as the full state it refers to.
+parent's chain lacks (saveplan.increment_bytes), not as the full state it refers to: sealed
+ones by their keyed ids, and in a sharded group by the sum of what each rank's own shards add.
 """
 
 from __future__ import annotations

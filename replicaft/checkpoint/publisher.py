@@ -1,11 +1,13 @@
 """Group rank 0's part of one save: the temporary directory before ``dcp.save``, the publish after.
 
-Before every rank's ``dcp.save``: remove leftovers (once), check free space, pick the parent
-(chain.py) and create ``DIR/step-N-L.tmp-<token>``; the answer is a :class:`Prepared`, which
-agreement.py hands to the other ranks. After it: ``state.msgpack``, check that the index
-lists every tensor, SHA-256 + fsync every file, ``manifest.json`` last, rename to
-``DIR/step-N-L`` (durable.py), then the housekeeping (housekeeping.py). Or, when a rank's
-write failed: say why, with the disk's state, and remove the partial files.
+Before every rank's ``dcp.save``: remove leftovers (once), pick the parent (chain.py), check
+free space for what the save writes (the whole state for a base, the new chunks for an
+increment: collective_save.py counts them) and create ``DIR/step-N-L.tmp-<token>``; the answer
+is a :class:`Prepared`, which agreement.py hands to the other ranks. After it:
+``state.msgpack``, check that the index lists every tensor, SHA-256 + fsync every file,
+``manifest.json`` last, rename to ``DIR/step-N-L`` (durable.py), then the housekeeping
+(housekeeping.py). Or, when a rank's write failed: say why, with the disk's state, and
+remove the partial files.
 
 Invariant: until the rename nothing a reader looks at has changed, so a crash at any point
 leaves the previous checkpoint intact and at worst a ``*.tmp-*`` directory. Only rank 0
@@ -31,7 +33,7 @@ import torch.distributed.checkpoint as dcp
 
 from replicaft.checkpoint.agreement import Prepared
 from replicaft.checkpoint.catalog_entry import code_version, installed_version
-from replicaft.checkpoint.chain import decide_chain
+from replicaft.checkpoint.chain import ChainDecision, decide_chain
 from replicaft.checkpoint.chainfiles import find_parent, known_chunks
 from replicaft.checkpoint.chunks import ChunkCodec, seal_blob
 from replicaft.checkpoint.durable import (
@@ -133,25 +135,34 @@ class Publisher:
                     return self._last_chunks[2]
         return known_chunks(self.directory, parent, sealed=self.codec.key is not None)
 
-    def prepare(
-        self, request: SaveRequest, estimated: int, increment_bytes: Callable[[str], int] | None = None
-    ) -> Prepared:
-        """Clean leftovers once, decide base or increment, check free space, create the
-        temporary directory. ``increment_bytes(parent)``: what an increment on ``parent``
-        writes (saveplan.py), checked instead of the full ``estimated`` for an increment.
+    def choose_chain(self, request: SaveRequest) -> ChainDecision | Prepared:
+        """Clean leftovers once and decide base or increment (chain.py): the parent an
+        increment's size is counted against before :meth:`prepare` checks it.
+
+        Never raises: with W > 1 the other ranks wait for an answer, so any error comes back
+        as the "failed" refusal that :meth:`prepare` then hands on.
+        """
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.housekeeper.remove_leftovers_once(self.directory)
+            return decide_chain(
+                find_parent(self.directory, request.lineage), chain_length=self.chain_length, key_id=self.codec.key_id
+            )
+        except Exception as e:  # not only OSError: with W > 1 the other ranks wait for an answer
+            return self._cannot_prepare(request.step, e)
+
+    def prepare(self, request: SaveRequest, chain: ChainDecision | Prepared, estimated: int) -> Prepared:
+        """Check free space for ``estimated`` bytes (the full estimate for a base, the new
+        chunks for an increment: saveplan.py) and create the temporary directory; ``chain`` is
+        :meth:`choose_chain`'s answer, a refusal of which is returned as it is.
 
         Never raises: with W > 1 the other ranks wait for an answer, so any error becomes a
         "failed" refusal and a full disk a "refused" one.
         """
+        if isinstance(chain, Prepared):
+            return chain
         step = request.step
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self.housekeeper.remove_leftovers_once(self.directory)
-            chain = decide_chain(
-                find_parent(self.directory, request.lineage), chain_length=self.chain_length, key_id=self.codec.key_id
-            )
-            if chain.parent is not None and increment_bytes is not None:
-                estimated = min(estimated, increment_bytes(chain.parent))
             free = self.free_bytes(self.directory)
             space = enough_space(free, estimated, self.free_space_margin)
             if not space.ok:
@@ -162,14 +173,17 @@ class Publisher:
                 )
                 self._log(logging.ERROR, step, "checkpoint refused: %s", reason)
                 return Prepared(None, SaveResult(step, "refused", reason, num_bytes=estimated))
-            self._log(logging.DEBUG, step, "checkpoint is a %s: %s", chain.kind, chain.reason)
+            self._log(logging.DEBUG, step, "checkpoint is a %s of ~%d bytes: %s", chain.kind, estimated, chain.reason)
             tmp = self.directory / tmp_dirname(checkpoint_dirname(step, request.lineage), new_token())
             tmp.mkdir()
         except Exception as e:  # not only OSError: with W > 1 the other ranks wait for an answer
-            reason = f"cannot prepare {self.directory} for the checkpoint of step {step}: {type(e).__name__}: {e}"
-            self._log(logging.ERROR, step, "checkpoint failed: %s", reason)
-            return Prepared(None, SaveResult(step, "failed", reason))
+            return self._cannot_prepare(step, e)
         return Prepared(tmp, None, chain.parent, chain.chain_position, checkpoint_dirname(step, request.lineage))
+
+    def _cannot_prepare(self, step: int, error: Exception) -> Prepared:
+        reason = f"cannot prepare {self.directory} for the checkpoint of step {step}: {type(error).__name__}: {error}"
+        self._log(logging.ERROR, step, "checkpoint failed: %s", reason)
+        return Prepared(None, SaveResult(step, "failed", reason))
 
     def publish(
         self,

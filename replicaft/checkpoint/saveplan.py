@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
+from replicaft.checkpoint.layout import dcp_key
 from replicaft.checkpoint.manifest import SavedTensor, StateLayout
 from replicaft.checkpoint.policy import estimate_checkpoint_bytes
 from replicaft.checkpoint.reuse import ReuseKey, reuse_key
@@ -60,33 +61,61 @@ CHUNK_OVERHEAD_BYTES = 256
 bytes is about 100 (a few bytes per 128 KiB block)."""
 
 
-def increment_bytes(
+def new_chunk_bytes(
     plan: SavePlan,
     snapshot: Snapshot,
-    hashes: Sequence[Sequence[bytes]],
+    ids: Sequence[Sequence[bytes]],
     known: Collection[ReuseKey],
     *,
+    rank: int,
     group_world_size: int,
     sealed: bool,
 ) -> int:
-    """What an increment on a parent whose chain holds ``known`` chunks will take on disk: its
-    new chunks only, where the free-space check once counted the whole state and refused
-    increments that fit (issue 37). ``hashes``: each tensor's chunk ids (state/content.py).
-    The full estimate where this rank cannot know the new chunks cheaply: a sharded group's
-    ranks chunk their own shards, and a sealed chunk's id is keyed (computed as it is written,
-    a second pass over the state to know it here). A lookup that misses only ever counts a
-    chunk as new: an over-estimate, never an under-estimate."""
-    if sealed or (snapshot.shardings is not None and group_world_size > 1):
-        return plan.estimated_bytes
+    """The bytes group rank ``rank`` appends to its pack when it writes ``snapshot``'s tensors
+    as an increment on a parent whose chain holds ``known`` chunks, looked up the way
+    storage.py looks them up: ``ids`` are each tensor's chunk ids under the save's codec (the
+    content hashes, or the keyed ids of a sealed save), keyed (reuse.reuse_key) by the tensor's
+    DCP name and where its shard starts in the global tensor. A rank of a sharded group writes
+    all of its own tensors, so a chunk repeated among them is counted once; in a replicated
+    group of W > 1, DCP may hand two tensors to two ranks, which each write a chunk they share,
+    so there a repeat is counted once per tensor. A lookup that misses only ever counts a chunk
+    as new: an over-estimate, never an under-estimate."""
     seen: set[ReuseKey] = set()
-    new_bytes = 0
-    for spec, tensor, ids in zip(plan.layout.tensors, snapshot.manifest.tensors, hashes, strict=True):
-        shard = (0,) * len(spec.shape)
+    num_new_bytes = 0
+    spread = group_world_size > 1 and not plan.layout.own_ranks
+    for spec, tensor, sharding, tensor_ids in zip(
+        plan.layout.tensors, snapshot.manifest.tensors, plan.shardings, ids, strict=True
+    ):
+        if spread:
+            seen.clear()
+        fqn = dcp_key(spec.name, rank if spec.own else None)
+        shard = (0,) * len(tensor.shape) if sharding is None or not sealed else global_offset(sharding)
         for n, start in enumerate(range(0, tensor.num_bytes, CHUNK_BYTES)):
-            key = reuse_key(ids[n], spec.name, shard, start, sealed=sealed)
+            key = reuse_key(tensor_ids[n], fqn, shard, start, sealed=sealed)
             if key not in known and key not in seen:
                 seen.add(key)
-                new_bytes += min(CHUNK_BYTES, tensor.num_bytes - start) + CHUNK_OVERHEAD_BYTES
-    return estimate_checkpoint_bytes(
-        num_tensor_bytes=new_bytes, num_tensors=len(plan.layout.tensors), num_skeleton_bytes=len(plan.layout.encode())
+                num_new_bytes += min(CHUNK_BYTES, tensor.num_bytes - start) + CHUNK_OVERHEAD_BYTES
+    return num_new_bytes
+
+
+def global_offset(sharding: Sharding) -> tuple[int, ...]:
+    """Where this rank's shard starts in its global tensor: what DCP names the shard's write
+    item by (planner_helpers._create_write_items_for_dtensor), computed the same way."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # a DTensor exists: loaded
+
+    return tuple(compute_local_shape_and_global_offset(sharding.shape, sharding.mesh, sharding.placements)[1])
+
+
+def increment_bytes(plan: SavePlan, num_new_bytes: int) -> int:
+    """What an increment takes on disk when the ranks of its group append ``num_new_bytes`` of
+    chunks in all (:func:`new_chunk_bytes`, summed over the ranks that write): its new chunks
+    only, where the free-space check once counted the whole state and refused increments that
+    fit (issue 37). Never more than the full estimate."""
+    return min(
+        plan.estimated_bytes,
+        estimate_checkpoint_bytes(
+            num_tensor_bytes=num_new_bytes,
+            num_tensors=len(plan.layout.tensors),
+            num_skeleton_bytes=len(plan.layout.encode()),
+        ),
     )

@@ -69,11 +69,12 @@ class ChunkStorageWriter(StorageWriter):
     ``known`` maps chunks (by reuse.reuse_key) to where the parent checkpoint's chain holds
     them (empty for a base); ``location`` is the final name of the checkpoint being written,
     which its own chunk references carry, and its sealed chunks' places (places.py).
-    ``content`` pairs the snapshot's tensors with their content hashes
-    (replicaft/state/content.py): without encryption those are the chunk ids, so a tensor DCP
-    hands over as that same memory, found by its address ``(data_ptr, nbytes)``, is not hashed
-    again. The address is a sound key only while those tensors live and do not change, which a
-    snapshot being saved guarantees; any other tensor (a copy, a narrowed shard) is hashed here.
+    ``chunk_ids`` pairs the snapshot's tensors with their chunk ids under ``codec`` (the content
+    hashes of replicaft/state/content.py, or the keyed ids of a sealed save), taken once before
+    the write for the free-space check (saveplan.py), so a tensor DCP hands over as that same
+    memory, found by its address ``(data_ptr, nbytes)``, is not hashed again. The address is a
+    sound key only while those tensors live and do not change, which a snapshot being saved
+    guarantees; any other tensor (a copy, a narrowed shard) is hashed here.
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class ChunkStorageWriter(StorageWriter):
         location: str,
         codec: ChunkCodec,
         known: dict[ReuseKey, ChunkRef],
-        content: Iterable[tuple[torch.Tensor, Sequence[bytes]]] = (),
+        chunk_ids: Iterable[tuple[torch.Tensor, Sequence[bytes]]] = (),
     ) -> None:
         super().__init__()
         self.directory = directory
@@ -92,11 +93,9 @@ class ChunkStorageWriter(StorageWriter):
         self.location = location
         self.codec = codec
         self.known = dict(known)
-        self.content = (
-            {(t.data_ptr(), t.numel() * t.element_size()): h for t, h in content if t.numel() and t.is_contiguous()}
-            if codec.key is None
-            else {}
-        )
+        self.chunk_ids = {
+            (t.data_ptr(), t.numel() * t.element_size()): h for t, h in chunk_ids if t.numel() and t.is_contiguous()
+        }
         self.num_new_bytes = 0
         """Bytes this rank wrote to its pack (what the save cost)."""
 
@@ -126,7 +125,7 @@ class ChunkStorageWriter(StorageWriter):
                 tensor = planner.resolve_data(item)
                 assert isinstance(tensor, torch.Tensor)
                 data = piece_bytes(tensor)
-                hashed = self.content.get((tensor.data_ptr(), len(data))) if tensor.is_contiguous() else None
+                hashed = self.chunk_ids.get((tensor.data_ptr(), len(data))) if tensor.is_contiguous() else None
                 refs = []
                 fqn, shard = item.index.fqn, shard_of(item.index)
                 for n, start in enumerate(range(0, len(data), CHUNK_BYTES)):

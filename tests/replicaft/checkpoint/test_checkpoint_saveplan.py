@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from replicaft.checkpoint.saveplan import plan_save
+from replicaft.checkpoint.saveplan import CHUNK_OVERHEAD_BYTES, new_chunk_bytes, plan_save
 from replicaft.state.flat import Sharding, flatten
 from replicaft.transfer.snapshot import Snapshot
 
@@ -47,3 +47,16 @@ def test_the_plan_follows_the_sharding_and_the_group_width(
     assert plan.estimated_bytes >= taken.manifest.total_bytes * bytes_factor
     if bytes_factor > 1:
         assert plan.estimated_bytes > single
+
+
+@pytest.mark.parametrize(("world_size", "num_copies"), [(1, 1), (2, 2)])
+def test_a_new_chunk_two_tensors_share_counts_once_per_rank_that_may_write_it(world_size: int, num_copies: int) -> None:
+    # With W > 1, DCP may hand the two replicated tensors to two ranks, and each writes the
+    # chunk: counting it once would under-estimate.
+    state = {"a": torch.ones(100), "b": torch.ones(100), "c": torch.zeros(100)}
+    taken = Snapshot.capture(flatten(state), step=1, quorum_id=1, replica_id="g0", with_checksums=False)
+    ids = [(b"one",), (b"one",), (b"zero",)]
+    counted = new_chunk_bytes(
+        plan_save(taken, world_size), taken, ids, {b"zero"}, rank=0, group_world_size=world_size, sealed=False
+    )
+    assert counted == num_copies * (400 + CHUNK_OVERHEAD_BYTES)

@@ -19,6 +19,7 @@ import torch
 from conftest import spawn_python
 
 from replicaft.checkpoint import CheckpointReader, CheckpointWriter, SaveResult
+from replicaft.checkpoint.chunks import ChunkCodec
 from replicaft.checkpoint.keys import EncryptionKey
 from replicaft.checkpoint.layout import MANIFEST_FILE, is_tmp_dirname
 from replicaft.checkpoint.reader import scan_checkpoints
@@ -332,6 +333,36 @@ def test_increment_that_fits_is_sized_by_its_new_chunks_not_refused_as_a_full_sa
     assert loaded is not None and loaded.step == 2 and loaded.state["small"].equal(torch.ones(1000))
 
 
+def test_sealed_increment_that_fits_is_sized_by_its_keyed_chunks_not_refused_as_a_full_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 37, bug 4: a sealed chunk's id is keyed, and the check sized every sealed increment
+    # as a full save. The free-space seam reports 1 MB: the increment (a few KB) fits, the
+    # 1.2 MB state does not.
+    key = EncryptionKey.from_bytes(bytes(range(32)))
+    big, free = torch.arange(300_000, dtype=torch.float32), [10**12]
+    with CheckpointWriter(tmp_path, encryption_key=key, free_bytes=lambda d: free[0], chain_length=10) as writer:
+        assert save(writer, {"replicaft": {"step": 1}, "big": big, "small": torch.zeros(1000)}, 1).ok
+        free[0] = 1_000_000
+        keyed = []  # every keyed hash of the increment: its 2 chunks and state.msgpack, each once
+        chunk_id = ChunkCodec.chunk_id
+
+        def counted(codec: ChunkCodec, data: bytes | memoryview) -> bytes:
+            keyed.append(len(data))
+            return chunk_id(codec, data)
+
+        monkeypatch.setattr(ChunkCodec, "chunk_id", counted)
+        result = save(writer, {"replicaft": {"step": 2}, "big": big, "small": torch.ones(1000)}, 2)
+        monkeypatch.undo()
+        assert result.status == "published" and result.kind == "increment", result.reason
+        assert len(keyed) == 3, "the free-space check's keyed ids are the write's: the save hashes once"
+        refused = save(writer, {"replicaft": {"step": 3}, "big": big + 1, "small": torch.ones(1000)}, 3)
+    assert refused.status == "refused", "a sealed save that writes the whole state again still does not fit"
+    assert f"not enough free space in {tmp_path}: checkpoint of step 3 needs " in refused.reason
+    loaded = CheckpointReader(tmp_path, encryption_key=key).load_latest_valid()
+    assert loaded is not None and loaded.step == 2 and loaded.state["small"].equal(torch.ones(1000))
+
+
 # -- retention, tier 2, skipping -------------------------------------------------------------
 
 
@@ -563,3 +594,63 @@ def test_sharded_two_rank_save_restores_each_rank_and_loads_whole_with_one_rank(
         loaded is not None and digest(flatten(loaded.state)) == reports[0]["full_digest"] != reports[1]["full_digest"]
     )
     assert loaded.state["own"].tolist() == [0.0, 0.0, 0.0]
+
+
+SHARDED_INCREMENT_CHILD = textwrap.dedent(
+    """
+    import json, os, sys, torch, torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from replicaft.checkpoint import CheckpointWriter
+    from replicaft.checkpoint.keys import EncryptionKey
+    from replicaft.state.flat import flatten
+    from replicaft.transfer.snapshot import Snapshot
+
+    rank, directory, init_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    key = EncryptionKey.from_bytes(bytes.fromhex(sys.argv[4])) if len(sys.argv) > 4 else None
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    checkpoint_group = dist.new_group(backend="gloo")
+    mesh = init_device_mesh("cpu", (2,))
+    free = [10**12]
+
+    def state(step, big):
+        # 1.2 MB of shards per rank beside a small sharded tensor that changes and a rank's own value.
+        shard = lambda local: DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+        return {"replicaft": {"step": step}, "big": shard(big), "small": shard(torch.full((1000,), float(step))),
+                "own": torch.full((3,), float(rank))}
+
+    big = torch.arange(rank * 300_000, (rank + 1) * 300_000, dtype=torch.float32)
+    results = []
+    with CheckpointWriter(directory, process_group=checkpoint_group, writer_id=f"g0/{rank}", encryption_key=key,
+                          free_bytes=lambda d: free[0], chain_length=10) as writer:
+        # 1: the base. 2: an increment of a few KB in 1 MB free, where the whole state takes 2.4 MB.
+        # 3: rank 1's 1.2 MB of shards change, which only rank 1 can see: refused.
+        for step, free_bytes, shards in [(1, 10**12, big), (2, 1_000_000, big), (3, 1_000_000, big + rank)]:
+            free[0] = free_bytes
+            snap = Snapshot.capture(flatten(state(step, shards)), step=step, quorum_id=2, replica_id="g0")
+            results.append(writer.save_async(snap, step).wait(60))
+    print(json.dumps({"rank": rank, "status": results[1].status, "statuses": [r.status for r in results],
+                      "kinds": [r.kind for r in results], "reasons": [r.reason for r in results]}))
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)  # skip finalisation: see the note above RANK_CHILD
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_sharded_increment_is_sized_by_every_ranks_new_chunks(tmp_path: Path, encrypted: bool) -> None:
+    """Issue 37, bug 4: each rank of a sharded group counts the new chunks of its own shards
+    (sealed: keyed by the shard's offsets, as DCP names it) and rank 0 checks their sum. The
+    increment that fits is published where a full save's size was refused; the one whose new
+    bytes are all on rank 1 is refused with the clear message."""
+    directory = tmp_path / "ckpt"
+    key = EncryptionKey.from_bytes(bytes(range(32))) if encrypted else None
+    args = (bytes(range(32)).hex(),) if encrypted else ()
+    reports = run_two_ranks(SHARDED_INCREMENT_CHILD, directory, tmp_path / "init", *args)
+    for r in reports:
+        assert r["statuses"] == ["published", "published", "refused"] and r["kinds"][1] == "increment", r
+        assert f"not enough free space in {directory}: checkpoint of step 3 needs " in r["reasons"][2], r
+    loaded = CheckpointReader(directory, encryption_key=key).load_latest_valid()
+    assert loaded is not None and loaded.step == 2 and loaded.state["small"].equal(torch.full((2000,), 2.0))
