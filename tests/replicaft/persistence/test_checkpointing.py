@@ -60,7 +60,6 @@ def test_every_group_killed_resume_from_checkpoint_bitwise(tmp_path: Path, corru
     )
     for g in groups.values():
         g.kill()
-    last_committed = max(e["step"] for e in read_events(events) if e["event"] == "commit" and e["committed"])
     published = [i for i in CheckpointReader(tmp_path / "ckpt").list() if i.valid]
     assert len(published) >= 2, published
     expected = published[0]
