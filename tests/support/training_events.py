@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -106,6 +107,24 @@ def wait_for_event(
             break
         time.sleep(0.05)
     raise AssertionError(f"no event {what} within {timeout_s:g}s" + (f"\n{process.output_tail()}" if process else ""))
+
+
+def kill_and_wait_for_heal(
+    events: Path, pid: int, replica_id: str, timeout_s: float, process: ManagedProcess | None = None
+) -> tuple[dict[str, Any], float]:
+    """SIGKILL ``pid`` (a group's process) and wait for ``replica_id``'s first ``heal_end``
+    after the kill, once a launcher has restarted it: returns that event and the kill's time
+    (``time.time()``, the events' clock), from which the tests read the restarted group's events."""
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.time()
+    heal = wait_for_event(
+        events,
+        lambda e: e["event"] == "heal_end" and e["replica_id"] == replica_id and e["ts"] > killed_at,
+        timeout_s,
+        f"{replica_id} healed after its restart",
+        process,
+    )
+    return heal, killed_at
 
 
 def commits(events: Path, replica_id: str) -> list[dict[str, Any]]:

@@ -11,6 +11,16 @@ What is registered loads a healed state with its plain tensors made DTensors aga
 optimizer's own state holds DTensors (FSDP2 parameters' moments; aliasing.py's
 ``restore_dtensors``): ``torch.optim``'s load keeps a plain tensor plain beside a DTensor
 parameter, and the next step fails the same way.
+
+An optimizer that holds inner optimizers (torchtitan's ``OptimizersContainer``, whose
+``optimizers`` are the ``torch.optim`` ones that step) also has their param groups' live
+hyperparameters registered, as ``optimizer_param_groups``, loaded after everything else. Its
+own ``state_dict`` may not carry them: ``TorchFTOptimizersContainer`` answers with a cache taken
+at its construction (``cache_state_dict``, same moment tensors, but the learning rate of step
+0), torchtitan's LR scheduler writes each step's rate into the inner optimizers' groups, and its
+``load_state_dict`` restores only ``last_epoch``. A healer took the donor's moments and weights
+with the learning rate of step 0 (4e-4 where the donor stepped with 8e-4), and after its first
+step every parameter differed (issue 43). torchft heals the same cache, so it has the same gap.
 """
 
 from __future__ import annotations
@@ -47,6 +57,25 @@ class _HealedAsDTensors:
         self._optim.step()
 
 
+def _inner_param_groups(optim: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """The param groups of the optimizers ``optim`` steps (its ``optimizers``), live."""
+    return [group for inner in optim.optimizers for group in inner.param_groups]  # type: ignore[attr-defined]
+
+
+def _hyperparameters(optim: torch.optim.Optimizer) -> dict[str, Any]:
+    return {
+        "param_groups": [
+            {k: v for k, v in group.items() if k not in ("params", "param_names")}
+            for group in _inner_param_groups(optim)
+        ]
+    }
+
+
+def _load_hyperparameters(optim: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    for group, healed in zip(_inner_param_groups(optim), state["param_groups"], strict=True):
+        group.update(healed)
+
+
 class OptimizerWrapper(_Optimizer):
     """``zero_grad`` starts the quorum, ``step`` commits (and steps only if committed)."""
 
@@ -60,6 +89,11 @@ class OptimizerWrapper(_Optimizer):
     def _register_at_first_use(self) -> None:
         if self._compat_manager is not None:
             self.manager.register_optimizer(_HealedAsDTensors(self.optimizer))  # type: ignore[arg-type]
+            if hasattr(self.optimizer, "optimizers"):
+                optim = self.optimizer
+                self.manager.register_state(
+                    "optimizer_param_groups", lambda: _hyperparameters(optim), lambda s: _load_hyperparameters(optim, s)
+                )
             self._compat_manager.note_registered_state(self.optimizer.state_dict)
             self._compat_manager = None
 

@@ -22,7 +22,6 @@ import secrets
 import signal
 import sys
 import tarfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import PYTHON, REPO_ROOT, ManagedProcess, spawn, start_lighthouse, stop_gracefully
-from support.training_events import assert_digests_agree, read_events, wait_for_event
+from support.training_events import assert_digests_agree, kill_and_wait_for_heal, read_events, wait_for_event
 
 from benchmarks.torchft_examples import (
     OFFLINE_DATA_DIR,
@@ -185,15 +184,7 @@ def _kill_heal_and_compare(launcher: ManagedProcess, events: Path, prefix: str, 
     for rid in (survivor, victim):
         wait_for_event(events, _committed(rid, 2), STEP_TIMEOUT_S * 3, f"{rid} committed step 2", launcher)
     (start,) = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == victim]
-    os.kill(start["pid"], signal.SIGKILL)
-    killed_at = time.time()
-    heal = wait_for_event(
-        events,
-        lambda e: e["event"] == "heal_end" and e["replica_id"] == victim and e["ts"] > killed_at,
-        STEP_TIMEOUT_S * 3,
-        f"{victim} healed after its restart",
-        launcher,
-    )
+    heal, killed_at = kill_and_wait_for_heal(events, start["pid"], victim, STEP_TIMEOUT_S * 3, launcher)
     assert heal["ok"], heal
     assert heal["num_bytes"] < max_heal_bytes, f"the heal moved {heal['num_bytes']} bytes: {heal}"
     # A step trained by both groups after the heal: its digests are compared below.

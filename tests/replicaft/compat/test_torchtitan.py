@@ -12,8 +12,8 @@ names another interpreter that has them; without either the tests skip, saying s
 the README's "Coming from torchft", say exactly what that changes). The overrides below only
 shrink the work to what two shared cores do in a minute: a 128-token sequence, a batch of 2,
 a sync every 4 steps, and a step count the test never reaches (it stops the launcher).
-DiLoCo and LocalSGD pass; per-step mode (HSDP through ``ManagedProcessGroup``) is an expected
-failure: it heals, then diverges at the healed step (docs/guide/torchft.md says what was seen).
+It runs in DiLoCo, LocalSGD and per-step mode (HSDP through ``ManagedProcessGroup``); per-step
+mode needs the inner optimizers' live learning rate healed (replicaft/compat/torchft/optim.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import re
 import secrets
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import REPO_ROOT, ManagedProcess, spawn, start_lighthouse, stop_gracefully
-from support.training_events import assert_digests_agree, read_events, wait_for_event
+from support.training_events import assert_digests_agree, kill_and_wait_for_heal, read_events, wait_for_event
 
 from replicaft.compat.torchft.aliasing import ALIASED, resolve_aliased, restore_dtensors, strip_aliased, tensor_keys
 
@@ -104,15 +103,7 @@ def _kill_heal_and_compare(launcher: ManagedProcess, events: Path) -> str:
     (start,) = [e for e in read_events(events) if e["event"] == "start" and e["replica_id"] == victim]
     before_kill = _losses(launcher, victim)
     mark = launcher.mark("stdout")
-    os.kill(start["pid"], signal.SIGKILL)
-    killed_at = time.time()
-    heal = wait_for_event(
-        events,
-        lambda e: e["event"] == "heal_end" and e["replica_id"] == victim and e["ts"] > killed_at,
-        SYNC_TIMEOUT_S * 2,
-        f"{victim} healed after its restart",
-        launcher,
-    )
+    heal, killed_at = kill_and_wait_for_heal(events, start["pid"], victim, SYNC_TIMEOUT_S * 2, launcher)
     assert heal["ok"], heal
     after = wait_for_event(
         events, _committed(victim, heal["step"] + 2, killed_at), SYNC_TIMEOUT_S, f"{victim} synced twice", launcher
@@ -152,16 +143,7 @@ def _kill_heal_and_compare(launcher: ManagedProcess, events: Path) -> str:
     [
         "diloco",
         "local_sgd",
-        pytest.param(
-            "None",  # per-step: HSDP, ManagedProcessGroup as the dp_replicate dimension
-            marks=pytest.mark.xfail(
-                strict=True,
-                raises=AssertionError,
-                reason="per-step mode heals, then the healer's parameters differ from the donor's after the "
-                "healed step's optimizer step (its optimizer state does not): cause not found (docs/guide/torchft.md)",
-            ),
-            id="per_step",
-        ),
+        pytest.param("None", id="per_step"),  # HSDP, ManagedProcessGroup as the dp_replicate dimension
     ],
 )
 def test_torchtitan_torchft_debugmodel_heals_a_sigkilled_group_with_equal_state_every_sync(
