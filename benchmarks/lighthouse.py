@@ -65,6 +65,11 @@ round by round, the first four with the same members and processes:
   the session stream: grpc.aio costs far more per new call than per stream message.
 * ``torchft_quorum_ms_*`` (baseline of ``quorum_ms_*``): N torchft LighthouseClients, in
   the same number of processes, calling torchft's lighthouse (benchmarks/lighthouse_torchft.py).
+  Its members send no heartbeats in these rounds, so its CPU there is a lower bound.
+* ``quorum_heartbeating_ms_*`` and ``lighthouse_cpu_ms_per_round_heartbeating_*`` (2 to 256
+  members), against torchft's: the same members afterwards, in paced steps while torchft's
+  heartbeat every 100 ms as its managers do and ours on their quiet sessions
+  (benchmarks/lighthouse_heartbeating.py): the load a job puts on either lighthouse.
 
 ``lighthouse_cpu_ms_per_round_N`` is the CPU of the lighthouse a mode talks to during its
 rounds divided by their number (heartbeat handling included), against the barrier server's
@@ -85,7 +90,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from benchmarks.lighthouse_torchft import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, start_torchft
+from benchmarks.lighthouse_heartbeating import (
+    HEARTBEAT_SIZES,
+    PACED_MODES,
+    STEP_GAP_S,
+    HeartbeatingSamples,
+    PacedMode,
+    heartbeating_rounds,
+)
+from benchmarks.lighthouse_torchft import HEARTBEAT_INTERVAL_S, HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, start_torchft
 from benchmarks.processes import Child, ChildFailed, ChildProcesses
 from benchmarks.results import BenchmarkResult
 
@@ -143,6 +156,8 @@ class Plan:
     echo_calls: int
     notice_repeats: int
     notice_survivors: int
+    heartbeating_steps: int
+    """Paced steps with heartbeats per size in HEARTBEAT_SIZES (benchmarks/lighthouse_heartbeating.py)."""
 
 
 FULL = Plan(
@@ -151,6 +166,7 @@ FULL = Plan(
     echo_calls=1000,
     notice_repeats=10,
     notice_survivors=4,
+    heartbeating_steps=40,
 )
 QUICK = Plan(
     rounds={2: 30, 8: 30, 64: 12, 256: 6, 1024: 4},
@@ -158,6 +174,7 @@ QUICK = Plan(
     echo_calls=200,
     notice_repeats=3,
     notice_survivors=3,
+    heartbeating_steps=6,
 )
 
 
@@ -172,6 +189,8 @@ class QuorumSamples:
     part of its load), the barrier server for the barriers."""
     member_cpu_s: dict[RoundMode, float]
     """CPU of the member processes, summed over that mode's rounds: what the simulation cost."""
+    heartbeating: HeartbeatingSamples | None = None
+    """The paced phase with heartbeats, for sizes in HEARTBEAT_SIZES."""
 
     def cpu_ms_per_round(self, *modes: RoundMode) -> float:
         return 1e3 * sum(self.server_cpu_s[m] for m in modes) / sum(len(self.latency_ms[m]) for m in modes)
@@ -217,6 +236,20 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
         baselines[f"torchft_lighthouse_cpu_ms_per_round_{n}"] = samples.cpu_ms_per_round("torchft")
         if baselines[f"torchft_lighthouse_cpu_ms_per_round_{n}"] > 0:  # CPU is counted in 10 ms ticks
             compared_to[f"lighthouse_cpu_ms_per_round_{n}"] = f"torchft_lighthouse_cpu_ms_per_round_{n}"
+    for n, samples in quorum.items():
+        if (hb := samples.heartbeating) is None:
+            continue
+        for q in (50, 90):
+            ours, theirs = f"quorum_heartbeating_ms_p{q}_{n}", f"torchft_quorum_heartbeating_ms_p{q}_{n}"
+            figures[ours] = percentile(hb.latency_ms["client"], q)
+            baselines[theirs] = percentile(hb.latency_ms["torchft"], q)
+            compared_to[ours] = theirs
+        ours = f"lighthouse_cpu_ms_per_round_heartbeating_{n}"
+        theirs = f"torchft_{ours}"
+        figures[ours] = hb.cpu_ms_per_round("client")
+        baselines[theirs] = hb.cpu_ms_per_round("torchft")
+        if baselines[theirs] > 0:
+            compared_to[ours] = theirs
     figures["notice_ms_p50"] = percentile(notice_ms, 50)
     figures["notice_ms_max"] = max(notice_ms)
 
@@ -248,7 +281,12 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "torchft's lighthouse's CPU per torchft round (grpc_barrier_cpu: the barrier server's). "
             "grpc_unary_barrier_ms: that barrier as one grpc.aio unary call per member (how "
             "quorums travelled before protocol 2). notice_ms: SIGKILL of one member (own process) -> member_lost in "
-            "each survivor's on_notice (own processes)."
+            "each survivor's on_notice (own processes). "
+            f"*_heartbeating_*: paced steps (a {STEP_GAP_S:g} s pause, then our round and torchft's, order "
+            f"alternating) while torchft's members heartbeat every {HEARTBEAT_INTERVAL_S:g} s on a thread each "
+            "(LighthouseClient.heartbeat, as a torchft manager does) and ours on their quiet session streams; "
+            "lighthouse CPU per round there is each lighthouse's CPU over the whole phase, heartbeats included, "
+            "per step (params.heartbeating)."
             + (
                 f" Not measured (rounds did not complete; reasons in params): {sorted(failed)} members."
                 if failed
@@ -272,6 +310,22 @@ async def _measure(plan: Plan, quick: bool) -> BenchmarkResult:
             "targets_ms": TARGETS_MS,
             "targets_met": met,
             "sizes_not_measured": failed,
+            "heartbeating": {
+                "step_gap_s": STEP_GAP_S,
+                "steps": plan.heartbeating_steps,
+                "modes": list(PACED_MODES),
+                "torchft_heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
+                "by_size": {
+                    str(n): {
+                        "wall_s": round(samples.heartbeating.wall_s, 2),
+                        "torchft_heartbeats_per_member_per_s": round(
+                            samples.heartbeating.torchft_heartbeats / n / samples.heartbeating.wall_s, 2
+                        ),
+                    }
+                    for n, samples in quorum.items()
+                    if samples.heartbeating is not None
+                },
+            },
         },
     )
 
@@ -334,7 +388,7 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
         samples = QuorumSamples({m: [] for m in MODES}, dict.fromkeys(MODES, 0.0), dict.fromkeys(MODES, 0.0))
         step = 0
 
-        async def one_round(mode: RoundMode, record: bool) -> None:
+        async def one_round(mode: RoundMode, record: bool) -> float:
             nonlocal step
             step += 1
             server = {"client": lighthouse, "wire": wire_lighthouse, "torchft": torchft}.get(mode, barrier)
@@ -353,11 +407,12 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
                         f"{mode} round {step} answered {r['size']} members, expected {num_members}; "
                         "a member was dropped, so this is not the fast path being measured"
                     )
+            latency_ms = 1e3 * (max(r["last_recv"] for r in reports) - max(r["last_send"] for r in reports))
             if record:
-                latency_s = max(r["last_recv"] for r in reports) - max(r["last_send"] for r in reports)
-                samples.latency_ms[mode].append(latency_s * 1e3)
+                samples.latency_ms[mode].append(latency_ms)
                 samples.server_cpu_s[mode] += cpu_s
                 samples.member_cpu_s[mode] += member_cpu_s
+            return latency_ms
 
         for _ in range(plan.warmup_rounds):
             for mode in MODES:
@@ -366,6 +421,14 @@ async def measure_quorum(num_members: int, plan: Plan) -> QuorumSamples:
             # Rotate which way of asking goes first, so none always follows another.
             for mode in MODES[i % len(MODES) :] + MODES[: i % len(MODES)]:
                 await one_round(mode, record=True)
+
+        async def paced_round(mode: PacedMode) -> float:
+            return await one_round(mode, record=False)
+
+        if num_members in HEARTBEAT_SIZES:
+            samples.heartbeating = await heartbeating_rounds(
+                paced_round, {"client": lighthouse, "torchft": torchft}, torchft_members, plan.heartbeating_steps
+            )
     return samples
 
 

@@ -17,11 +17,15 @@ What differs from ours, so the figures are read fairly:
   timeout (60 s, as ours) never fires: torchft forms a quorum as soon as every heartbeating
   replica has asked, and every later round takes its fast path (every member of the
   previous quorum has asked again), answered the moment the last member asks, as ours is.
-* Heartbeats. A torchft manager heartbeats every 100 ms on a second RPC; these members do
-  not (each Quorum call counts as one, and the 30 s heartbeat timeout, as ours, never
-  expires). Ours heartbeat on their session stream when it has been quiet for 0.1 s. The
-  torchft server's CPU per round is therefore a lower bound on what a job of N managers
-  would cost it.
+* Heartbeats. A torchft manager heartbeats every 100 ms on a second RPC (its ManagerServer's
+  ``heartbeat_interval`` default), whatever else it is doing. In the unpaced rounds these
+  members do not (each Quorum call counts as one, and the 30 s heartbeat timeout, as ours,
+  never expires), so the torchft server's CPU per round there is a lower bound. Between
+  ``heartbeat start`` and ``heartbeat stop`` each member also runs a thread that calls
+  ``LighthouseClient.heartbeat`` every :data:`HEARTBEAT_INTERVAL_S` on its own client (the
+  manager's heartbeat loop shares its lighthouse channel, as here): the paced rounds with
+  heartbeats (benchmarks.lighthouse, ``heartbeating``). Ours heartbeat on their session
+  stream whenever it has been quiet for 0.1 s, in every round.
 * Logging. torchft logs every quorum request at INFO; the server runs with
   ``RUST_LOG=warn``, as ours runs at ``--log-level WARNING``.
 * Answers. Each call returns the whole quorum (N members) decoded by prost in Rust; the
@@ -52,6 +56,8 @@ SERVER_ENV = {"RUST_LOG": "warn"}
 WORKER = ("-m", "benchmarks.lighthouse_torchft")
 WAIT_S = 60.0
 """Deadline for connecting and for each quorum call, as lighthouse_workers.WAIT_S."""
+HEARTBEAT_INTERVAL_S = 0.1
+"""torchft 0.2.0's ``Manager(heartbeat_interval=timedelta(milliseconds=100))`` default."""
 
 
 def _emit(event: str, **fields: Any) -> None:
@@ -127,7 +133,11 @@ def members(address: str, replica_ids: list[str]) -> None:
         quorum = client.quorum(replica_id=replica_id, timeout=timedelta(seconds=WAIT_S), step=step)
         return asked, time.monotonic(), quorum
 
+    beating = Heartbeats(clients, replica_ids)
     for line in sys.stdin:
+        if line.startswith("heartbeat"):
+            _emit("heartbeats", running=beating.toggle(line.split()[1] == "start"), sent=beating.sent)
+            continue
         step = int(line.split()[1])
         calls = [pool.submit(ask, c, rid, step) for c, rid in zip(clients, replica_ids, strict=True)]
         answers = [f.result(WAIT_S + 1) for f in calls]
@@ -143,7 +153,40 @@ def members(address: str, replica_ids: list[str]) -> None:
             first_recv=min(a[1] for a in answers),
             last_recv=max(a[1] for a in answers),
         )
+    beating.toggle(False)
     pool.shutdown()
+
+
+class Heartbeats:
+    """A thread per member calling ``heartbeat`` every :data:`HEARTBEAT_INTERVAL_S` while on,
+    as a torchft manager's heartbeat loop does; ``sent`` counts the calls that returned."""
+
+    def __init__(self, clients: list[Any], replica_ids: list[str]) -> None:
+        self._members = list(zip(clients, replica_ids, strict=True))
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self.sent = 0
+
+    def toggle(self, on: bool) -> bool:
+        """Start (``on``) or stop and join every thread; returns whether they run now."""
+        if on and not self._threads:
+            self._stop.clear()
+            self._threads = [threading.Thread(target=self._beat, args=m, daemon=True) for m in self._members]
+            for t in self._threads:
+                t.start()
+        elif not on and self._threads:
+            self._stop.set()
+            for t in self._threads:
+                t.join(WAIT_S)
+            self._threads = []
+        return bool(self._threads)
+
+    def _beat(self, client: Any, replica_id: str) -> None:
+        while not self._stop.wait(HEARTBEAT_INTERVAL_S):
+            client.heartbeat(replica_id, timeout=timedelta(seconds=WAIT_S))
+            with self._lock:
+                self.sent += 1
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,8 +11,9 @@ alternatives run against one fault schedule per configuration; checkpoint-restar
 simulated over it too (checkpoint_job.py), at the Young/Daly interval, with Daly's closed form
 beside it. Two sweeps: the number of groups at Llama 3's rate, and the failure rate at one
 size. ``params.left_out`` is a known rule problem reproduced (left_out.py); ``params.validation``
-the simulator's prediction for the real chaos soak's faults against its measured goodput
-(validation.py; ``soak_simulated_goodput`` over the measured figure). The HTML page with
+the simulator's predictions for the faults of real chaos runs (soak, commit_lease) against the
+goodput each measured (validation.py; ``<scenario>_simulated_goodput`` over the measured
+figure). The HTML page with
 the charts is written beside the JSON (``benchmarks/results/scale.html``).
 """
 
@@ -23,13 +24,12 @@ import time
 from typing import Any
 
 from benchmarks.results import RESULTS_DIR, BenchmarkResult
-from benchmarks.scale import left_out
+from benchmarks.scale import left_out, validation
 from benchmarks.scale.calibration import calibrated_costs, lighthouse_round_ms
 from benchmarks.scale.compare import SYSTEMS, Config, describe_config, describe_run, simulate
 from benchmarks.scale.page import write_page
 from benchmarks.scale.params import LLAMA3_BY_KIND, Costs, FaultRates, JobShape
 from benchmarks.scale.steps import RoundCost
-from benchmarks.scale.validation import replay_soak
 from lighthouse.config.options import MembershipOptions
 
 GROUPS = (8, 32, 128, 512, 2048)
@@ -72,7 +72,7 @@ def run(*, quick: bool) -> BenchmarkResult:
         row = _configuration(dataclasses.replace(config, label=label), costs, round_cost)
         by_rate.append({**row, "rate_factor": round(factor, 3)})
     problem = left_out.sweep(costs)
-    soak = replay_soak(costs)
+    replays = [validation.replay(name, costs) for name in validation.SCENARIOS]
 
     figures: dict[str, float] = {}
     baselines: dict[str, float] = {}
@@ -90,9 +90,11 @@ def run(*, quick: bool) -> BenchmarkResult:
     for name in SYSTEMS:
         for kind, seconds in largest["runs"][name]["lost_job_s_per_fault"].items():
             figures[f"lost_job_s_per_{kind}_{name}_{largest['groups']}g"] = seconds
-    figures["soak_simulated_goodput"] = soak["simulated_goodput"]
-    baselines["soak_measured_goodput_vs_fault_free"] = soak["measured_goodput_vs_fault_free"]
-    compared_to["soak_simulated_goodput"] = "soak_measured_goodput_vs_fault_free"
+    for r in replays:
+        figure, baseline = f"{r['scenario']}_simulated_goodput", f"{r['scenario']}_measured_goodput_vs_fault_free"
+        figures[figure] = r["simulated_goodput"]
+        baselines[baseline] = r["measured_goodput_vs_fault_free"]
+        compared_to[figure] = baseline
     figures["left_out_smallest_step_to_join_timeout_ratio"] = problem["smallest_ratio_left_out"]["kill"] or 0.0
     figures["lighthouse_max_members_at_4s_step"] = float(round_cost.max_members(JobShape(groups=2)))
     params: dict[str, Any] = {
@@ -106,20 +108,7 @@ def run(*, quick: bool) -> BenchmarkResult:
         "by_groups": by_groups,
         "by_rate": by_rate,
         "left_out": problem,
-        "validation": {
-            "soak": soak,
-            "table": [
-                ["scenario", "faults", "step s", "measured goodput vs fault-free", "simulated", "error"],
-                [
-                    "soak",
-                    sum(soak["faults"].values()),
-                    soak["step_s"],
-                    soak["measured_goodput_vs_fault_free"],
-                    soak["simulated_goodput"],
-                    soak["error"],
-                ],
-            ],
-        },
+        "validation": {**{r["scenario"]: r for r in replays}, "table": validation.table(replays)},
     }
     result = BenchmarkResult(
         name="scale",

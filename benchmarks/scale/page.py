@@ -131,7 +131,7 @@ def write_page(result: BenchmarkResult, path: Path) -> Path:
     ]
     if "validation" in p:
         v = p["validation"]
-        parts += ["<h2>Validation against the real chaos soak</h2>", _table(list(v["table"][0]), v["table"][1:])]
+        parts += ["<h2>Validation against real chaos runs</h2>", _table(list(v["table"][0]), v["table"][1:])]
     parts += [
         "<h2>Costs and where each came from</h2>",
         _table(["cost", "value", "basis"], ([k, v, p["costs_basis"].get(k, "")] for k, v in p["costs"].items())),

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from benchmarks.lighthouse_heartbeating import STEP_GAP_S, HeartbeatingSamples, heartbeating_rounds
 from benchmarks.lighthouse_torchft import start_torchft
 from benchmarks.lighthouse_workers import (
     BARRIER_METHOD,
@@ -141,3 +142,48 @@ def test_torchft_members_get_whole_quorums_from_torchfts_lighthouse_round_after_
             assert server.cpu_seconds() > 0  # its CPU is read from /proc, as ours is
 
     asyncio.run(main())
+
+
+def test_torchft_members_heartbeat_through_paced_steps_and_stop_when_told() -> None:
+    """The heartbeating rows: torchft's members call LighthouseClient.heartbeat on threads of
+    their own while they ask for quorums, and the paced phase counts what each sent."""
+    pytest.importorskip("torchft._torchft")
+    ids = ["m0", "m1", "m2"]
+
+    async def main() -> None:
+        async with ChildProcesses() as children:
+            deadline = time.monotonic() + 25
+            server, members = await start_torchft(children, ids, 2, deadline)
+            step = 0
+
+            async def one_round(mode: str) -> float:
+                nonlocal step
+                step += 1
+                for m in members:
+                    m.send_line(f"go {step} torchft {len(ids)}")
+                reports = [await m.expect_event("round", deadline, step=step) for m in members]
+                assert [r["size"] for r in reports] == [3, 3]
+                return 1e3 * (max(r["last_recv"] for r in reports) - max(r["last_send"] for r in reports))
+
+            hb = await heartbeating_rounds(one_round, {"client": server, "torchft": server}, members, steps=2)
+            assert [len(hb.latency_ms[m]) for m in ("client", "torchft")] == [2, 2]
+            # Two pauses of STEP_GAP_S at one heartbeat per member per 0.1 s: ~10 each, at least
+            # a few on a loaded machine; none at all would mean the threads never ran.
+            assert hb.torchft_heartbeats >= len(ids) * 2
+            assert hb.wall_s >= 2 * STEP_GAP_S
+            # Stopped: after one more round, a second stop finds no threads and no more sent
+            # (the counts are cumulative and were 0 when the phase started them).
+            await one_round("torchft")
+            for m in members:
+                m.send_line("heartbeat stop")
+            after = [await m.expect_event("heartbeats", deadline, running=False) for m in members]
+            assert sum(r["sent"] for r in after) == hb.torchft_heartbeats
+
+    asyncio.run(main())
+
+
+def test_cpu_per_round_of_a_paced_phase_is_its_whole_cpu_over_its_steps() -> None:
+    hb = HeartbeatingSamples()
+    hb.latency_ms["torchft"] += [1.0, 2.0, 3.0, 4.0]
+    hb.server_cpu_s["torchft"] = 0.2
+    assert hb.cpu_ms_per_round("torchft") == pytest.approx(50.0)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from benchmarks.results import BenchmarkResult
-from benchmarks.scale import benchmark, left_out, validation
+from benchmarks.scale import benchmark, left_out
 from benchmarks.scale.checkpoint_job import CheckpointPlan, CheckpointRestartJob
 from benchmarks.scale.compare import Config, quorum_summary, simulate
 from benchmarks.scale.faults import Fault
@@ -137,11 +137,4 @@ def test_the_benchmark_writes_its_figures_and_page(tmp_path, monkeypatch):
     assert result.figures["left_out_smallest_step_to_join_timeout_ratio"] == 0.0  # none left out
     json.dumps(result.to_record(when="now", machine={}))
     page = (tmp_path / "scale.html").read_text()
-    assert page.count("<svg") == 3 and "checkpoint_restart" in page and "chaos soak" in page
-
-
-def test_the_soak_replayed_predicts_its_measured_goodput_within_five_percent():
-    """The real chaos soak's faults at their recorded times (chaos/results/soak.json)."""
-    soak = validation.replay_soak(COSTS)
-    assert soak["faults"] == {"kill_lighthouse": 10, "sigkill": 9, "sigstop": 10, "sigterm": 7}
-    assert abs(soak["error"]) <= 0.05
+    assert page.count("<svg") == 3 and "checkpoint_restart" in page and "real chaos runs" in page
