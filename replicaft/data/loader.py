@@ -10,6 +10,7 @@ trains and discarding any batch a changed membership or an aborted step made sta
 from __future__ import annotations
 
 import collections
+import itertools
 import multiprocessing
 import multiprocessing.context
 from collections.abc import Iterator
@@ -47,7 +48,9 @@ class StepDataLoader:
 
     ``micro_batches()`` returns ``(batch, loss weight)`` pairs: the share split into
     micro-batches of ``micro_batch_size`` (run all but the last backward under
-    ``ddp.no_sync()``), each weighted by its fraction of the share times ``loss_scale``.
+    ``ddp.no_sync()``), each weighted by its fraction of the share times ``loss_scale``; or,
+    with ``micro_batches_per_step``, into exactly that many, as even as possible (a loop that
+    runs a fixed number of backward passes a step, as Lightning's ``accumulate_grad_batches``).
     """
 
     def __init__(
@@ -59,9 +62,15 @@ class StepDataLoader:
         num_workers: int = 0,
         collate_fn: Any = None,
         timeout_s: float = 120.0,
+        micro_batches_per_step: int | None = None,
     ) -> None:
         if micro_batch_size is not None and micro_batch_size < 1:
             raise OptionsError(f"micro_batch_size={micro_batch_size}; use None or at least 1")
+        if micro_batches_per_step is not None and (micro_batches_per_step < 1 or micro_batch_size is not None):
+            raise OptionsError(
+                f"micro_batches_per_step={micro_batches_per_step} with micro_batch_size={micro_batch_size}; "
+                "give at most one of them, and a count of at least 1"
+            )
         if num_workers < 0:
             raise OptionsError(f"num_workers={num_workers}; use 0 (load in this process) or more")
         if sampler.deterministic:
@@ -76,6 +85,7 @@ class StepDataLoader:
         self.sampler = sampler
         self.dataset = dataset
         self.micro_batch_size = micro_batch_size
+        self.micro_batches_per_step = micro_batches_per_step
         self.num_workers = num_workers
         self.collate_fn = collate_fn or torch.utils.data.default_collate
         self.timeout_s = timeout_s
@@ -138,6 +148,16 @@ class StepDataLoader:
         return [(b, len(positions) / n * share.loss_scale) for b, positions in zip(batches, wanted, strict=True)]
 
     def _split(self, start: int, stop: int) -> list[list[int]]:
+        parts = self.micro_batches_per_step
+        if parts is not None and stop > start:
+            if stop - start < parts:
+                raise OptionsError(
+                    f"this rank's share of the step is {stop - start} samples, fewer than "
+                    f"micro_batches_per_step={parts}; raise the global batch or lower the count"
+                )
+            base, extra = divmod(stop - start, parts)
+            bounds = [start + i * base + min(i, extra) for i in range(parts + 1)]
+            return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
         size = self.micro_batch_size or max(stop - start, 1)
         return [list(range(i, min(i + size, stop))) for i in range(start, stop, size)]
 

@@ -9,6 +9,10 @@ strategy sets every counter from one number, the committed steps ``n``
 length, and the logging step is ``n`` too. A step that does not commit leaves them where they
 were, so its retry runs under the same ``global_step`` and ``batch_idx``.
 
+With ``accumulate_grad_batches=k`` a step is k of Lightning's batches: the counters of
+optimizer steps are as above, the batch counters k times theirs, so a step that does not
+commit rewinds all k of its batches and its retry starts again at the first.
+
 ``counters_after`` is the rule (pure); ``set_counters`` writes it into the loops *before*
 Lightning's own increments that follow the optimizer step in the same batch, so they land on
 the derived values.
@@ -44,8 +48,9 @@ def counters_after(committed_steps: int, committed: bool, steps_per_epoch: int) 
     return LoopCounters(global_step=n, epoch=epoch, batches_in_epoch=n - epoch * steps_per_epoch)
 
 
-def set_counters(fit_loop: Any, counters: LoopCounters, steps_per_epoch: int) -> None:
-    """Write ``counters`` into Lightning's fit loop from inside the optimizer step.
+def set_counters(fit_loop: Any, counters: LoopCounters, steps_per_epoch: int, micro_batches: int = 1) -> None:
+    """Write ``counters`` into Lightning's fit loop from inside the optimizer step; each step
+    is ``micro_batches`` batches.
 
     Lightning follows the optimizer step of a batch with one increment of the optimizer step's
     ``completed``, of the batch's ``processed`` and ``completed``, and of the logging step
@@ -58,10 +63,11 @@ def set_counters(fit_loop: Any, counters: LoopCounters, steps_per_epoch: int) ->
         tracker.ready = counters.global_step
         tracker.completed = counters.global_step - 1
     batch = epoch_loop.batch_progress
-    done_before = counters.epoch * steps_per_epoch
+    done_before = counters.epoch * steps_per_epoch * micro_batches
+    in_epoch = counters.batches_in_epoch * micro_batches
     for tracker, offset in ((batch.current, 0), (batch.total, done_before)):
-        tracker.ready = tracker.started = offset + counters.batches_in_epoch
-        tracker.processed = tracker.completed = offset + counters.batches_in_epoch - 1
+        tracker.ready = tracker.started = offset + in_epoch
+        tracker.processed = tracker.completed = offset + in_epoch - 1
     epoch_loop._batches_that_stepped = counters.global_step - 1
     epochs = fit_loop.epoch_progress
     if epochs.current.completed != counters.epoch:

@@ -1,5 +1,6 @@
 """``FaultTolerantStrategy``: a Lightning Strategy that trains an unchanged LightningModule
-as one replica group of a replicaft job.
+as one replica group of a replicaft job (one rank, or W ranks under torchrun that train as
+Lightning's DDP inside the group, ``replica_group.py``).
 
 Each optimizer step is a replicaft step: the quorum is asked for when the batch starts, the
 gradients are averaged across the contributing groups by replicaft's DDP wrapper during
@@ -10,9 +11,13 @@ datamodule's state, and the committed step count, from which Lightning's loop co
 set after every step (``loop_counters.py``), so ``global_step``, the epoch, ``batch_idx`` and
 the logging step count committed steps only, on a healed group too.
 
+With ``accumulate_grad_batches=k`` an optimizer step is k batches: the quorum is asked for
+at the first, the first k - 1 backward passes accumulate locally (``no_sync``) and the last
+all-reduces, so there is one quorum and one fault-tolerant all-reduce per optimizer step; a
+step that does not commit rolls back all k batches (data and counters).
+
 What it does not do (each refused with an error that says so): manual optimization, several
-optimizers, gradient accumulation over batches (``accumulate_grad_batches``), groups of
-several ranks, and an IterableDataset or a custom sampler for training data.
+optimizers, and an IterableDataset or a custom sampler for training data.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from typing import Any
 
 import pytorch_lightning as pl
 import torch
+import torch.distributed as dist
 from pytorch_lightning.strategies import SingleDeviceStrategy
 from pytorch_lightning.trainer.states import RunningStage
 
@@ -30,6 +36,7 @@ from replicaft.config.env_names import NUM_GROUPS_ENV
 from replicaft.config.options import ManagerOptions
 from replicaft.errors import OptionsError
 from replicaft.lightning.loop_counters import counters_after, set_counters
+from replicaft.lightning.replica_group import ReplicaGroup
 from replicaft.lightning.step_batches import StepBatch, StepBatches, StepData
 from replicaft.lightning.training_state import CommittedStepScheduler, LightningExtras
 from replicaft.manager import Manager
@@ -37,13 +44,15 @@ from replicaft.wrappers.ddp import DistributedDataParallel
 
 
 class FaultTolerantStrategy(SingleDeviceStrategy):
-    """Train as one replica group: ``Trainer(strategy=FaultTolerantStrategy(), devices=1)``.
+    """Train as one rank of a replica group: ``Trainer(strategy=FaultTolerantStrategy(), devices=1)``.
 
     ``options``: the manager's (default: ``ManagerOptions.from_env()``, what
-    ``replicaft-launch`` sets). ``global_batch_size``: samples per step across the job
-    (default: the train DataLoader's ``batch_size`` times ``$REPLICAFT_NUM_GROUPS``, which the
-    launcher sets), split among the groups that contribute each step. ``seed``: of the
-    exactly-once order.
+    ``replicaft-launch`` sets, with torchrun's rank and world size for a group of several
+    ranks). ``global_batch_size``: samples per optimizer step across the job (default: the
+    train DataLoader's ``batch_size`` times the job's ranks, ``$REPLICAFT_NUM_GROUPS`` times
+    the ranks per group, times ``accumulate_grad_batches``), split among the groups that
+    contribute each step and within a group among its ranks. ``seed``: of the exactly-once
+    order.
     """
 
     strategy_name = "replicaft"
@@ -62,6 +71,14 @@ class FaultTolerantStrategy(SingleDeviceStrategy):
         self._seed = seed
         self.manager: Manager | None = None
         self.data: StepData | None = None
+        self.group = ReplicaGroup()
+        self._ddp: DistributedDataParallel | None = None
+        self._micro_batches = 1
+        """Lightning's ``accumulate_grad_batches``: batches per optimizer step."""
+        self._step_batches: list[tuple[Any, float]] = []
+        """The open step's micro-batches not trained yet; empty: no step is open."""
+        self._step_open = False
+        self._step_loss: list[torch.Tensor] = []
         self._loss_weight = 1.0
         self._committed = True
 
@@ -70,15 +87,15 @@ class FaultTolerantStrategy(SingleDeviceStrategy):
     def setup_environment(self) -> None:
         super().setup_environment()
         options = self._options or ManagerOptions.from_env()
-        if options.group_world_size != 1:
-            raise OptionsError(
-                f"group_world_size={options.group_world_size}: FaultTolerantStrategy runs one process per "
-                "replica group; a group of several ranks is not supported"
-            )
+        self.group.open(options, self.root_device)
+        # SingleDeviceStrategy's attributes, which Lightning reads for the rank and size.
+        self.global_rank = self.local_rank = self.group.rank
+        self.world_size = self.group.size
         self.manager = Manager(options).start()
 
     def _setup_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        return DistributedDataParallel(self._started_manager(), model)
+        self._ddp = DistributedDataParallel(self._started_manager(), model, group=self.group.process_group)
+        return self._ddp
 
     def setup(self, trainer: pl.Trainer) -> None:
         super().setup(trainer)
@@ -86,11 +103,7 @@ class FaultTolerantStrategy(SingleDeviceStrategy):
         assert module is not None
         if not module.automatic_optimization:
             raise OptionsError("FaultTolerantStrategy supports automatic optimization only; manual optimization is not")
-        if trainer.accumulate_grad_batches != 1:
-            raise OptionsError(
-                f"accumulate_grad_batches={trainer.accumulate_grad_batches}: each batch is one replicaft step; "
-                "raise the global batch instead (FaultTolerantStrategy(global_batch_size=...))"
-            )
+        self._micro_batches = int(trainer.accumulate_grad_batches)
         if len(self.optimizers) != 1:
             raise OptionsError(f"configure_optimizers returned {len(self.optimizers)} optimizers; use one")
         self._register_optimizer_and_schedulers()
@@ -123,8 +136,9 @@ class FaultTolerantStrategy(SingleDeviceStrategy):
                 global_batch_size=self._global_batch_size,
                 groups=groups,
                 seed=self._seed,
+                micro_batches=self._micro_batches,
             )
-        return StepBatches(self.data.steps_per_epoch)
+        return StepBatches(self.data.steps_per_epoch, self._micro_batches)
 
     def teardown(self) -> None:
         if self.data is not None:
@@ -132,6 +146,7 @@ class FaultTolerantStrategy(SingleDeviceStrategy):
         if self.manager is not None:
             self.manager.shutdown()
             self.manager = None
+        self.group.close()
         super().teardown()
 
     def on_exception(self, exception: BaseException) -> None:
@@ -139,10 +154,41 @@ class FaultTolerantStrategy(SingleDeviceStrategy):
             self.manager.shutdown()
             self.manager = None
 
+    # -- the group's ranks (replica_group.py) --------------------------------------------------
+
+    @property
+    def is_global_zero(self) -> bool:
+        return self.group.rank == 0
+
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        self.group.barrier()
+
+    def reduce(self, tensor: Any, group: Any = None, reduce_op: Any = "mean") -> Any:
+        """Lightning's metric reduction (``sync_dist=True``), over the group's ranks: "mean"
+        or "sum" (the default "mean")."""
+        if not isinstance(tensor, torch.Tensor) or self.group.size == 1:
+            return tensor
+        op = str(reduce_op).lower().rsplit(".", 1)[-1] if reduce_op is not None else "mean"
+        if op not in ("mean", "avg", "sum"):
+            raise OptionsError(f"reduce_op={reduce_op!r}: FaultTolerantStrategy reduces with 'mean' or 'sum'")
+        total = self.group.all_reduce(tensor.float() if op != "sum" else tensor, dist.ReduceOp.SUM)
+        return total / self.group.size if op != "sum" else total
+
+    def all_gather(self, tensor: torch.Tensor, group: Any = None, sync_grads: bool = False) -> torch.Tensor:
+        return self.group.all_gather(tensor)
+
+    def reduce_boolean_decision(self, decision: bool, all: bool = True) -> bool:
+        votes = self.group.all_reduce(torch.tensor(int(decision)), dist.ReduceOp.SUM)
+        return bool(votes == self.group.size) if all else bool(votes > 0)
+
     # -- the step ------------------------------------------------------------------------------
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
-        self._started_manager().start_quorum()
+        """The quorum of an optimizer step, asked for at its first batch."""
+        if not self._step_open:
+            self._started_manager().start_quorum()
+            self._step_open = True
+            self._step_loss = []
 
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
         if isinstance(batch, StepBatch):
@@ -158,7 +204,9 @@ class FaultTolerantStrategy(SingleDeviceStrategy):
         """The step's real batch, through the module's batch-transfer hooks as Lightning would
         have sent it; the logger's batch too, so ``self.log`` infers the batch size from it."""
         assert self.data is not None and self.lightning_module is not None
-        batch, self._loss_weight = self.data.batch()
+        if not self._step_batches:
+            self._step_batches = self.data.batches()
+        batch, self._loss_weight = self._step_batches.pop(0)
         module = self.lightning_module
         trainer = module.trainer
         batch = trainer.precision_plugin.convert_input(batch)
@@ -169,20 +217,31 @@ class FaultTolerantStrategy(SingleDeviceStrategy):
         return batch
 
     def backward(self, closure_loss: torch.Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if self._loss_weight != 1.0:
-            closure_loss = closure_loss * self._loss_weight
+        """Lightning divides each batch's loss by ``accumulate_grad_batches``; the micro-batch's
+        weight (its part of the share) replaces that division. Every batch of a step but the
+        last accumulates locally; the last one's backward all-reduces."""
+        self._step_loss.append(closure_loss.detach())
+        weight = self._loss_weight * self._micro_batches
+        if weight != 1.0:
+            closure_loss = closure_loss * weight
+        trainer = self.lightning_module.trainer
+        if self._micro_batches > 1 and trainer.fit_loop._should_accumulate():
+            assert self._ddp is not None
+            with self._ddp.no_sync():
+                return super().backward(closure_loss, optimizer, *args, **kwargs)
         return super().backward(closure_loss, optimizer, *args, **kwargs)
 
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         manager = self._started_manager()
-        committing = _CommittingOptimizer(optimizer, manager)
+        committing = _CommittingOptimizer(optimizer, manager, lambda: float(sum(self._step_loss)))
         result = super().optimizer_step(committing, closure, model, **kwargs)
         self._committed = committing.committed
+        self._step_open = False
+        self._step_batches = []
         trainer = self.lightning_module.trainer
-        steps_per_epoch = int(trainer.num_training_batches)
-        set_counters(
-            trainer.fit_loop, counters_after(manager.current_step(), self._committed, steps_per_epoch), steps_per_epoch
-        )
+        steps_per_epoch = max(1, int(trainer.num_training_batches) // self._micro_batches)
+        counters = counters_after(manager.current_step(), self._committed, steps_per_epoch)
+        set_counters(trainer.fit_loop, counters, steps_per_epoch, self._micro_batches)
         return result
 
     def _started_manager(self) -> Manager:
@@ -195,16 +254,18 @@ class _CommittingOptimizer:
     """The optimizer as the precision plugin steps it: the closure (forward, backward, the
     gradient all-reduce, clipping) runs, then the step is applied only if it commits."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, manager: Manager) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, manager: Manager, step_loss: Callable[[], float]) -> None:
         self.optimizer = optimizer
         self.manager = manager
+        self.step_loss = step_loss
+        """The step's loss: the mean over its batches (Lightning's losses divided by their count)."""
         self.committed = False
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
         loss = closure() if closure is not None else None
         if isinstance(loss, torch.Tensor):
             # The commit event's loss (the chaos report's curve), and the checkpoints' metric.
-            value = float(loss.detach())
+            value = self.step_loss()
             self.manager.annotate_commit(loss=value)
             self.manager.report_metrics(loss=value)
         self.committed = self.manager.should_commit()

@@ -18,6 +18,16 @@ leaves no trace. (torchft leaves them to drift apart per group.)
 With ``ManagerOptions.deterministic``, every backward of a step is one virtual shard of the
 global batch and the buckets are reduced exactly once the group's last shard is done, buffers
 included (shard_gradients.py); ``no_sync()`` and ``broadcast_buffers`` have no effect there.
+
+A replica group of several ranks that each hold the whole model (data parallel inside the
+group, as Lightning's DDP runs under torchrun) passes its own process group as ``group``:
+rank r's buckets are averaged across column r as above, then summed across the group's ranks
+(the backward scale already holds 1/W), so every rank of every group ends with the same
+average over the step's global batch; the module's state is broadcast from group rank 0 when
+the wrapper is built, as torch's DDP does, so the ranks start equal. The column goes first
+because its failures are the ones replicaft absorbs: a rank of this group dying takes the
+group down anyway. Buffers stay per rank (each equals the same rank's in every other group),
+as with the FSDP wrapper.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from replicaft.deterministic.shard_gradients import ShardGradients
@@ -55,8 +66,11 @@ class DistributedDataParallel(nn.Module, StepHooks):
         bucket_cap_mb: float = DEFAULT_BUCKET_CAP_MB,
         broadcast_buffers: bool = True,
         state_name: str = "model",
+        group: dist.ProcessGroup | None = None,
     ) -> None:
         super().__init__()
+        self._group = group
+        self._group_size = group.size() if group is not None else 1
         self.module = module
         self._manager = manager
         self._bucket_cap_bytes = int(bucket_cap_mb * 1024 * 1024)
@@ -77,6 +91,9 @@ class DistributedDataParallel(nn.Module, StepHooks):
         """This step's buckets were all-reduced (``before_vote``)."""
         self._buffer_sync = BufferAverager(manager, module, enabled=broadcast_buffers)
         self._shards = ShardGradients(manager, self._buffer_sync) if manager.options.deterministic else None
+        if group is not None and self._group_size > 1:
+            for tensor in module.state_dict().values():
+                dist.broadcast(tensor, group=group, group_src=0)
         self._allocate_buckets()
         for p in self._params:
             p.register_post_accumulate_grad_hook(self._on_grad_ready)
@@ -157,13 +174,15 @@ class DistributedDataParallel(nn.Module, StepHooks):
 
     def _backward_scale(self) -> float | None:
         """What this step's gradients are multiplied by as they enter their buckets: one over
-        the contributing groups, so the buckets' SUM is the average. Folded into the copy into
+        the contributing groups (times the ranks of a data-parallel group), so the buckets'
+        SUM is the average. Folded into the copy into
         the bucket as torch's DDP does, it saves the pass over the gradients that dividing the
         sum would take (an in-place divide of 4 MB took 98 µs; the copy with the multiply 85 µs
         against 80 µs for a plain copy). None: nothing to divide by."""
         if not self._scale_known:
             plan = self._manager.wait_quorum()
-            self._scale = 1.0 / plan.num_contributors if plan is not None and plan.num_contributors > 1 else None
+            ranks = (plan.num_contributors if plan is not None else 1) * self._group_size
+            self._scale = 1.0 / ranks if ranks > 1 else None
             self._scale_known = True
         return self._scale
 
@@ -213,9 +232,22 @@ class DistributedDataParallel(nn.Module, StepHooks):
             assert bucket.work is not None
             bucket.work.wait()
             bucket.ready.clear()
+        self._sum_over_group()
         self._next_launch = 0
         self._buffer_sync.wait()
         self._reduced = True
+
+    def _sum_over_group(self) -> None:
+        """Sum the column-averaged buckets across the group's ranks (data parallel inside it).
+        Every rank gets here once per step (end of backward, or ``before_vote`` for a step
+        that failed first), so the group's collectives line up; a step whose column failed
+        still runs it, and then does not commit."""
+        if self._group is None or self._group_size == 1:
+            return
+        works = [dist.all_reduce(b.buffer, group=self._group, async_op=True) for b in self._buckets]
+        for work in works:
+            assert work is not None
+            work.wait()
 
     # -- step hooks (Manager) ------------------------------------------------------------------
 

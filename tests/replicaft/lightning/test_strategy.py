@@ -10,6 +10,7 @@ import pytest
 import pytorch_lightning as pl
 import torch
 from conftest import start_lighthouse
+from support.training_events import read_events
 from torch import nn
 
 from replicaft import ManagerOptions, OptionsError
@@ -159,12 +160,58 @@ def test_a_step_that_does_not_commit_moves_no_counter_lr_or_data(tmp_path: Any) 
     assert trainer.global_step == 10 and fail.seen[-1][3] == 80
 
 
+class CountAllreduces(pl.Callback):
+    """Counts the manager's fault-tolerant all-reduces, by the step they ran in."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+
+    def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        manager = trainer.strategy.manager
+        allreduce = manager.allreduce
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.steps.append(manager.current_step())
+            return allreduce(*args, **kwargs)
+
+        manager.allreduce = counted
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_accumulated_batches_make_one_step_and_an_aborted_step_gives_all_back(tmp_path: Any) -> None:
+    """accumulate_grad_batches=2: one quorum, one all-reduce and one commit decision per
+    optimizer step over two batches; the step that does not commit rolls both back."""
+    lighthouse = start_lighthouse("--min-replicas", "1", status=False)
+    fail, count = FailStep(attempt=3), CountAllreduces()
+    options = ManagerOptions(lighthouse=lighthouse.grpc_address, replica_id="g0", events_dir=str(tmp_path / "ev"))
+    trainer = pl.Trainer(
+        strategy=FaultTolerantStrategy(options), accelerator="cpu", devices=1, max_steps=10,
+        accumulate_grad_batches=2, callbacks=[fail, count], logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(Linear())
+    # 64 samples, 8 a batch, 2 batches a step: a global batch of 16, 4 steps (8 batches) an
+    # epoch. The first batch of a step leaves the counters; its second steps them. Attempt 3
+    # (batches 5 and 6) did not commit: both leave step 2's counters, LR and cursor.
+    assert fail.seen[:8] == [
+        (0, 0, 0.1, 0), (1, 0, 0.09, 16), (1, 0, 0.09, 16), (2, 0, 0.081, 32),
+        (2, 0, 0.081, 32), (2, 0, 0.081, 32), (2, 0, 0.081, 32), (3, 0, 0.0729, 48),
+    ]  # fmt: skip
+    assert [s[0] for s in fail.seen[1::2]] == [1, 2, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert [s[1] for s in fail.seen[1::2]] == [0] * 5 + [1] * 4 + [2] * 2  # epochs end on steps 4 and 8
+    assert trainer.global_step == 10 and fail.seen[-1][3] == 160
+    assert count.steps == sorted(count.steps) and len(count.steps) == 11, count.steps  # one per attempt
+    decisions = [e for e in read_events(tmp_path / "ev") if e["event"] == "commit"]
+    assert [e["committed"] for e in decisions] == [True, True, False] + [True] * 8
+    assert [e["samples"] for e in decisions if e["committed"]] == [[16 * i, 16 * i + 16] for i in range(10)]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("module", "kwargs", "message"),
     [
-        (Linear, {"accumulate_grad_batches": 2}, "accumulate_grad_batches=2"),
         (Manual, {}, "manual optimization is not"),
     ],
 )
